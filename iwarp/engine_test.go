@@ -1,0 +1,253 @@
+package iwarp
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// testCQ is a CQ that keeps completions in a channel.
+type testCQ struct{ ch chan Completion }
+
+func newTestCQ() *testCQ { return &testCQ{ch: make(chan Completion, 4096)} }
+
+func (c *testCQ) Push(x *Completion) bool {
+	select {
+	case c.ch <- *x:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *testCQ) wait(t testing.TB) Completion {
+	t.Helper()
+	select {
+	case x := <-c.ch:
+		return x
+	case <-time.After(10 * time.Second):
+		t.Fatal("no completion within 10 s")
+	}
+	return Completion{}
+}
+
+func (c *testCQ) none(t testing.TB, d time.Duration) {
+	t.Helper()
+	select {
+	case x := <-c.ch:
+		t.Fatalf("unexpected completion %+v", x)
+	case <-time.After(d):
+	}
+}
+
+// testEnd is a QP with its CQs, memory and events.
+type testEnd struct {
+	qp     *QP
+	scq    *testCQ
+	rcq    *testCQ
+	mem    *MemTable
+	buf    []byte
+	reg    *Region
+	events chan Event
+	stats  Stats
+}
+
+func newTestEnd(t testing.TB, size int, access Access) *testEnd {
+	t.Helper()
+	e := &testEnd{scq: newTestCQ(), rcq: newTestCQ(), mem: NewMemTable(), events: make(chan Event, 64)}
+	rq, err := NewRecvQueue(64, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.qp, err = NewQP(QPConfig{Num: 1, PD: 7, Mem: e.mem, SendCQ: e.scq, RecvCQ: e.rcq, RQ: rq,
+		MaxInline: 64, Stats: &e.stats, OnEvent: func(ev Event) {
+			select {
+			case e.events <- ev:
+			default:
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.buf = make([]byte, size)
+	e.reg = &Region{Buf: e.buf, Base: 0x10000, Access: access, PD: 7}
+	if _, err := e.mem.Register(e.reg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.qp.Close() })
+	return e
+}
+
+func (e *testEnd) sge(off, n int) SGE {
+	return SGE{Addr: e.reg.Base + uint64(off), Length: uint32(n), LKey: e.reg.STag()}
+}
+
+// connectQPs negotiates MPA between two ends over loopback TCP.
+func connectQPs(t testing.TB, a, b *testEnd, ca, cb MPAConfig) (ConnParams, ConnParams) {
+	t.Helper()
+	sa, sb := tcpPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var pb ConnParams
+	var errB error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		req, err := AwaitMPARequest(ctx, sb)
+		if err != nil {
+			errB = err
+			return
+		}
+		pb, errB = req.Accept(ctx, sb, cb)
+	}()
+	pa, _, errA := Initiate(ctx, sa, ca)
+	wg.Wait()
+	if errA != nil || errB != nil {
+		t.Fatalf("MPA: initiator %v, responder %v", errA, errB)
+	}
+	if err := a.qp.Start(sa, pa); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.qp.Start(sb, pb); err != nil {
+		t.Fatal(err)
+	}
+	return pa, pb
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7) ^ seed
+	}
+	return b
+}
+
+func TestEngineOperations(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		ca, cb MPAConfig
+	}{
+		{"rev2", MPAConfig{IRD: 4, ORD: 4}, MPAConfig{IRD: 4, ORD: 4}},
+		{"rev2-crc", MPAConfig{CRC: true, IRD: 4, ORD: 4}, MPAConfig{IRD: 4, ORD: 4}},
+		{"rev1", MPAConfig{Revision: 1, IRD: 4, ORD: 4}, MPAConfig{IRD: 4, ORD: 4}},
+		{"responder-crc", MPAConfig{IRD: 4, ORD: 4}, MPAConfig{CRC: true, IRD: 4, ORD: 4}},
+		{"p2p-write", MPAConfig{PeerToPeer: true, RTR: RTRWrite, IRD: 4, ORD: 4}, MPAConfig{IRD: 4, ORD: 4}},
+		{"p2p-read", MPAConfig{PeerToPeer: true, RTR: RTRRead, IRD: 4, ORD: 4}, MPAConfig{IRD: 4, ORD: 4}},
+		{"p2p-send", MPAConfig{PeerToPeer: true, RTR: RTRSend, IRD: 4, ORD: 4}, MPAConfig{IRD: 4, ORD: 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const size = 256 << 10
+			acc := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
+			a, b := newTestEnd(t, size, acc), newTestEnd(t, size, acc)
+			pa, pb := connectQPs(t, a, b, tc.ca, tc.cb)
+			if pa.CRC != pb.CRC || pa.CRC != (tc.ca.CRC || tc.cb.CRC) {
+				t.Fatalf("CRC negotiated %v/%v", pa.CRC, pb.CRC)
+			}
+			if tc.ca.PeerToPeer && (!pa.PeerToPeer || pa.RTR != tc.ca.RTR || pb.RTR != tc.ca.RTR) {
+				t.Fatalf("p2p: %+v / %+v", pa, pb)
+			}
+			for _, n := range []int{0, 1, 5, 1395, 1396, 1397, 4096, 100000} {
+				// Send a -> b, received at offset 3.
+				src := pattern(n, byte(n))
+				copy(a.buf, src)
+				clear(b.buf)
+				if err := b.qp.PostRecv(uint64(n), []SGE{b.sge(3, n)}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := a.qp.PostSend(SendWR{ID: 1, Op: WRSend, Flags: FlagSignaled, SGL: []SGE{a.sge(0, n)}}); err != nil {
+					t.Fatal(err)
+				}
+				if c := a.scq.wait(t); c.Status != StatusSuccess || c.Op != CompSend {
+					t.Fatalf("send completion %+v", c)
+				}
+				c := b.rcq.wait(t)
+				if c.Status != StatusSuccess || c.ID != uint64(n) || int(c.ByteLen) != n {
+					t.Fatalf("recv completion %+v", c)
+				}
+				want := make([]byte, size)
+				copy(want[3:], src)
+				if !bytes.Equal(b.buf, want) {
+					t.Fatalf("send %d: receive buffer wrong", n)
+				}
+				// Write b -> a at offset 11, then Read it back a <- b.
+				copy(b.buf, pattern(n, 0x5a))
+				clear(a.buf)
+				if _, err := b.qp.PostSend(SendWR{ID: 2, Op: WRWrite, Flags: FlagSignaled, SGL: []SGE{b.sge(0, n)}, RemoteAddr: a.reg.Base + 11, RKey: a.reg.STag()}); err != nil {
+					t.Fatal(err)
+				}
+				if c := b.scq.wait(t); c.Status != StatusSuccess || c.Op != CompWrite {
+					t.Fatalf("write completion %+v", c)
+				}
+				if _, err := a.qp.PostSend(SendWR{ID: 3, Op: WRRead, Flags: FlagSignaled, SGL: []SGE{a.sge(size/2, n)}, RemoteAddr: b.reg.Base, RKey: b.reg.STag()}); err != nil {
+					t.Fatal(err)
+				}
+				if c := a.scq.wait(t); c.Status != StatusSuccess || c.Op != CompRead || int(c.ByteLen) != n {
+					t.Fatalf("read completion %+v", c)
+				}
+				// The Read Response follows the Write on b's stream, so the
+				// Write is placed by now.
+				want = make([]byte, size)
+				copy(want[11:], pattern(n, 0x5a))
+				copy(want[size/2:], pattern(n, 0x5a))
+				if !bytes.Equal(a.buf, want) {
+					t.Fatalf("write/read %d: buffer wrong", n)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := a.qp.Disconnect(ctx); err != nil {
+				t.Fatal(err)
+			}
+			<-b.qp.Done()
+			if a.qp.Err() != nil || b.qp.Err() != nil {
+				t.Fatalf("errors after a clean close: %v / %v", a.qp.Err(), b.qp.Err())
+			}
+		})
+	}
+}
+
+func TestEngineFlushOnClose(t *testing.T) {
+	acc := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
+	a, b := newTestEnd(t, 4096, acc), newTestEnd(t, 4096, acc)
+	connectQPs(t, a, b, MPAConfig{IRD: 1, ORD: 1}, MPAConfig{IRD: 1, ORD: 1})
+	for i := 0; i < 5; i++ {
+		if err := b.qp.PostRecv(uint64(i), []SGE{b.sge(0, 64)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.qp.Close()
+	seen := map[uint64]bool{}
+	for i := 0; i < 5; i++ {
+		c := b.rcq.wait(t)
+		if c.Status != StatusWRFlush || c.Op != CompRecv {
+			t.Fatalf("completion after close: %+v", c)
+		}
+		seen[c.ID] = true
+	}
+	if len(seen) != 5 {
+		t.Fatalf("flushed %v", seen)
+	}
+	if _, err := b.qp.PostSend(SendWR{Op: WRSend}); err == nil {
+		t.Fatal("post after close succeeded")
+	}
+	// The peer sees the reset and goes to ERROR too.
+	select {
+	case <-a.qp.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("peer did not notice the reset")
+	}
+}
+
+func TestEngineStatusStrings(t *testing.T) {
+	for s, want := range map[Status]string{StatusSuccess: "success", StatusWRFlush: "Work Request Flushed Error",
+		StatusRemoteAccess: "remote access error", StatusLocalLength: "local length error", StatusGeneral: "general error"} {
+		if s.String() != want {
+			t.Errorf("%d: %q, want %q", s, s.String(), want)
+		}
+	}
+	_ = fmt.Sprint(Status(200))
+}

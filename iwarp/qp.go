@@ -1,0 +1,662 @@
+package iwarp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"rdmatap/zerocopy"
+)
+
+// Stream is the reliable byte stream (an LLP) an RDMAP stream runs on: a
+// netstack TCP connection. ReadTo hands w slices of the stack's own packet
+// memory, which is what lets the receive path place payload with one copy.
+type Stream interface {
+	ReadTo(ctx context.Context, w io.Writer, max int) (int, error)
+	ReadFull(ctx context.Context, p []byte) error
+	Write(ctx context.Context, p []byte) (int, error)
+	WritePayload(ctx context.Context, pl tcpip.Payloader) (int64, error)
+	MaxPayload() int
+	CloseWrite() error
+	Abort()
+	Close() error
+}
+
+// QPState is the RDMAP stream state (RFC 5040 §6; the Linux siw names).
+type QPState uint8
+
+// QP states.
+const (
+	StateIdle QPState = iota
+	StateRTS
+	StateClosing
+	StateTerminate
+	StateError
+)
+
+func (s QPState) String() string {
+	switch s {
+	case StateIdle:
+		return "IDLE"
+	case StateRTS:
+		return "RTS"
+	case StateClosing:
+		return "CLOSING"
+	case StateTerminate:
+		return "TERMINATE"
+	case StateError:
+		return "ERROR"
+	}
+	return fmt.Sprintf("QPState(%d)", uint8(s))
+}
+
+// EventType is the kind of an asynchronous QP event.
+type EventType uint8
+
+// Asynchronous events.
+const (
+	EventEstablished EventType = iota
+	EventDisconnected
+	EventTerminateSent
+	EventTerminateReceived
+	EventFatal
+)
+
+func (e EventType) String() string {
+	return [...]string{"ESTABLISHED", "DISCONNECTED", "TERMINATE_SENT", "TERMINATE_RECEIVED", "QP_FATAL"}[e]
+}
+
+// Event is an asynchronous QP event.
+type Event struct {
+	Type  EventType
+	QPNum uint32
+	Term  TermCode // for Terminate events
+	Err   error
+}
+
+// QPConfig configures a QP.
+type QPConfig struct {
+	Num    uint32
+	PD     uint32
+	Mem    *MemTable
+	SendCQ CQ
+	RecvCQ CQ
+	// RQ is the QP's receive queue, or a shared receive queue.
+	RQ       *RecvQueue
+	SharedRQ bool
+	// Send queue limits.
+	MaxSendWR  int
+	MaxSendSGE int
+	MaxInline  int
+	// SignalAll completes every send WR, as sq_sig_all does.
+	SignalAll bool
+	// MaxFPDU caps the FPDU size; 0 uses the connection's current maximum
+	// TCP segment payload, which keeps one FPDU per segment.
+	MaxFPDU int
+	// OnEvent receives asynchronous events; it must not block.
+	OnEvent func(Event)
+	// Counters, shared by the QPs of a device; nil for none.
+	Stats *Stats
+}
+
+// ConnParams are the negotiated properties of an RDMAP stream.
+type ConnParams struct {
+	Initiator  bool
+	Revision   uint8
+	CRC        bool
+	IRD, ORD   int
+	PeerToPeer bool
+	RTR        RTR // the one RTR type chosen, with PeerToPeer
+}
+
+// Stats are per-device counters (atomic).
+type Stats struct {
+	TxFPDUs, RxFPDUs             atomic.Uint64
+	TxBytes, RxBytes             atomic.Uint64 // payload bytes
+	PlacedBytes, PlacementCopies atomic.Uint64
+	CRCErrors                    atomic.Uint64
+	TermSent, TermRecv           atomic.Uint64
+	RxOps, TxOps                 [16]atomic.Uint64 // messages by RDMAP opcode
+}
+
+// Errors a QP reports.
+var (
+	ErrTerminated = errors.New("iwarp: RDMAP stream terminated")
+	ErrFlushed    = errors.New("iwarp: work request flushed")
+	ErrClosed     = errors.New("iwarp: QP closed")
+)
+
+// TerminateError reports a Terminate sent or received.
+type TerminateError struct {
+	Code     TermCode
+	Received bool // true: the peer sent it
+}
+
+func (e *TerminateError) Error() string {
+	dir := "sent"
+	if e.Received {
+		dir = "received"
+	}
+	return fmt.Sprintf("iwarp: terminate %s: %v", dir, e.Code)
+}
+
+// Is makes errors.Is(err, ErrTerminated) true for any Terminate.
+func (e *TerminateError) Is(target error) bool { return target == ErrTerminated }
+
+// sendWQE is a send queue entry: a copy of the posted WR.
+type sendWQE struct {
+	wr       SendWR
+	sgl      []SGE // into the QP's slab
+	inline   []byte
+	inlined  bool
+	signaled bool
+}
+
+// orqEntry is an outstanding RDMA Read we issued (bounded by ORD).
+type orqEntry struct {
+	id       uint64
+	signaled bool
+	rtr      bool // the zero-length Read of an RTR: no completion
+	sinkSTag uint32
+	sinkTO   uint64
+	size     uint32
+	placed   uint32
+	sink     []byte
+}
+
+// irqEntry is an inbound RDMA Read we must answer (bounded by IRD).
+type irqEntry struct {
+	sinkSTag uint32
+	sinkTO   uint64
+	src      []byte
+}
+
+// QP is one RDMAP stream's protocol engine: the send queue and its TX
+// goroutine, the receive path, the ORQ and IRQ, and the state machine.
+type QP struct {
+	cfg QPConfig
+
+	mu     sync.Mutex
+	state  QPState
+	params ConnParams
+	stream Stream
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// send queue (ring of posted, not yet transmitted WRs)
+	sq     []sendWQE
+	sqHead int
+	sqN    int
+	// outstanding reads (we are requester) and inbound reads (responder)
+	orq       []orqEntry
+	orqHead   int
+	orqN      int
+	irq       []irqEntry
+	irqHead   int
+	irqN      int
+	txGate    bool // responder: TX waits for the first inbound FPDU
+	term      *TerminateFields
+	termBuf   [TerminateMaxSize]byte
+	termErr   *TerminateError
+	closing   bool // graceful close requested
+	txSendMSN [numQN]uint32
+
+	kick   chan struct{}
+	done   chan struct{}
+	txDone chan struct{}
+	rxDone chan struct{}
+	err    error
+
+	rx receiver
+	tx transmitter
+}
+
+// NewQP creates a QP in the IDLE state. Receives may be posted at once;
+// sends queue until the stream is established.
+func NewQP(cfg QPConfig) (*QP, error) {
+	if cfg.Mem == nil || cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.RQ == nil {
+		return nil, fmt.Errorf("%w: QP needs a memory table, CQs and a receive queue", ErrInvalidWR)
+	}
+	if cfg.MaxSendWR <= 0 {
+		cfg.MaxSendWR = 128
+	}
+	if cfg.MaxSendSGE <= 0 {
+		cfg.MaxSendSGE = 4
+	}
+	if cfg.MaxSendWR > 1<<20 || cfg.MaxSendSGE > 64 || cfg.MaxInline < 0 || cfg.MaxInline > 4096 {
+		return nil, fmt.Errorf("%w: send queue %d WRs, %d SGEs, %d inline", ErrInvalidWR, cfg.MaxSendWR, cfg.MaxSendSGE, cfg.MaxInline)
+	}
+	qp := &QP{cfg: cfg, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	qp.sq = make([]sendWQE, cfg.MaxSendWR)
+	slab := make([]SGE, cfg.MaxSendWR*cfg.MaxSendSGE)
+	var inl []byte
+	if cfg.MaxInline > 0 {
+		inl = make([]byte, cfg.MaxSendWR*cfg.MaxInline)
+	}
+	for i := range qp.sq {
+		qp.sq[i].sgl = slab[i*cfg.MaxSendSGE : i*cfg.MaxSendSGE : (i+1)*cfg.MaxSendSGE]
+		if inl != nil {
+			qp.sq[i].inline = inl[i*cfg.MaxInline : (i+1)*cfg.MaxInline]
+		}
+	}
+	qp.rx.qp = qp
+	qp.tx.qp = qp
+	for i := range qp.txSendMSN {
+		qp.txSendMSN[i] = 1
+	}
+	return qp, nil
+}
+
+// Num returns the QP number.
+func (qp *QP) Num() uint32 { return qp.cfg.Num }
+
+// State returns the current state.
+func (qp *QP) State() QPState {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.state
+}
+
+// Params returns the negotiated connection parameters.
+func (qp *QP) Params() ConnParams {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.params
+}
+
+// Err returns why the QP left RTS (nil while it is up or after a clean close).
+func (qp *QP) Err() error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.err
+}
+
+// Done is closed when the QP has reached ERROR and flushed its queues.
+func (qp *QP) Done() <-chan struct{} { return qp.done }
+
+// Start moves the QP to RTS on an established, MPA-negotiated stream and
+// starts its TX and RX goroutines (one of each per QP).
+func (qp *QP) Start(s Stream, p ConnParams) error {
+	qp.mu.Lock()
+	if qp.state != StateIdle {
+		qp.mu.Unlock()
+		return ErrInvalidState
+	}
+	if p.IRD < 0 || p.ORD < 0 || p.IRD > MPAMaxIRDORD || p.ORD > MPAMaxIRDORD {
+		qp.mu.Unlock()
+		return fmt.Errorf("%w: IRD %d ORD %d", ErrInvalidWR, p.IRD, p.ORD)
+	}
+	qp.stream = s
+	qp.params = p
+	qp.state = StateRTS
+	qp.ctx, qp.cancel = context.WithCancel(context.Background())
+	ord := max(p.ORD, 1)
+	qp.orq = make([]orqEntry, ord)
+	qp.irq = make([]irqEntry, max(p.IRD, 1))
+	// The responder stays silent until the initiator's first FPDU: siw
+	// resets a connection whose reply is followed by early bytes, and
+	// RFC 6581 makes the initiator speak first.
+	qp.txGate = !p.Initiator
+	qp.txDone = make(chan struct{})
+	qp.rxDone = make(chan struct{})
+	qp.rx.init(p)
+	qp.tx.init(p)
+	qp.mu.Unlock()
+	go qp.tx.run()
+	go qp.rx.run()
+	if p.Initiator {
+		qp.event(Event{Type: EventEstablished})
+	}
+	return nil
+}
+
+func (qp *QP) event(e Event) {
+	e.QPNum = qp.cfg.Num
+	if qp.cfg.OnEvent != nil {
+		qp.cfg.OnEvent(e)
+	}
+}
+
+func (qp *QP) wake() {
+	select {
+	case qp.kick <- struct{}{}:
+	default:
+	}
+}
+
+// PostSend queues send work requests. It copies each WR (and, for inline
+// WRs, its data), so the caller may reuse them at once. On error it returns
+// the index of the first WR not posted, as ibv_post_send's bad_wr does.
+func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
+	qp.mu.Lock()
+	if qp.state > StateRTS || qp.closing {
+		qp.mu.Unlock()
+		return 0, ErrInvalidState
+	}
+	for i := range wrs {
+		wr := &wrs[i]
+		if err := qp.checkSendWR(wr); err != nil {
+			qp.mu.Unlock()
+			return i, err
+		}
+		if qp.sqN == len(qp.sq) {
+			qp.mu.Unlock()
+			return i, ErrQueueFull
+		}
+		e := &qp.sq[(qp.sqHead+qp.sqN)%len(qp.sq)]
+		e.wr = *wr
+		e.sgl = append(e.sgl[:0], wr.SGL...)
+		e.wr.SGL = nil
+		e.signaled = qp.cfg.SignalAll || wr.Flags&FlagSignaled != 0
+		e.inlined = false
+		if wr.Flags&FlagInline != 0 && wr.Op != WRRead {
+			n, err := qp.gatherInline(e)
+			if err != nil {
+				qp.mu.Unlock()
+				return i, err
+			}
+			e.inline = e.inline[:cap(e.inline)]
+			e.sgl = e.sgl[:0]
+			e.inlined = true
+			e.inline = e.inline[:n]
+		}
+		qp.sqN++
+	}
+	qp.mu.Unlock()
+	qp.wake()
+	return len(wrs), nil
+}
+
+func (qp *QP) checkSendWR(wr *SendWR) error {
+	if len(wr.SGL) > qp.cfg.MaxSendSGE {
+		return ErrTooManySGE
+	}
+	switch wr.Op {
+	case WRSend, WRSendInvalidate, WRWrite:
+	case WRRead:
+		// The Read Response lands at one sink STag and TO: one SGE, as
+		// siw's max_sge_rd.
+		if len(wr.SGL) > 1 {
+			return fmt.Errorf("%w: RDMA Read takes at most one SGE", ErrTooManySGE)
+		}
+		if wr.Flags&FlagInline != 0 {
+			return fmt.Errorf("%w: RDMA Read cannot be inline", ErrInvalidWR)
+		}
+	default:
+		return fmt.Errorf("%w: opcode %v", ErrInvalidWR, wr.Op)
+	}
+	var total uint64
+	for _, s := range wr.SGL {
+		total += uint64(s.Length)
+	}
+	if total > 1<<32-1 {
+		return fmt.Errorf("%w: message longer than 4 GiB", ErrInvalidWR)
+	}
+	if wr.Flags&FlagInline != 0 && total > uint64(qp.cfg.MaxInline) {
+		return fmt.Errorf("%w: %d bytes inline, max %d", ErrInvalidWR, total, qp.cfg.MaxInline)
+	}
+	return nil
+}
+
+// gatherInline copies an inline WR's data into its queue entry.
+func (qp *QP) gatherInline(e *sendWQE) (int, error) {
+	n := 0
+	buf := e.inline[:cap(e.inline)]
+	for _, s := range e.sgl {
+		b, st := qp.localSlice(s, 0)
+		if st != StatusSuccess {
+			return 0, fmt.Errorf("%w: inline SGE lkey %#x: %v", ErrInvalidWR, s.LKey, st)
+		}
+		n += copy(buf[n:], b)
+	}
+	return n, nil
+}
+
+// localSlice resolves a local SGE, checking the STag, PD, bounds and the
+// access the operation needs.
+func (qp *QP) localSlice(s SGE, need Access) ([]byte, Status) {
+	r := qp.cfg.Mem.Lookup(s.LKey)
+	if r == nil || r.PD != qp.cfg.PD || r.Access&need != need {
+		return nil, StatusLocalProtection
+	}
+	b, ok := r.Slice(s.Addr, uint64(s.Length))
+	if !ok {
+		return nil, StatusLocalProtection
+	}
+	return b, StatusSuccess
+}
+
+// resolveSGL turns an SGL into slices of registered memory.
+func (qp *QP) resolveSGL(dst zerocopy.SGList, sgl []SGE, need Access) (zerocopy.SGList, int, Status) {
+	dst = dst[:0]
+	n := 0
+	for _, s := range sgl {
+		b, st := qp.localSlice(s, need)
+		if st != StatusSuccess {
+			return dst, 0, st
+		}
+		if len(b) > 0 {
+			dst = append(dst, b)
+		}
+		n += len(b)
+	}
+	return dst, n, StatusSuccess
+}
+
+// PostRecv posts receives to the QP's own receive queue.
+func (qp *QP) PostRecv(id uint64, sgl []SGE) error {
+	if qp.cfg.SharedRQ {
+		return fmt.Errorf("%w: QP uses a shared receive queue", ErrInvalidWR)
+	}
+	if qp.State() >= StateTerminate {
+		return ErrInvalidState
+	}
+	return qp.cfg.RQ.Post(id, sgl)
+}
+
+func (qp *QP) complete(cq CQ, c Completion) {
+	c.QPNum = qp.cfg.Num
+	if !cq.Push(&c) {
+		qp.event(Event{Type: EventFatal, Err: errors.New("iwarp: completion queue overflow")})
+	}
+}
+
+// terminate is called when this end detects an error: it queues a
+// Terminate for the TX goroutine, which sends it, closes the stream and
+// moves the QP to ERROR. offending is the ULPDU (headers) that caused it.
+func (qp *QP) terminate(code TermCode, offending []byte, segLen int) {
+	qp.mu.Lock()
+	if qp.state >= StateTerminate || qp.term != nil {
+		qp.mu.Unlock()
+		return
+	}
+	qp.state = StateTerminate
+	qp.term = &TerminateFields{Code: code, ULPDU: append([]byte(nil), offending...), SegmentLength: segLen}
+	qp.termErr = &TerminateError{Code: code}
+	qp.err = qp.termErr
+	qp.mu.Unlock()
+	qp.wake()
+	// A TX blocked on a peer that no longer reads must not hold the
+	// Terminate forever.
+	time.AfterFunc(2*time.Second, func() {
+		select {
+		case <-qp.done:
+		default:
+			qp.fail(qp.termErr, true)
+		}
+	})
+}
+
+// terminated handles a Terminate from the peer.
+func (qp *QP) terminated(code TermCode) {
+	if qp.cfg.Stats != nil {
+		qp.cfg.Stats.TermRecv.Add(1)
+	}
+	te := &TerminateError{Code: code, Received: true}
+	qp.mu.Lock()
+	if qp.state < StateTerminate {
+		qp.state = StateTerminate
+	}
+	if qp.termErr == nil {
+		qp.termErr = te
+		qp.err = te
+	}
+	qp.mu.Unlock()
+	qp.event(Event{Type: EventTerminateReceived, Term: code, Err: te})
+	qp.fail(te, false)
+}
+
+// fail moves the QP to ERROR: it closes (or resets) the stream, lets both
+// goroutines end, and flushes every outstanding work request.
+func (qp *QP) fail(err error, abort bool) {
+	qp.mu.Lock()
+	if qp.state == StateError {
+		qp.mu.Unlock()
+		return
+	}
+	qp.state = StateError
+	if qp.err == nil {
+		qp.err = err
+	}
+	s := qp.stream
+	cancel := qp.cancel
+	qp.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if s != nil {
+		if abort {
+			s.Abort()
+		} else {
+			s.Close()
+		}
+	}
+	qp.wake()
+	go qp.flush()
+}
+
+// flush completes every outstanding WR with an error once the goroutines
+// have stopped, then closes Done.
+func (qp *QP) flush() {
+	if qp.txDone != nil {
+		<-qp.txDone
+		<-qp.rxDone
+	}
+	qp.mu.Lock()
+	var term *TerminateError
+	if qp.termErr != nil && qp.termErr.Received {
+		term = qp.termErr
+	}
+	var out []Completion
+	// Outstanding Reads: the one the peer's Terminate answers gets the
+	// remote error, the rest are flushed.
+	for qp.orqN > 0 {
+		o := &qp.orq[qp.orqHead]
+		qp.orqHead = (qp.orqHead + 1) % len(qp.orq)
+		qp.orqN--
+		if o.rtr {
+			continue
+		}
+		c := Completion{ID: o.id, Status: StatusWRFlush, Op: CompRead}
+		if term != nil {
+			c.Status = statusForTerminate(term.Code)
+			c.Term = term.Code
+			term = nil
+		}
+		out = append(out, c)
+	}
+	for qp.sqN > 0 {
+		e := &qp.sq[qp.sqHead]
+		qp.sqHead = (qp.sqHead + 1) % len(qp.sq)
+		qp.sqN--
+		out = append(out, Completion{ID: e.wr.ID, Status: StatusWRFlush, Op: wrCompOp(e.wr.Op)})
+	}
+	qp.mu.Unlock()
+	for _, c := range out {
+		qp.complete(qp.cfg.SendCQ, c)
+	}
+	if qp.rx.cur.active {
+		qp.complete(qp.cfg.RecvCQ, Completion{ID: qp.rx.cur.wqe.id, Status: StatusWRFlush, Op: CompRecv})
+		qp.rx.cur.active = false
+	}
+	if !qp.cfg.SharedRQ {
+		qp.cfg.RQ.flush(func(id uint64) {
+			qp.complete(qp.cfg.RecvCQ, Completion{ID: id, Status: StatusWRFlush, Op: CompRecv})
+		})
+	}
+	qp.event(Event{Type: EventDisconnected, Err: qp.Err()})
+	close(qp.done)
+}
+
+// statusForTerminate maps a received Terminate to the status of the Read
+// it answers.
+func statusForTerminate(c TermCode) Status {
+	switch {
+	case c.Layer == LayerRDMAP && c.EType == ETypeRemoteProtection:
+		return StatusRemoteAccess
+	case c.Layer == LayerDDP && c.EType == ETypeTaggedBuffer:
+		return StatusRemoteAccess
+	case c.Layer == LayerDDP && c.EType == ETypeUntaggedBuffer:
+		return StatusRemoteInvalidRequest
+	case c.Layer == LayerRDMAP && c.EType == ETypeRemoteOperation:
+		return StatusRemoteOperation
+	}
+	return StatusFatal
+}
+
+func wrCompOp(op WROp) CompletionOp {
+	switch op {
+	case WRWrite:
+		return CompWrite
+	case WRRead:
+		return CompRead
+	}
+	return CompSend
+}
+
+// Disconnect closes the stream gracefully: queued sends are transmitted,
+// then a TCP FIN is sent; the QP reaches ERROR (flushing what remains, such
+// as posted receives) when the peer closes too or ctx ends.
+func (qp *QP) Disconnect(ctx context.Context) error {
+	qp.mu.Lock()
+	switch qp.state {
+	case StateIdle:
+		qp.state = StateError
+		qp.mu.Unlock()
+		go qp.flush()
+		<-qp.done
+		return nil
+	case StateRTS:
+		qp.closing = true
+		qp.state = StateClosing
+	}
+	qp.mu.Unlock()
+	qp.wake()
+	select {
+	case <-qp.done:
+		return nil
+	case <-ctx.Done():
+		qp.fail(ctx.Err(), true)
+		<-qp.done
+		return ctx.Err()
+	}
+}
+
+// Close tears the QP down at once (abortive close: TCP RST) and flushes
+// every outstanding work request. It is idempotent.
+func (qp *QP) Close() error {
+	qp.mu.Lock()
+	st := qp.state
+	qp.mu.Unlock()
+	if st == StateIdle {
+		return qp.Disconnect(context.Background())
+	}
+	qp.fail(ErrClosed, true)
+	<-qp.done
+	return nil
+}

@@ -1,0 +1,297 @@
+package iwarp
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// SGE is a scatter-gather element: Length bytes at virtual address Addr of
+// the region whose STag is LKey.
+type SGE struct {
+	Addr   uint64
+	Length uint32
+	LKey   uint32
+}
+
+// WROp is the operation of a send work request.
+type WROp uint8
+
+// Send work request operations.
+const (
+	WRSend WROp = iota
+	WRSendInvalidate
+	WRWrite
+	WRRead
+)
+
+func (o WROp) String() string {
+	switch o {
+	case WRSend:
+		return "SEND"
+	case WRSendInvalidate:
+		return "SEND_WITH_INV"
+	case WRWrite:
+		return "RDMA_WRITE"
+	case WRRead:
+		return "RDMA_READ"
+	}
+	return fmt.Sprintf("WROp(%d)", uint8(o))
+}
+
+// SendFlags are the ibv_send_flags a work request carries.
+type SendFlags uint8
+
+// Send flags.
+const (
+	FlagSignaled  SendFlags = 1 << iota // generate a completion
+	FlagInline                          // copy the data at post time
+	FlagSolicited                       // Send with Solicited Event
+	FlagFence                           // wait for outstanding RDMA Reads first
+)
+
+// SendWR is a send queue work request.
+type SendWR struct {
+	ID    uint64
+	Op    WROp
+	Flags SendFlags
+	SGL   []SGE
+	// RDMA Write and Read: the remote buffer.
+	RemoteAddr uint64
+	RKey       uint32
+	// Send with Invalidate: the remote STag to invalidate.
+	InvalidateRKey uint32
+}
+
+// Status is a work completion status; the values and strings are
+// libibverbs' ibv_wc_status and ibv_wc_status_str.
+type Status uint8
+
+// Completion statuses.
+const (
+	StatusSuccess Status = iota
+	StatusLocalLength
+	StatusLocalQPOp
+	StatusLocalEECOp
+	StatusLocalProtection
+	StatusWRFlush
+	StatusMWBind
+	StatusBadResponse
+	StatusLocalAccess
+	StatusRemoteInvalidRequest
+	StatusRemoteAccess
+	StatusRemoteOperation
+	StatusRetryExceeded
+	StatusRNRRetryExceeded
+	StatusLocalRDDViolation
+	StatusRemoteInvalidRDRequest
+	StatusRemoteAbort
+	StatusInvalidEECN
+	StatusInvalidEECState
+	StatusFatal
+	StatusResponseTimeout
+	StatusGeneral
+)
+
+var statusStrings = [...]string{
+	"success",
+	"local length error",
+	"local QP operation error",
+	"local EE context operation error",
+	"local protection error",
+	"Work Request Flushed Error",
+	"memory management operation error",
+	"bad response error",
+	"local access error",
+	"remote invalid request error",
+	"remote access error",
+	"remote operation error",
+	"transport retry counter exceeded",
+	"RNR retry counter exceeded",
+	"local RDD violation error",
+	"remote invalid RD request",
+	"aborted error",
+	"invalid EE context number",
+	"invalid EE context state",
+	"fatal error",
+	"response timeout error",
+	"general error",
+}
+
+func (s Status) String() string {
+	if int(s) < len(statusStrings) {
+		return statusStrings[s]
+	}
+	return "unknown"
+}
+
+// CompletionOp is the operation a completion reports (ibv_wc_opcode).
+type CompletionOp uint8
+
+// Completion operations.
+const (
+	CompSend  CompletionOp = 0
+	CompWrite CompletionOp = 1
+	CompRead  CompletionOp = 2
+	CompRecv  CompletionOp = 128
+)
+
+func (o CompletionOp) String() string {
+	switch o {
+	case CompSend:
+		return "SEND"
+	case CompWrite:
+		return "RDMA_WRITE"
+	case CompRead:
+		return "RDMA_READ"
+	case CompRecv:
+		return "RECV"
+	}
+	return fmt.Sprintf("CompletionOp(%d)", uint8(o))
+}
+
+// CompletionFlags are ibv_wc_flags.
+type CompletionFlags uint8
+
+// Completion flags.
+const (
+	CompWithInvalidate CompletionFlags = 1 << iota // InvalidatedRKey is valid
+	CompSolicited                                  // the Send asked for a solicited event
+)
+
+// Completion is a work completion.
+type Completion struct {
+	ID              uint64
+	Status          Status
+	Op              CompletionOp
+	Flags           CompletionFlags
+	ByteLen         uint32
+	QPNum           uint32
+	InvalidatedRKey uint32
+	// Term is the Terminate that caused an error status, when one did.
+	Term TermCode
+}
+
+// CQ receives completions. Push must not block; it returns false when the
+// queue overflowed.
+type CQ interface {
+	Push(c *Completion) bool
+}
+
+// Errors of the queue and QP API.
+var (
+	ErrQueueFull    = errors.New("iwarp: work queue full")
+	ErrTooManySGE   = errors.New("iwarp: too many scatter-gather elements")
+	ErrNoResources  = errors.New("iwarp: out of resources")
+	ErrInvalidState = errors.New("iwarp: QP not in a state that allows this operation")
+	ErrInvalidWR    = errors.New("iwarp: invalid work request")
+)
+
+// recvWQE is a posted receive.
+type recvWQE struct {
+	id  uint64
+	sgl []SGE // points into the queue's slab
+}
+
+// RecvQueue is a receive queue: a QP's own RQ, or a shared receive queue
+// (SRQ) that several QPs take buffers from. It is safe for concurrent use.
+type RecvQueue struct {
+	mu     sync.Mutex
+	slab   []SGE
+	ring   []recvWQE
+	head   int
+	n      int
+	maxSGE int
+	// limit is the SRQ limit: when the number of posted receives drops
+	// below it, onLimit runs once and the limit disarms (ibv_modify_srq).
+	limit   int
+	onLimit func()
+}
+
+// NewRecvQueue returns a queue for depth receives of at most maxSGE SGEs.
+func NewRecvQueue(depth, maxSGE int) (*RecvQueue, error) {
+	if depth <= 0 || maxSGE <= 0 || depth > 1<<20 || maxSGE > 64 {
+		return nil, fmt.Errorf("%w: receive queue depth %d, max SGE %d", ErrInvalidWR, depth, maxSGE)
+	}
+	q := &RecvQueue{slab: make([]SGE, depth*maxSGE), ring: make([]recvWQE, depth), maxSGE: maxSGE}
+	for i := range q.ring {
+		q.ring[i].sgl = q.slab[i*maxSGE : i*maxSGE : (i+1)*maxSGE]
+	}
+	return q, nil
+}
+
+// Post adds a receive. The SGL is copied; the caller may reuse it.
+func (q *RecvQueue) Post(id uint64, sgl []SGE) error {
+	if len(sgl) > q.maxSGE {
+		return ErrTooManySGE
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n == len(q.ring) {
+		return ErrQueueFull
+	}
+	e := &q.ring[(q.head+q.n)%len(q.ring)]
+	e.id = id
+	e.sgl = append(e.sgl[:0], sgl...)
+	q.n++
+	return nil
+}
+
+// take removes the oldest receive into dst (whose sgl slice it reuses).
+func (q *RecvQueue) take(dst *recvWQE) bool {
+	q.mu.Lock()
+	if q.n == 0 {
+		q.mu.Unlock()
+		return false
+	}
+	e := &q.ring[q.head]
+	dst.id = e.id
+	dst.sgl = append(dst.sgl[:0], e.sgl...)
+	q.head = (q.head + 1) % len(q.ring)
+	q.n--
+	var fire func()
+	if q.limit > 0 && q.n < q.limit {
+		fire, q.onLimit, q.limit = q.onLimit, nil, 0
+	}
+	q.mu.Unlock()
+	if fire != nil {
+		fire()
+	}
+	return true
+}
+
+// flush removes every posted receive, calling fn for each.
+func (q *RecvQueue) flush(fn func(id uint64)) {
+	q.mu.Lock()
+	ids := make([]uint64, 0, q.n)
+	for q.n > 0 {
+		ids = append(ids, q.ring[q.head].id)
+		q.head = (q.head + 1) % len(q.ring)
+		q.n--
+	}
+	q.mu.Unlock()
+	for _, id := range ids {
+		fn(id)
+	}
+}
+
+// Len returns the number of posted receives.
+func (q *RecvQueue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
+}
+
+// Cap returns the queue depth.
+func (q *RecvQueue) Cap() int { return len(q.ring) }
+
+// MaxSGE returns the most SGEs a receive may have.
+func (q *RecvQueue) MaxSGE() int { return q.maxSGE }
+
+// SetLimit arms the SRQ limit event: fn runs once when fewer than limit
+// receives remain posted. limit 0 disarms it.
+func (q *RecvQueue) SetLimit(limit int, fn func()) {
+	q.mu.Lock()
+	q.limit, q.onLimit = limit, fn
+	q.mu.Unlock()
+}

@@ -1,0 +1,572 @@
+package iwarp
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+
+	"rdmatap/zerocopy"
+)
+
+// The receive path of an RDMAP stream, one goroutine per QP. An FPDU's way
+// through it:
+//
+//  1. TCP bytes: netstack's Endpoint.Read hands Write slices of the stack's
+//     own packet memory, in stream order, cut anywhere (even inside a header).
+//  2. MPA frame: the 2-byte ULPDU_Length, then the DDP header (14 or 18
+//     bytes, plus the 28-byte Read Request or the Terminate header), are
+//     gathered into a small header buffer.
+//  3. DDP/RDMAP header checks: versions, opcode, queue number, MSN and MO,
+//     framing (a ULPDU shorter than its headers).
+//  4. STag and queue lookup: a tagged segment's STag is looked up and
+//     checked for PD, access rights and base and bounds; an untagged Send
+//     takes the next posted receive.
+//  5. Placement: payload is copied once from packet memory into the target
+//     region, the CRC32c computed in the same pass.
+//  6. Trailer: pad and CRC are checked (when negotiated).
+//  7. Completion: the last segment of a Send completes the receive; the last
+//     Read Response segment completes the Read; a Read Request goes to the
+//     IRQ for the TX goroutine; a Terminate ends the stream.
+//
+// The parser consumes (stream offset, bytes) in order and knows nothing of
+// TCP, so a segment-level feed can drive it unchanged.
+
+const (
+	rxHeader = iota
+	rxPayload
+	rxTrailer
+	rxDead
+
+	rxHdrMax = MPALengthSize + DDPUntaggedHeaderSize + TerminateMaxSize
+)
+
+// rxMsg is the untagged Send message being received.
+type rxMsg struct {
+	active bool
+	wqe    recvWQE
+	msn    uint32
+	size   int // capacity of the receive buffers
+	placed int
+	dst    zerocopy.SGList
+}
+
+type receiver struct {
+	qp       *QP
+	crcOn    bool
+	sendRTR  bool // responder expecting a zero-length Send as RTR
+	gateOpen bool
+	stats    *Stats
+
+	state  int
+	hdr    [rxHdrMax]byte
+	have   int
+	need   int
+	ulpdu  int
+	op     Opcode
+	last   bool
+	payLen int
+	payPos int
+	dst    []byte          // tagged destination
+	sgl    zerocopy.SGList // untagged destination
+	sglOff int
+	crc    uint32
+	trail  [7]byte
+	trHave int
+	trNeed int
+
+	expect [numQN]uint32
+	cur    rxMsg
+	offset uint64 // TCP stream offset of the next byte
+}
+
+func (r *receiver) init(p ConnParams) {
+	r.crcOn = p.CRC
+	r.sendRTR = !p.Initiator && p.PeerToPeer && p.RTR == RTRSend
+	r.gateOpen = p.Initiator
+	r.stats = r.qp.cfg.Stats
+	r.state = rxHeader
+	r.have, r.need = 0, 4
+	for i := range r.expect {
+		r.expect[i] = 1
+	}
+	if r.cur.wqe.sgl == nil {
+		r.cur.wqe.sgl = make([]SGE, 0, r.qp.cfg.RQ.MaxSGE())
+		r.cur.dst = make(zerocopy.SGList, 0, r.qp.cfg.RQ.MaxSGE())
+	}
+}
+
+// run reads the stream until it ends.
+func (r *receiver) run() {
+	qp := r.qp
+	defer close(qp.rxDone)
+	for {
+		_, err := qp.stream.ReadTo(qp.ctx, r, 0)
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, io.EOF) && r.state != rxDead {
+			if r.state == rxHeader && r.have == 0 {
+				// The peer closed at an FPDU boundary: a graceful close.
+				qp.fail(nil, false)
+			} else {
+				qp.fail(&TerminateError{Code: TermCode{LayerLLP, ETypeMPA, CodeTCPLost}}, false)
+			}
+			return
+		}
+		qp.fail(err, false)
+		return
+	}
+}
+
+// Write consumes stream bytes. It never fails: after a protocol error it
+// discards the rest of the stream while the Terminate goes out.
+func (r *receiver) Write(p []byte) (int, error) {
+	n := len(p)
+	r.offset += uint64(n)
+	for len(p) > 0 {
+		switch r.state {
+		case rxHeader:
+			c := copy(r.hdr[r.have:r.need], p)
+			r.have += c
+			p = p[c:]
+			if r.have < r.need {
+				continue
+			}
+			if r.need == 4 {
+				if !r.sizeHeader() {
+					continue
+				}
+				if r.have < r.need {
+					continue
+				}
+			}
+			r.onHeader()
+		case rxPayload:
+			c := min(len(p), r.payLen-r.payPos)
+			r.place(p[:c])
+			r.payPos += c
+			p = p[c:]
+			if r.payPos == r.payLen {
+				r.state = rxTrailer
+			}
+		case rxTrailer:
+			c := copy(r.trail[r.trHave:r.trNeed], p)
+			r.trHave += c
+			p = p[c:]
+			if r.trHave == r.trNeed {
+				r.onTrailer()
+			}
+		case rxDead:
+			return n, nil
+		}
+	}
+	return n, nil
+}
+
+// sizeHeader works out, from the first four bytes, how many header bytes
+// this FPDU has.
+func (r *receiver) sizeHeader() bool {
+	r.ulpdu = int(binary.BigEndian.Uint16(r.hdr[0:]))
+	h := DDPHeader(r.hdr[MPALengthSize:])
+	hs := h.HeaderSize()
+	r.op = h.Opcode()
+	need := hs
+	if !h.Tagged() {
+		switch r.op {
+		case OpReadRequest:
+			need += ReadRequestSize
+		case OpTerminate:
+			need = min(max(r.ulpdu, hs+termCtrlLen), hs+TerminateMaxSize)
+		}
+	}
+	if r.ulpdu < need {
+		// A ULPDU shorter than the headers it announces: the stream can
+		// no longer be framed (siw answers the same with LLP/MPA 0x03).
+		r.fail(TermCode{LayerLLP, ETypeMPA, CodeFPDUStart}, min(r.have-MPALengthSize, 2))
+		return false
+	}
+	r.need = MPALengthSize + need
+	return true
+}
+
+// fail raises a Terminate for the current FPDU and stops parsing.
+func (r *receiver) fail(code TermCode, hdrLen int) {
+	r.state = rxDead
+	off := r.hdr[MPALengthSize : MPALengthSize+max(hdrLen, 0)]
+	r.qp.terminate(code, off, r.ulpdu)
+}
+
+// onHeader runs once the FPDU's headers are complete: checks, lookup, and
+// the choice of destination.
+func (r *receiver) onHeader() {
+	h := DDPHeader(r.hdr[MPALengthSize:r.need])
+	hl := r.need - MPALengthSize
+	r.payLen = r.ulpdu - hl
+	r.payPos = 0
+	r.dst, r.sgl = nil, nil
+	r.last = h.Last()
+	r.trHave, r.trNeed = 0, FPDUPad(r.ulpdu)+MPACRCSize
+	if r.crcOn {
+		r.crc = zerocopy.UpdateCRC32C(0, r.hdr[:r.need])
+	}
+	if r.stats != nil {
+		r.stats.RxFPDUs.Add(1)
+	}
+	if code, bad := r.check(h); bad {
+		r.fail(code, hl)
+		return
+	}
+	if !r.gateOpen {
+		r.gateOpen = true
+		r.qp.openGate()
+	}
+	if r.payLen == 0 {
+		r.state = rxTrailer
+	} else {
+		r.state = rxPayload
+	}
+}
+
+// check validates the headers and sets the destination; bad reports an
+// error to terminate with.
+func (r *receiver) check(h DDPHeader) (code TermCode, bad bool) {
+	tagged := h.Tagged()
+	if h.DDPVersion() != DDPVersion {
+		if tagged {
+			return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPTaggedVersion}, true
+		}
+		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeDDPUntaggedVersion}, true
+	}
+	if h.RDMAPVersion() != RDMAPVersion {
+		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeInvalidRDMAPVersion}, true
+	}
+	if tagged != r.op.Tagged() || r.op > OpTerminate {
+		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
+	}
+	if !tagged {
+		qn := h.QN()
+		if qn >= numQN {
+			return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidQN}, true
+		}
+		want := uint32(QNSend)
+		switch r.op {
+		case OpReadRequest:
+			want = QNReadReq
+		case OpTerminate:
+			want = QNTerminate
+		}
+		if qn != want {
+			return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidQN}, true
+		}
+	}
+	switch r.op {
+	case OpWrite:
+		return r.checkWrite(h)
+	case OpReadResponse:
+		return r.checkReadResponse(h)
+	case OpReadRequest:
+		return r.checkReadRequest(h)
+	case OpTerminate:
+		if err := Terminate(h.Payload()).Validate(); err != nil {
+			return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnspecified}, true
+		}
+		return
+	}
+	return r.checkSend(h)
+}
+
+func (r *receiver) checkWrite(h DDPHeader) (TermCode, bool) {
+	if r.payLen == 0 {
+		// A zero-length Write places nothing, so its STag is not checked
+		// (RFC 5040 §5.1); siw's Write RTR carries STag 1.
+		return TermCode{}, false
+	}
+	qp := r.qp
+	reg := qp.cfg.Mem.Lookup(h.STag())
+	switch {
+	case reg == nil:
+		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPInvalidSTag}, true
+	case reg.PD != qp.cfg.PD:
+		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPSTagNotAssociated}, true
+	case reg.Access&AccessRemoteWrite == 0:
+		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeAccessRights}, true
+	}
+	to := h.TO()
+	if to+uint64(r.payLen) < to {
+		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPTOWrap}, true
+	}
+	dst, ok := reg.Slice(to, uint64(r.payLen))
+	if !ok {
+		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, true
+	}
+	r.dst = dst
+	return TermCode{}, false
+}
+
+func (r *receiver) checkReadResponse(h DDPHeader) (TermCode, bool) {
+	qp := r.qp
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.orqN == 0 {
+		// A Read Response nobody asked for.
+		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
+	}
+	o := &qp.orq[qp.orqHead]
+	if h.STag() != o.sinkSTag {
+		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPInvalidSTag}, true
+	}
+	if h.TO() != o.sinkTO+uint64(o.placed) || uint64(o.placed)+uint64(r.payLen) > uint64(o.size) {
+		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, true
+	}
+	r.dst = o.sink[o.placed : int(o.placed)+r.payLen]
+	return TermCode{}, false
+}
+
+func (r *receiver) checkReadRequest(h DDPHeader) (TermCode, bool) {
+	qp := r.qp
+	if h.MSN() != r.expect[QNReadReq] {
+		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMSNRange}, true
+	}
+	if h.MO() != 0 || !h.Last() || r.payLen != 0 {
+		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidMO}, true
+	}
+	qp.mu.Lock()
+	full := qp.irqN >= qp.params.IRD && !(qp.params.IRD == 0 && qp.irqN == 0 && !r.gateOpen)
+	qp.mu.Unlock()
+	if full {
+		// More Reads in flight than the IRD we granted.
+		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCatastrophicStream}, true
+	}
+	rr := ReadRequest(h.Payload())
+	if rr.Size() == 0 {
+		return TermCode{}, false
+	}
+	reg := qp.cfg.Mem.Lookup(rr.SourceSTag())
+	switch {
+	case reg == nil:
+		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag}, true
+	case reg.PD != qp.cfg.PD:
+		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeSTagNotAssociated}, true
+	case reg.Access&AccessRemoteRead == 0:
+		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeAccessRights}, true
+	}
+	to := rr.SourceTO()
+	if to+uint64(rr.Size()) < to {
+		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeTOWrap}, true
+	}
+	if _, ok := reg.Slice(to, uint64(rr.Size())); !ok {
+		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeBaseBounds}, true
+	}
+	return TermCode{}, false
+}
+
+func (r *receiver) checkSend(h DDPHeader) (TermCode, bool) {
+	qp := r.qp
+	msn, mo := h.MSN(), h.MO()
+	m := &r.cur
+	if !m.active {
+		if msn != r.expect[QNSend] {
+			return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMSNRange}, true
+		}
+		if mo != 0 {
+			return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidMO}, true
+		}
+		if r.sendRTR && r.payLen == 0 && h.Last() && !r.gateOpen {
+			// RFC 6581 zero-length Send RTR: consumes an MSN, not a buffer.
+			return TermCode{}, false
+		}
+		if !qp.cfg.RQ.take(&m.wqe) {
+			return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeNoBuffer}, true
+		}
+		dst, size, st := qp.resolveSGL(m.dst, m.wqe.sgl, AccessLocalWrite)
+		m.dst = dst
+		m.active, m.msn, m.placed, m.size = true, msn, 0, size
+		if st != StatusSuccess {
+			qp.complete(qp.cfg.RecvCQ, Completion{ID: m.wqe.id, Status: st, Op: CompRecv})
+			m.active = false
+			return TermCode{LayerDDP, ETypeDDPCatastrophic, 0}, true
+		}
+	} else {
+		if msn != m.msn {
+			return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMSNRange}, true
+		}
+		if int(mo) != m.placed {
+			return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidMO}, true
+		}
+	}
+	if m.placed+r.payLen > m.size {
+		qp.complete(qp.cfg.RecvCQ, Completion{ID: m.wqe.id, Status: StatusLocalLength, Op: CompRecv})
+		m.active = false
+		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMessageTooLong}, true
+	}
+	r.sgl = m.dst
+	r.sglOff = m.placed
+	return TermCode{}, false
+}
+
+// place copies payload bytes to the destination, with the CRC in the same
+// pass.
+func (r *receiver) place(b []byte) {
+	if r.stats != nil {
+		r.stats.PlacementCopies.Add(1)
+		r.stats.PlacedBytes.Add(uint64(len(b)))
+	}
+	switch {
+	case r.dst != nil:
+		if r.crcOn {
+			_, r.crc = zerocopy.CopyCRC(r.dst[r.payPos:], b, r.crc)
+		} else {
+			copy(r.dst[r.payPos:], b)
+		}
+	case r.sgl != nil:
+		if r.crcOn {
+			_, r.crc = r.sgl.CopyFromCRC(r.sglOff+r.payPos, b, r.crc)
+		} else {
+			r.sgl.CopyFrom(r.sglOff+r.payPos, b)
+		}
+	default:
+		// Bytes with no destination (the tail of a long Terminate).
+		if r.crcOn {
+			r.crc = zerocopy.UpdateCRC32C(r.crc, b)
+		}
+	}
+}
+
+// onTrailer checks pad and CRC and finishes the segment.
+func (r *receiver) onTrailer() {
+	pad := r.trNeed - MPACRCSize
+	if r.crcOn {
+		crc := zerocopy.UpdateCRC32C(r.crc, r.trail[:pad])
+		if got := binary.BigEndian.Uint32(r.trail[pad:]); got != crc {
+			if r.stats != nil {
+				r.stats.CRCErrors.Add(1)
+			}
+			r.fail(TermCode{LayerLLP, ETypeMPA, CodeCRC}, r.need-MPALengthSize)
+			return
+		}
+	}
+	if r.stats != nil {
+		r.stats.RxBytes.Add(uint64(r.payLen))
+		if r.last {
+			r.stats.RxOps[r.op].Add(1)
+		}
+	}
+	h := DDPHeader(r.hdr[MPALengthSize:r.need])
+	r.state = rxHeader
+	r.have, r.need = 0, 4
+	switch r.op {
+	case OpWrite:
+	case OpReadResponse:
+		r.endReadResponse(h)
+	case OpReadRequest:
+		r.endReadRequest(h)
+	case OpTerminate:
+		code, _ := DecodeTerminateLenient(Terminate(h.Payload()))
+		r.state = rxDead
+		r.qp.terminated(code)
+	default:
+		r.endSend(h)
+	}
+}
+
+func (r *receiver) endSend(h DDPHeader) {
+	qp := r.qp
+	m := &r.cur
+	if !m.active {
+		// The zero-length Send RTR.
+		r.expect[QNSend]++
+		return
+	}
+	m.placed += r.payLen
+	if !h.Last() {
+		return
+	}
+	c := Completion{ID: m.wqe.id, Op: CompRecv, ByteLen: uint32(m.placed)}
+	if r.op.Solicited() {
+		c.Flags |= CompSolicited
+	}
+	m.active = false
+	r.expect[QNSend]++
+	if r.op.Invalidates() {
+		stag := h.InvalidateSTag()
+		reg := qp.cfg.Mem.Lookup(stag)
+		if reg == nil || reg.PD != qp.cfg.PD {
+			c.Status = StatusRemoteInvalidRequest
+			qp.complete(qp.cfg.RecvCQ, c)
+			r.fail(TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCannotInvalidate}, len(h))
+			return
+		}
+		reg.Invalidate()
+		c.Flags |= CompWithInvalidate
+		c.InvalidatedRKey = stag
+	}
+	qp.complete(qp.cfg.RecvCQ, c)
+}
+
+func (r *receiver) endReadResponse(h DDPHeader) {
+	qp := r.qp
+	qp.mu.Lock()
+	o := &qp.orq[qp.orqHead]
+	o.placed += uint32(r.payLen)
+	if !h.Last() {
+		qp.mu.Unlock()
+		return
+	}
+	if o.placed != o.size {
+		qp.mu.Unlock()
+		r.fail(TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, len(h))
+		return
+	}
+	c := Completion{ID: o.id, Op: CompRead, ByteLen: o.size}
+	report := o.signaled && !o.rtr
+	qp.orqHead = (qp.orqHead + 1) % len(qp.orq)
+	qp.orqN--
+	qp.mu.Unlock()
+	if report {
+		qp.complete(qp.cfg.SendCQ, c)
+	}
+	qp.wake() // an ORQ slot is free again
+}
+
+func (r *receiver) endReadRequest(h DDPHeader) {
+	qp := r.qp
+	rr := ReadRequest(h.Payload())
+	r.expect[QNReadReq]++
+	var src []byte
+	if rr.Size() > 0 {
+		// Checked in checkReadRequest; the region may have been
+		// deregistered since, which the lookup catches.
+		reg := qp.cfg.Mem.Lookup(rr.SourceSTag())
+		var ok bool
+		if reg != nil {
+			src, ok = reg.Slice(rr.SourceTO(), uint64(rr.Size()))
+		}
+		if !ok {
+			r.fail(TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag}, len(h)+ReadRequestSize)
+			return
+		}
+	}
+	qp.mu.Lock()
+	if qp.irqN == len(qp.irq) {
+		qp.mu.Unlock()
+		r.fail(TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCatastrophicStream}, len(h)+ReadRequestSize)
+		return
+	}
+	e := &qp.irq[(qp.irqHead+qp.irqN)%len(qp.irq)]
+	e.sinkSTag, e.sinkTO, e.src = rr.SinkSTag(), rr.SinkTO(), src
+	qp.irqN++
+	qp.mu.Unlock()
+	qp.wake()
+}
+
+// openGate lets a responder's TX start: the initiator has spoken first.
+func (qp *QP) openGate() {
+	qp.mu.Lock()
+	opened := qp.txGate
+	qp.txGate = false
+	qp.mu.Unlock()
+	if opened {
+		qp.event(Event{Type: EventEstablished})
+		qp.wake()
+	}
+}

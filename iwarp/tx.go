@@ -1,0 +1,509 @@
+package iwarp
+
+import (
+	"encoding/binary"
+	"io"
+
+	"rdmatap/zerocopy"
+)
+
+// The transmit path of an RDMAP stream, one goroutine per QP. A message's
+// way through it:
+//
+//  1. Work: the TX goroutine picks, under the QP lock, the next thing to
+//     send: a queued Terminate first, then the RTR of a peer-to-peer
+//     initiator, then inbound Read Requests (Read Responses, in order, at
+//     most four in a row while sends wait) and the send queue in order.
+//     A responder sends nothing until the initiator's first FPDU arrived.
+//  2. Resolution: the work request's SGL is resolved to slices of
+//     registered memory (STag, PD, bounds), and an RDMA Read gets its ORQ
+//     entry before its request can reach the wire.
+//  3. Framing: the message is cut into FPDUs no larger than the
+//     connection's current maximum segment payload, so every FPDU fits a
+//     TCP segment.
+//  4. Copy: netstack's Endpoint.Write pulls the bytes through fpduWriter (a
+//     tcpip.Payloader), which writes headers, copies payload from the
+//     registered memory straight into the stack's buffers, and computes
+//     the CRC32c in the same pass. One Write per message; Nagle is off.
+//  5. Completion: a Send or Write completes once TCP has the bytes; a Read
+//     completes when its last Read Response segment has been placed.
+
+const irqBurst = 4 // Read Responses served in a row while sends wait
+
+type txJob uint8
+
+const (
+	jobNone txJob = iota
+	jobSQ
+	jobReadResp
+	jobTerminate
+	jobFIN
+	jobExit
+)
+
+type transmitter struct {
+	qp      *QP
+	crcOn   bool
+	rtr     RTR // RTR still to send (peer-to-peer initiator)
+	maxFPDU int
+	stats   *Stats
+	burst   int
+	finSent bool
+	readOK  bool
+
+	inlineBuf []byte
+
+	fw  fpduWriter
+	src zerocopy.SGList
+	wqe sendWQE
+	irq irqEntry
+	rr  [ReadRequestSize]byte
+	buf [rxHdrMax + 8]byte
+}
+
+func (t *transmitter) init(p ConnParams) {
+	t.crcOn = p.CRC
+	t.stats = t.qp.cfg.Stats
+	t.maxFPDU = t.qp.cfg.MaxFPDU
+	t.burst = 0
+	t.finSent = false
+	t.rtr = 0
+	if p.Initiator && p.PeerToPeer {
+		t.rtr = p.RTR
+	}
+	if t.src == nil {
+		t.src = make(zerocopy.SGList, 0, t.qp.cfg.MaxSendSGE)
+		t.wqe.sgl = make([]SGE, 0, t.qp.cfg.MaxSendSGE)
+		t.inlineBuf = make([]byte, 0, t.qp.cfg.MaxInline)
+	}
+}
+
+func (t *transmitter) run() {
+	qp := t.qp
+	defer close(qp.txDone)
+	if t.rtr != 0 && !t.sendRTR() {
+		return
+	}
+	for {
+		switch t.next() {
+		case jobExit:
+			return
+		case jobTerminate:
+			t.sendTerminate()
+			return
+		case jobFIN:
+			t.finSent = true
+			if err := qp.stream.CloseWrite(); err != nil {
+				qp.fail(err, true)
+				return
+			}
+		case jobReadResp:
+			e := &t.irq
+			f := DDPFields{Opcode: OpReadResponse, STag: e.sinkSTag, TO: e.sinkTO}
+			t.src = append(t.src[:0], e.src)
+			if len(e.src) == 0 {
+				t.src = t.src[:0]
+			}
+			if !t.send(&f, t.src, len(e.src), nil) {
+				return
+			}
+			e.src = nil
+		case jobSQ:
+			if !t.sendWQE() {
+				return
+			}
+		}
+	}
+}
+
+// next waits for and claims the next job.
+func (t *transmitter) next() txJob {
+	qp := t.qp
+	for {
+		qp.mu.Lock()
+		job := t.pick()
+		qp.mu.Unlock()
+		if job != jobNone {
+			return job
+		}
+		select {
+		case <-qp.kick:
+		case <-qp.ctx.Done():
+			qp.mu.Lock()
+			job := t.pick()
+			qp.mu.Unlock()
+			if job == jobTerminate {
+				return job
+			}
+			return jobExit
+		}
+	}
+}
+
+// pick chooses work; qp.mu is held.
+func (t *transmitter) pick() txJob {
+	qp := t.qp
+	if qp.term != nil {
+		return jobTerminate
+	}
+	if qp.state >= StateTerminate {
+		return jobExit
+	}
+	if qp.txGate || t.finSent {
+		return jobNone
+	}
+	if qp.irqN > 0 && (qp.sqN == 0 || t.burst < irqBurst) {
+		t.irq = qp.irq[qp.irqHead]
+		qp.irq[qp.irqHead].src = nil
+		qp.irqHead = (qp.irqHead + 1) % len(qp.irq)
+		qp.irqN--
+		t.burst++
+		return jobReadResp
+	}
+	t.burst = 0
+	if qp.sqN > 0 {
+		e := &qp.sq[qp.sqHead]
+		if (e.wr.Op == WRRead && qp.orqN == len(qp.orq)) || (e.wr.Flags&FlagFence != 0 && qp.orqN > 0) {
+			// Wait for a Read Response to free an ORQ slot.
+			return jobNone
+		}
+		t.wqe.wr = e.wr
+		t.wqe.signaled = e.signaled
+		t.wqe.inlined = e.inlined
+		t.wqe.sgl = append(t.wqe.sgl[:0], e.sgl...)
+		// The slot may be reposted as soon as it is released: keep a copy.
+		t.wqe.inline = append(t.inlineBuf[:0], e.inline...)
+		if e.wr.Op == WRRead {
+			t.readOK = t.claimORQ()
+		}
+		qp.sqHead = (qp.sqHead + 1) % len(qp.sq)
+		qp.sqN--
+		return jobSQ
+	}
+	if qp.closing {
+		return jobFIN
+	}
+	return jobNone
+}
+
+// claimORQ resolves a Read's sink and reserves its ORQ entry; qp.mu held.
+func (t *transmitter) claimORQ() bool {
+	qp := t.qp
+	w := &t.wqe
+	var sink []byte
+	var stag uint32
+	var to uint64
+	if len(w.sgl) == 1 {
+		b, st := qp.localSlice(w.sgl[0], AccessLocalWrite)
+		if st != StatusSuccess {
+			return false
+		}
+		sink, stag, to = b, w.sgl[0].LKey, w.sgl[0].Addr
+	}
+	o := &qp.orq[(qp.orqHead+qp.orqN)%len(qp.orq)]
+	*o = orqEntry{id: w.wr.ID, signaled: w.signaled, sinkSTag: stag, sinkTO: to, size: uint32(len(sink)), sink: sink}
+	qp.orqN++
+	return true
+}
+
+// sendWQE transmits the claimed send queue entry; false ends TX.
+func (t *transmitter) sendWQE() bool {
+	qp := t.qp
+	w := &t.wqe
+	switch w.wr.Op {
+	case WRRead:
+		if !t.readOK {
+			return t.localError(w, StatusLocalProtection)
+		}
+		var sink SGE
+		if len(w.sgl) == 1 {
+			sink = w.sgl[0]
+		}
+		ReadRequest(t.rr[:]).Encode(&ReadRequestFields{
+			SinkSTag: sink.LKey, SinkTO: sink.Addr, Size: sink.Length,
+			SourceSTag: w.wr.RKey, SourceTO: w.wr.RemoteAddr,
+		})
+		f := DDPFields{Opcode: OpReadRequest, QN: QNReadReq, MSN: t.nextMSN(QNReadReq)}
+		return t.send(&f, nil, 0, t.rr[:])
+	}
+	var src zerocopy.SGList
+	var n int
+	if w.inlined {
+		src = append(t.src[:0], w.inline)
+		n = len(w.inline)
+	} else {
+		var st Status
+		src, n, st = qp.resolveSGL(t.src, w.sgl, 0)
+		t.src = src
+		if st != StatusSuccess {
+			return t.localError(w, st)
+		}
+	}
+	var f DDPFields
+	op := CompSend
+	switch w.wr.Op {
+	case WRWrite:
+		f = DDPFields{Opcode: OpWrite, STag: w.wr.RKey, TO: w.wr.RemoteAddr}
+		op = CompWrite
+	case WRSend, WRSendInvalidate:
+		f = DDPFields{Opcode: OpSend, QN: QNSend, MSN: t.nextMSN(QNSend)}
+		if w.wr.Op == WRSendInvalidate {
+			f.Opcode = OpSendInvalidate
+			f.RsvdULP = w.wr.InvalidateRKey
+		}
+		if w.wr.Flags&FlagSolicited != 0 {
+			f.Opcode += OpSendSE - OpSend
+		}
+	}
+	if !t.send(&f, src, n, nil) {
+		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
+		return false
+	}
+	if w.signaled {
+		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Op: op, ByteLen: uint32(n)})
+	}
+	return true
+}
+
+// localError completes a WR whose local buffers are invalid and takes the
+// QP down, as a local protection error does on an RNIC.
+func (t *transmitter) localError(w *sendWQE, st Status) bool {
+	qp := t.qp
+	qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: st, Op: wrCompOp(w.wr.Op)})
+	qp.terminate(TermCode{LayerRDMAP, ETypeRDMAPCatastrophic, CodeUnspecified}, nil, 0)
+	t.sendTerminate()
+	return false
+}
+
+func (t *transmitter) nextMSN(qn int) uint32 {
+	qp := t.qp
+	qp.mu.Lock()
+	m := qp.txSendMSN[qn]
+	qp.txSendMSN[qn]++
+	qp.mu.Unlock()
+	return m
+}
+
+// sendRTR sends the peer-to-peer Ready-To-Receive message (RFC 6581 §4).
+func (t *transmitter) sendRTR() bool {
+	qp := t.qp
+	switch {
+	case t.rtr&RTRWrite != 0:
+		// Zero-length Write to STag 1, TO 0, like siw: hardware may treat
+		// STag 0 specially even for zero-length Writes.
+		f := DDPFields{Opcode: OpWrite, STag: 1}
+		return t.send(&f, nil, 0, nil)
+	case t.rtr&RTRRead != 0:
+		qp.mu.Lock()
+		qp.orq[qp.orqHead] = orqEntry{rtr: true}
+		qp.orqN = 1
+		qp.mu.Unlock()
+		ReadRequest(t.rr[:]).Encode(&ReadRequestFields{SourceSTag: 1})
+		f := DDPFields{Opcode: OpReadRequest, QN: QNReadReq, MSN: t.nextMSN(QNReadReq)}
+		return t.send(&f, nil, 0, t.rr[:])
+	default:
+		f := DDPFields{Opcode: OpSend, QN: QNSend, MSN: t.nextMSN(QNSend)}
+		return t.send(&f, nil, 0, nil)
+	}
+}
+
+// send writes one message; false means the stream failed (the QP is then
+// taken to ERROR).
+func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, n int, extra []byte) bool {
+	qp := t.qp
+	max := t.maxFPDU
+	if mp := qp.stream.MaxPayload(); max <= 0 || (mp > 0 && mp < max) {
+		max = mp
+	}
+	t.fw.reset(f, src, n, extra, max, t.crcOn, t.stats)
+	if _, err := qp.stream.WritePayload(qp.ctx, &t.fw); err != nil {
+		qp.fail(err, true)
+		return false
+	}
+	if t.stats != nil {
+		t.stats.TxOps[f.Opcode].Add(1)
+		t.stats.TxBytes.Add(uint64(n))
+	}
+	return true
+}
+
+// sendTerminate writes the queued Terminate and takes the QP to ERROR.
+func (t *transmitter) sendTerminate() {
+	qp := t.qp
+	qp.mu.Lock()
+	tf := qp.term
+	qp.mu.Unlock()
+	if tf == nil {
+		return
+	}
+	var body [TerminateMaxSize]byte
+	n := Terminate(body[:]).Encode(tf)
+	f := DDPFields{Opcode: OpTerminate, Last: true, QN: QNTerminate, MSN: 1}
+	t.fw.reset(&f, nil, 0, body[:n], 1<<16, t.crcOn, t.stats)
+	ok := true
+	if _, err := qp.stream.WritePayload(qp.ctx, &t.fw); err != nil {
+		ok = false
+	}
+	if ok && t.stats != nil {
+		t.stats.TermSent.Add(1)
+	}
+	qp.event(Event{Type: EventTerminateSent, Term: tf.Code, Err: qp.termErr})
+	qp.fail(qp.termErr, !ok)
+}
+
+// fpduWriter frames one message as FPDUs while netstack copies it: it is
+// the tcpip.Payloader of the message's Write. Headers are written from a
+// small buffer, payload is copied from registered memory with its CRC in
+// the same pass, then pad and CRC trailer follow.
+type fpduWriter struct {
+	f      DDPFields
+	baseTO uint64
+	extra  []byte
+	src    zerocopy.SGList
+	total  int
+	maxPay int
+	crcOn  bool
+	stats  *Stats
+
+	off     int // message payload bytes framed so far
+	remain  int // bytes left to produce
+	stage   int
+	emitted bool
+	buf     [MPALengthSize + DDPUntaggedHeaderSize + TerminateMaxSize]byte
+	hLen    int
+	hPos    int
+	segLen  int
+	segPos  int
+	tr      [8]byte
+	trLen   int
+	trPos   int
+	crc     uint32
+}
+
+const (
+	fwNext = iota
+	fwHeader
+	fwPayload
+	fwTrailer
+	fwDone
+)
+
+func (w *fpduWriter) reset(f *DDPFields, src zerocopy.SGList, n int, extra []byte, maxFPDU int, crcOn bool, stats *Stats) {
+	w.f = *f
+	w.baseTO = f.TO
+	w.extra = extra
+	w.src = src
+	w.total = n
+	w.crcOn = crcOn
+	w.stats = stats
+	w.off, w.stage, w.emitted = 0, fwNext, false
+	hs := DDPUntaggedHeaderSize
+	if f.Opcode.Tagged() {
+		hs = DDPTaggedHeaderSize
+	}
+	// The largest FPDU that fits a segment, a multiple of 4 so that only
+	// the last FPDU of a message needs a pad (as siw does).
+	fp := min(maxFPDU, MPALengthSize+MaxULPDU) &^ 3
+	w.maxPay = max((fp-MPALengthSize-hs-MPACRCSize)&^3, 4)
+	if n == 0 {
+		w.remain = FPDULen(hs + len(extra))
+	} else {
+		k, r := n/w.maxPay, n%w.maxPay
+		w.remain = k * FPDULen(hs+w.maxPay)
+		if r > 0 {
+			w.remain += FPDULen(hs + r)
+		}
+	}
+}
+
+// Len implements tcpip.Payloader: the bytes still to produce.
+func (w *fpduWriter) Len() int { return w.remain }
+
+// Read implements io.Reader for netstack's Write.
+func (w *fpduWriter) Read(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 && w.stage != fwDone {
+		switch w.stage {
+		case fwNext:
+			w.startFPDU()
+		case fwHeader:
+			c := copy(p, w.buf[w.hPos:w.hLen])
+			w.hPos += c
+			p, n = p[c:], n+c
+			if w.hPos == w.hLen {
+				w.stage = fwPayload
+				if w.segLen == 0 {
+					w.endPayload()
+				}
+			}
+		case fwPayload:
+			c := min(len(p), w.segLen-w.segPos)
+			if w.crcOn {
+				_, w.crc = w.src.CopyToCRC(p[:c], w.off+w.segPos, w.crc)
+			} else {
+				w.src.CopyTo(p[:c], w.off+w.segPos)
+			}
+			w.segPos += c
+			p, n = p[c:], n+c
+			if w.segPos == w.segLen {
+				w.endPayload()
+			}
+		case fwTrailer:
+			c := copy(p, w.tr[w.trPos:w.trLen])
+			w.trPos += c
+			p, n = p[c:], n+c
+			if w.trPos == w.trLen {
+				w.off += w.segLen
+				if w.off >= w.total {
+					w.stage = fwDone
+				} else {
+					w.stage = fwNext
+				}
+			}
+		}
+	}
+	w.remain -= n
+	if n == 0 && w.stage == fwDone {
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+func (w *fpduWriter) startFPDU() {
+	w.segLen = min(w.maxPay, w.total-w.off)
+	w.segPos = 0
+	w.f.Last = w.off+w.segLen == w.total
+	if w.f.Opcode.Tagged() {
+		w.f.TO = w.baseTO + uint64(w.off)
+	} else {
+		w.f.MO = uint32(w.off)
+	}
+	hs := DDPHeader(w.buf[MPALengthSize:]).Encode(&w.f)
+	h := MPALengthSize + hs
+	if w.off == 0 {
+		h += copy(w.buf[h:], w.extra)
+	}
+	binary.BigEndian.PutUint16(w.buf[0:], uint16(h-MPALengthSize+w.segLen))
+	w.hLen, w.hPos = h, 0
+	if w.crcOn {
+		w.crc = zerocopy.UpdateCRC32C(0, w.buf[:h])
+	}
+	w.stage = fwHeader
+	w.emitted = true
+	if w.stats != nil {
+		w.stats.TxFPDUs.Add(1)
+	}
+}
+
+func (w *fpduWriter) endPayload() {
+	ulpdu := w.hLen - MPALengthSize + w.segLen
+	pad := FPDUPad(ulpdu)
+	w.tr = [8]byte{}
+	var crc uint32
+	if w.crcOn {
+		crc = zerocopy.UpdateCRC32C(w.crc, w.tr[:pad])
+	}
+	binary.BigEndian.PutUint32(w.tr[pad:], crc)
+	w.trLen, w.trPos = pad+MPACRCSize, 0
+	w.stage = fwTrailer
+}

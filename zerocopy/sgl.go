@@ -1,0 +1,156 @@
+package zerocopy
+
+// Segment is one contiguous piece of an SGList.
+type Segment = []byte
+
+// SGList is a list of byte slices viewed as one logical buffer: logical byte
+// 0 is the first byte of the first non-empty segment, and so on. Empty
+// segments are allowed and are skipped.
+//
+// The methods never panic on out-of-range arguments: a negative offset or
+// length, or an offset at or beyond Len, selects nothing and the copy methods
+// return 0 (and the crc unchanged). None of the copy methods allocate.
+type SGList [][]byte
+
+// Len returns the total number of bytes in l.
+func (l SGList) Len() int {
+	n := 0
+	for _, s := range l {
+		n += len(s)
+	}
+	return n
+}
+
+// locate returns the index of the segment holding logical byte off and the
+// offset inside it. ok is false if off is negative or not inside l.
+func (l SGList) locate(off int) (i, o int, ok bool) {
+	if off < 0 {
+		return 0, 0, false
+	}
+	for i, s := range l {
+		if off < len(s) {
+			return i, off, true
+		}
+		off -= len(s)
+	}
+	return 0, 0, false
+}
+
+// CopyTo copies the logical bytes [off, off+len(dst)) of l into dst and
+// returns the number of bytes copied, which is short if l ends first.
+func (l SGList) CopyTo(dst []byte, off int) int {
+	i, o, ok := l.locate(off)
+	if !ok {
+		return 0
+	}
+	n := 0
+	for ; i < len(l) && n < len(dst); i++ {
+		n += copy(dst[n:], l[i][o:])
+		o = 0
+	}
+	return n
+}
+
+// CopyFrom copies src into the logical bytes of l starting at off and returns
+// the number of bytes copied, which is short if l ends first.
+func (l SGList) CopyFrom(off int, src []byte) int {
+	i, o, ok := l.locate(off)
+	if !ok {
+		return 0
+	}
+	n := 0
+	for ; i < len(l) && n < len(src); i++ {
+		n += copy(l[i][o:], src[n:])
+		o = 0
+	}
+	return n
+}
+
+// CopyToCRC is CopyTo that also returns crc updated (as by UpdateCRC32C) over
+// the copied bytes, using the fused copy+CRC kernel.
+func (l SGList) CopyToCRC(dst []byte, off int, crc uint32) (int, uint32) {
+	i, o, ok := l.locate(off)
+	if !ok {
+		return 0, crc
+	}
+	n := 0
+	for ; i < len(l) && n < len(dst); i++ {
+		var k int
+		k, crc = CopyCRC(dst[n:], l[i][o:], crc)
+		n += k
+		o = 0
+	}
+	return n, crc
+}
+
+// CopyFromCRC is CopyFrom that also returns crc updated (as by UpdateCRC32C)
+// over the copied bytes, using the fused copy+CRC kernel.
+func (l SGList) CopyFromCRC(off int, src []byte, crc uint32) (int, uint32) {
+	i, o, ok := l.locate(off)
+	if !ok {
+		return 0, crc
+	}
+	n := 0
+	for ; i < len(l) && n < len(src); i++ {
+		var k int
+		k, crc = CopyCRC(l[i][o:], src[n:], crc)
+		n += k
+		o = 0
+	}
+	return n, crc
+}
+
+// UpdateCRC32C returns crc updated (as by the package-level UpdateCRC32C) over
+// the logical bytes [off, off+n) of l, in place, and the number of bytes
+// covered, which is short if l ends first.
+func (l SGList) UpdateCRC32C(crc uint32, off, n int) (int, uint32) {
+	if n <= 0 {
+		return 0, crc
+	}
+	i, o, ok := l.locate(off)
+	if !ok {
+		return 0, crc
+	}
+	done := 0
+	for ; i < len(l) && done < n; i++ {
+		s := l[i][o:]
+		if k := n - done; len(s) > k {
+			s = s[:k]
+		}
+		crc = UpdateCRC32C(crc, s)
+		done += len(s)
+		o = 0
+	}
+	return done, crc
+}
+
+// Slice returns the sub-list covering the logical bytes [off, off+n) of l
+// without copying them. The result is built by appending to dst[:0], so a
+// caller that passes a dst with enough capacity gets no allocation. The
+// returned segments alias l's memory and have their capacity clipped to their
+// length, so appending to one of them cannot overwrite a neighbour. If l ends
+// before off+n the result is short; an out-of-range off or a negative n gives
+// an empty list. Empty segments are not copied into the result.
+func (l SGList) Slice(dst SGList, off, n int) SGList {
+	dst = dst[:0]
+	if n <= 0 {
+		return dst
+	}
+	i, o, ok := l.locate(off)
+	if !ok {
+		return dst
+	}
+	for ; i < len(l) && n > 0; i++ {
+		s := l[i][o:]
+		o = 0
+		if len(s) == 0 {
+			continue
+		}
+		if len(s) > n {
+			s = s[:n]
+		}
+		dst = append(dst, s[:len(s):len(s)])
+		n -= len(s)
+	}
+	return dst
+}
