@@ -1,0 +1,399 @@
+package iwarp
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"rdmatap/zerocopy"
+)
+
+// rawFPDU frames a ULPDU (DDP header + payload) as an FPDU.
+func rawFPDU(ulpdu []byte, crc bool) []byte {
+	b := make([]byte, FPDULen(len(ulpdu)))
+	binary.BigEndian.PutUint16(b, uint16(len(ulpdu)))
+	copy(b[MPALengthSize:], ulpdu)
+	if crc {
+		n := len(b) - MPACRCSize
+		binary.BigEndian.PutUint32(b[n:], zerocopy.CRC32C(b[:n]))
+	}
+	return b
+}
+
+// rawULPDU builds a DDP segment.
+func rawULPDU(f DDPFields, payload []byte) []byte {
+	b := make([]byte, DDPUntaggedHeaderSize+len(payload))
+	n := DDPHeader(b).Encode(&f)
+	return append(b[:n], payload...)
+}
+
+// readTerminate reads FPDUs from the raw peer's side until a Terminate and
+// returns its code.
+func readTerminate(t *testing.T, s *connStream, crc bool) TermCode {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for {
+		var l [2]byte
+		if err := s.ReadFull(ctx, l[:]); err != nil {
+			t.Fatalf("reading the Terminate: %v", err)
+		}
+		n := int(binary.BigEndian.Uint16(l[:]))
+		rest := make([]byte, FPDULen(n)-MPALengthSize)
+		if err := s.ReadFull(ctx, rest); err != nil {
+			t.Fatalf("reading the Terminate: %v", err)
+		}
+		full := append(l[:], rest...)
+		if crc {
+			k := len(full) - MPACRCSize
+			if got, want := binary.BigEndian.Uint32(full[k:]), zerocopy.CRC32C(full[:k]); got != want {
+				t.Fatalf("FPDU CRC %#x, want %#x", got, want)
+			}
+		}
+		h := DDPHeader(rest[:n])
+		if err := h.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if h.Tagged() || h.Opcode() != OpTerminate {
+			continue // e.g. a Read Response that was already under way
+		}
+		if h.QN() != QNTerminate || h.MSN() != 1 || h.MO() != 0 || !h.Last() {
+			t.Fatalf("Terminate with QN %d MSN %d MO %d L %v", h.QN(), h.MSN(), h.MO(), h.Last())
+		}
+		term := Terminate(h.Payload())
+		if err := term.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		// After the Terminate the stream is closed.
+		var one [1]byte
+		if _, err := s.c.Read(one[:]); !errors.Is(err, io.EOF) && err == nil {
+			t.Fatal("bytes after the Terminate")
+		}
+		return term.Code()
+	}
+}
+
+// victim is our QP facing a raw peer: its target MR sits between guard
+// zones that must never change.
+type victim struct {
+	*testEnd
+	guard    []byte // whole allocation: guard | MR | guard
+	roReg    *Region
+	otherPD  *Region
+	peer     *connStream
+	peerCRC  bool
+	recvSize int
+}
+
+const guardSize = 4096
+
+func newVictim(t *testing.T, crc bool, recvs int, ird int) *victim {
+	t.Helper()
+	e := &testEnd{scq: newTestCQ(), rcq: newTestCQ(), mem: NewMemTable(), events: make(chan Event, 64)}
+	rq, _ := NewRecvQueue(16, 2)
+	var err error
+	e.qp, err = NewQP(QPConfig{Num: 9, PD: 7, Mem: e.mem, SendCQ: e.scq, RecvCQ: e.rcq, RQ: rq, Stats: &e.stats,
+		OnEvent: func(ev Event) {
+			select {
+			case e.events <- ev:
+			default:
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.qp.Close() })
+	v := &victim{testEnd: e, guard: make([]byte, 3*guardSize), recvSize: 64}
+	e.buf = v.guard[guardSize : 2*guardSize]
+	e.reg = &Region{Buf: e.buf, Base: 0x100000, Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead, PD: 7}
+	v.roReg = &Region{Buf: make([]byte, 4096), Base: 0x200000, Access: AccessLocalWrite, PD: 7}
+	v.otherPD = &Region{Buf: make([]byte, 4096), Base: 0x300000, Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead, PD: 8}
+	for _, r := range []*Region{e.reg, v.roReg, v.otherPD} {
+		if _, err := e.mem.Register(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < recvs; i++ {
+		if err := e.qp.PostRecv(uint64(100+i), []SGE{e.sge(i*v.recvSize, v.recvSize)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The raw peer is the initiator; the victim accepts.
+	sa, sb := tcpPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		req, err := AwaitMPARequest(ctx, sb)
+		if err != nil {
+			done <- err
+			return
+		}
+		p, err := req.Accept(ctx, sb, MPAConfig{IRD: ird, ORD: 1})
+		if err == nil {
+			err = e.qp.Start(sb, p)
+		}
+		done <- err
+	}()
+	p, _, err := Initiate(ctx, sa, MPAConfig{CRC: crc, IRD: 1, ORD: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	v.peer, v.peerCRC = sa, p.CRC
+	return v
+}
+
+func (v *victim) send(t *testing.T, fpdus ...[]byte) {
+	t.Helper()
+	var all []byte
+	for _, f := range fpdus {
+		all = append(all, f...)
+	}
+	if _, err := v.peer.Write(context.Background(), all); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (v *victim) fpdu(f DDPFields, payload []byte) []byte {
+	return rawFPDU(rawULPDU(f, payload), v.peerCRC)
+}
+
+func (v *victim) readReq(f ReadRequestFields) []byte {
+	rr := make([]byte, ReadRequestSize)
+	ReadRequest(rr).Encode(&f)
+	return v.fpdu(DDPFields{Opcode: OpReadRequest, Last: true, QN: QNReadReq, MSN: 1}, rr)
+}
+
+// checkAftermath checks the guard zones, the QP's error and the flushed
+// receives.
+func (v *victim) checkAftermath(t *testing.T, code TermCode, recvStatus []Status) {
+	t.Helper()
+	select {
+	case <-v.qp.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("QP did not reach ERROR")
+	}
+	if v.qp.State() != StateError {
+		t.Fatalf("QP state %v", v.qp.State())
+	}
+	var te *TerminateError
+	if err := v.qp.Err(); !errors.As(err, &te) || te.Received || te.Code != code {
+		t.Fatalf("QP error %v, want terminate sent %v", err, code)
+	}
+	for i, c := range v.guard[:guardSize] {
+		if c != 0 {
+			t.Fatalf("guard byte %d before the MR changed", i)
+		}
+	}
+	for i, c := range v.guard[2*guardSize:] {
+		if c != 0 {
+			t.Fatalf("guard byte %d after the MR changed", i)
+		}
+	}
+	for _, r := range []*Region{v.roReg, v.otherPD} {
+		for i, c := range r.Buf {
+			if c != 0 {
+				t.Fatalf("byte %d of a region the peer may not write changed", i)
+			}
+		}
+	}
+	for i, want := range recvStatus {
+		c := v.rcq.wait(t)
+		if c.Status != want || c.Op != CompRecv {
+			t.Fatalf("receive completion %d: %v (id %d), want %v", i, c.Status, c.ID, want)
+		}
+	}
+	v.rcq.none(t, 10*time.Millisecond)
+	if v.stats.TermSent.Load() != 1 {
+		t.Fatalf("%d Terminates counted", v.stats.TermSent.Load())
+	}
+}
+
+func TestTerminateCauses(t *testing.T) {
+	flush2 := []Status{StatusWRFlush, StatusWRFlush}
+	type tc struct {
+		name   string
+		crc    bool
+		recvs  int
+		build  func(v *victim) [][]byte
+		code   TermCode
+		status []Status
+	}
+	payload := make([]byte, 100)
+	for i := range payload {
+		payload[i] = 0xee
+	}
+	cases := []tc{
+		{"write-invalid-stag", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpWrite, Last: true, STag: v.reg.STag() ^ 0x100, TO: v.reg.Base}, payload)}
+		}, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPInvalidSTag}, flush2},
+		{"write-stale-key", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpWrite, Last: true, STag: v.reg.STag() ^ 0x1, TO: v.reg.Base}, payload)}
+		}, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPInvalidSTag}, flush2},
+		{"write-past-end", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpWrite, Last: true, STag: v.reg.STag(), TO: v.reg.Base + 4096 - 50}, payload)}
+		}, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, flush2},
+		{"write-before-start", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpWrite, Last: true, STag: v.reg.STag(), TO: v.reg.Base - 1}, payload)}
+		}, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, flush2},
+		{"write-to-wrap", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpWrite, Last: true, STag: v.reg.STag(), TO: ^uint64(0) - 10}, payload)}
+		}, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPTOWrap}, flush2},
+		{"write-no-remote-write", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpWrite, Last: true, STag: v.roReg.STag(), TO: v.roReg.Base}, payload)}
+		}, TermCode{LayerRDMAP, ETypeRemoteProtection, CodeAccessRights}, flush2},
+		{"write-other-pd", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpWrite, Last: true, STag: v.otherPD.STag(), TO: v.otherPD.Base}, payload)}
+		}, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPSTagNotAssociated}, flush2},
+		{"read-invalid-stag", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.readReq(ReadRequestFields{SinkSTag: 5, Size: 10, SourceSTag: 0x77700, SourceTO: 0})}
+		}, TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag}, flush2},
+		{"read-past-end", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.readReq(ReadRequestFields{SinkSTag: 5, Size: 4097, SourceSTag: v.reg.STag(), SourceTO: v.reg.Base})}
+		}, TermCode{LayerRDMAP, ETypeRemoteProtection, CodeBaseBounds}, flush2},
+		{"read-no-remote-read", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.readReq(ReadRequestFields{SinkSTag: 5, Size: 10, SourceSTag: v.roReg.STag(), SourceTO: v.roReg.Base})}
+		}, TermCode{LayerRDMAP, ETypeRemoteProtection, CodeAccessRights}, flush2},
+		{"read-other-pd", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.readReq(ReadRequestFields{SinkSTag: 5, Size: 10, SourceSTag: v.otherPD.STag(), SourceTO: v.otherPD.Base})}
+		}, TermCode{LayerRDMAP, ETypeRemoteProtection, CodeSTagNotAssociated}, flush2},
+		{"send-msn-out-of-range", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 5}, payload[:10])}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMSNRange}, flush2},
+		{"send-no-receive-posted", false, 0, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1}, payload[:10])}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeNoBuffer}, nil},
+		{"send-too-long", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1}, payload)}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMessageTooLong}, []Status{StatusLocalLength, StatusWRFlush}},
+		{"send-too-long-second-segment", false, 2, func(v *victim) [][]byte {
+			return [][]byte{
+				v.fpdu(DDPFields{Opcode: OpSend, QN: QNSend, MSN: 1}, payload[:40]),
+				v.fpdu(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1, MO: 40}, payload[:40]),
+			}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMessageTooLong}, []Status{StatusLocalLength, StatusWRFlush}},
+		{"send-bad-mo", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1, MO: 8}, payload[:10])}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidMO}, flush2},
+		{"send-bad-qn", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpSend, Last: true, QN: 9, MSN: 1}, payload[:10])}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidQN}, flush2},
+		{"crc-error", true, 2, func(v *victim) [][]byte {
+			f := v.fpdu(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1}, payload[:10])
+			f[len(f)-1] ^= 1
+			return [][]byte{f}
+		}, TermCode{LayerLLP, ETypeMPA, CodeCRC}, flush2},
+		{"bad-opcode", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: 0xc, Last: true, QN: QNSend, MSN: 1}, payload[:10])}
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, flush2},
+		{"atomic-unsupported", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpAtomicRequest, Last: true, QN: 3, MSN: 1}, payload[:52])}
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, flush2},
+		{"unsolicited-read-response", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpReadResponse, Last: true, STag: v.reg.STag(), TO: v.reg.Base}, payload[:10])}
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, flush2},
+		{"bad-rdmap-version", false, 2, func(v *victim) [][]byte {
+			f := v.fpdu(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1}, payload[:8])
+			f[MPALengthSize+1] = 2<<6 | byte(OpSend)
+			return [][]byte{f}
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeInvalidRDMAPVersion}, flush2},
+		{"bad-ddp-version-untagged", false, 2, func(v *victim) [][]byte {
+			f := v.fpdu(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1}, payload[:8])
+			f[MPALengthSize] = f[MPALengthSize]&^3 | 2
+			return [][]byte{f}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeDDPUntaggedVersion}, flush2},
+		{"bad-ddp-version-tagged", false, 2, func(v *victim) [][]byte {
+			f := v.fpdu(DDPFields{Opcode: OpWrite, Last: true, STag: v.reg.STag(), TO: v.reg.Base}, payload[:8])
+			f[MPALengthSize] = f[MPALengthSize]&^3 | 0
+			return [][]byte{f}
+		}, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPTaggedVersion}, flush2},
+		{"mpa-framing", false, 2, func(v *victim) [][]byte {
+			// A ULPDU_Length shorter than the DDP header it precedes.
+			f := v.fpdu(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1}, payload[:8])
+			binary.BigEndian.PutUint16(f, 6)
+			return [][]byte{f}
+		}, TermCode{LayerLLP, ETypeMPA, CodeFPDUStart}, flush2},
+		{"send-invalidate-bad-stag", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpSendInvalidate, Last: true, QN: QNSend, MSN: 1, RsvdULP: 0xabcdef00}, payload[:10])}
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCannotInvalidate}, []Status{StatusRemoteInvalidRequest, StatusWRFlush}},
+		{"ird-exceeded", false, 2, func(v *victim) [][]byte {
+			var out [][]byte
+			for i := 0; i < 6; i++ {
+				rr := make([]byte, ReadRequestSize)
+				ReadRequest(rr).Encode(&ReadRequestFields{SinkSTag: 5, Size: 4096, SourceSTag: v.reg.STag(), SourceTO: v.reg.Base})
+				out = append(out, v.fpdu(DDPFields{Opcode: OpReadRequest, Last: true, QN: QNReadReq, MSN: uint32(i + 1)}, rr))
+			}
+			return out
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCatastrophicStream}, flush2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := newVictim(t, c.crc, c.recvs, 1)
+			v.send(t, c.build(v)...)
+			if got := readTerminate(t, v.peer, v.peerCRC); got != c.code {
+				t.Fatalf("Terminate %v, want %v", got, c.code)
+			}
+			v.checkAftermath(t, c.code, c.status)
+		})
+	}
+}
+
+// TestTerminateReceived checks the requester's side: a Read of a bad STag
+// completes with "remote access error" carrying the peer's Terminate, and
+// the WRs behind it are flushed.
+func TestTerminateReceived(t *testing.T) {
+	acc := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
+	a, b := newTestEnd(t, 4096, acc), newTestEnd(t, 4096, acc)
+	connectQPs(t, a, b, MPAConfig{IRD: 2, ORD: 2}, MPAConfig{IRD: 2, ORD: 2})
+	if _, err := a.qp.PostSend(
+		SendWR{ID: 1, Op: WRRead, Flags: FlagSignaled, SGL: []SGE{a.sge(0, 100)}, RemoteAddr: b.reg.Base, RKey: b.reg.STag() ^ 0x100},
+	); err != nil {
+		t.Fatal(err)
+	}
+	c := a.scq.wait(t)
+	want := TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag}
+	if c.ID != 1 || c.Status != StatusRemoteAccess || c.Term != want {
+		t.Fatalf("read completion %+v, want remote access error with %v", c, want)
+	}
+	<-a.qp.Done()
+	var te *TerminateError
+	if !errors.As(a.qp.Err(), &te) || !te.Received || te.Code != want || !errors.Is(a.qp.Err(), ErrTerminated) {
+		t.Fatalf("requester error %v", a.qp.Err())
+	}
+	if _, err := a.qp.PostSend(SendWR{ID: 2, Op: WRSend}); !errors.Is(err, ErrInvalidState) {
+		t.Fatalf("post after terminate: %v", err)
+	}
+	for _, r := range a.buf {
+		if r != 0 {
+			t.Fatal("read sink changed")
+		}
+	}
+}
+
+// TestSiwTerminateLayout feeds our receiver a Terminate laid out the way
+// Linux siw's little-endian bit-fields put it on the wire.
+func TestSiwTerminateLayout(t *testing.T) {
+	acc := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
+	v := newVictim(t, false, 1, 1)
+	_ = acc
+	body := []byte{0x02 << 4 >> 4, CodeCRC, 0x00, 0x00} // siw: etype<<4 | layer = 0x02 for LLP/MPA
+	body[0] = ETypeMPA<<4 | byte(LayerLLP)
+	body[2] = 0x01 // siw's M bit position
+	body = append(body, 0, 0)
+	v.send(t, v.fpdu(DDPFields{Opcode: OpTerminate, Last: true, QN: QNTerminate, MSN: 1}, body))
+	select {
+	case <-v.qp.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("QP ignored the Terminate")
+	}
+	var te *TerminateError
+	if !errors.As(v.qp.Err(), &te) || !te.Received || te.Code != (TermCode{LayerLLP, ETypeMPA, CodeCRC}) {
+		t.Fatalf("error %v, want a received LLP/MPA CRC Terminate", v.qp.Err())
+	}
+}
