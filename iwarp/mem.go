@@ -84,12 +84,21 @@ func BufferAddr(b []byte) uint64 {
 // the device looks STags up in it. The STag is a 24-bit index and an 8-bit
 // key (as Linux siw does); index 0 is never used, so STag 0 and the STag 1
 // that siw puts in zero-length RTR Writes are never valid.
+//
+// Lookups, one per tagged FPDU, take no lock: the table is a list of
+// fixed-size chunks of atomic slots that only ever grows.
 type MemTable struct {
-	mu    sync.RWMutex
-	slots []*Region
-	free  []uint32
-	keys  uint32 // key generator state
+	mu     sync.Mutex // serialises Register and Deregister
+	chunks atomic.Pointer[[]*memChunk]
+	next   uint32 // next never-used index
+	free   []uint32
+	keys   uint32 // key generator state
+	n      int
 }
+
+const memChunkSize = 4096
+
+type memChunk [memChunkSize]atomic.Pointer[Region]
 
 // MaxRegions is the number of STag indices (24 bits, minus index 0).
 const MaxRegions = 1<<24 - 1
@@ -98,7 +107,19 @@ const MaxRegions = 1<<24 - 1
 func NewMemTable() *MemTable {
 	var seed [4]byte
 	_, _ = rand.Read(seed[:])
-	return &MemTable{slots: make([]*Region, 1, 64), keys: binary.LittleEndian.Uint32(seed[:])}
+	t := &MemTable{next: 1, keys: binary.LittleEndian.Uint32(seed[:])}
+	cs := []*memChunk{new(memChunk)}
+	t.chunks.Store(&cs)
+	return t
+}
+
+func (t *MemTable) slot(idx uint32) *atomic.Pointer[Region] {
+	cs := *t.chunks.Load()
+	c := idx / memChunkSize
+	if int(c) >= len(cs) {
+		return nil
+	}
+	return &cs[c][idx%memChunkSize]
 }
 
 // Register adds r to the table, assigns its STag and marks it valid.
@@ -110,17 +131,22 @@ func (t *MemTable) Register(r *Region) (uint32, error) {
 		idx = t.free[n-1]
 		t.free = t.free[:n-1]
 	} else {
-		if len(t.slots) > MaxRegions {
+		if t.next > MaxRegions {
 			return 0, ErrNoResources
 		}
-		idx = uint32(len(t.slots))
-		t.slots = append(t.slots, nil)
+		idx = t.next
+		t.next++
+		if cs := *t.chunks.Load(); int(idx/memChunkSize) >= len(cs) {
+			grown := append(append([]*memChunk(nil), cs...), new(memChunk))
+			t.chunks.Store(&grown)
+		}
 	}
 	t.keys = t.keys*1664525 + 1013904223
 	key := t.keys >> 24
 	r.stag = idx<<8 | key
 	r.valid.Store(true)
-	t.slots[idx] = r
+	t.slot(idx).Store(r)
+	t.n++
 	return r.stag, nil
 }
 
@@ -129,23 +155,23 @@ func (t *MemTable) Deregister(r *Region) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	idx := r.stag >> 8
-	if idx == 0 || int(idx) >= len(t.slots) || t.slots[idx] != r {
+	s := t.slot(idx)
+	if idx == 0 || s == nil || s.Load() != r {
 		return
 	}
 	r.Invalidate()
-	t.slots[idx] = nil
+	s.Store(nil)
 	t.free = append(t.free, idx)
+	t.n--
 }
 
 // Lookup returns the valid region named by stag, or nil.
 func (t *MemTable) Lookup(stag uint32) *Region {
-	idx := stag >> 8
-	t.mu.RLock()
-	var r *Region
-	if int(idx) < len(t.slots) {
-		r = t.slots[idx]
+	s := t.slot(stag >> 8)
+	if s == nil {
+		return nil
 	}
-	t.mu.RUnlock()
+	r := s.Load()
 	if r == nil || r.stag != stag || !r.valid.Load() {
 		return nil
 	}
@@ -154,7 +180,7 @@ func (t *MemTable) Lookup(stag uint32) *Region {
 
 // Len returns the number of registered regions.
 func (t *MemTable) Len() int {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return len(t.slots) - 1 - len(t.free)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n
 }

@@ -77,6 +77,39 @@ type receiver struct {
 	expect [numQN]uint32
 	cur    rxMsg
 	offset uint64 // TCP stream offset of the next byte
+
+	// Counters, kept locally and added to the shared Stats after each
+	// read: atomics per FPDU would bounce a cache line between QPs.
+	n rxCounts
+}
+
+type rxCounts struct {
+	fpdus, bytes, placed, copies, crcErrors uint64
+	ops                                     [16]uint64
+}
+
+func (r *receiver) flushStats() {
+	s := r.stats
+	if s == nil {
+		r.n = rxCounts{}
+		return
+	}
+	n := &r.n
+	if n.fpdus != 0 {
+		s.RxFPDUs.Add(n.fpdus)
+		s.RxBytes.Add(n.bytes)
+		s.PlacedBytes.Add(n.placed)
+		s.PlacementCopies.Add(n.copies)
+		for i, v := range n.ops {
+			if v != 0 {
+				s.RxOps[i].Add(v)
+			}
+		}
+	}
+	if n.crcErrors != 0 {
+		s.CRCErrors.Add(n.crcErrors)
+	}
+	*n = rxCounts{}
 }
 
 func (r *receiver) init(p ConnParams) {
@@ -101,6 +134,7 @@ func (r *receiver) run() {
 	defer close(qp.rxDone)
 	for {
 		_, err := qp.stream.ReadTo(qp.ctx, r, 0)
+		r.flushStats()
 		if err == nil {
 			continue
 		}
@@ -209,9 +243,7 @@ func (r *receiver) onHeader() {
 	if r.crcOn {
 		r.crc = zerocopy.UpdateCRC32C(0, r.hdr[:r.need])
 	}
-	if r.stats != nil {
-		r.stats.RxFPDUs.Add(1)
-	}
+	r.n.fpdus++
 	if code, bad := r.check(h); bad {
 		r.fail(code, hl)
 		return
@@ -407,10 +439,8 @@ func (r *receiver) checkSend(h DDPHeader) (TermCode, bool) {
 // place copies payload bytes to the destination, with the CRC in the same
 // pass.
 func (r *receiver) place(b []byte) {
-	if r.stats != nil {
-		r.stats.PlacementCopies.Add(1)
-		r.stats.PlacedBytes.Add(uint64(len(b)))
-	}
+	r.n.copies++
+	r.n.placed += uint64(len(b))
 	switch {
 	case r.dst != nil:
 		if r.crcOn {
@@ -438,18 +468,14 @@ func (r *receiver) onTrailer() {
 	if r.crcOn {
 		crc := zerocopy.UpdateCRC32C(r.crc, r.trail[:pad])
 		if got := binary.BigEndian.Uint32(r.trail[pad:]); got != crc {
-			if r.stats != nil {
-				r.stats.CRCErrors.Add(1)
-			}
+			r.n.crcErrors++
 			r.fail(TermCode{LayerLLP, ETypeMPA, CodeCRC}, r.need-MPALengthSize)
 			return
 		}
 	}
-	if r.stats != nil {
-		r.stats.RxBytes.Add(uint64(r.payLen))
-		if r.last {
-			r.stats.RxOps[r.op].Add(1)
-		}
+	r.n.bytes += uint64(r.payLen)
+	if r.last {
+		r.n.ops[r.op]++
 	}
 	h := DDPHeader(r.hdr[MPALengthSize:r.need])
 	r.state = rxHeader

@@ -321,6 +321,7 @@ func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, n int, extra []byt
 		return false
 	}
 	if t.stats != nil {
+		t.stats.TxFPDUs.Add(t.fw.fpdus)
 		t.stats.TxOps[f.Opcode].Add(1)
 		t.stats.TxBytes.Add(uint64(n))
 	}
@@ -346,6 +347,7 @@ func (t *transmitter) sendTerminate() {
 	}
 	if ok && t.stats != nil {
 		t.stats.TermSent.Add(1)
+		t.stats.TxFPDUs.Add(1)
 	}
 	qp.event(Event{Type: EventTerminateSent, Term: tf.Code, Err: qp.termErr})
 	qp.fail(qp.termErr, !ok)
@@ -378,6 +380,7 @@ type fpduWriter struct {
 	trLen   int
 	trPos   int
 	crc     uint32
+	fpdus   uint64
 }
 
 const (
@@ -396,7 +399,7 @@ func (w *fpduWriter) reset(f *DDPFields, src zerocopy.SGList, n int, extra []byt
 	w.total = n
 	w.crcOn = crcOn
 	w.stats = stats
-	w.off, w.stage, w.emitted = 0, fwNext, false
+	w.off, w.stage, w.emitted, w.fpdus = 0, fwNext, false, 0
 	hs := DDPUntaggedHeaderSize
 	if f.Opcode.Tagged() {
 		hs = DDPTaggedHeaderSize
@@ -490,9 +493,7 @@ func (w *fpduWriter) startFPDU() {
 	}
 	w.stage = fwHeader
 	w.emitted = true
-	if w.stats != nil {
-		w.stats.TxFPDUs.Add(1)
-	}
+	w.fpdus++
 }
 
 func (w *fpduWriter) endPayload() {
