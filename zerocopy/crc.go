@@ -13,8 +13,10 @@ var castagnoliTable = crc32.MakeTable(crc32.Castagnoli)
 
 // ChunkSize is the granularity of the fused copy+CRC kernel: each chunk is
 // copied and then checksummed from the destination while it is still in the
-// L1/L2 cache (see the B1 measurements in the netstack notes).
-const ChunkSize = 16 << 10
+// L1 cache (see the B1 measurements in the netstack notes). 8 KiB of source
+// plus 8 KiB of destination fit in a 32 KiB L1d; on this machine 4–8 KiB
+// chunks beat 64 KiB ones by ~10% cache-hot (1 MiB) and ~30% from DRAM.
+const ChunkSize = 8 << 10
 
 // CRC32C returns the CRC-32C (Castagnoli) checksum of p: initial value
 // 0xFFFFFFFF, reflected, final xor 0xFFFFFFFF. This is the MPA (RFC 5044)
