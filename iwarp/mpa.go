@@ -298,7 +298,7 @@ func (f MPAFrame) Encode(m *MPAFrameFields) error {
 //	| ULPDU_Length (16) | ULPDU (DDP segment) ... | PAD (0-3) | CRC (32) |
 //
 // PAD brings ULPDU_Length field + ULPDU to a multiple of 4; the CRC32c
-// covers everything before it. When CRC was not negotiated the field is
+// covers everything before it and is sent least significant byte first. When CRC was not negotiated the field is
 // still sent, as zero (what siw and RNICs do).
 const (
 	// MPALengthSize is the size of the ULPDU_Length field.
@@ -324,10 +324,12 @@ func (f FPDU) ULPDULength() int { return int(binary.BigEndian.Uint16(f)) }
 // ULPDU returns the DDP segment the FPDU carries.
 func (f FPDU) ULPDU() []byte { return f[MPALengthSize : MPALengthSize+f.ULPDULength()] }
 
-// CRC returns the CRC trailer field.
+// CRC returns the CRC trailer field. The CRC32c travels least significant
+// byte first, as iSCSI's digest does (RFC 3720 B.4); Linux siw and tshark
+// agree.
 func (f FPDU) CRC() uint32 {
 	n := f.ULPDULength()
-	return binary.BigEndian.Uint32(f[MPALengthSize+n+FPDUPad(n):])
+	return binary.LittleEndian.Uint32(f[MPALengthSize+n+FPDUPad(n):])
 }
 
 // Len returns the FPDU's total length according to its length field.

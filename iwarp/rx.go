@@ -467,7 +467,7 @@ func (r *receiver) onTrailer() {
 	pad := r.trNeed - MPACRCSize
 	if r.crcOn {
 		crc := zerocopy.UpdateCRC32C(r.crc, r.trail[:pad])
-		if got := binary.BigEndian.Uint32(r.trail[pad:]); got != crc {
+		if got := binary.LittleEndian.Uint32(r.trail[pad:]); got != crc {
 			r.n.crcErrors++
 			r.fail(TermCode{LayerLLP, ETypeMPA, CodeCRC}, r.need-MPALengthSize)
 			return

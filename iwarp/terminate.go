@@ -265,19 +265,26 @@ func (t Terminate) Encode(f *TerminateFields) int {
 
 // DecodeTerminateLenient returns the Terminate's code, accepting the
 // layout Linux siw produces on little-endian hosts, where the Layer and
-// EType nibbles are swapped. It is for diagnostics: a Terminate always ends
-// the stream, whichever layout it used. swapped reports the siw layout.
+// EType nibbles are swapped and M/D/R sit at 0x01/0x02/0x04 of the third
+// byte. It is for diagnostics: a Terminate always ends the stream, whichever
+// layout it used. swapped reports the siw layout. t must hold at least the
+// 4-byte control word (Validate checks that); a shorter t decodes as zero.
 func DecodeTerminateLenient(t Terminate) (code TermCode, swapped bool) {
+	if len(t) < termCtrlLen {
+		return TermCode{}, false
+	}
 	code = t.Code()
 	swappedCode := TermCode{Layer(t[termCtrl] & 0x0f), t[termCtrl] >> 4, t[termCode]}
-	// siw's header-control bits land at 0x01/0x02/0x04 of the third byte,
-	// where the RFC has reserved zeros: a sure sign of its layout.
+	// siw's header-control bits land where the RFC has reserved zeros: a
+	// sure sign of its layout.
 	if t[termHdrCt]&0xe0 == 0 && t[termHdrCt]&0x07 != 0 {
 		return swappedCode, true
 	}
-	// Otherwise only an impossible RFC layer with a plausible swapped one
-	// tells them apart.
-	if code.Layer > LayerLLP && swappedCode.Layer <= LayerLLP {
+	// Without them (siw attaches no headers to MPA-layer errors), take
+	// the reading that names a defined error, preferring the RFC's.
+	_, rfcKnown := termNames[code]
+	_, swKnown := termNames[swappedCode]
+	if !rfcKnown && (swKnown || code.Layer > LayerLLP && swappedCode.Layer <= LayerLLP) {
 		return swappedCode, true
 	}
 	return code, false

@@ -18,7 +18,7 @@ func rawFPDU(ulpdu []byte, crc bool) []byte {
 	copy(b[MPALengthSize:], ulpdu)
 	if crc {
 		n := len(b) - MPACRCSize
-		binary.BigEndian.PutUint32(b[n:], zerocopy.CRC32C(b[:n]))
+		binary.LittleEndian.PutUint32(b[n:], zerocopy.CRC32C(b[:n]))
 	}
 	return b
 }
@@ -49,7 +49,7 @@ func readTerminate(t *testing.T, s *connStream, crc bool) TermCode {
 		full := append(l[:], rest...)
 		if crc {
 			k := len(full) - MPACRCSize
-			if got, want := binary.BigEndian.Uint32(full[k:]), zerocopy.CRC32C(full[:k]); got != want {
+			if got, want := binary.LittleEndian.Uint32(full[k:]), zerocopy.CRC32C(full[:k]); got != want {
 				t.Fatalf("FPDU CRC %#x, want %#x", got, want)
 			}
 		}

@@ -504,7 +504,7 @@ func (w *fpduWriter) endPayload() {
 	if w.crcOn {
 		crc = zerocopy.UpdateCRC32C(w.crc, w.tr[:pad])
 	}
-	binary.BigEndian.PutUint32(w.tr[pad:], crc)
+	binary.LittleEndian.PutUint32(w.tr[pad:], crc) // CRC32c goes least significant byte first, as in iSCSI and siw
 	w.trLen, w.trPos = pad+MPACRCSize, 0
 	w.stage = fwTrailer
 }

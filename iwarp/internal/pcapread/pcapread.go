@@ -11,7 +11,6 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"sort"
 )
 
 // LinkTypeEthernet is LINKTYPE_ETHERNET.
@@ -228,19 +227,16 @@ type Stream struct {
 	// included; Retransmitted counts those that carried only bytes already seen.
 	Segments      int
 	Retransmitted int
-	// FrameAt maps stream offsets to the frame that first delivered them:
-	// FrameAt[i] covers bytes [Offsets[i], Offsets[i+1]).
-	Offsets []int
-	FrameAt []int
+	frames        []int // per byte: the frame that first delivered it
 }
 
-// FrameOf returns the frame number that delivered the byte at stream offset off.
+// FrameOf returns the number of the frame that first delivered the byte at
+// stream offset off, or 0 if off is outside the stream.
 func (s *Stream) FrameOf(off int) int {
-	i := sort.SearchInts(s.Offsets, off+1) - 1
-	if i < 0 {
+	if off < 0 || off >= len(s.frames) {
 		return 0
 	}
-	return s.FrameAt[i]
+	return s.frames[off]
 }
 
 type chunk struct {
@@ -251,8 +247,9 @@ type chunk struct {
 
 // Reassemble groups segments by flow and direction and reassembles each
 // direction's byte stream in sequence order. Retransmitted and overlapping
-// data is accepted once (the first copy wins; differing overlap is an
-// error), and a hole in the sequence space is an error. A new SYN on a flow
+// data is accepted once (the first copy in capture order wins; a later
+// copy that differs is an error), and a hole in the sequence space is an
+// error. A new SYN on a flow
 // that already carried a connection starts a new Stream. Streams are
 // returned in the order their first segment appears.
 func Reassemble(segs []Segment) ([]*Stream, error) {
@@ -302,29 +299,34 @@ func Reassemble(segs []Segment) ([]*Stream, error) {
 	}
 	out := make([]*Stream, 0, len(all))
 	for _, st := range all {
-		sort.SliceStable(st.chunks, func(i, j int) bool { return st.chunks[i].off < st.chunks[j].off })
-		var data []byte
+		// Lay the chunks down in capture order; the first copy of a byte
+		// wins and later copies must agree with it.
+		var size int64
 		for _, c := range st.chunks {
-			end := c.off + int64(len(c.data))
-			have := int64(len(data))
-			switch {
-			case c.off > have:
-				return nil, fmt.Errorf("pcapread: %v: %d bytes missing at offset %d (frame %d)", st.s.Flow, c.off-have, have, c.frame)
-			case end <= have:
-				if string(data[c.off:end]) != string(c.data) {
-					return nil, fmt.Errorf("pcapread: %v frame %d: retransmission differs from the original", st.s.Flow, c.frame)
-				}
-				st.s.Retransmitted++
-				continue
-			}
-			if string(data[c.off:]) != string(c.data[:have-c.off]) {
-				return nil, fmt.Errorf("pcapread: %v frame %d: overlapping data differs", st.s.Flow, c.frame)
-			}
-			st.s.Offsets = append(st.s.Offsets, int(have))
-			st.s.FrameAt = append(st.s.FrameAt, c.frame)
-			data = append(data, c.data[have-c.off:]...)
+			size = max(size, c.off+int64(len(c.data)))
 		}
-		st.s.Data = data
+		data := make([]byte, size)
+		frames := make([]int, size)
+		for _, c := range st.chunks {
+			fresh := false
+			for i, b := range c.data {
+				o := c.off + int64(i)
+				if frames[o] == 0 {
+					data[o], frames[o], fresh = b, c.frame, true
+				} else if data[o] != b {
+					return nil, fmt.Errorf("pcapread: %v frame %d: retransmitted byte at offset %d differs from frame %d", st.s.Flow, c.frame, o, frames[o])
+				}
+			}
+			if !fresh {
+				st.s.Retransmitted++
+			}
+		}
+		for o, fr := range frames {
+			if fr == 0 {
+				return nil, fmt.Errorf("pcapread: %v: byte at offset %d never captured", st.s.Flow, o)
+			}
+		}
+		st.s.Data, st.s.frames = data, frames
 		out = append(out, st.s)
 	}
 	return out, nil
