@@ -1,0 +1,420 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"rdmatap/netstack"
+	"rdmatap/verbs"
+)
+
+// parseSize parses "4096", "64K", "1M", "1G" (binary units).
+func parseSize(s string) (int, error) {
+	mult := 1
+	t := strings.TrimSpace(s)
+	if t != "" {
+		switch t[len(t)-1] {
+		case 'k', 'K':
+			mult, t = 1<<10, t[:len(t)-1]
+		case 'm', 'M':
+			mult, t = 1<<20, t[:len(t)-1]
+		case 'g', 'G':
+			mult, t = 1<<30, t[:len(t)-1]
+		}
+	}
+	n, err := strconv.Atoi(t)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%w: bad size %q", errUsage, s)
+	}
+	if n > (1<<30)/mult {
+		return 0, fmt.Errorf("%w: size %q over 1G", errUsage, s)
+	}
+	return n * mult, nil
+}
+
+type demoOpts struct {
+	size, iters int
+	crc         bool
+	pcap        string
+	mtu         int
+	mpaRev      int
+	p2p         string
+}
+
+func demoCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var o demoOpts
+	size := fs.String("size", "64K", "message size in bytes (K, M, G suffixes), 0 to 1G")
+	fs.IntVar(&o.iters, "iters", 1000, "iterations per operation")
+	fs.BoolVar(&o.crc, "crc", false, "negotiate MPA CRC32c")
+	fs.StringVar(&o.pcap, "pcap", "", "write the link's frames to this pcap file")
+	fs.IntVar(&o.mtu, "mtu", 1500, "link MTU (the link carries 64 KB GSO super-segments)")
+	fs.IntVar(&o.mpaRev, "mpa-rev", 2, "MPA revision, 1 or 2")
+	fs.StringVar(&o.p2p, "p2p", "", "peer-to-peer mode with this RTR: write, read or send")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stderr, "usage: rdmatap demo [flags]\n\nTwo endpoints in one process over an in-memory link; no root needed.\n\n")
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+			return err
+		}
+		return fmt.Errorf("%w: %v (see rdmatap demo -h)", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	var err error
+	if o.size, err = parseSize(*size); err != nil {
+		return err
+	}
+	if o.iters < 1 || o.iters > 100_000_000 {
+		return fmt.Errorf("%w: --iters must be 1..100000000", errUsage)
+	}
+	if o.mtu < 576 || o.mtu > 65535 {
+		return fmt.Errorf("%w: --mtu must be 576..65535", errUsage)
+	}
+	if o.mpaRev != 1 && o.mpaRev != 2 {
+		return fmt.Errorf("%w: --mpa-rev must be 1 or 2", errUsage)
+	}
+	var rtr verbs.RTR
+	switch o.p2p {
+	case "":
+	case "write":
+		rtr = verbs.RTRWrite
+	case "read":
+		rtr = verbs.RTRRead
+	case "send":
+		rtr = verbs.RTRSend
+	default:
+		return fmt.Errorf("%w: --p2p must be write, read or send", errUsage)
+	}
+	if rtr != 0 && o.mpaRev != 2 {
+		return fmt.Errorf("%w: --p2p needs --mpa-rev 2", errUsage)
+	}
+	return runDemo(o, rtr, stdout)
+}
+
+// demoEnds are the two endpoints of the demo.
+type demoEnds struct {
+	qpA, qpB     *verbs.QP
+	scqA, rcqA   *verbs.CQ
+	scqB, rcqB   *verbs.CQ
+	srcA, rdstA  *verbs.MR // A: source of Send/Write, destination of Read
+	dstB, rsrcB  *verbs.MR // B: destination of Send/Write, source of Read
+	remB         verbs.RemoteBuf
+	slots, size  int
+	wc           []verbs.WC
+	posted       []time.Time
+	latSum       time.Duration
+	latN         int
+	verifiedMsgs int
+}
+
+func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
+	var capture *bufio.Writer
+	var pcapFile *os.File
+	pc := netstack.PairConfig{Link: netstack.LinkConfig{MTU: uint32(o.mtu)}}
+	if o.pcap != "" {
+		f, err := os.Create(o.pcap)
+		if err != nil {
+			return fmt.Errorf("--pcap: %w", err)
+		}
+		pcapFile = f
+		capture = bufio.NewWriterSize(f, 1<<20)
+		pc.PcapA = capture
+	}
+	na, nb, err := netstack.NewPair(pc)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		na.Close()
+		nb.Close()
+		if capture != nil {
+			capture.Flush()
+			pcapFile.Close()
+		}
+	}()
+	devA, err := verbs.Open(na, verbs.DeviceConfig{Name: "rt0"})
+	if err != nil {
+		return err
+	}
+	defer devA.Close()
+	devB, err := verbs.Open(nb, verbs.DeviceConfig{Name: "rt1"})
+	if err != nil {
+		return err
+	}
+	defer devB.Close()
+
+	// Slots in flight per round: enough to fill the pipe, at most 16 MiB.
+	slots := 16
+	if o.size > 0 {
+		slots = min(16, max(1, (16<<20)/o.size))
+	}
+	e := &demoEnds{slots: slots, size: o.size, wc: make([]verbs.WC, 64), posted: make([]time.Time, slots)}
+	if err := e.setup(devA, devB, o, rtr); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "rdmatap demo: two endpoints in one process, in-memory link (MTU %d, 64 KB GSO segments)\n", o.mtu)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "operation\tbytes\titerations\tGbit/s\tMiB/s\tavg latency (µs)\tverified\t")
+	for _, op := range []struct {
+		name string
+		run  func(int) error
+	}{
+		{"SEND/RECV", e.sendRound},
+		{"RDMA WRITE", e.writeRound},
+		{"RDMA READ", e.readRound},
+	} {
+		e.latSum, e.latN, e.verifiedMsgs = 0, 0, 0
+		start := time.Now()
+		for done := 0; done < o.iters; {
+			k := min(e.slots, o.iters-done)
+			if err := op.run(k); err != nil {
+				return fmt.Errorf("%s: %w", op.name, err)
+			}
+			done += k
+		}
+		el := time.Since(start).Seconds()
+		bytesMoved := float64(o.size) * float64(o.iters)
+		lat := 0.0
+		if e.latN > 0 {
+			lat = float64(e.latSum.Microseconds()) / float64(e.latN)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.1f\t%.1f\t%d/%d\t\n", op.name, o.size, o.iters,
+			bytesMoved*8/el/1e9, bytesMoved/el/(1<<20), lat, e.verifiedMsgs, o.iters)
+	}
+	tw.Flush()
+	st := devA.Stats()
+	fmt.Fprintf(stdout, "MPA rev %d, CRC %v, peer-to-peer %v; endpoint A sent %d FPDUs, received %d (%d placement copies, %d CRC errors)\n",
+		o.mpaRev, o.crc, rtr != 0, st.TxFPDUs, st.RxFPDUs, st.PlacementCopies, st.CRCErrors)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.qpA.Disconnect(ctx); err != nil {
+		return fmt.Errorf("disconnect: %w", err)
+	}
+	if o.pcap != "" {
+		fmt.Fprintf(stdout, "capture written to %s\n", o.pcap)
+	}
+	return nil
+}
+
+func (e *demoEnds) setup(devA, devB *verbs.Device, o demoOpts, rtr verbs.RTR) error {
+	pdA, err := devA.AllocPD()
+	if err != nil {
+		return err
+	}
+	pdB, err := devB.AllocPD()
+	if err != nil {
+		return err
+	}
+	mk := func(d *verbs.Device) (*verbs.CQ, error) { return d.CreateCQ(4 * e.slots) }
+	if e.scqA, err = mk(devA); err != nil {
+		return err
+	}
+	if e.rcqA, err = mk(devA); err != nil {
+		return err
+	}
+	if e.scqB, err = mk(devB); err != nil {
+		return err
+	}
+	if e.rcqB, err = mk(devB); err != nil {
+		return err
+	}
+	qc := verbs.QPConfig{MaxSendWR: 2 * e.slots, MaxRecvWR: 2 * e.slots}
+	qc.SendCQ, qc.RecvCQ = e.scqA, e.rcqA
+	if e.qpA, err = pdA.CreateQP(qc); err != nil {
+		return err
+	}
+	qc.SendCQ, qc.RecvCQ = e.scqB, e.rcqB
+	if e.qpB, err = pdB.CreateQP(qc); err != nil {
+		return err
+	}
+	n := e.slots * e.size
+	acc := verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+	reg := func(pd *verbs.PD, seed uint64) (*verbs.MR, error) {
+		b := make([]byte, n)
+		if seed != 0 {
+			r := rand.New(rand.NewPCG(seed, seed*7))
+			for i := range b {
+				b[i] = byte(r.Uint32())
+			}
+		}
+		return pd.RegMR(b, acc)
+	}
+	if e.srcA, err = reg(pdA, 1); err != nil {
+		return err
+	}
+	if e.rdstA, err = reg(pdA, 0); err != nil {
+		return err
+	}
+	if e.dstB, err = reg(pdB, 0); err != nil {
+		return err
+	}
+	if e.rsrcB, err = reg(pdB, 2); err != nil {
+		return err
+	}
+	l, err := devB.Listen(netip.AddrPort{}, verbs.ListenConfig{})
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	params := verbs.ConnParams{CRC: &o.crc, MPARevision: uint8(o.mpaRev)}
+	if rtr != 0 {
+		yes := true
+		params.PeerToPeer, params.RTR = &yes, rtr
+	}
+	type res struct {
+		c   *verbs.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		sp := params
+		sp.PrivateData, _ = e.rsrcB.Remote().MarshalBinary()
+		c, err := l.Accept(ctx, e.qpB, sp)
+		ch <- res{c, err}
+	}()
+	raddr := netip.AddrPortFrom(devB.Netstack().Addrs()[0].Addr(), l.Addr().Port())
+	conn, err := devA.Dial(ctx, e.qpA, raddr, params)
+	if err != nil {
+		return err
+	}
+	r := <-ch
+	if r.err != nil {
+		return r.err
+	}
+	return e.remB.UnmarshalBinary(conn.PeerPrivateData())
+}
+
+func (e *demoEnds) slot(mr *verbs.MR, i int) []byte { return mr.Bytes()[i*e.size : (i+1)*e.size] }
+
+// waitN collects n completions from cq, calling fn for each.
+func (e *demoEnds) waitN(cq *verbs.CQ, n int, fn func(verbs.WC) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for n > 0 {
+		k, err := cq.Wait(ctx, e.wc[:min(n, len(e.wc))])
+		if err != nil {
+			return fmt.Errorf("waiting for completions: %w", err)
+		}
+		for _, wc := range e.wc[:k] {
+			if wc.Status != verbs.StatusSuccess {
+				return wc.Err()
+			}
+			if fn != nil {
+				if err := fn(wc); err != nil {
+					return err
+				}
+			}
+		}
+		n -= k
+	}
+	return nil
+}
+
+func (e *demoEnds) verify(got, want []byte, what string, i int) error {
+	if !bytes.Equal(got, want) {
+		return fmt.Errorf("%s slot %d: data mismatch", what, i)
+	}
+	clear(got)
+	e.verifiedMsgs++
+	return nil
+}
+
+func (e *demoEnds) lat(i int) {
+	e.latSum += time.Since(e.posted[i])
+	e.latN++
+}
+
+// sendRound: B posts k receives, A sends k messages, B checks each.
+func (e *demoEnds) sendRound(k int) error {
+	for i := 0; i < k; i++ {
+		sg := []verbs.SGE{e.dstB.SGE(i*e.size, e.size)}
+		if err := e.qpB.PostRecv(verbs.RecvWR{ID: uint64(i), SGL: sg}); err != nil {
+			return err
+		}
+	}
+	for i := 0; i < k; i++ {
+		e.posted[i] = time.Now()
+		sg := []verbs.SGE{e.srcA.SGE(i*e.size, e.size)}
+		if err := e.qpA.PostSend(verbs.SendWR{ID: uint64(i), Op: verbs.OpSend, Flags: verbs.Signaled, SGL: sg}); err != nil {
+			return err
+		}
+	}
+	if err := e.waitN(e.rcqB, k, func(wc verbs.WC) error {
+		i := int(wc.ID)
+		e.lat(i)
+		if int(wc.ByteLen) != e.size {
+			return fmt.Errorf("received %d bytes, sent %d", wc.ByteLen, e.size)
+		}
+		return e.verify(e.slot(e.dstB, i), e.slot(e.srcA, i), "send", i)
+	}); err != nil {
+		return err
+	}
+	return e.waitN(e.scqA, k, nil)
+}
+
+// writeRound: A writes k slots into B and sends a marker; when B has the
+// marker, RDMAP ordering guarantees the Writes were placed.
+func (e *demoEnds) writeRound(k int) error {
+	if err := e.qpB.PostRecv(verbs.RecvWR{ID: 1 << 32}); err != nil {
+		return err
+	}
+	rem := e.dstB.Remote()
+	for i := 0; i < k; i++ {
+		e.posted[i] = time.Now()
+		sg := []verbs.SGE{e.srcA.SGE(i*e.size, e.size)}
+		wr := verbs.SendWR{ID: uint64(i), Op: verbs.OpWrite, Flags: verbs.Signaled, SGL: sg,
+			RemoteAddr: rem.Addr + uint64(i*e.size), RKey: rem.RKey}
+		if err := e.qpA.PostSend(wr); err != nil {
+			return err
+		}
+	}
+	if err := e.qpA.PostSend(verbs.SendWR{ID: 1 << 32, Op: verbs.OpSend, Flags: verbs.Signaled}); err != nil {
+		return err
+	}
+	if err := e.waitN(e.rcqB, 1, nil); err != nil {
+		return err
+	}
+	for i := 0; i < k; i++ {
+		e.lat(i)
+		if err := e.verify(e.slot(e.dstB, i), e.slot(e.srcA, i), "write", i); err != nil {
+			return err
+		}
+	}
+	return e.waitN(e.scqA, k+1, nil)
+}
+
+// readRound: A reads k slots of B's read source into its own MR.
+func (e *demoEnds) readRound(k int) error {
+	for i := 0; i < k; i++ {
+		e.posted[i] = time.Now()
+		sg := []verbs.SGE{e.rdstA.SGE(i*e.size, e.size)}
+		wr := verbs.SendWR{ID: uint64(i), Op: verbs.OpRead, Flags: verbs.Signaled, SGL: sg,
+			RemoteAddr: e.remB.Addr + uint64(i*e.size), RKey: e.remB.RKey}
+		if err := e.qpA.PostSend(wr); err != nil {
+			return err
+		}
+	}
+	return e.waitN(e.scqA, k, func(wc verbs.WC) error {
+		i := int(wc.ID)
+		e.lat(i)
+		return e.verify(e.slot(e.rdstA, i), e.slot(e.rsrcB, i), "read", i)
+	})
+}

@@ -1,0 +1,82 @@
+// Package embed sets up what both examples need: two rdmatap endpoints in
+// one process on an in-memory link, and a connected QP on each.
+package embed
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"rdmatap/netstack"
+	"rdmatap/verbs"
+)
+
+// Endpoint is one device with a PD and CQs.
+type Endpoint struct {
+	Net *netstack.Stack
+	Dev *verbs.Device
+	PD  *verbs.PD
+	SCQ *verbs.CQ
+	RCQ *verbs.CQ
+}
+
+// Pair returns two endpoints on an in-memory link.
+func Pair(crc bool) (a, b *Endpoint, err error) {
+	na, nb, err := netstack.NewPair(netstack.PairConfig{})
+	if err != nil {
+		return nil, nil, err
+	}
+	mk := func(ns *netstack.Stack, name string) (*Endpoint, error) {
+		d, err := verbs.Open(ns, verbs.DeviceConfig{Name: name, CRC: crc})
+		if err != nil {
+			return nil, err
+		}
+		e := &Endpoint{Net: ns, Dev: d}
+		if e.PD, err = d.AllocPD(); err != nil {
+			return nil, err
+		}
+		if e.SCQ, err = d.CreateCQ(1024); err != nil {
+			return nil, err
+		}
+		if e.RCQ, err = d.CreateCQ(1024); err != nil {
+			return nil, err
+		}
+		return e, nil
+	}
+	if a, err = mk(na, "rt0"); err != nil {
+		return nil, nil, err
+	}
+	if b, err = mk(nb, "rt1"); err != nil {
+		return nil, nil, err
+	}
+	return a, b, nil
+}
+
+// Close releases the endpoint.
+func (e *Endpoint) Close() {
+	e.Dev.Close()
+	e.Net.Close()
+}
+
+// QP makes a QP on the endpoint's CQs.
+func (e *Endpoint) QP(cfg verbs.QPConfig) (*verbs.QP, error) {
+	cfg.SendCQ, cfg.RecvCQ = e.SCQ, e.RCQ
+	return e.PD.CreateQP(cfg)
+}
+
+// Addr returns the endpoint's address with port.
+func (e *Endpoint) Addr(port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(e.Net.Addrs()[0].Addr(), port)
+}
+
+// Wait waits for one completion on cq and fails on an error status.
+func Wait(cq *verbs.CQ) (verbs.WC, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wc [1]verbs.WC
+	if _, err := cq.Wait(ctx, wc[:]); err != nil {
+		return verbs.WC{}, fmt.Errorf("waiting for a completion: %w", err)
+	}
+	return wc[0], wc[0].Err()
+}

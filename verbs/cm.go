@@ -1,0 +1,356 @@
+package verbs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"rdmatap/iwarp"
+	"rdmatap/netstack"
+)
+
+// Connection management in the rdma_cm style: a Listener yields connection
+// requests carrying the initiator's private data and IRD/ORD; the
+// application accepts one onto a QP or rejects it with private data. Dial
+// is the active side. Every blocking call takes a context; closing a
+// Listener unblocks its waiters with net.ErrClosed.
+
+// RTR is a set of RFC 6581 Ready-To-Receive message types.
+type RTR = iwarp.RTR
+
+// RTR types.
+const (
+	RTRSend  = iwarp.RTRSend
+	RTRWrite = iwarp.RTRWrite
+	RTRRead  = iwarp.RTRRead
+)
+
+// ConnParams are a connection's parameters (rdma_conn_param and the MPA
+// settings). Zero values take the device's defaults.
+type ConnParams struct {
+	PrivateData []byte
+	// IRD: inbound RDMA Reads we accept at once (responder_resources);
+	// ORD: RDMA Reads we issue at once (initiator_depth). Default 16.
+	IRD, ORD int
+	// MPA settings, overriding the device's.
+	CRC         *bool
+	MPARevision uint8
+	PeerToPeer  *bool
+	RTR         RTR
+}
+
+// Negotiated are what both ends agreed on.
+type Negotiated struct {
+	MPARevision uint8
+	CRC         bool
+	IRD, ORD    int
+	PeerToPeer  bool
+	RTR         RTR
+}
+
+const defaultIRDORD = 16
+
+func (d *Device) mpaConfig(p ConnParams) iwarp.MPAConfig {
+	c := iwarp.MPAConfig{Revision: d.cfg.MPARevision, CRC: d.cfg.CRC, PeerToPeer: d.cfg.PeerToPeer, RTR: d.cfg.RTR,
+		IRD: p.IRD, ORD: p.ORD, PrivateData: p.PrivateData}
+	if p.IRD == 0 {
+		c.IRD = defaultIRDORD
+	}
+	if p.ORD == 0 {
+		c.ORD = defaultIRDORD
+	}
+	if p.IRD < 0 {
+		c.IRD = 0
+	}
+	if p.ORD < 0 {
+		c.ORD = 0
+	}
+	if p.CRC != nil {
+		c.CRC = *p.CRC
+	}
+	if p.MPARevision != 0 {
+		c.Revision = p.MPARevision
+	}
+	if p.PeerToPeer != nil {
+		c.PeerToPeer = *p.PeerToPeer
+	}
+	if p.RTR != 0 {
+		c.RTR = p.RTR
+	}
+	return c
+}
+
+// Conn is an established connection: a QP in RTS on a TCP stream.
+type Conn struct {
+	qp       *QP
+	stream   *netstack.Conn
+	peerData []byte
+	neg      Negotiated
+}
+
+// QP returns the connected QP.
+func (c *Conn) QP() *QP { return c.qp }
+
+// PeerPrivateData returns the private data the peer sent.
+func (c *Conn) PeerPrivateData() []byte { return c.peerData }
+
+// Negotiated returns the negotiated parameters.
+func (c *Conn) Negotiated() Negotiated { return c.neg }
+
+// LocalAddr returns the local TCP address.
+func (c *Conn) LocalAddr() netip.AddrPort { return c.stream.LocalAddr() }
+
+// RemoteAddr returns the peer's TCP address.
+func (c *Conn) RemoteAddr() netip.AddrPort { return c.stream.RemoteAddr() }
+
+// Done is closed when the connection is over and the QP flushed.
+func (c *Conn) Done() <-chan struct{} { return c.qp.Done() }
+
+// Disconnect closes gracefully (see QP.Disconnect).
+func (c *Conn) Disconnect(ctx context.Context) error { return c.qp.Disconnect(ctx) }
+
+// Close aborts the connection and destroys the QP.
+func (c *Conn) Close() error { return c.qp.Close() }
+
+func negotiated(p iwarp.ConnParams) Negotiated {
+	return Negotiated{MPARevision: p.Revision, CRC: p.CRC, IRD: p.IRD, ORD: p.ORD, PeerToPeer: p.PeerToPeer, RTR: p.RTR}
+}
+
+// Dial connects qp to a listener at raddr (rdma_connect): TCP connect,
+// MPA Request/Reply with p's private data and IRD/ORD, then RTS.
+func (d *Device) Dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error) {
+	if qp == nil || qp.pd.dev != d {
+		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
+	}
+	if qp.State() != QPIdle {
+		return nil, fmt.Errorf("%w: QP is %v, not IDLE", ErrInvalidState, qp.State())
+	}
+	cfg := d.mpaConfig(p)
+	s, err := d.ns.Dial(ctx, raddr)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: connect %v: %w", raddr, err)
+	}
+	params, pd, err := iwarp.Initiate(ctx, s, cfg)
+	if err != nil {
+		s.Abort()
+		return nil, fmt.Errorf("verbs: connect %v: %w", raddr, err)
+	}
+	if err := qp.iw.Start(s, params); err != nil {
+		s.Abort()
+		return nil, err
+	}
+	return &Conn{qp: qp, stream: s, peerData: pd, neg: negotiated(params)}, nil
+}
+
+// Listener accepts connection requests.
+type Listener struct {
+	dev     *Device
+	tcp     *netstack.Listener
+	reqs    chan *ConnRequest
+	closed  chan struct{}
+	once    sync.Once
+	timeout time.Duration
+	wg      sync.WaitGroup
+}
+
+// ListenConfig configures a Listener.
+type ListenConfig struct {
+	Backlog int // pending requests (default 64)
+	// MPATimeout bounds the wait for an initiator's MPA Request (default
+	// 5 s, as siw).
+	MPATimeout time.Duration
+}
+
+// Listen listens for connections on laddr (rdma_listen).
+func (d *Device) Listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, error) {
+	if cfg.Backlog <= 0 {
+		cfg.Backlog = 64
+	}
+	if cfg.MPATimeout <= 0 {
+		cfg.MPATimeout = 5 * time.Second
+	}
+	t, err := d.ns.Listen(laddr, cfg.Backlog)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: listen %v: %w", laddr, err)
+	}
+	l := &Listener{dev: d, tcp: t, reqs: make(chan *ConnRequest, cfg.Backlog), closed: make(chan struct{}), timeout: cfg.MPATimeout}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		t.Close()
+		return nil, net.ErrClosed
+	}
+	d.listeners[l] = struct{}{}
+	d.mu.Unlock()
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l, nil
+}
+
+// Addr returns the listening address.
+func (l *Listener) Addr() netip.AddrPort { return l.tcp.Addr() }
+
+// acceptLoop accepts TCP connections and reads their MPA Requests (one
+// goroutine per listener, one short-lived goroutine per connection).
+func (l *Listener) acceptLoop() {
+	defer l.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-l.closed
+		cancel()
+	}()
+	for {
+		s, err := l.tcp.Accept(ctx)
+		if err != nil {
+			return
+		}
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			rctx, rcancel := context.WithTimeout(ctx, l.timeout)
+			req, err := iwarp.AwaitMPARequest(rctx, s)
+			rcancel()
+			if err != nil {
+				s.Abort()
+				return
+			}
+			r := &ConnRequest{l: l, stream: s, req: req}
+			select {
+			case l.reqs <- r:
+			default:
+				// Backlog full: refuse, as a full listen queue does.
+				_ = req.Reject(ctx, s, nil)
+				s.Close()
+			}
+		}()
+	}
+}
+
+// GetRequest waits for the next connection request (rdma_get_request).
+func (l *Listener) GetRequest(ctx context.Context) (*ConnRequest, error) {
+	select {
+	case r := <-l.reqs:
+		return r, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Accept waits for a request and accepts it onto qp with p.
+func (l *Listener) Accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error) {
+	r, err := l.GetRequest(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return r.Accept(ctx, qp, p)
+}
+
+// Close stops listening; pending requests are rejected and waiters get
+// net.ErrClosed. It is idempotent.
+func (l *Listener) Close() error {
+	l.once.Do(func() {
+		close(l.closed)
+		l.tcp.Close()
+		l.wg.Wait()
+		for {
+			select {
+			case r := <-l.reqs:
+				r.Reject(nil)
+			default:
+				l.dev.mu.Lock()
+				delete(l.dev.listeners, l)
+				l.dev.mu.Unlock()
+				return
+			}
+		}
+	})
+	return nil
+}
+
+// ConnRequest is a connection request not yet accepted (a
+// CONNECT_REQUEST event).
+type ConnRequest struct {
+	l      *Listener
+	stream *netstack.Conn
+	req    *iwarp.MPARequest
+	mu     sync.Mutex
+	used   bool
+}
+
+// PrivateData returns the initiator's private data.
+func (r *ConnRequest) PrivateData() []byte { return r.req.PrivateData }
+
+// IRD returns the initiator's IRD (0 without MPA v2 enhanced setup).
+func (r *ConnRequest) IRD() int { return int(r.req.V2.IRD) }
+
+// ORD returns the initiator's ORD.
+func (r *ConnRequest) ORD() int { return int(r.req.V2.ORD) }
+
+// MPARevision returns the request's MPA revision.
+func (r *ConnRequest) MPARevision() uint8 { return r.req.Revision }
+
+// CRC reports whether the initiator asked for CRC.
+func (r *ConnRequest) CRC() bool { return r.req.CRC }
+
+// PeerToPeer reports whether the initiator asked for peer-to-peer mode
+// and the RTR types it offered.
+func (r *ConnRequest) PeerToPeer() (bool, RTR) { return r.req.V2.PeerToPeer, r.req.V2.RTR }
+
+// RemoteAddr returns the initiator's address.
+func (r *ConnRequest) RemoteAddr() netip.AddrPort { return r.stream.RemoteAddr() }
+
+var errRequestUsed = errors.New("verbs: connection request already accepted or rejected")
+
+func (r *ConnRequest) claim() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.used {
+		return errRequestUsed
+	}
+	r.used = true
+	return nil
+}
+
+// Accept sends the MPA Reply and brings qp to RTS (rdma_accept). The QP
+// sends nothing until the initiator's first message arrives (iWARP's
+// "active side sends first"; peer-to-peer mode makes that automatic).
+func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error) {
+	if qp == nil || qp.pd.dev != r.l.dev {
+		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
+	}
+	if qp.State() != QPIdle {
+		return nil, fmt.Errorf("%w: QP is %v, not IDLE", ErrInvalidState, qp.State())
+	}
+	if err := r.claim(); err != nil {
+		return nil, err
+	}
+	params, err := r.req.Accept(ctx, r.stream, r.l.dev.mpaConfig(p))
+	if err != nil {
+		r.stream.Abort()
+		return nil, err
+	}
+	if err := qp.iw.Start(r.stream, params); err != nil {
+		r.stream.Abort()
+		return nil, err
+	}
+	return &Conn{qp: qp, stream: r.stream, peerData: r.req.PrivateData, neg: negotiated(params)}, nil
+}
+
+// Reject refuses the request with private data (rdma_reject).
+func (r *ConnRequest) Reject(privateData []byte) error {
+	if err := r.claim(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := r.req.Reject(ctx, r.stream, privateData)
+	r.stream.Close()
+	return err
+}

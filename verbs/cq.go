@@ -1,0 +1,171 @@
+package verbs
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+
+	"rdmatap/iwarp"
+)
+
+// Status is a work completion status; String() gives ibv_wc_status_str.
+type Status = iwarp.Status
+
+// Completion statuses (ibv_wc_status).
+const (
+	StatusSuccess              = iwarp.StatusSuccess
+	StatusLocalLength          = iwarp.StatusLocalLength
+	StatusLocalQPOp            = iwarp.StatusLocalQPOp
+	StatusLocalProtection      = iwarp.StatusLocalProtection
+	StatusWRFlush              = iwarp.StatusWRFlush
+	StatusLocalAccess          = iwarp.StatusLocalAccess
+	StatusRemoteInvalidRequest = iwarp.StatusRemoteInvalidRequest
+	StatusRemoteAccess         = iwarp.StatusRemoteAccess
+	StatusRemoteOperation      = iwarp.StatusRemoteOperation
+	StatusFatal                = iwarp.StatusFatal
+	StatusGeneral              = iwarp.StatusGeneral
+)
+
+// WCOpcode is the operation a completion reports (ibv_wc_opcode).
+type WCOpcode = iwarp.CompletionOp
+
+// Completion operations.
+const (
+	WCSend  = iwarp.CompSend
+	WCWrite = iwarp.CompWrite
+	WCRead  = iwarp.CompRead
+	WCRecv  = iwarp.CompRecv
+)
+
+// WC flags.
+const (
+	WCWithInvalidate = iwarp.CompWithInvalidate
+	WCSolicited      = iwarp.CompSolicited
+)
+
+// WC is a work completion (ibv_wc): ID is the wr_id, ByteLen the bytes
+// received (receives) or transferred, InvalidatedRKey the STag a Send
+// with Invalidate invalidated (Flags has WCWithInvalidate). Term names
+// the Terminate behind an error status, when there was one.
+type WC iwarp.Completion
+
+// Err returns nil for a successful completion and a *CompletionError
+// otherwise.
+func (wc WC) Err() error {
+	if wc.Status == StatusSuccess {
+		return nil
+	}
+	return &CompletionError{WC: wc}
+}
+
+// CQ is a completion queue. Poll may run concurrently with producers; one
+// goroutine at a time should consume it.
+type CQ struct {
+	dev    *Device
+	mu     sync.Mutex
+	ring   []WC
+	head   int
+	n      int
+	over   bool
+	notify chan struct{}
+	closed chan struct{}
+	once   sync.Once
+}
+
+// CreateCQ makes a completion queue of cqe entries.
+func (d *Device) CreateCQ(cqe int) (*CQ, error) {
+	if cqe <= 0 || cqe > d.Query().MaxCQE {
+		return nil, fmt.Errorf("%w: CQ of %d entries", ErrInvalidArgument, cqe)
+	}
+	return &CQ{dev: d, ring: make([]WC, cqe), notify: make(chan struct{}, 1), closed: make(chan struct{})}, nil
+}
+
+// Push implements iwarp.CQ.
+func (cq *CQ) Push(c *iwarp.Completion) bool {
+	cq.mu.Lock()
+	if cq.n == len(cq.ring) {
+		cq.over = true
+		cq.mu.Unlock()
+		return false
+	}
+	cq.ring[(cq.head+cq.n)%len(cq.ring)] = WC(*c)
+	cq.n++
+	cq.mu.Unlock()
+	select {
+	case cq.notify <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// Poll moves up to len(dst) completions into dst without blocking and
+// returns how many. It allocates nothing.
+func (cq *CQ) Poll(dst []WC) int {
+	cq.mu.Lock()
+	k := min(len(dst), cq.n)
+	for i := 0; i < k; i++ {
+		dst[i] = cq.ring[cq.head]
+		cq.head++
+		if cq.head == len(cq.ring) {
+			cq.head = 0
+		}
+	}
+	cq.n -= k
+	left := cq.n
+	cq.mu.Unlock()
+	if k > 0 && left > 0 {
+		// Hand the wake-up on to another waiter.
+		select {
+		case cq.notify <- struct{}{}:
+		default:
+		}
+	}
+	return k
+}
+
+// Wait blocks until at least one completion is available, moves up to
+// len(dst) into dst and returns how many. It returns ctx's error when ctx
+// ends first and net.ErrClosed once the CQ is closed. A completion pushed
+// between the check and the wait is never missed: the notification is a
+// buffered channel that Push fills after publishing.
+func (cq *CQ) Wait(ctx context.Context, dst []WC) (int, error) {
+	if len(dst) == 0 {
+		return 0, fmt.Errorf("%w: empty completion slice", ErrInvalidArgument)
+	}
+	for {
+		if n := cq.Poll(dst); n > 0 {
+			return n, nil
+		}
+		select {
+		case <-cq.notify:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-cq.closed:
+			if n := cq.Poll(dst); n > 0 {
+				return n, nil
+			}
+			return 0, net.ErrClosed
+		}
+	}
+}
+
+// Len returns the number of completions waiting.
+func (cq *CQ) Len() int {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return cq.n
+}
+
+// Overflowed reports whether a completion was ever lost to a full CQ.
+func (cq *CQ) Overflowed() bool {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	return cq.over
+}
+
+// Close wakes every waiter with net.ErrClosed. It is idempotent.
+func (cq *CQ) Close() error {
+	cq.once.Do(func() { close(cq.closed) })
+	return nil
+}

@@ -1,0 +1,217 @@
+package verbs
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"rdmatap/iwarp"
+	"rdmatap/netstack"
+)
+
+// DeviceConfig configures a Device. Zero values take the defaults.
+type DeviceConfig struct {
+	Name string // default "rt0"
+	// MPA defaults for every connection of the device; ConnParams may
+	// override them per connection.
+	MPARevision uint8 // 1 or 2 (default 2, enhanced setup, as siw)
+	CRC         bool  // ask for CRC32c (siw's default is off)
+	PeerToPeer  bool  // RFC 6581 peer-to-peer mode (siw's default is off)
+	RTR         iwarp.RTR
+	// MaxFPDU caps FPDU size; 0 keeps one FPDU per TCP segment.
+	MaxFPDU int
+	// EventQueue is the depth of the async event channel (default 256).
+	EventQueue int
+}
+
+// Device is an RDMA device: one iWARP RNIC on one netstack. It owns the
+// STag table, the QP numbers and the counters.
+type Device struct {
+	cfg    DeviceConfig
+	ns     *netstack.Stack
+	mem    *iwarp.MemTable
+	stats  iwarp.Stats
+	events chan AsyncEvent
+	lost   atomic.Uint64
+
+	nextQPN atomic.Uint32
+	nextPD  atomic.Uint32
+
+	mu        sync.Mutex
+	closed    bool
+	qps       map[uint32]*QP
+	listeners map[*Listener]struct{}
+}
+
+// Open makes a device on a netstack.
+func Open(ns *netstack.Stack, cfg DeviceConfig) (*Device, error) {
+	if ns == nil {
+		return nil, fmt.Errorf("%w: nil netstack", ErrInvalidArgument)
+	}
+	if cfg.Name == "" {
+		cfg.Name = "rt0"
+	}
+	if cfg.MPARevision == 0 {
+		cfg.MPARevision = 2
+	}
+	if cfg.MPARevision > 2 {
+		return nil, fmt.Errorf("%w: MPA revision %d", ErrInvalidArgument, cfg.MPARevision)
+	}
+	if cfg.MaxFPDU < 0 {
+		return nil, fmt.Errorf("%w: MaxFPDU %d", ErrInvalidArgument, cfg.MaxFPDU)
+	}
+	if cfg.EventQueue <= 0 {
+		cfg.EventQueue = 256
+	}
+	d := &Device{cfg: cfg, ns: ns, mem: iwarp.NewMemTable(), events: make(chan AsyncEvent, cfg.EventQueue),
+		qps: map[uint32]*QP{}, listeners: map[*Listener]struct{}{}}
+	d.nextQPN.Store(16) // QP numbers below 16 are reserved, as on RNICs
+	return d, nil
+}
+
+// Name returns the device name.
+func (d *Device) Name() string { return d.cfg.Name }
+
+// Netstack returns the stack the device runs on.
+func (d *Device) Netstack() *netstack.Stack { return d.ns }
+
+// DeviceAttr are the device's limits (the ibv_device_attr names).
+type DeviceAttr struct {
+	Transport    string
+	MaxQP        int
+	MaxQPWR      int
+	MaxSGE       int
+	MaxSGERd     int
+	MaxCQ        int
+	MaxCQE       int
+	MaxMR        int
+	MaxMRSize    uint64
+	MaxPD        int
+	MaxQPRdAtom  int // IRD
+	MaxQPInitRd  int // ORD
+	MaxSRQ       int
+	MaxSRQWR     int
+	MaxSRQSGE    int
+	MaxInline    int
+	MaxPrivData  int
+	MaxMsgSize   uint64
+	AtomicCap    string
+	PageSizeCap  uint64
+	VendorPartID uint32
+}
+
+// Query returns the device's limits.
+func (d *Device) Query() DeviceAttr {
+	return DeviceAttr{
+		Transport: "iWARP", MaxQP: 1 << 16, MaxQPWR: 1 << 20, MaxSGE: 64, MaxSGERd: 1,
+		MaxCQ: 1 << 16, MaxCQE: 1 << 22, MaxMR: iwarp.MaxRegions, MaxMRSize: 1 << 40, MaxPD: 1 << 16,
+		MaxQPRdAtom: iwarp.MaxIRDORD, MaxQPInitRd: iwarp.MaxIRDORD, MaxSRQ: 1 << 16, MaxSRQWR: 1 << 20,
+		MaxSRQSGE: 64, MaxInline: 4096, MaxPrivData: iwarp.MPAMaxPrivateData - iwarp.MPAv2PrefixSize,
+		MaxMsgSize: 1<<32 - 1, AtomicCap: "ATOMIC_NONE", PageSizeCap: 4096,
+	}
+}
+
+// Stats returns a snapshot of the device counters.
+func (d *Device) Stats() Stats {
+	s := &d.stats
+	out := Stats{
+		TxFPDUs: s.TxFPDUs.Load(), RxFPDUs: s.RxFPDUs.Load(),
+		TxBytes: s.TxBytes.Load(), RxBytes: s.RxBytes.Load(),
+		PlacedBytes: s.PlacedBytes.Load(), PlacementCopies: s.PlacementCopies.Load(),
+		CRCErrors: s.CRCErrors.Load(), TerminatesSent: s.TermSent.Load(), TerminatesReceived: s.TermRecv.Load(),
+		EventsLost: d.lost.Load(),
+	}
+	for i := range s.RxOps {
+		out.RxOps[i] = s.RxOps[i].Load()
+		out.TxOps[i] = s.TxOps[i].Load()
+	}
+	return out
+}
+
+// Stats are device counters.
+type Stats struct {
+	TxFPDUs, RxFPDUs             uint64
+	TxBytes, RxBytes             uint64 // message payload bytes
+	PlacedBytes, PlacementCopies uint64
+	CRCErrors                    uint64
+	TerminatesSent               uint64
+	TerminatesReceived           uint64
+	EventsLost                   uint64
+	// Messages by RDMAP opcode (iwarp.Opcode values).
+	RxOps, TxOps [16]uint64
+}
+
+// AsyncEventType is the kind of an asynchronous event.
+type AsyncEventType uint8
+
+// Asynchronous events (the ibv_event_type names where they exist).
+const (
+	EventEstablished AsyncEventType = iota
+	EventDisconnected
+	EventTerminateSent
+	EventTerminateReceived
+	EventQPFatal
+	EventSRQLimitReached
+)
+
+func (t AsyncEventType) String() string {
+	return [...]string{"ESTABLISHED", "DISCONNECTED", "TERMINATE_SENT", "TERMINATE_RECEIVED", "QP_FATAL", "SRQ_LIMIT_REACHED"}[t]
+}
+
+// AsyncEvent is an asynchronous device event.
+type AsyncEvent struct {
+	Type  AsyncEventType
+	QPNum uint32
+	SRQ   *SRQ
+	Term  iwarp.TermCode
+	Err   error
+}
+
+// Events returns the device's asynchronous events. Events that find the
+// channel full are counted in Stats.EventsLost, never block the data path.
+func (d *Device) Events() <-chan AsyncEvent { return d.events }
+
+func (d *Device) post(e AsyncEvent) {
+	select {
+	case d.events <- e:
+	default:
+		d.lost.Add(1)
+	}
+}
+
+// AllocPD allocates a protection domain.
+func (d *Device) AllocPD() (*PD, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, net.ErrClosed
+	}
+	return &PD{dev: d, id: d.nextPD.Add(1)}, nil
+}
+
+// Close closes every listener and QP of the device.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	ls := make([]*Listener, 0, len(d.listeners))
+	for l := range d.listeners {
+		ls = append(ls, l)
+	}
+	qps := make([]*QP, 0, len(d.qps))
+	for _, q := range d.qps {
+		qps = append(qps, q)
+	}
+	d.mu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
+	for _, q := range qps {
+		q.Close()
+	}
+	return nil
+}

@@ -1,0 +1,181 @@
+package verbs
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"rdmatap/iwarp"
+)
+
+// Access is a set of memory access rights (the ibv_access_flags values).
+type Access = iwarp.Access
+
+// Access rights.
+const (
+	AccessLocalWrite  = iwarp.AccessLocalWrite
+	AccessRemoteWrite = iwarp.AccessRemoteWrite
+	AccessRemoteRead  = iwarp.AccessRemoteRead
+	// AccessZeroBased makes the region's remote addresses start at 0.
+	AccessZeroBased = iwarp.AccessZeroBased
+)
+
+// STag is an iWARP Steering Tag: on iWARP the lkey and the rkey are the
+// same STag (24-bit index, 8-bit key).
+type STag = uint32
+
+// PD is a protection domain: MRs and QPs of different PDs cannot use each
+// other.
+type PD struct {
+	dev *Device
+	id  uint32
+
+	mu     sync.Mutex
+	closed bool
+	mrs    int
+	qps    int
+}
+
+// Device returns the PD's device.
+func (pd *PD) Device() *Device { return pd.dev }
+
+// ID returns the PD number.
+func (pd *PD) ID() uint32 { return pd.id }
+
+// RegMR registers buf for RDMA with the given rights. The MR keeps buf
+// reachable; the caller must not reuse it for anything else until Dereg.
+// Go memory does not move, so no pinning is needed; memory from
+// zerocopy.Alloc is page-aligned and can be shared between processes.
+func (pd *PD) RegMR(buf []byte, acc Access) (*MR, error) {
+	if acc&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessZeroBased) != 0 {
+		return nil, fmt.Errorf("%w: access flags %#x not supported", ErrInvalidArgument, uint32(acc))
+	}
+	if acc&AccessRemoteWrite != 0 && acc&AccessLocalWrite == 0 {
+		// ibv_reg_mr: remote write requires local write.
+		return nil, fmt.Errorf("%w: remote write requires local write", ErrInvalidArgument)
+	}
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.closed {
+		return nil, net.ErrClosed
+	}
+	r := &iwarp.Region{Buf: buf, Access: acc, PD: pd.id, Kind: iwarp.KindMR}
+	if acc&AccessZeroBased == 0 {
+		r.Base = iwarp.BufferAddr(buf)
+	}
+	if _, err := pd.dev.mem.Register(r); err != nil {
+		return nil, err
+	}
+	pd.mrs++
+	return &MR{pd: pd, r: r}, nil
+}
+
+// MR is a registered memory region.
+type MR struct {
+	pd   *PD
+	r    *iwarp.Region
+	once sync.Once
+}
+
+// Bytes returns the registered memory.
+func (m *MR) Bytes() []byte { return m.r.Buf }
+
+// Len returns the region's length.
+func (m *MR) Len() int { return len(m.r.Buf) }
+
+// Addr returns the address of the first byte as SGEs and remote peers use
+// it: the virtual address, or 0 for a zero-based region.
+func (m *MR) Addr() uint64 { return m.r.Base }
+
+// LKey returns the STag for local use (SGEs).
+func (m *MR) LKey() STag { return m.r.STag() }
+
+// RKey returns the STag for remote access.
+func (m *MR) RKey() STag { return m.r.STag() }
+
+// Valid reports whether the MR can still be used (a Send with Invalidate
+// or Dereg invalidates it).
+func (m *MR) Valid() bool { return m.r.Valid() }
+
+// SGE returns the scatter-gather element for bytes [off, off+n) of the MR.
+// It panics if the range is outside the MR, like slicing does.
+func (m *MR) SGE(off, n int) SGE {
+	if off < 0 || n < 0 || off+n > len(m.r.Buf) {
+		panic(fmt.Sprintf("verbs: SGE [%d:%d] outside MR of %d bytes", off, off+n, len(m.r.Buf)))
+	}
+	return SGE{Addr: m.r.Base + uint64(off), Length: uint32(n), LKey: m.r.STag()}
+}
+
+// Remote returns the descriptor a peer needs to access the whole MR.
+func (m *MR) Remote() RemoteBuf {
+	return RemoteBuf{Addr: m.r.Base, Len: uint64(len(m.r.Buf)), RKey: m.r.STag()}
+}
+
+// Dereg invalidates the MR and frees its STag. It is idempotent.
+func (m *MR) Dereg() error {
+	m.once.Do(func() {
+		m.pd.dev.mem.Deregister(m.r)
+		m.pd.mu.Lock()
+		m.pd.mrs--
+		m.pd.mu.Unlock()
+	})
+	return nil
+}
+
+// RemoteBuf describes a peer's memory: address, length and rkey. It is what
+// applications exchange (in private data or a Send) before RDMA Read/Write.
+type RemoteBuf struct {
+	Addr uint64
+	Len  uint64
+	RKey STag
+}
+
+// RemoteBufSize is the size of a marshalled RemoteBuf.
+const RemoteBufSize = 20
+
+// Slice returns the descriptor of bytes [off, off+n) of r.
+func (r RemoteBuf) Slice(off, n uint64) (RemoteBuf, error) {
+	if off > r.Len || n > r.Len-off {
+		return RemoteBuf{}, fmt.Errorf("%w: [%d:+%d] outside remote buffer of %d bytes", ErrInvalidArgument, off, n, r.Len)
+	}
+	return RemoteBuf{Addr: r.Addr + off, Len: n, RKey: r.RKey}, nil
+}
+
+// AppendBinary appends the 20-byte big-endian encoding addr|len|rkey.
+func (r RemoteBuf) AppendBinary(b []byte) ([]byte, error) {
+	b = binary.BigEndian.AppendUint64(b, r.Addr)
+	b = binary.BigEndian.AppendUint64(b, r.Len)
+	return binary.BigEndian.AppendUint32(b, r.RKey), nil
+}
+
+// MarshalBinary returns the 20-byte encoding.
+func (r RemoteBuf) MarshalBinary() ([]byte, error) {
+	return r.AppendBinary(make([]byte, 0, RemoteBufSize))
+}
+
+// ErrBadRemoteBuf reports a malformed RemoteBuf encoding.
+var ErrBadRemoteBuf = errors.New("verbs: remote buffer descriptor must be 20 bytes")
+
+// UnmarshalBinary decodes the 20-byte encoding.
+func (r *RemoteBuf) UnmarshalBinary(b []byte) error {
+	if len(b) != RemoteBufSize {
+		return ErrBadRemoteBuf
+	}
+	r.Addr = binary.BigEndian.Uint64(b)
+	r.Len = binary.BigEndian.Uint64(b[8:])
+	r.RKey = binary.BigEndian.Uint32(b[16:])
+	return nil
+}
+
+// Close releases the PD. It fails while MRs or QPs still use it.
+func (pd *PD) Close() error {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.mrs > 0 || pd.qps > 0 {
+		return fmt.Errorf("%w: PD still has %d MRs and %d QPs", ErrBusy, pd.mrs, pd.qps)
+	}
+	pd.closed = true
+	return nil
+}

@@ -1,0 +1,246 @@
+package verbs
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"rdmatap/iwarp"
+)
+
+// SGE is a scatter-gather element: Length bytes at Addr of the MR whose
+// STag is LKey (see MR.SGE).
+type SGE = iwarp.SGE
+
+// Opcode is a send work request's operation (ibv_wr_opcode).
+type Opcode = iwarp.WROp
+
+// Send operations.
+const (
+	OpSend           = iwarp.WRSend
+	OpSendInvalidate = iwarp.WRSendInvalidate
+	OpWrite          = iwarp.WRWrite
+	OpRead           = iwarp.WRRead
+)
+
+// SendFlags are ibv_send_flags.
+type SendFlags = iwarp.SendFlags
+
+// Send flags.
+const (
+	Signaled  = iwarp.FlagSignaled
+	Inline    = iwarp.FlagInline
+	Solicited = iwarp.FlagSolicited
+	Fence     = iwarp.FlagFence
+)
+
+// SendWR is a send work request (ibv_send_wr): ID is the wr_id; RDMA Write
+// and Read name the remote buffer with RemoteAddr and RKey; Send with
+// Invalidate names the peer's STag in InvalidateRKey. The SGL is read
+// during PostSend only.
+type SendWR = iwarp.SendWR
+
+// RecvWR is a receive work request.
+type RecvWR struct {
+	ID  uint64
+	SGL []SGE
+}
+
+// QPState is the QP's state.
+type QPState = iwarp.QPState
+
+// QP states.
+const (
+	QPIdle      = iwarp.StateIdle
+	QPRTS       = iwarp.StateRTS
+	QPClosing   = iwarp.StateClosing
+	QPTerminate = iwarp.StateTerminate
+	QPError     = iwarp.StateError
+)
+
+// QPConfig are a QP's attributes (ibv_qp_init_attr).
+type QPConfig struct {
+	SendCQ, RecvCQ *CQ
+	SRQ            *SRQ // receives come from the SRQ instead of an own RQ
+	MaxSendWR      int  // default 128
+	MaxRecvWR      int  // default 128
+	MaxSendSGE     int  // default 4
+	MaxRecvSGE     int  // default 4
+	MaxInline      int  // default 64
+	SignalAll      bool // sq_sig_all
+}
+
+// QP is a reliable-connected queue pair.
+type QP struct {
+	pd  *PD
+	iw  *iwarp.QP
+	cfg QPConfig
+	rq  *iwarp.RecvQueue
+}
+
+// CreateQP makes an RC QP. It is connected through Dial or
+// ConnRequest.Accept.
+func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
+	if cfg.SendCQ == nil || cfg.RecvCQ == nil {
+		return nil, fmt.Errorf("%w: QP needs a send and a receive CQ", ErrInvalidArgument)
+	}
+	if cfg.MaxSendWR == 0 {
+		cfg.MaxSendWR = 128
+	}
+	if cfg.MaxRecvWR == 0 {
+		cfg.MaxRecvWR = 128
+	}
+	if cfg.MaxSendSGE == 0 {
+		cfg.MaxSendSGE = 4
+	}
+	if cfg.MaxRecvSGE == 0 {
+		cfg.MaxRecvSGE = 4
+	}
+	if cfg.MaxInline == 0 {
+		cfg.MaxInline = 64
+	}
+	d := pd.dev
+	qp := &QP{pd: pd, cfg: cfg}
+	if cfg.SRQ != nil {
+		if cfg.SRQ.pd != pd {
+			return nil, fmt.Errorf("%w: SRQ belongs to another PD", ErrInvalidArgument)
+		}
+		qp.rq = cfg.SRQ.rq
+	} else {
+		rq, err := iwarp.NewRecvQueue(cfg.MaxRecvWR, cfg.MaxRecvSGE)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
+		qp.rq = rq
+	}
+	num := d.nextQPN.Add(1)
+	iw, err := iwarp.NewQP(iwarp.QPConfig{
+		Num: num, PD: pd.id, Mem: d.mem, SendCQ: cfg.SendCQ, RecvCQ: cfg.RecvCQ,
+		RQ: qp.rq, SharedRQ: cfg.SRQ != nil, MaxSendWR: cfg.MaxSendWR, MaxSendSGE: cfg.MaxSendSGE,
+		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU,
+		Stats: &d.stats, OnEvent: func(e iwarp.Event) { d.post(qpEvent(e)) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	qp.iw = iw
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil, net.ErrClosed
+	}
+	d.qps[num] = qp
+	d.mu.Unlock()
+	pd.mu.Lock()
+	pd.qps++
+	pd.mu.Unlock()
+	return qp, nil
+}
+
+func qpEvent(e iwarp.Event) AsyncEvent {
+	t := map[iwarp.EventType]AsyncEventType{
+		iwarp.EventEstablished: EventEstablished, iwarp.EventDisconnected: EventDisconnected,
+		iwarp.EventTerminateSent: EventTerminateSent, iwarp.EventTerminateReceived: EventTerminateReceived,
+		iwarp.EventFatal: EventQPFatal,
+	}[e.Type]
+	return AsyncEvent{Type: t, QPNum: e.QPNum, Term: e.Term, Err: e.Err}
+}
+
+// Num returns the QP number.
+func (qp *QP) Num() uint32 { return qp.iw.Num() }
+
+// PD returns the QP's protection domain.
+func (qp *QP) PD() *PD { return qp.pd }
+
+// State returns the QP state.
+func (qp *QP) State() QPState { return qp.iw.State() }
+
+// Err returns why the QP went to ERROR (nil after a clean disconnect).
+func (qp *QP) Err() error { return qp.iw.Err() }
+
+// Done is closed once the QP is in ERROR and every WR has completed.
+func (qp *QP) Done() <-chan struct{} { return qp.iw.Done() }
+
+// Config returns the QP's attributes.
+func (qp *QP) Config() QPConfig { return qp.cfg }
+
+// PostSend posts send work requests in order. It copies what it needs,
+// allocates nothing, and returns a *PostError naming the first WR not
+// posted (ibv_post_send's bad_wr).
+func (qp *QP) PostSend(wrs ...SendWR) error {
+	if i, err := qp.iw.PostSend(wrs...); err != nil {
+		return &PostError{Index: i, Err: err}
+	}
+	return nil
+}
+
+// PostRecv posts receive work requests to the QP's own receive queue.
+func (qp *QP) PostRecv(wrs ...RecvWR) error {
+	for i := range wrs {
+		if err := qp.iw.PostRecv(wrs[i].ID, wrs[i].SGL); err != nil {
+			return &PostError{Index: i, Err: err}
+		}
+	}
+	return nil
+}
+
+// Disconnect closes the connection gracefully (rdma_disconnect): queued
+// sends go out, then TCP FIN; it returns once the QP is in ERROR with every
+// WR completed, or ctx ends (then it aborts).
+func (qp *QP) Disconnect(ctx context.Context) error { return qp.iw.Disconnect(ctx) }
+
+// Close destroys the QP: the connection is reset and outstanding WRs
+// complete with StatusWRFlush.
+func (qp *QP) Close() error {
+	err := qp.iw.Close()
+	d := qp.pd.dev
+	d.mu.Lock()
+	_, ok := d.qps[qp.Num()]
+	delete(d.qps, qp.Num())
+	d.mu.Unlock()
+	if ok {
+		qp.pd.mu.Lock()
+		qp.pd.qps--
+		qp.pd.mu.Unlock()
+	}
+	return err
+}
+
+// SRQ is a shared receive queue.
+type SRQ struct {
+	pd *PD
+	rq *iwarp.RecvQueue
+}
+
+// CreateSRQ makes a shared receive queue.
+func (pd *PD) CreateSRQ(maxWR, maxSGE int) (*SRQ, error) {
+	rq, err := iwarp.NewRecvQueue(maxWR, maxSGE)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	return &SRQ{pd: pd, rq: rq}, nil
+}
+
+// PostRecv posts receives to the SRQ.
+func (s *SRQ) PostRecv(wrs ...RecvWR) error {
+	for i := range wrs {
+		if err := s.rq.Post(wrs[i].ID, wrs[i].SGL); err != nil {
+			return &PostError{Index: i, Err: err}
+		}
+	}
+	return nil
+}
+
+// Len returns the number of posted receives.
+func (s *SRQ) Len() int { return s.rq.Len() }
+
+// SetLimit arms the SRQ limit: when fewer than limit receives remain, the
+// device reports EventSRQLimitReached once (ibv_modify_srq srq_limit).
+func (s *SRQ) SetLimit(limit int) error {
+	if limit < 0 || limit > s.rq.Cap() {
+		return fmt.Errorf("%w: SRQ limit %d", ErrInvalidArgument, limit)
+	}
+	d := s.pd.dev
+	s.rq.SetLimit(limit, func() { d.post(AsyncEvent{Type: EventSRQLimitReached, SRQ: s}) })
+	return nil
+}
