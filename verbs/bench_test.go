@@ -119,12 +119,13 @@ type copyWriter struct {
 }
 
 func (w *copyWriter) Write(p []byte) (int, error) {
+	total := len(p)
 	for len(p) > 0 {
 		n := copy(w.buf[w.off:], p)
 		w.off = (w.off + n) % len(w.buf)
 		p = p[n:]
 	}
-	return len(p), nil
+	return total, nil
 }
 
 func tcpPair(b *testing.B) (*netstack.Conn, *netstack.Conn) {

@@ -23,6 +23,7 @@ func Alloc(n int) (*Buffer, error) {
 	if err != nil {
 		return nil, &MemError{Op: "alloc", Size: n, Err: err}
 	}
+	prepare(mem)
 	return &Buffer{data: mem[:n:n], mem: mem, fd: -1}, nil
 }
 
@@ -101,3 +102,16 @@ func PageSize() int { return unix.Getpagesize() }
 func unmap(mem []byte) error { return unix.Munmap(mem) }
 
 func closeFd(fd int) error { return unix.Close(fd) }
+
+// prepare makes fresh memory ready for RDMA the way registration pins it on
+// an RNIC: transparent huge pages where the kernel allows them (this
+// machine's THP mode is "madvise"), and every page faulted in now rather
+// than one fault per 4 KiB page during the first transfer (measured: a
+// 64 MiB RDMA Write into fresh 4 KiB pages ran at ~2 Gbit/s instead of
+// tens).
+func prepare(mem []byte) {
+	if len(mem) >= 2<<20 {
+		_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
+	}
+	_ = unix.Madvise(mem, unix.MADV_POPULATE_WRITE)
+}

@@ -142,6 +142,7 @@ func run(file string, size int, crc bool) error {
 
 	// Send: RDMA Write the file, then a Send with its SHA-256. RDMAP
 	// delivers the Send after the Writes are placed.
+	sum := sha256.Sum256(data.Bytes())
 	start := time.Now()
 	for off := 0; off < n; off += maxChunk {
 		k := min(maxChunk, n-off)
@@ -150,7 +151,6 @@ func run(file string, size int, crc bool) error {
 			return err
 		}
 	}
-	sum := sha256.Sum256(data.Bytes())
 	copy(smsg, sum[:])
 	if err := sqp.PostSend(verbs.SendWR{ID: 2, Op: verbs.OpSend, Flags: verbs.Signaled, SGL: []verbs.SGE{smsgMR.SGE(0, len(sum))}}); err != nil {
 		return err

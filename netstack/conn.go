@@ -1,0 +1,484 @@
+package netstack
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/netip"
+	"reflect"
+	"sync"
+	"sync/atomic"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/waiter"
+)
+
+// Conn is an established TCP connection on a Stack.
+//
+// Reads and writes block on the endpoint's wait queue and honour a context.
+// ReadTo/ReadFull may be called concurrently with Write/WritePayload. Several
+// concurrent readers (or writers) are memory-safe but the byte stream is then
+// split between them in an unspecified way, so use one reader and one writer
+// goroutine.
+type Conn struct {
+	s  *Stack
+	ep tcpip.Endpoint
+	wq *waiter.Queue
+
+	readEntry  waiter.Entry
+	writeEntry waiter.Entry
+	doneEntry  waiter.Entry
+	readCh     chan struct{}
+	writeCh    chan struct{}
+
+	closed    atomic.Bool
+	closedCh  chan struct{} // closed by Close/Abort
+	done      chan struct{} // see Done
+	doneOnce  sync.Once
+	closeOnce sync.Once
+
+	laddr, raddr netip.AddrPort
+}
+
+func newConn(s *Stack, ep tcpip.Endpoint, wq *waiter.Queue) *Conn {
+	c := &Conn{
+		s:        s,
+		ep:       ep,
+		wq:       wq,
+		closedCh: make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	c.readEntry, c.readCh = waiter.NewChannelEntry(waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr)
+	c.writeEntry, c.writeCh = waiter.NewChannelEntry(waiter.WritableEvents | waiter.EventHUp | waiter.EventErr)
+	c.doneEntry = waiter.NewFunctionEntry(waiter.EventHUp|waiter.EventErr, func(waiter.EventMask) {
+		// Runs inside the stack's notification path, possibly with endpoint
+		// locks held: only an atomic state load is allowed here.
+		if finishedState(tcp.EndpointState(ep.State())) {
+			c.markDone()
+		}
+	})
+	wq.EventRegister(&c.readEntry)
+	wq.EventRegister(&c.writeEntry)
+	wq.EventRegister(&c.doneEntry)
+	return c
+}
+
+func finishedState(st tcp.EndpointState) bool {
+	switch st {
+	case tcp.StateClose, tcp.StateError, tcp.StateTimeWait:
+		return true
+	}
+	return false
+}
+
+func (c *Conn) initAddrs() {
+	if fa, err := c.ep.GetLocalAddress(); err == nil {
+		c.laddr = netip.AddrPortFrom(fromTCPIPAddr(fa.Addr), fa.Port)
+	}
+	if fa, err := c.ep.GetRemoteAddress(); err == nil {
+		c.raddr = netip.AddrPortFrom(fromTCPIPAddr(fa.Addr), fa.Port)
+	}
+	if finishedState(tcp.EndpointState(c.ep.State())) {
+		c.markDone()
+	}
+}
+
+// release unregisters the waiter entries.
+func (c *Conn) release() {
+	c.wq.EventUnregister(&c.readEntry)
+	c.wq.EventUnregister(&c.writeEntry)
+	c.wq.EventUnregister(&c.doneEntry)
+}
+
+func (c *Conn) markDone() { c.doneOnce.Do(func() { close(c.done) }) }
+
+// Endpoint returns the underlying gVisor endpoint (a *tcp.Endpoint).
+func (c *Conn) Endpoint() tcpip.Endpoint { return c.ep }
+
+// LocalAddr returns the local address of the connection.
+func (c *Conn) LocalAddr() netip.AddrPort { return c.laddr }
+
+// RemoteAddr returns the peer's address.
+func (c *Conn) RemoteAddr() netip.AddrPort { return c.raddr }
+
+// Done returns a channel that is closed when the connection is finished:
+// after Close or Abort, or once gVisor reports the endpoint closed, reset,
+// failed or in TIME-WAIT (both directions shut). It is best effort: it
+// relies on gVisor's hang-up notifications, and a passive close that ends
+// in LAST-ACK is only reported when the final ACK arrives.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// readState is the per-call writer chain of ReadTo, pooled to avoid
+// allocations on the hot path.
+type readState struct {
+	guard guardWriter
+	lim   tcpip.LimitedWriter
+}
+
+var readStatePool = sync.Pool{New: func() any { return new(readState) }}
+
+// errStop is returned to gVisor by guardWriter to end a Read early without
+// failing it (the caller's writer accepted fewer bytes than offered).
+var errStop = errors.New("netstack: reader stopped")
+
+// guardWriter protects gVisor's Read from writers that break the io.Writer
+// contract (a short write with a nil error makes gVisor panic) and records
+// the caller's own error.
+type guardWriter struct {
+	w     io.Writer
+	err   error // error returned by w
+	short bool  // w accepted fewer bytes than offered without error
+}
+
+func (g *guardWriter) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	n, err := g.w.Write(p)
+	if n < 0 {
+		n = 0
+	} else if n > len(p) {
+		n = len(p)
+	}
+	if err != nil {
+		g.err = err
+		return n, err
+	}
+	if n < len(p) {
+		g.short = true
+		return n, errStop
+	}
+	return n, nil
+}
+
+// ReadTo blocks until at least one byte is readable (or EOF, Close/Abort,
+// reset or ctx cancellation), then calls the endpoint's Read ONCE with w,
+// limited to max bytes when max > 0, and returns the number of bytes
+// consumed.
+//
+// w.Write receives slices of the stack's own packet memory, one per
+// underlying buffer view (packet boundaries and view boundaries split the
+// stream arbitrarily; headers can straddle slices). w must not retain or
+// modify them. If w accepts fewer bytes than offered (with or without an
+// error) the rest stays in the stack for the next read. If w returns an error
+// after consuming bytes, ReadTo returns the count and that error; a short
+// write of zero bytes without an error returns (0, io.ErrShortWrite).
+//
+// Errors: io.EOF after the peer's FIN once no data is left; errors matching
+// net.ErrClosed after Close/Abort; ErrReset when the peer reset the
+// connection; ctx.Err() on cancellation.
+func (c *Conn) ReadTo(ctx context.Context, w io.Writer, max int) (int, error) {
+	if w == nil {
+		return 0, &OpError{Op: "read", Err: errConfig("nil writer")}
+	}
+	st := readStatePool.Get().(*readState)
+	defer func() {
+		*st = readState{}
+		readStatePool.Put(st)
+	}()
+	st.guard.w = w
+	var dst io.Writer = &st.guard
+	if max > 0 {
+		st.lim = tcpip.LimitedWriter{W: &st.guard, N: int64(max)}
+		dst = &st.lim
+	}
+	woke := false
+	for {
+		if c.closed.Load() {
+			return 0, closedError("read")
+		}
+		res, terr := c.ep.Read(dst, tcpip.ReadOptions{})
+		if terr == nil && res.Count > 0 {
+			c.ep.ModerateRecvBuf(res.Count)
+			if woke && ((max > 0 && st.lim.N == 0) || st.guard.short) {
+				// Data is probably left and another reader may be
+				// waiting: pass the consumed wake-up on.
+				c.repost(c.readCh)
+			}
+			if st.guard.err != nil {
+				return res.Count, st.guard.err
+			}
+			return res.Count, nil
+		}
+		switch terr.(type) {
+		case nil, *tcpip.ErrWouldBlock:
+		case *tcpip.ErrBadBuffer:
+			// The writer failed before consuming anything.
+			if st.guard.err != nil {
+				return 0, st.guard.err
+			}
+			return 0, io.ErrShortWrite
+		case *tcpip.ErrClosedForReceive:
+			if c.closed.Load() {
+				return 0, closedError("read")
+			}
+			return 0, io.EOF
+		default:
+			if c.closed.Load() {
+				return 0, closedError("read")
+			}
+			return 0, opError("read", c.raddr.String(), terr)
+		}
+		select {
+		case <-c.readCh:
+			woke = true
+		case <-c.closedCh:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// repost passes a consumed wake-up on so that another waiter re-checks.
+func (c *Conn) repost(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// sliceFiller copies the stream into a byte slice.
+type sliceFiller struct {
+	p []byte
+	n int
+}
+
+func (f *sliceFiller) Write(b []byte) (int, error) {
+	n := copy(f.p[f.n:], b)
+	f.n += n
+	return n, nil
+}
+
+// ReadFull reads exactly len(p) bytes into p, consuming nothing beyond them.
+// It returns io.ErrUnexpectedEOF if the stream ends after some but not all
+// bytes, io.EOF if it ends before the first byte, and the errors of ReadTo
+// otherwise (p then holds a prefix of the data).
+func (c *Conn) ReadFull(ctx context.Context, p []byte) error {
+	f := sliceFiller{p: p}
+	for f.n < len(p) {
+		_, err := c.ReadTo(ctx, &f, len(p)-f.n)
+		if err != nil {
+			if err == io.EOF && f.n > 0 {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// payloadGuard records the error of a caller's Payloader (gVisor turns it
+// into ErrBadBuffer).
+type payloadGuard struct {
+	pl  tcpip.Payloader
+	err error
+}
+
+func (g *payloadGuard) Read(p []byte) (int, error) {
+	n, err := g.pl.Read(p)
+	if err != nil && err != io.EOF {
+		g.err = err
+	}
+	return n, err
+}
+
+func (g *payloadGuard) Len() int { return g.pl.Len() }
+
+var readerPool = sync.Pool{New: func() any { return new(bytes.Reader) }}
+
+// Write writes all of p, blocking while the send buffer is full. It returns
+// the number of bytes queued and, if not all, the error (net.ErrClosed after
+// Close/Abort, ErrReset, syscall.EPIPE after CloseWrite, ctx.Err()).
+// Each successful call of the endpoint's Write queues one TCP write; with
+// Nagle off a Write of at most MaxPayload bytes leaves in one segment when
+// the window allows.
+func (c *Conn) Write(ctx context.Context, p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	r := readerPool.Get().(*bytes.Reader)
+	r.Reset(p)
+	n, err := c.writePayload(ctx, r, nil)
+	r.Reset(nil)
+	readerPool.Put(r)
+	return int(n), err
+}
+
+// WritePayload calls the endpoint's Write(pl) repeatedly until pl.Len() == 0,
+// waiting for send-buffer space when needed. TCP takes only what fits in the
+// send buffer per call, reading pl sequentially (pl must continue where it
+// stopped, as bytes.Reader does). Each endpoint Write copies the bytes it
+// takes into gVisor memory, so pl's backing memory is free on return. An
+// error returned by pl.Read is returned (wrapped in *OpError).
+func (c *Conn) WritePayload(ctx context.Context, pl tcpip.Payloader) (int64, error) {
+	if pl == nil {
+		return 0, &OpError{Op: "write", Err: errConfig("nil payloader")}
+	}
+	g := &payloadGuard{pl: pl}
+	return c.writePayload(ctx, g, g)
+}
+
+func (c *Conn) writePayload(ctx context.Context, pl tcpip.Payloader, g *payloadGuard) (int64, error) {
+	var total int64
+	woke := false
+	for pl.Len() > 0 {
+		if c.closed.Load() {
+			return total, closedError("write")
+		}
+		n, terr := c.ep.Write(pl, tcpip.WriteOptions{})
+		total += n
+		if terr == nil {
+			if n == 0 {
+				// Nothing taken although data is left: the payloader
+				// returned no bytes (EOF before Len bytes).
+				if pl.Len() > 0 {
+					return total, &OpError{Op: "write", Err: io.ErrUnexpectedEOF}
+				}
+			}
+			continue
+		}
+		switch terr.(type) {
+		case *tcpip.ErrWouldBlock:
+		case *tcpip.ErrBadBuffer:
+			if g != nil && g.err != nil {
+				return total, &OpError{Op: "write", Err: g.err}
+			}
+			return total, opError("write", c.raddr.String(), terr)
+		default:
+			if c.closed.Load() {
+				return total, closedError("write")
+			}
+			return total, opError("write", c.raddr.String(), terr)
+		}
+		select {
+		case <-c.writeCh:
+			woke = true
+		case <-c.closedCh:
+		case <-ctx.Done():
+			return total, ctx.Err()
+		}
+	}
+	if woke {
+		c.repost(c.writeCh)
+	}
+	return total, nil
+}
+
+// CloseWrite sends a FIN (shuts the write side down); reads continue.
+func (c *Conn) CloseWrite() error {
+	if c.closed.Load() {
+		return closedError("shutdown")
+	}
+	if terr := c.ep.Shutdown(tcpip.ShutdownWrite); terr != nil {
+		return opError("shutdown", c.raddr.String(), terr)
+	}
+	return nil
+}
+
+// Abort resets the connection (RST) and releases it; blocked and later calls
+// fail with net.ErrClosed. It is idempotent with Close.
+func (c *Conn) Abort() { c.finish(true) }
+
+// Close closes the connection gracefully (FIN; gVisor lingers in the
+// background to deliver queued data, and resets instead if unread received
+// data is pending, as Linux does). It unblocks ReadTo/Write callers with
+// net.ErrClosed. Close is idempotent and returns nil.
+func (c *Conn) Close() error {
+	c.finish(false)
+	return nil
+}
+
+func (c *Conn) finish(abort bool) {
+	c.closeOnce.Do(func() {
+		c.closed.Store(true)
+		close(c.closedCh)
+		c.release()
+		if abort {
+			c.ep.Abort()
+		} else {
+			c.ep.Close()
+		}
+		c.markDone()
+		c.s.untrackConn(c)
+	})
+}
+
+// maxPayloadFromSender reads gVisor's per-segment payload limit
+// (sender.MaxPayloadSize: MSS minus the option space gVisor reserves for
+// timestamps and SACK blocks). gVisor does not export it, so it is read by
+// reflection under the endpoint's user lock; ok is false if the field layout
+// differs from the pinned gVisor version.
+func maxPayloadFromSender(ep *tcp.Endpoint) (int, bool) {
+	ep.LockUser()
+	defer ep.UnlockUser()
+	v := reflect.ValueOf(ep).Elem().FieldByName("snd")
+	if !v.IsValid() || v.Kind() != reflect.Pointer || v.IsNil() {
+		return 0, false
+	}
+	v = v.Elem().FieldByName("MaxPayloadSize") // promoted from TCPSenderState
+	if !v.IsValid() || v.Kind() != reflect.Int {
+		return 0, false
+	}
+	n := int(v.Int())
+	if n <= 0 || n > header.TCPMaximumMSS {
+		return 0, false
+	}
+	return n, true
+}
+
+// MaxPayload returns the connection's current maximum TCP segment payload,
+// i.e. the most bytes gVisor puts into one wire segment: the MSS (minimum of
+// the peer's advertised MSS and the route MTU minus IP and TCP headers) minus
+// the option space gVisor always reserves (12 bytes for timestamps plus up to
+// 28/36 for SACK blocks; 1420 at MTU 1500 with both). With GSO the link may
+// carry several such segments in one super-segment, which a real NIC (TSO)
+// cuts at multiples of this size.
+//
+// The value comes from gVisor's sender state; if that is unavailable (not
+// connected, or an incompatible gVisor) it is computed from the link MTU and
+// the negotiated options, which ignores a smaller peer MSS.
+func (c *Conn) MaxPayload() int {
+	tep, ok := c.ep.(*tcp.Endpoint)
+	if ok {
+		if n, ok := maxPayloadFromSender(tep); ok {
+			return n
+		}
+	}
+	return c.maxPayloadEstimate(tep)
+}
+
+func (c *Conn) maxPayloadEstimate(tep *tcp.Endpoint) int {
+	mtu := int(c.s.link.MTU())
+	ipHdr := header.IPv4MinimumSize
+	if c.laddr.Addr().Is6() {
+		ipHdr = header.IPv6MinimumSize
+	}
+	ts, sack := true, true
+	if tep != nil {
+		tep.LockUser()
+		ts, sack = tep.SendTSOk, tep.SACKPermitted
+		tep.UnlockUser()
+	}
+	opt := 0
+	if ts {
+		opt += 12 // 2 NOPs + timestamp option
+	}
+	if sack {
+		if ts {
+			opt += 28 // 2 NOPs + 3 SACK blocks fill the 40-byte option space
+		} else {
+			opt += 36 // 2 NOPs + 4 SACK blocks
+		}
+	}
+	n := mtu - ipHdr - header.TCPMinimumSize - opt
+	if n > header.TCPMaximumMSS {
+		n = header.TCPMaximumMSS
+	}
+	if n < 1 {
+		n = 1
+	}
+	return n
+}

@@ -1,0 +1,511 @@
+package netstack
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/waiter"
+)
+
+// Defaults applied by New.
+const (
+	DefaultBufMax     = 8 << 20 // TCP receive/send buffer maximum
+	defaultBufDefault = 1 << 20 // initial buffer size of a new connection
+	minBuf            = 4 << 10 // buffer minimum (gVisor's own minimum)
+
+	// nicID is the ID of the single NIC of a Stack.
+	nicID tcpip.NICID = 1
+)
+
+// Config configures a Stack.
+type Config struct {
+	Link              stack.LinkEndpoint // required: the NIC's link endpoint
+	Addrs             []netip.Prefix     // IPv4 and/or IPv6 addresses of the NIC; routes for their subnets
+	Gateway           netip.Addr         // optional default gateway
+	CongestionControl string             // "reno" (default) or "cubic"; anything else -> error
+	RcvBufMax         int                // TCP receive buffer max, default 8 MiB
+	SndBufMax         int                // TCP send buffer max, default 8 MiB
+	NoSACK            bool               // SACK is on unless set
+	MinRTO            time.Duration      // optional TCPMinRTOOption
+}
+
+// Stack is a gVisor network stack with one NIC (ID 1) and TCP over IPv4 and
+// IPv6. It tracks the connections and listeners it created so Close can tear
+// everything down.
+type Stack struct {
+	s     *stack.Stack
+	link  stack.LinkEndpoint
+	addrs []netip.Prefix
+	has4  bool
+	has6  bool
+
+	mu        sync.Mutex
+	closed    bool
+	conns     map[*Conn]struct{}
+	listeners map[*Listener]struct{}
+	closeOnce sync.Once
+}
+
+// New builds a stack: IPv4, IPv6 (duplicate address detection off: the
+// addresses are static), ARP (only used on Ethernet links), TCP; NIC 1 on
+// cfg.Link; the addresses; a route for each address's subnet and, when
+// cfg.Gateway is set, a default route through it. Invalid configuration
+// yields an error matching ErrConfig.
+func New(cfg Config) (*Stack, error) {
+	if cfg.Link == nil {
+		return nil, errConfig("Config.Link is nil")
+	}
+	cc := cfg.CongestionControl
+	switch cc {
+	case "":
+		cc = "reno"
+	case "reno", "cubic":
+	default:
+		return nil, errConfig(fmt.Sprintf("unknown congestion control %q (want reno or cubic)", cfg.CongestionControl))
+	}
+	rcvMax, err := bufMax("RcvBufMax", cfg.RcvBufMax)
+	if err != nil {
+		return nil, err
+	}
+	sndMax, err := bufMax("SndBufMax", cfg.SndBufMax)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MinRTO < 0 {
+		return nil, errConfig("negative MinRTO")
+	}
+
+	addrs := make([]netip.Prefix, 0, len(cfg.Addrs))
+	var has4, has6 bool
+	for _, p := range cfg.Addrs {
+		if !p.IsValid() {
+			return nil, errConfig(fmt.Sprintf("invalid address prefix %v", p))
+		}
+		a := p.Addr()
+		if a.Zone() != "" || a.Is4In6() || a.IsUnspecified() || a.IsMulticast() {
+			return nil, errConfig(fmt.Sprintf("address %v is not usable as a NIC address", p))
+		}
+		if a.Is4() {
+			has4 = true
+		} else {
+			has6 = true
+		}
+		addrs = append(addrs, p)
+	}
+	if cfg.Gateway.IsValid() {
+		gw := cfg.Gateway
+		if gw.Zone() != "" || gw.Is4In6() || gw.IsUnspecified() {
+			return nil, errConfig(fmt.Sprintf("invalid gateway %v", gw))
+		}
+		if (gw.Is4() && !has4) || (gw.Is6() && !has6) {
+			return nil, errConfig(fmt.Sprintf("gateway %v has no address of its family on the NIC", gw))
+		}
+	}
+
+	s := stack.New(stack.Options{
+		NetworkProtocols: []stack.NetworkProtocolFactory{
+			ipv4.NewProtocol,
+			ipv6.NewProtocolWithOptions(ipv6.Options{}), // zero DADConfigs: no DAD
+			arp.NewProtocol,
+		},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol},
+		HandleLocal:        true,
+	})
+	fail := func(what string, terr tcpip.Error) (*Stack, error) {
+		s.Close()
+		s.Wait()
+		return nil, &OpError{Op: "new stack: " + what, TCPIP: terr, Err: MapError(terr)}
+	}
+
+	sack := tcpip.TCPSACKEnabled(!cfg.NoSACK)
+	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack); terr != nil {
+		return fail("SACK option", terr)
+	}
+	ccOpt := tcpip.CongestionControlOption(cc)
+	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &ccOpt); terr != nil {
+		return fail("congestion control option", terr)
+	}
+	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: minBuf, Default: min(defaultBufDefault, rcvMax), Max: rcvMax}
+	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &rcv); terr != nil {
+		return fail("receive buffer option", terr)
+	}
+	snd := tcpip.TCPSendBufferSizeRangeOption{Min: minBuf, Default: min(defaultBufDefault, sndMax), Max: sndMax}
+	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &snd); terr != nil {
+		return fail("send buffer option", terr)
+	}
+	moderate := tcpip.TCPModerateReceiveBufferOption(true)
+	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &moderate); terr != nil {
+		return fail("receive buffer moderation option", terr)
+	}
+	delay := tcpip.TCPDelayEnabled(false)
+	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &delay); terr != nil {
+		return fail("delay option", terr)
+	}
+	if cfg.MinRTO > 0 {
+		rto := tcpip.TCPMinRTOOption(cfg.MinRTO)
+		if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &rto); terr != nil {
+			return fail("min RTO option", terr)
+		}
+	}
+
+	if terr := s.CreateNIC(nicID, cfg.Link); terr != nil {
+		return fail("create NIC", terr)
+	}
+	var routes []tcpip.Route
+	for _, p := range addrs {
+		a := toTCPIPAddr(p.Addr())
+		proto := ipv4.ProtocolNumber
+		if p.Addr().Is6() {
+			proto = ipv6.ProtocolNumber
+		}
+		pa := tcpip.ProtocolAddress{
+			Protocol:          proto,
+			AddressWithPrefix: tcpip.AddressWithPrefix{Address: a, PrefixLen: p.Bits()},
+		}
+		if terr := s.AddProtocolAddress(nicID, pa, stack.AddressProperties{}); terr != nil {
+			return fail(fmt.Sprintf("add address %v", p), terr)
+		}
+		routes = append(routes, tcpip.Route{Destination: pa.AddressWithPrefix.Subnet(), NIC: nicID})
+	}
+	if gw := cfg.Gateway; gw.IsValid() {
+		dst := header.IPv4EmptySubnet
+		if gw.Is6() {
+			dst = header.IPv6EmptySubnet
+		}
+		routes = append(routes, tcpip.Route{Destination: dst, Gateway: toTCPIPAddr(gw), NIC: nicID})
+	}
+	s.SetRouteTable(routes)
+
+	return &Stack{
+		s:         s,
+		link:      cfg.Link,
+		addrs:     addrs,
+		has4:      has4,
+		has6:      has6,
+		conns:     make(map[*Conn]struct{}),
+		listeners: make(map[*Listener]struct{}),
+	}, nil
+}
+
+func bufMax(name string, v int) (int, error) {
+	switch {
+	case v == 0:
+		return DefaultBufMax, nil
+	case v < minBuf:
+		return 0, errConfig(fmt.Sprintf("%s %d is below the minimum %d", name, v, minBuf))
+	case v > 1<<30:
+		return 0, errConfig(fmt.Sprintf("%s %d is above 1 GiB", name, v))
+	}
+	return v, nil
+}
+
+// Stack returns the underlying gVisor stack.
+func (s *Stack) Stack() *stack.Stack { return s.s }
+
+// NIC returns the ID of the stack's NIC.
+func (s *Stack) NIC() tcpip.NICID { return nicID }
+
+// Addrs returns the NIC's configured addresses (a copy).
+func (s *Stack) Addrs() []netip.Prefix { return append([]netip.Prefix(nil), s.addrs...) }
+
+// Close closes every connection (gracefully, but the stack goes away right
+// after, so in practice they are aborted) and listener created by this Stack,
+// then closes the gVisor stack and waits for its goroutines, including the
+// link endpoint's (the NIC is removed, which closes the link endpoint).
+// Close is idempotent.
+func (s *Stack) Close() {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		conns := make([]*Conn, 0, len(s.conns))
+		for c := range s.conns {
+			conns = append(conns, c)
+		}
+		ls := make([]*Listener, 0, len(s.listeners))
+		for l := range s.listeners {
+			ls = append(ls, l)
+		}
+		s.mu.Unlock()
+		for _, l := range ls {
+			l.Close()
+		}
+		for _, c := range conns {
+			c.Abort()
+		}
+		s.s.Close()
+		s.s.Wait()
+	})
+}
+
+// track registers c; it fails if the stack is closed.
+func (s *Stack) trackConn(c *Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	return true
+}
+
+func (s *Stack) untrackConn(c *Conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+func (s *Stack) trackListener(l *Listener) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.listeners[l] = struct{}{}
+	return true
+}
+
+func (s *Stack) untrackListener(l *Listener) {
+	s.mu.Lock()
+	delete(s.listeners, l)
+	s.mu.Unlock()
+}
+
+func (s *Stack) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// Dial opens a TCP connection to raddr. ctx cancels the wait for the
+// handshake (the half-open endpoint is then closed and ctx.Err() returned).
+// The connection has Nagle's algorithm off. Errors: *OpError matching
+// syscall.ECONNREFUSED, ErrTimeout, syscall.ENETUNREACH..., or ctx.Err().
+func (s *Stack) Dial(ctx context.Context, raddr netip.AddrPort) (*Conn, error) {
+	addr := raddr.Addr().Unmap()
+	if !addr.IsValid() || addr.IsUnspecified() || raddr.Port() == 0 || addr.Zone() != "" {
+		return nil, &OpError{Op: "dial", Addr: raddr.String(), Err: errConfig("invalid remote address")}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	proto := ipv4.ProtocolNumber
+	if addr.Is6() {
+		proto = ipv6.ProtocolNumber
+	}
+	wq := new(waiter.Queue)
+	ep, terr := s.s.NewEndpoint(tcp.ProtocolNumber, proto, wq)
+	if terr != nil {
+		return nil, opError("dial", raddr.String(), terr)
+	}
+	ep.SocketOptions().SetDelayOption(false)
+	c := newConn(s, ep, wq)
+	if !s.trackConn(c) {
+		c.release()
+		ep.Close()
+		return nil, closedError("dial")
+	}
+
+	terr = ep.Connect(tcpip.FullAddress{NIC: nicID, Addr: toTCPIPAddr(addr), Port: raddr.Port()})
+	if _, ok := terr.(*tcpip.ErrConnectStarted); ok {
+		terr = nil
+		for waiting := true; waiting; {
+			select {
+			case <-ctx.Done():
+				c.Abort()
+				return nil, ctx.Err()
+			case <-c.closedCh:
+				return nil, closedError("dial")
+			case <-c.writeCh:
+			}
+			if terr = ep.LastError(); terr != nil {
+				break
+			}
+			switch tcp.EndpointState(ep.State()) {
+			case tcp.StateConnecting, tcp.StateSynSent, tcp.StateSynRecv, tcp.StateInitial, tcp.StateBound:
+				// Spurious wake-up: keep waiting.
+			case tcp.StateError, tcp.StateClose:
+				terr = &tcpip.ErrConnectionAborted{}
+				waiting = false
+			default:
+				waiting = false
+			}
+		}
+	}
+	if terr != nil {
+		c.Abort()
+		return nil, opError("dial", raddr.String(), terr)
+	}
+	c.initAddrs()
+	return c, nil
+}
+
+// Listener is a listening TCP endpoint.
+type Listener struct {
+	s         *Stack
+	ep        tcpip.Endpoint
+	wq        *waiter.Queue
+	entry     waiter.Entry
+	notify    chan struct{}
+	addr      netip.AddrPort
+	closedCh  chan struct{}
+	closeOnce sync.Once
+}
+
+// Listen listens on laddr. An invalid or unspecified laddr address listens on
+// all addresses (dual-stack when the NIC has an IPv6 address); port 0 picks an
+// ephemeral port (see Listener.Addr). A port in use yields an *OpError
+// matching syscall.EADDRINUSE. backlog <= 0 selects a default of 128.
+func (s *Stack) Listen(laddr netip.AddrPort, backlog int) (*Listener, error) {
+	if backlog <= 0 {
+		backlog = 128
+	}
+	addr := laddr.Addr()
+	if addr.IsValid() {
+		addr = addr.Unmap()
+		if addr.Zone() != "" {
+			return nil, &OpError{Op: "listen", Addr: laddr.String(), Err: errConfig("zoned addresses are not supported")}
+		}
+	}
+	var proto tcpip.NetworkProtocolNumber
+	var bindAddr tcpip.Address
+	switch {
+	case addr.IsValid() && !addr.IsUnspecified():
+		bindAddr = toTCPIPAddr(addr)
+		proto = ipv4.ProtocolNumber
+		if addr.Is6() {
+			proto = ipv6.ProtocolNumber
+		}
+	case addr.IsValid() && addr.Is4():
+		proto = ipv4.ProtocolNumber
+	case s.has6:
+		proto = ipv6.ProtocolNumber // dual-stack any
+	default:
+		proto = ipv4.ProtocolNumber
+	}
+
+	wq := new(waiter.Queue)
+	ep, terr := s.s.NewEndpoint(tcp.ProtocolNumber, proto, wq)
+	if terr != nil {
+		return nil, opError("listen", laddr.String(), terr)
+	}
+	if proto == ipv6.ProtocolNumber && bindAddr.Len() == 0 {
+		ep.SocketOptions().SetV6Only(false)
+	}
+	l := &Listener{s: s, ep: ep, wq: wq, closedCh: make(chan struct{})}
+	l.entry, l.notify = waiter.NewChannelEntry(waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr)
+	wq.EventRegister(&l.entry)
+
+	if terr := ep.Bind(tcpip.FullAddress{Addr: bindAddr, Port: laddr.Port()}); terr != nil {
+		l.closeEndpoint()
+		return nil, opError("listen", laddr.String(), terr)
+	}
+	if terr := ep.Listen(backlog); terr != nil {
+		l.closeEndpoint()
+		return nil, opError("listen", laddr.String(), terr)
+	}
+	fa, terr := ep.GetLocalAddress()
+	if terr != nil {
+		l.closeEndpoint()
+		return nil, opError("listen", laddr.String(), terr)
+	}
+	l.addr = netip.AddrPortFrom(fromTCPIPAddr(fa.Addr), fa.Port)
+	if !s.trackListener(l) {
+		l.closeEndpoint()
+		return nil, closedError("listen")
+	}
+	return l, nil
+}
+
+func (l *Listener) closeEndpoint() {
+	l.wq.EventUnregister(&l.entry)
+	l.ep.Close()
+}
+
+// Accept waits for and returns the next connection (Nagle off). Close
+// unblocks it with an error matching net.ErrClosed; ctx cancellation returns
+// ctx.Err().
+func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	for {
+		select {
+		case <-l.closedCh:
+			return nil, closedError("accept")
+		default:
+		}
+		nep, nwq, terr := l.ep.Accept(nil)
+		if terr == nil {
+			nep.SocketOptions().SetDelayOption(false)
+			c := newConn(l.s, nep, nwq)
+			if !l.s.trackConn(c) {
+				c.release()
+				nep.Abort()
+				return nil, closedError("accept")
+			}
+			c.initAddrs()
+			// Pass the notification on: more connections may be queued for
+			// another Accept caller.
+			select {
+			case l.notify <- struct{}{}:
+			default:
+			}
+			return c, nil
+		}
+		if _, ok := terr.(*tcpip.ErrWouldBlock); !ok {
+			select {
+			case <-l.closedCh:
+				return nil, closedError("accept")
+			default:
+			}
+			return nil, opError("accept", l.addr.String(), terr)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-l.closedCh:
+			return nil, closedError("accept")
+		case <-l.notify:
+		}
+	}
+}
+
+// Addr returns the bound address (with the actual port). For an any-address
+// listener the address is the unspecified address of its family.
+func (l *Listener) Addr() netip.AddrPort { return l.addr }
+
+// Close stops listening, resets connections that were not accepted yet and
+// unblocks Accept callers. It is idempotent and always returns nil.
+func (l *Listener) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.closedCh)
+		l.closeEndpoint()
+		l.s.untrackListener(l)
+	})
+	return nil
+}
+
+func toTCPIPAddr(a netip.Addr) tcpip.Address {
+	a = a.Unmap()
+	if a.Is4() {
+		return tcpip.AddrFrom4(a.As4())
+	}
+	return tcpip.AddrFrom16(a.As16())
+}
+
+func fromTCPIPAddr(a tcpip.Address) netip.Addr {
+	switch a.Len() {
+	case 4:
+		return netip.AddrFrom4(a.As4())
+	case 16:
+		return netip.AddrFrom16(a.As16()).Unmap()
+	}
+	return netip.Addr{}
+}
