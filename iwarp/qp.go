@@ -18,6 +18,10 @@ import (
 // memory, which is what lets the receive path place payload with one copy.
 type Stream interface {
 	ReadTo(ctx context.Context, w io.Writer, max int) (int, error)
+	// TryReadTo is ReadTo without blocking: (0, nil) when nothing is queued.
+	TryReadTo(w io.Writer, max int) (int, error)
+	// WaitReadable blocks until a read would not block or ctx ends.
+	WaitReadable(ctx context.Context) error
 	ReadFull(ctx context.Context, p []byte) error
 	Write(ctx context.Context, p []byte) (int, error)
 	WritePayload(ctx context.Context, pl tcpip.Payloader) (int64, error)
@@ -98,6 +102,11 @@ type QPConfig struct {
 	// MaxFPDU caps the FPDU size; 0 uses the connection's current maximum
 	// TCP segment payload, which keeps one FPDU per segment.
 	MaxFPDU int
+	// ManualProgress starts no receive goroutine: the application drives
+	// the receive path with Progress or WaitProgress (libfabric's manual
+	// progress). Incoming data, completions, Terminates and the peer's close
+	// are seen only when it does.
+	ManualProgress bool
 	// OnEvent receives asynchronous events; it must not block.
 	OnEvent func(Event)
 	// Counters, shared by the QPs of a device; nil for none.
@@ -182,6 +191,8 @@ type QP struct {
 	cfg QPConfig
 
 	mu     sync.Mutex
+	txMu   sync.Mutex // held while transmitting: by the TX goroutine or a poster
+	rxMu   sync.Mutex // held while receiving: by the RX goroutine or a poller
 	state  QPState
 	params ConnParams
 	stream Stream
@@ -308,7 +319,11 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	qp.tx.init(p)
 	qp.mu.Unlock()
 	go qp.tx.run()
-	go qp.rx.run()
+	if p := qp.cfg.ManualProgress; !p {
+		go qp.rx.run()
+	} else {
+		close(qp.rxDone)
+	}
 	if p.Initiator {
 		qp.event(Event{Type: EventEstablished})
 	}
@@ -367,8 +382,13 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 		}
 		qp.sqN++
 	}
+	started := qp.state == StateRTS && !qp.txGate
 	qp.mu.Unlock()
-	qp.wake()
+	if started {
+		qp.postInline()
+	} else {
+		qp.wake()
+	}
 	return len(wrs), nil
 }
 
@@ -580,10 +600,13 @@ func (qp *QP) flush() {
 	for _, c := range out {
 		qp.complete(qp.cfg.SendCQ, c)
 	}
+	qp.rxMu.Lock() // a manual-progress caller may still be in Progress
 	if qp.rx.cur.active {
 		qp.complete(qp.cfg.RecvCQ, Completion{ID: qp.rx.cur.wqe.id, Status: StatusWRFlush, Op: CompRecv})
 		qp.rx.cur.active = false
 	}
+	qp.rx.state = rxDead
+	qp.rxMu.Unlock()
 	if !qp.cfg.SharedRQ {
 		qp.cfg.RQ.flush(func(id uint64) {
 			qp.complete(qp.cfg.RecvCQ, Completion{ID: id, Status: StatusWRFlush, Op: CompRecv})
@@ -659,4 +682,55 @@ func (qp *QP) Close() error {
 	qp.fail(ErrClosed, true)
 	<-qp.done
 	return nil
+}
+
+// Progress runs the receive path in the caller's goroutine: whatever the
+// stream holds is parsed and placed now, completions included. It never
+// blocks. A busy-polling application (perftest's write_lat polls memory)
+// calls it in its loop and saves the hand-off to the RX goroutine.
+func (qp *QP) Progress() {
+	qp.mu.Lock()
+	s, st := qp.stream, qp.state
+	qp.mu.Unlock()
+	if s == nil || st == StateError || !qp.rxMu.TryLock() {
+		return
+	}
+	_, err := s.TryReadTo(&qp.rx, 0)
+	qp.rx.flushStats()
+	qp.rxMu.Unlock()
+	if err != nil {
+		qp.rx.streamErr(err)
+	}
+}
+
+// WaitProgress blocks until the stream has something to read (or ctx
+// ends), then runs the receive path in the caller's goroutine. With
+// ManualProgress it is how an application waits: the same one hand-off per
+// message that a TCP reader has.
+func (qp *QP) WaitProgress(ctx context.Context) error {
+	qp.mu.Lock()
+	s, st := qp.stream, qp.state
+	qp.mu.Unlock()
+	if s == nil {
+		return ErrInvalidState
+	}
+	if st == StateError {
+		return qp.doneErr()
+	}
+	if err := s.WaitReadable(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		qp.rx.streamErr(err)
+		return qp.doneErr()
+	}
+	qp.Progress()
+	return nil
+}
+
+func (qp *QP) doneErr() error {
+	if err := qp.Err(); err != nil {
+		return err
+	}
+	return ErrClosed
 }

@@ -128,27 +128,42 @@ func (r *receiver) init(p ConnParams) {
 	}
 }
 
-// run reads the stream until it ends.
+// run reads the stream until it ends. It waits for readability without
+// holding rxMu, so that a busy-polling Progress can take the bytes first.
 func (r *receiver) run() {
 	qp := r.qp
 	defer close(qp.rxDone)
 	for {
-		_, err := qp.stream.ReadTo(qp.ctx, r, 0)
-		r.flushStats()
-		if err == nil {
-			continue
-		}
-		if errors.Is(err, io.EOF) && r.state != rxDead {
-			if r.state == rxHeader && r.have == 0 {
-				// The peer closed at an FPDU boundary: a graceful close.
-				qp.fail(nil, false)
-			} else {
-				qp.fail(&TerminateError{Code: TermCode{LayerLLP, ETypeMPA, CodeTCPLost}}, false)
-			}
+		if err := qp.stream.WaitReadable(qp.ctx); err != nil {
+			r.streamErr(err)
 			return
 		}
+		qp.rxMu.Lock()
+		_, err := qp.stream.TryReadTo(r, 0)
+		r.flushStats()
+		qp.rxMu.Unlock()
+		if err != nil {
+			r.streamErr(err)
+			return
+		}
+	}
+}
+
+// streamErr ends the QP when the stream reports an error or the peer's FIN.
+func (r *receiver) streamErr(err error) {
+	qp := r.qp
+	qp.rxMu.Lock()
+	clean := r.state == rxHeader && r.have == 0
+	dead := r.state == rxDead
+	qp.rxMu.Unlock()
+	switch {
+	case errors.Is(err, io.EOF) && !dead && clean:
+		// The peer closed at an FPDU boundary: a graceful close.
+		qp.fail(nil, false)
+	case errors.Is(err, io.EOF) && !dead:
+		qp.fail(&TerminateError{Code: TermCode{LayerLLP, ETypeMPA, CodeTCPLost}}, false)
+	default:
 		qp.fail(err, false)
-		return
 	}
 }
 

@@ -20,6 +20,15 @@ func (s *nullStream) ReadTo(ctx context.Context, w io.Writer, max int) (int, err
 		return 0, io.EOF
 	}
 }
+func (s *nullStream) TryReadTo(w io.Writer, max int) (int, error) { return 0, nil }
+func (s *nullStream) WaitReadable(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.closed:
+		return io.EOF
+	}
+}
 func (s *nullStream) ReadFull(ctx context.Context, p []byte) error { return io.EOF }
 func (s *nullStream) Write(ctx context.Context, p []byte) (int, error) {
 	return len(p), nil

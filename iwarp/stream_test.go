@@ -69,6 +69,40 @@ func (s *connStream) ReadTo(ctx context.Context, w io.Writer, max int) (int, err
 	return 0, s.mapErr(ctx, err)
 }
 
+func (s *connStream) TryReadTo(w io.Writer, max int) (int, error) {
+	s.c.SetReadDeadline(time.Now().Add(time.Microsecond))
+	defer s.c.SetReadDeadline(time.Time{})
+	b := s.buf
+	if max > 0 && max < len(b) {
+		b = b[:max]
+	}
+	n, err := s.c.Read(b)
+	if n > 0 {
+		if _, werr := w.Write(b[:n]); werr != nil {
+			return n, werr
+		}
+		return n, nil
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return 0, nil
+	}
+	return 0, s.mapErr(context.Background(), err)
+}
+
+// WaitReadable is approximated: kernel sockets give no readiness without
+// reading, so the receive loop just tries again after a short pause.
+func (s *connStream) WaitReadable(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.closed:
+		return net.ErrClosed
+	case <-time.After(50 * time.Microsecond):
+		return nil
+	}
+}
+
 func (s *connStream) ReadFull(ctx context.Context, p []byte) error {
 	defer s.deadline(ctx, s.c.SetReadDeadline)()
 	_, err := io.ReadFull(s.c, p)

@@ -50,6 +50,8 @@ type transmitter struct {
 	burst   int
 	finSent bool
 	readOK  bool
+	mp      int // cached Stream.MaxPayload
+	mpLeft  int
 
 	inlineBuf []byte
 
@@ -65,6 +67,7 @@ func (t *transmitter) init(p ConnParams) {
 	t.crcOn = p.CRC
 	t.stats = t.qp.cfg.Stats
 	t.maxFPDU = t.qp.cfg.MaxFPDU
+	t.mpLeft = 0
 	t.burst = 0
 	t.finSent = false
 	t.rtr = 0
@@ -81,21 +84,58 @@ func (t *transmitter) init(p ConnParams) {
 func (t *transmitter) run() {
 	qp := t.qp
 	defer close(qp.txDone)
-	if t.rtr != 0 && !t.sendRTR() {
+	qp.txMu.Lock()
+	ok := t.rtr == 0 || t.sendRTR()
+	qp.txMu.Unlock()
+	if !ok {
 		return
 	}
 	for {
-		switch t.next() {
-		case jobExit:
+		qp.txMu.Lock()
+		exit := t.drain(false)
+		qp.txMu.Unlock()
+		if exit {
 			return
+		}
+		select {
+		case <-qp.kick:
+		case <-qp.ctx.Done():
+			// A Terminate queued as the QP failed still goes out.
+			qp.txMu.Lock()
+			qp.mu.Lock()
+			job := t.pick(false)
+			qp.mu.Unlock()
+			if job == jobTerminate {
+				t.sendTerminate()
+			}
+			qp.txMu.Unlock()
+			return
+		}
+	}
+}
+
+// drain runs jobs until none is left; qp.txMu is held. inline restricts it
+// to what a poster may transmit in its own goroutine. It reports whether
+// the TX goroutine must end.
+func (t *transmitter) drain(inline bool) bool {
+	qp := t.qp
+	for {
+		qp.mu.Lock()
+		job := t.pick(inline)
+		qp.mu.Unlock()
+		switch job {
+		case jobNone:
+			return false
+		case jobExit:
+			return true
 		case jobTerminate:
 			t.sendTerminate()
-			return
+			return true
 		case jobFIN:
 			t.finSent = true
 			if err := qp.stream.CloseWrite(); err != nil {
 				qp.fail(err, true)
-				return
+				return true
 			}
 		case jobReadResp:
 			e := &t.irq
@@ -104,53 +144,69 @@ func (t *transmitter) run() {
 			if len(e.src) == 0 {
 				t.src = t.src[:0]
 			}
-			if !t.send(&f, t.src, len(e.src), nil) {
-				return
-			}
+			ok := t.send(&f, t.src, len(e.src), nil)
 			e.src = nil
+			if !ok {
+				return true
+			}
 		case jobSQ:
 			if !t.sendWQE() {
-				return
+				return true
 			}
 		}
 	}
 }
 
-// next waits for and claims the next job.
-func (t *transmitter) next() txJob {
-	qp := t.qp
-	for {
-		qp.mu.Lock()
-		job := t.pick()
-		qp.mu.Unlock()
-		if job != jobNone {
-			return job
-		}
-		select {
-		case <-qp.kick:
-		case <-qp.ctx.Done():
-			qp.mu.Lock()
-			job := t.pick()
-			qp.mu.Unlock()
-			if job == jobTerminate {
-				return job
-			}
-			return jobExit
-		}
+// inlineTXMax is the largest send WR a poster transmits itself.
+const inlineTXMax = 64 << 10
+
+// postInline transmits freshly posted small WRs in the poster's goroutine
+// when the TX goroutine is idle, saving a goroutine hand-off per message
+// (Linux siw likewise transmits in the caller's syscall). Anything it leaves
+// goes to the TX goroutine.
+func (qp *QP) postInline() {
+	if !qp.txMu.TryLock() {
+		qp.wake()
+		return
+	}
+	qp.tx.drain(true)
+	qp.txMu.Unlock()
+	qp.mu.Lock()
+	more := qp.sqN > 0 || qp.irqN > 0 || qp.term != nil || qp.closing
+	qp.mu.Unlock()
+	if more {
+		qp.wake()
 	}
 }
 
 // pick chooses work; qp.mu is held.
-func (t *transmitter) pick() txJob {
+func (t *transmitter) pick(inline bool) txJob {
 	qp := t.qp
 	if qp.term != nil {
+		if inline {
+			return jobNone
+		}
 		return jobTerminate
 	}
 	if qp.state >= StateTerminate {
+		if inline {
+			return jobNone
+		}
 		return jobExit
 	}
 	if qp.txGate || t.finSent {
 		return jobNone
+	}
+	if inline {
+		// Posters send small WRs only; Read Responses, the FIN and large
+		// messages stay with the TX goroutine.
+		if qp.irqN > 0 || qp.sqN == 0 || qp.closing {
+			return jobNone
+		}
+		e := &qp.sq[qp.sqHead]
+		if e.wr.Op == WRRead && qp.orqN == len(qp.orq) || wqeBytes(e) > inlineTXMax {
+			return jobNone
+		}
 	}
 	if qp.irqN > 0 && (qp.sqN == 0 || t.burst < irqBurst) {
 		t.irq = qp.irq[qp.irqHead]
@@ -311,8 +367,14 @@ func (t *transmitter) sendRTR() bool {
 // taken to ERROR).
 func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, n int, extra []byte) bool {
 	qp := t.qp
+	// The segment payload changes rarely (PMTU, options) and reading it
+	// takes the endpoint lock: refresh it every 64 messages.
+	if t.mpLeft <= 0 {
+		t.mp, t.mpLeft = qp.stream.MaxPayload(), 64
+	}
+	t.mpLeft--
 	max := t.maxFPDU
-	if mp := qp.stream.MaxPayload(); max <= 0 || (mp > 0 && mp < max) {
+	if mp := t.mp; max <= 0 || (mp > 0 && mp < max) {
 		max = mp
 	}
 	t.fw.reset(f, src, n, extra, max, t.crcOn, t.stats)
@@ -507,4 +569,15 @@ func (w *fpduWriter) endPayload() {
 	binary.LittleEndian.PutUint32(w.tr[pad:], crc) // CRC32c goes least significant byte first, as in iSCSI and siw
 	w.trLen, w.trPos = pad+MPACRCSize, 0
 	w.stage = fwTrailer
+}
+
+func wqeBytes(e *sendWQE) int {
+	if e.inlined {
+		return len(e.inline)
+	}
+	n := 0
+	for _, s := range e.sgl {
+		n += int(s.Length)
+	}
+	return n
 }

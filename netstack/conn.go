@@ -171,6 +171,36 @@ func (g *guardWriter) Write(p []byte) (int, error) {
 // net.ErrClosed after Close/Abort; ErrReset when the peer reset the
 // connection; ctx.Err() on cancellation.
 func (c *Conn) ReadTo(ctx context.Context, w io.Writer, max int) (int, error) {
+	return c.readTo(ctx, w, max, true)
+}
+
+// TryReadTo is ReadTo that never blocks: it returns (0, nil) when nothing
+// is queued. A busy-polling caller uses it to run the receive path in its
+// own goroutine.
+func (c *Conn) TryReadTo(w io.Writer, max int) (int, error) {
+	return c.readTo(context.Background(), w, max, false)
+}
+
+// WaitReadable blocks until a read would not block — data, the peer's FIN
+// or an error is there — or ctx ends (ctx.Err()) or the Conn is closed.
+func (c *Conn) WaitReadable(ctx context.Context) error {
+	for {
+		if c.closed.Load() {
+			return closedError("read")
+		}
+		if c.ep.Readiness(waiter.ReadableEvents|waiter.EventHUp|waiter.EventErr) != 0 {
+			return nil
+		}
+		select {
+		case <-c.readCh:
+		case <-c.closedCh:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (c *Conn) readTo(ctx context.Context, w io.Writer, max int, block bool) (int, error) {
 	if w == nil {
 		return 0, &OpError{Op: "read", Err: errConfig("nil writer")}
 	}
@@ -221,6 +251,9 @@ func (c *Conn) ReadTo(ctx context.Context, w io.Writer, max int) (int, error) {
 				return 0, closedError("read")
 			}
 			return 0, opError("read", c.raddr.String(), terr)
+		}
+		if !block {
+			return 0, nil
 		}
 		select {
 		case <-c.readCh:

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +15,16 @@ import (
 	"rdmatap/netstack"
 	"rdmatap/verbs"
 )
+
+// testLink is the in-memory link the tests and benchmarks use.
+var testLink = netstack.LinkConfig{MTU: uint32(envInt("RDMATAP_TEST_MTU", 1500))}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
 
 // pair is two devices on an in-memory link.
 type pair struct {
@@ -22,7 +34,7 @@ type pair struct {
 
 func newPair(t testing.TB, ca, cb verbs.DeviceConfig) *pair {
 	t.Helper()
-	na, nb, err := netstack.NewPair(netstack.PairConfig{})
+	na, nb, err := netstack.NewPair(netstack.PairConfig{Link: testLink})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,6 +70,16 @@ type end struct {
 
 func newEnd(t testing.TB, d *verbs.Device, size int, srq *verbs.SRQ, pd *verbs.PD) *end {
 	t.Helper()
+	return newEndWith(t, d, size, pd, verbs.QPConfig{SRQ: srq})
+}
+
+func newEndCfg(t testing.TB, d *verbs.Device, size int, qc verbs.QPConfig) *end {
+	t.Helper()
+	return newEndWith(t, d, size, nil, qc)
+}
+
+func newEndWith(t testing.TB, d *verbs.Device, size int, pd *verbs.PD, qc verbs.QPConfig) *end {
+	t.Helper()
 	var err error
 	e := &end{pd: pd}
 	if e.pd == nil {
@@ -71,7 +93,8 @@ func newEnd(t testing.TB, d *verbs.Device, size int, srq *verbs.SRQ, pd *verbs.P
 	if e.rcq, err = d.CreateCQ(1024); err != nil {
 		t.Fatal(err)
 	}
-	if e.qp, err = e.pd.CreateQP(verbs.QPConfig{SendCQ: e.scq, RecvCQ: e.rcq, SRQ: srq, MaxSendWR: 256, MaxRecvWR: 256}); err != nil {
+	qc.SendCQ, qc.RecvCQ, qc.MaxSendWR, qc.MaxRecvWR = e.scq, e.rcq, 256, 256
+	if e.qp, err = e.pd.CreateQP(qc); err != nil {
 		t.Fatal(err)
 	}
 	e.buf = make([]byte, size)

@@ -68,6 +68,11 @@ type QPConfig struct {
 	MaxRecvSGE     int  // default 4
 	MaxInline      int  // default 64
 	SignalAll      bool // sq_sig_all
+	// ManualProgress: the QP has no receive goroutine; the application
+	// drives receiving with Progress or WaitProgress (libfabric's
+	// FI_PROGRESS_MANUAL). For polling applications: one goroutine hand-off
+	// less per message.
+	ManualProgress bool
 }
 
 // QP is a reliable-connected queue pair.
@@ -117,7 +122,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	iw, err := iwarp.NewQP(iwarp.QPConfig{
 		Num: num, PD: pd.id, Mem: d.mem, SendCQ: cfg.SendCQ, RecvCQ: cfg.RecvCQ,
 		RQ: qp.rq, SharedRQ: cfg.SRQ != nil, MaxSendWR: cfg.MaxSendWR, MaxSendSGE: cfg.MaxSendSGE,
-		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU,
+		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU, ManualProgress: cfg.ManualProgress,
 		Stats: &d.stats, OnEvent: func(e iwarp.Event) { d.post(qpEvent(e)) },
 	})
 	if err != nil {
@@ -160,6 +165,18 @@ func (qp *QP) Err() error { return qp.iw.Err() }
 
 // Done is closed once the QP is in ERROR and every WR has completed.
 func (qp *QP) Done() <-chan struct{} { return qp.iw.Done() }
+
+// Progress runs the QP's receive path in the calling goroutine and never
+// blocks: what the connection holds is placed and completed now. A
+// busy-polling application (one that spins on memory, as perftest's
+// write_lat does, or on CQ.Poll) calls it in its loop to skip the hand-off
+// to the QP's receive goroutine, which otherwise does the same work.
+func (qp *QP) Progress() { qp.iw.Progress() }
+
+// WaitProgress blocks until the connection has data (or ctx ends) and runs
+// the receive path in the calling goroutine. It is how a ManualProgress
+// application waits for a peer's RDMA Write to land.
+func (qp *QP) WaitProgress(ctx context.Context) error { return qp.iw.WaitProgress(ctx) }
 
 // Config returns the QP's attributes.
 func (qp *QP) Config() QPConfig { return qp.cfg }
