@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+
+	"rdmatap/netstack"
+	"rdmatap/tap"
+	"rdmatap/verbs"
+)
+
+// endpointFlags are the flags every network command shares: they make the
+// process's own endpoint on a TAP device.
+type endpointFlags struct {
+	tap       string
+	addr      string
+	gw        string
+	mtu       int
+	crc       bool
+	mpaRev    int
+	p2p       string
+	pcap      string
+	noOffload bool
+	name      string
+}
+
+func (f *endpointFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.tap, "tap", "", "TAP device to create, or attach to if it exists (required)")
+	fs.StringVar(&f.addr, "addr", "", "the endpoint's address with prefix, e.g. 10.77.0.3/24 (required)")
+	fs.StringVar(&f.gw, "gw", "", "default gateway")
+	fs.IntVar(&f.mtu, "mtu", 1500, "link MTU")
+	fs.BoolVar(&f.crc, "crc", false, "ask for MPA CRC32c")
+	fs.IntVar(&f.mpaRev, "mpa-rev", 2, "MPA revision, 1 or 2")
+	fs.StringVar(&f.p2p, "p2p", "", "RFC 6581 peer-to-peer mode with this RTR: write, read or send")
+	fs.StringVar(&f.pcap, "pcap", "", "capture the endpoint's frames to this pcap file")
+	fs.BoolVar(&f.noOffload, "no-offload", false, "plain TAP: no virtio-net header, no TSO/checksum offload")
+	fs.StringVar(&f.name, "name", "rt0", "RDMA device name")
+}
+
+// check validates the flags without touching the system.
+func (f *endpointFlags) check() (netip.Prefix, netip.Addr, verbs.RTR, error) {
+	var none netip.Prefix
+	if f.tap == "" {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --tap is required", errUsage)
+	}
+	if len(f.tap) > 15 {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --tap %q: interface names have at most 15 characters", errUsage, f.tap)
+	}
+	if f.addr == "" {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --addr is required (e.g. 10.77.0.3/24)", errUsage)
+	}
+	pfx, err := netip.ParsePrefix(f.addr)
+	if err != nil {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --addr %q: want an address with prefix length, e.g. 10.77.0.3/24", errUsage, f.addr)
+	}
+	var gw netip.Addr
+	if f.gw != "" {
+		if gw, err = netip.ParseAddr(f.gw); err != nil {
+			return none, netip.Addr{}, 0, fmt.Errorf("%w: --gw %q is not an IP address", errUsage, f.gw)
+		}
+	}
+	if f.mtu < 576 || f.mtu > 65521 {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --mtu must be 576..65521", errUsage)
+	}
+	if f.mpaRev != 1 && f.mpaRev != 2 {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --mpa-rev must be 1 or 2", errUsage)
+	}
+	rtr, err := parseRTR(f.p2p)
+	if err != nil {
+		return none, netip.Addr{}, 0, err
+	}
+	if rtr != 0 && f.mpaRev != 2 {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --p2p needs --mpa-rev 2", errUsage)
+	}
+	return pfx, gw, rtr, nil
+}
+
+func parseRTR(s string) (verbs.RTR, error) {
+	switch s {
+	case "":
+		return 0, nil
+	case "write":
+		return verbs.RTRWrite, nil
+	case "read":
+		return verbs.RTRRead, nil
+	case "send":
+		return verbs.RTRSend, nil
+	}
+	return 0, fmt.Errorf("%w: --p2p must be write, read or send", errUsage)
+}
+
+// endpoint is a process's own RDMA endpoint: TAP, netstack, device.
+type endpoint struct {
+	Tap   *tap.Device // nil for an embedded endpoint
+	Net   *netstack.Stack
+	Dev   *verbs.Device
+	Addr  netip.Addr
+	pcap  *os.File
+	pcapW *bufio.Writer
+}
+
+// open brings the endpoint up.
+func (f *endpointFlags) open() (*endpoint, error) {
+	pfx, gw, rtr, err := f.check()
+	if err != nil {
+		return nil, err
+	}
+	td, err := tap.Open(tap.Config{Name: f.tap, MTU: f.mtu, NoOffload: f.noOffload})
+	if err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			return nil, fmt.Errorf("TAP %q: permission denied: creating or attaching a TAP needs root (CAP_NET_ADMIN)", f.tap)
+		}
+		return nil, fmt.Errorf("TAP %q: %w", f.tap, err)
+	}
+	e := &endpoint{Tap: td, Addr: pfx.Addr()}
+	link := td.LinkEndpoint()
+	if f.pcap != "" {
+		pf, err := os.Create(f.pcap)
+		if err != nil {
+			td.Close()
+			return nil, fmt.Errorf("--pcap: %w", err)
+		}
+		e.pcap, e.pcapW = pf, bufio.NewWriterSize(pf, 1<<20)
+		link = netstack.NewCapture(link, e.pcapW)
+	}
+	e.Net, err = netstack.New(netstack.Config{Link: link, Addrs: []netip.Prefix{pfx}, Gateway: gw, CongestionControl: "cubic"})
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	e.Dev, err = verbs.Open(e.Net, verbs.DeviceConfig{Name: f.name, CRC: f.crc, MPARevision: uint8(f.mpaRev),
+		PeerToPeer: rtr != 0, RTR: rtr})
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// embeddedPair makes two endpoints in this process on an in-memory link
+// (tests, demo-style runs).
+func embeddedPair(cfg verbs.DeviceConfig) (a, b *endpoint, err error) {
+	na, nb, err := netstack.NewPair(netstack.PairConfig{})
+	if err != nil {
+		return nil, nil, err
+	}
+	da, err := verbs.Open(na, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := verbs.Open(nb, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &endpoint{Net: na, Dev: da, Addr: na.Addrs()[0].Addr()},
+		&endpoint{Net: nb, Dev: db, Addr: nb.Addrs()[0].Addr()}, nil
+}
+
+// Close takes the endpoint down: connections, stack, then the TAP (which
+// is deleted if this process created it).
+func (e *endpoint) Close() {
+	if e.Dev != nil {
+		e.Dev.Close()
+	}
+	if e.Net != nil {
+		e.Net.Close()
+	}
+	if e.pcapW != nil {
+		e.pcapW.Flush()
+		e.pcap.Close()
+	}
+	if e.Tap != nil {
+		e.Tap.Close()
+	}
+}
