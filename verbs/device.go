@@ -78,27 +78,27 @@ func (d *Device) Netstack() *netstack.Stack { return d.ns }
 
 // DeviceAttr are the device's limits (the ibv_device_attr names).
 type DeviceAttr struct {
-	Transport    string
-	MaxQP        int
-	MaxQPWR      int
-	MaxSGE       int
-	MaxSGERd     int
-	MaxCQ        int
-	MaxCQE       int
-	MaxMR        int
-	MaxMRSize    uint64
-	MaxPD        int
-	MaxQPRdAtom  int // IRD
-	MaxQPInitRd  int // ORD
-	MaxSRQ       int
-	MaxSRQWR     int
-	MaxSRQSGE    int
-	MaxInline    int
-	MaxPrivData  int
-	MaxMsgSize   uint64
-	AtomicCap    string
-	PageSizeCap  uint64
-	VendorPartID uint32
+	Transport    string `json:"transport"`
+	MaxQP        int    `json:"max_qp"`
+	MaxQPWR      int    `json:"max_qp_wr"`
+	MaxSGE       int    `json:"max_sge"`
+	MaxSGERd     int    `json:"max_sge_rd"`
+	MaxCQ        int    `json:"max_cq"`
+	MaxCQE       int    `json:"max_cqe"`
+	MaxMR        int    `json:"max_mr"`
+	MaxMRSize    uint64 `json:"max_mr_size"`
+	MaxPD        int    `json:"max_pd"`
+	MaxQPRdAtom  int    `json:"max_qp_rd_atom"`      // IRD
+	MaxQPInitRd  int    `json:"max_qp_init_rd_atom"` // ORD
+	MaxSRQ       int    `json:"max_srq"`
+	MaxSRQWR     int    `json:"max_srq_wr"`
+	MaxSRQSGE    int    `json:"max_srq_sge"`
+	MaxInline    int    `json:"max_inline_data"`
+	MaxPrivData  int    `json:"max_private_data"`
+	MaxMsgSize   uint64 `json:"max_msg_size"`
+	AtomicCap    string `json:"atomic_cap"`
+	PageSizeCap  uint64 `json:"page_size_cap"`
+	VendorPartID uint32 `json:"vendor_part_id"`
 }
 
 // Query returns the device's limits.

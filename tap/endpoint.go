@@ -1,0 +1,419 @@
+package tap
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+// gsoMaxSize is the largest super-segment handed to the kernel (TSO).
+const gsoMaxSize = 65536
+
+// copyBelow: received frames shorter than this are copied into a right-sized
+// buffer so that small segments queued in TCP do not pin 64 KiB each; longer
+// ones keep the read buffer (at most 2x overhead).
+const copyBelow = 32 << 10
+
+// endpoint is the Ethernet stack.LinkEndpoint of a Device.
+type endpoint struct {
+	d    *Device
+	caps stack.LinkEndpointCapabilities
+	mtu  atomic.Uint32
+	addr atomic.Pointer[tcpip.LinkAddress]
+
+	// mu guards dispatcher. The read loop holds it for reading while it
+	// delivers, so Attach(nil) returns only when no delivery is in flight.
+	// Nothing reachable from DeliverNetworkPacket may take it.
+	mu         sync.RWMutex
+	dispatcher stack.NetworkDispatcher
+
+	onCloseMu sync.Mutex
+	onClose   func()
+}
+
+var (
+	_ stack.LinkEndpoint = (*endpoint)(nil)
+	_ stack.GSOEndpoint  = (*endpoint)(nil)
+)
+
+func newEndpoint(d *Device) *endpoint {
+	e := &endpoint{d: d, caps: stack.CapabilityResolutionRequired}
+	if d.offload {
+		e.caps |= stack.CapabilityTXChecksumOffload | stack.CapabilityRXChecksumOffload
+	}
+	e.mtu.Store(uint32(d.mtu))
+	a := tcpip.LinkAddress(d.mac)
+	e.addr.Store(&a)
+	return e
+}
+
+func (e *endpoint) MTU() uint32       { return e.mtu.Load() }
+func (e *endpoint) SetMTU(mtu uint32) { e.mtu.Store(mtu) }
+func (e *endpoint) MaxHeaderLength() uint16 {
+	return header.EthernetMinimumSize
+}
+func (e *endpoint) LinkAddress() tcpip.LinkAddress { return *e.addr.Load() }
+func (e *endpoint) SetLinkAddress(a tcpip.LinkAddress) {
+	e.addr.Store(&a)
+}
+func (e *endpoint) Capabilities() stack.LinkEndpointCapabilities { return e.caps }
+func (e *endpoint) ARPHardwareType() header.ARPHardwareType      { return header.ARPHardwareEther }
+
+func (e *endpoint) Attach(d stack.NetworkDispatcher) {
+	e.mu.Lock()
+	e.dispatcher = d
+	e.mu.Unlock()
+}
+
+func (e *endpoint) IsAttached() bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.dispatcher != nil
+}
+
+// Wait returns when the read loop has ended (after Device.Close).
+func (e *endpoint) Wait() {
+	if e.d.closing.Load() {
+		<-e.d.loopDone
+	}
+}
+
+// Close is called by the stack when the NIC is removed; the TAP stays open
+// until Device.Close.
+func (e *endpoint) Close() {}
+
+func (e *endpoint) SetOnCloseAction(f func()) {
+	e.onCloseMu.Lock()
+	e.onClose = f
+	e.onCloseMu.Unlock()
+}
+
+// GSOMaxSize implements stack.GSOEndpoint.
+func (e *endpoint) GSOMaxSize() uint32 {
+	if e.d.offload {
+		return gsoMaxSize
+	}
+	return 0
+}
+
+// SupportedGSO implements stack.GSOEndpoint.
+func (e *endpoint) SupportedGSO() stack.SupportedGSO {
+	if e.d.offload {
+		return stack.HostGSOSupported
+	}
+	return stack.GSONotSupported
+}
+
+func (e *endpoint) AddHeader(pkt *stack.PacketBuffer) {
+	eth := header.Ethernet(pkt.LinkHeader().Push(header.EthernetMinimumSize))
+	eth.Encode(&header.EthernetFields{
+		SrcAddr: pkt.EgressRoute.LocalLinkAddress,
+		DstAddr: pkt.EgressRoute.RemoteLinkAddress,
+		Type:    pkt.NetworkProtocolNumber,
+	})
+}
+
+func (e *endpoint) ParseHeader(pkt *stack.PacketBuffer) bool {
+	_, ok := pkt.LinkHeader().Consume(header.EthernetMinimumSize)
+	return ok
+}
+
+// WritePackets implements stack.LinkWriter: one writev per packet (a TAP fd
+// has no sendmmsg).
+func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	d := e.d
+	d.txMu.RLock()
+	defer d.txMu.RUnlock()
+	if d.txClosed {
+		return 0, &tcpip.ErrClosedForSend{}
+	}
+	n := 0
+	for _, pkt := range pkts.AsSlice() {
+		if err := d.writePacket(pkt); err != nil {
+			d.st.txErrors.Add(1)
+			if n == 0 {
+				return 0, err
+			}
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+func (d *Device) writePacket(pkt *stack.PacketBuffer) tcpip.Error {
+	var hdrBuf [vnetHdrLen]byte
+	var iovArr [16]unix.Iovec
+	iovs := iovArr[:0]
+	gso := false
+	if d.offload {
+		var h vnetHdr
+		h, gso = txVnetHdr(pkt)
+		h.encode(&hdrBuf)
+		iovs = appendIov(iovs, hdrBuf[:])
+	}
+	views, off := pkt.AsViewList()
+	size := 0
+	for v := views.Front(); v != nil; v = v.Next() {
+		b := v.AsSlice()
+		if off >= len(b) {
+			off -= len(b)
+			continue
+		}
+		b = b[off:]
+		off = 0
+		iovs = appendIov(iovs, b)
+		size += len(b)
+	}
+	if len(iovs) > 1024 { // UIO_MAXIOV: flatten (never seen in practice)
+		flat := make([]byte, 0, size)
+		for _, s := range pkt.AsSlices() {
+			flat = append(flat, s...)
+		}
+		iovs = append(iovs[:0], iovs[0])
+		if !d.offload {
+			iovs = iovs[:0]
+		}
+		iovs = appendIov(iovs, flat)
+	}
+	var errno unix.Errno
+	if d.offload {
+		errno = writev(d.fd, iovs)
+	} else {
+		rc, err := d.file.SyscallConn()
+		if err != nil {
+			return &tcpip.ErrClosedForSend{}
+		}
+		if err := rc.Write(func(fd uintptr) bool {
+			errno = writev(int(fd), iovs)
+			return errno != unix.EAGAIN
+		}); err != nil {
+			return &tcpip.ErrClosedForSend{}
+		}
+	}
+	if errno != 0 {
+		return tcpip.TranslateErrno(errno)
+	}
+	d.st.txFrames.Add(1)
+	d.st.txBytes.Add(uint64(size))
+	if gso {
+		d.st.txGSO.Add(1)
+	}
+	return nil
+}
+
+func appendIov(iovs []unix.Iovec, b []byte) []unix.Iovec {
+	if len(b) == 0 {
+		return iovs
+	}
+	iov := unix.Iovec{Base: &b[0]}
+	iov.SetLen(len(b))
+	return append(iovs, iov)
+}
+
+// writev on a non-blocking fd; a TAP write does not block, so a raw syscall
+// avoids the scheduler hand-off.
+func writev(fd int, iovs []unix.Iovec) unix.Errno {
+	for {
+		_, _, e := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iovs[0])), uintptr(len(iovs)))
+		if e != unix.EINTR {
+			return e
+		}
+	}
+}
+
+// readLoop reads frames until Close and delivers them synchronously to the
+// attached NIC.
+func (d *Device) readLoop() {
+	defer close(d.loopDone)
+	if d.offload {
+		d.readLoopOffload()
+	} else {
+		d.readLoopPlain()
+	}
+}
+
+func (d *Device) readLoopOffload() {
+	var hdrBuf [vnetHdrLen]byte
+	big := buffer.NewViewSize(rxBufSize)
+	defer func() { big.Release() }()
+	pfds := []unix.PollFd{{Fd: int32(d.fd), Events: unix.POLLIN}, {Fd: int32(d.evfd), Events: unix.POLLIN}}
+	for !d.closing.Load() {
+		var iovs [2]unix.Iovec
+		iovs[0] = unix.Iovec{Base: &hdrBuf[0]}
+		iovs[0].SetLen(vnetHdrLen)
+		bs := big.AsSlice()
+		iovs[1] = unix.Iovec{Base: &bs[0]}
+		iovs[1].SetLen(len(bs))
+		n, _, errno := unix.Syscall(unix.SYS_READV, uintptr(d.fd), uintptr(unsafe.Pointer(&iovs[0])), 2)
+		switch errno {
+		case 0:
+		case unix.EAGAIN:
+			if _, err := unix.Poll(pfds, -1); err != nil && !errors.Is(err, unix.EINTR) {
+				d.st.rxErrors.Add(1)
+				return
+			}
+			continue
+		case unix.EINTR:
+			continue
+		default:
+			// EBADFD etc.: the device was deleted under us.
+			d.st.rxErrors.Add(1)
+			return
+		}
+		if int(n) <= vnetHdrLen {
+			continue
+		}
+		flen := int(n) - vnetHdrLen
+		d.st.rxFrames.Add(1)
+		d.st.rxBytes.Add(uint64(flen))
+		var h vnetHdr
+		h.decode(hdrBuf[:])
+		if h.gsoType&^vnetGSOECN != vnetGSONone {
+			d.st.rxGSO.Add(1)
+		}
+		if flen >= rxBufSize {
+			d.st.rxDropped.Add(1) // truncated
+			continue
+		}
+		frame := bs[:flen]
+		if h.flags&(vnetFlagNeedsCsum|vnetFlagDataValid) == 0 && !rxChecksumOK(frame) {
+			d.st.rxDropped.Add(1)
+			continue
+		}
+		// Headers go into their own small view, the payload into one
+		// contiguous view. gVisor pulls up the IP header while holding a
+		// reference to it, which copies the whole chunk the header lives in
+		// (64 KiB for a GRO frame) unless that chunk is a small one.
+		hl := headersLen(frame)
+		var payload *buffer.View
+		switch {
+		case hl >= flen:
+			d.deliver(buffer.MakeWithView(buffer.NewViewWithData(frame)), frame)
+			continue
+		case flen < copyBelow:
+			payload = buffer.NewViewWithData(frame[hl:])
+		default:
+			payload = big
+			payload.CapLength(flen)
+			payload.TrimFront(hl)
+			big = buffer.NewViewSize(rxBufSize)
+		}
+		hv := buffer.NewViewWithData(frame[:hl])
+		// frame may now belong to payload; deliver only reads the header.
+		buf := buffer.MakeWithView(hv)
+		buf.Append(payload)
+		d.deliver(buf, hv.AsSlice())
+	}
+}
+
+// headersLen returns the length of the Ethernet, IP and TCP headers of a
+// TCP frame, or len(frame) for anything else.
+func headersLen(frame []byte) int {
+	const eth = header.EthernetMinimumSize
+	if len(frame) < eth+header.IPv4MinimumSize {
+		return len(frame)
+	}
+	var l4 int
+	switch header.Ethernet(frame).Type() {
+	case header.IPv4ProtocolNumber:
+		ip := header.IPv4(frame[eth:])
+		if ip.Protocol() != uint8(header.TCPProtocolNumber) {
+			return len(frame)
+		}
+		l4 = eth + int(ip.HeaderLength())
+	case header.IPv6ProtocolNumber:
+		if len(frame) < eth+header.IPv6MinimumSize || header.IPv6(frame[eth:]).NextHeader() != uint8(header.TCPProtocolNumber) {
+			return len(frame)
+		}
+		l4 = eth + header.IPv6MinimumSize
+	default:
+		return len(frame)
+	}
+	if len(frame) < l4+header.TCPMinimumSize {
+		return len(frame)
+	}
+	hl := l4 + int(header.TCP(frame[l4:]).DataOffset())
+	if hl < l4+header.TCPMinimumSize || hl > len(frame) {
+		return len(frame)
+	}
+	return hl
+}
+
+func (d *Device) readLoopPlain() {
+	buf := make([]byte, rxBufSize)
+	for {
+		n, err := d.wif.Read(buf)
+		if err != nil {
+			if d.closing.Load() {
+				return
+			}
+			d.st.rxErrors.Add(1)
+			if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+				continue
+			}
+			return
+		}
+		if n == 0 {
+			continue
+		}
+		d.st.rxFrames.Add(1)
+		d.st.rxBytes.Add(uint64(n))
+		v := buffer.NewViewWithData(buf[:n])
+		d.deliver(buffer.MakeWithView(v), v.AsSlice())
+	}
+}
+
+// deliver hands a frame to the stack; it takes ownership of buf. hdr holds
+// at least the Ethernet header of the frame.
+func (d *Device) deliver(buf buffer.Buffer, hdr []byte) {
+	if len(hdr) < header.EthernetMinimumSize {
+		buf.Release()
+		d.st.rxDropped.Add(1)
+		return
+	}
+	eth := header.Ethernet(hdr)
+	dst := eth.DestinationAddress()
+	pktType := tcpip.PacketHost
+	switch {
+	case dst == header.EthernetBroadcastAddress:
+		pktType = tcpip.PacketBroadcast
+	case header.IsMulticastEthernetAddress(dst):
+		pktType = tcpip.PacketMulticast
+	case dst != d.ep.LinkAddress():
+		buf.Release()
+		d.st.rxDropped.Add(1)
+		return
+	}
+	proto := eth.Type()
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buf})
+	defer pkt.DecRef()
+	if _, ok := pkt.LinkHeader().Consume(header.EthernetMinimumSize); !ok {
+		d.st.rxDropped.Add(1)
+		return
+	}
+	pkt.PktType = pktType
+	pkt.NetworkProtocolNumber = proto
+	// The NIC sets RXChecksumValidated from the link capabilities (RX
+	// checksum offload on the vnet path); set it here too for consumers
+	// that look at the packet before the NIC does.
+	pkt.RXChecksumValidated = d.offload
+
+	e := d.ep
+	e.mu.RLock()
+	disp := e.dispatcher
+	if disp == nil {
+		e.mu.RUnlock()
+		d.st.rxDropped.Add(1)
+		return
+	}
+	disp.DeliverNetworkPacket(proto, pkt)
+	e.mu.RUnlock()
+}
