@@ -143,7 +143,7 @@ func serveControl(path string, e *endpoint) (*ctlServer, error) {
 	// A socket left by a crashed endpoint is removed; a live one is not.
 	if c, err := net.Dial("unix", path); err == nil {
 		c.Close()
-		return nil, fmt.Errorf("control socket %s: another endpoint is running there", path)
+		return nil, fmt.Errorf("control socket %s is already in use by another running endpoint", path)
 	}
 	os.Remove(path)
 	ln, err := net.Listen("unix", path)
