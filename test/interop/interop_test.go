@@ -1,0 +1,266 @@
+// Package interop runs rdmatap against the Linux kernel's SoftiWARP (siw)
+// in a qemu VM: rping and perftest, both roles, each siw build.
+//
+//	sudo RDMATAP_INTEROP=1 go test ./test/interop/ -v -timeout 40m
+//
+// The VM harness is shared/interop/siw-vm (a sibling of the repository).
+// Everything runs inside a network namespace this test creates: the
+// harness's bridge sibr0 (10.77.0.1), the VM (10.77.0.2) and rdmatap's TAP
+// sitap0 (10.77.0.3); nothing leaves it.
+package interop
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+)
+
+const (
+	vmIP   = "10.77.0.2"
+	ourIP  = "10.77.0.3"
+	ourTap = "sitap0"
+)
+
+type env struct {
+	harness string
+	bin     string
+	ns      string
+	results []row
+}
+
+type row struct {
+	peer, role, op, crc, mpa, result string
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	if os.Getenv("RDMATAP_INTEROP") == "" {
+		t.Skip("skipping the siw interop matrix: set RDMATAP_INTEROP=1 (needs root and qemu-system-x86_64; builds the VM on first use, ~4 min, then ~6 min a run)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("skipping the siw interop matrix: needs root (TAP, bridge, network namespace)")
+	}
+	harness, err := filepath.Abs("../../../shared/interop/siw-vm")
+	if err != nil || !exists(filepath.Join(harness, "boot.sh")) {
+		t.Skip("skipping: the siw VM harness (../shared/interop/siw-vm next to the repository) is missing")
+	}
+	e := &env{harness: harness, ns: fmt.Sprintf("rdsiw%d", os.Getpid()%100000)}
+	// The harness installs qemu itself (build.sh); make sure it is built.
+	if out, err := exec.Command("bash", filepath.Join(harness, "build.sh")).CombinedOutput(); err != nil {
+		t.Fatalf("building the siw VM: %v\n%s", err, tail(out, 20))
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("skipping: qemu-system-x86_64 is missing")
+	}
+	dir := t.TempDir()
+	e.bin = filepath.Join(dir, "rdmatap")
+	if out, err := exec.Command("go", "build", "-o", e.bin, "../../cmd/rdmatap").CombinedOutput(); err != nil {
+		t.Fatalf("building rdmatap: %v\n%s", err, out)
+	}
+	exec.Command("ip", "netns", "del", e.ns).Run()
+	if out, err := exec.Command("ip", "netns", "add", e.ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v %s", err, out)
+	}
+	t.Cleanup(func() {
+		exec.Command("ip", "netns", "exec", e.ns, "bash", filepath.Join(harness, "net.sh"), "down").Run()
+		exec.Command("ip", "netns", "del", e.ns).Run()
+	})
+	e.nsRun(t, "ip", "link", "set", "lo", "up")
+	e.nsRun(t, "bash", filepath.Join(harness, "net.sh"), "add-tap", ourTap)
+	return e
+}
+
+func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+func tail(b []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (e *env) nsRun(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", e.ns}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// vm is a running boot.sh.
+type vm struct {
+	cmd  *exec.Cmd
+	out  string // results dir
+	done chan error
+	log  bytes.Buffer
+}
+
+func (e *env) bootVM(t *testing.T, variant string, args ...string) *vm {
+	t.Helper()
+	v := &vm{out: t.TempDir(), done: make(chan error, 1)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	full := append([]string{"netns", "exec", e.ns, "bash", filepath.Join(e.harness, "boot.sh"), "--no-build",
+		"--variant", variant, "--wait", "120", "--out", v.out}, args...)
+	v.cmd = exec.CommandContext(ctx, "ip", full...)
+	v.cmd.Stdout, v.cmd.Stderr = &v.log, &v.log
+	if err := v.cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	go func() { v.done <- v.cmd.Wait(); cancel() }()
+	t.Cleanup(func() {
+		v.cmd.Process.Kill()
+		select {
+		case <-v.done:
+		case <-time.After(20 * time.Second):
+		}
+	})
+	return v
+}
+
+// waitReady waits for the VM console line announcing the server for test.
+func (v *vm) waitReady(t *testing.T, test string) bool {
+	t.Helper()
+	re := regexp.MustCompile(`READY ` + regexp.QuoteMeta(test) + ` server`)
+	deadline := time.Now().Add(3 * time.Minute)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(filepath.Join(v.out, "console.log")); err == nil && re.Match(b) {
+			return true
+		}
+		select {
+		case <-v.done:
+			return false
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return false
+}
+
+func (v *vm) results() map[string]string {
+	res := map[string]string{}
+	f, err := os.Open(filepath.Join(v.out, "results.txt"))
+	if err != nil {
+		return res
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fs := strings.Fields(s.Text())
+		if len(fs) >= 3 && fs[0] == "RESULT" {
+			res[fs[1]] = fs[2]
+		}
+	}
+	return res
+}
+
+// ours runs rdmatap in the namespace on sitap0.
+func (e *env) ours(ctx context.Context, args ...string) (string, error) {
+	full := append([]string{"netns", "exec", e.ns, e.bin}, args...)
+	full = append(full, "--tap", ourTap, "--addr", ourIP+"/24")
+	out, err := exec.CommandContext(ctx, "ip", full...).CombinedOutput()
+	return string(out), err
+}
+
+func variantFlags(variant string) (crc string, mpa string, extra []string) {
+	switch {
+	case strings.HasPrefix(variant, "crc"):
+		return "on", "v2", []string{"--crc"}
+	case strings.HasPrefix(variant, "p2p"):
+		return "off", "v2 p2p", []string{"--p2p", "write"}
+	}
+	return "off", "v2", nil
+}
+
+// TestSiwInterop runs the matrix and prints the pass/fail table.
+func TestSiwInterop(t *testing.T) {
+	e := setup(t)
+	for _, variant := range []string{"fix", "crc", "p2p", "stock"} {
+		crc, mpa, extra := variantFlags(variant)
+		t.Run(variant+"/vm-server", func(t *testing.T) {
+			v := e.bootVM(t, variant, "server", "rping", "write", "read", "send")
+			for _, test := range []string{"rping", "write", "read", "send"} {
+				r := row{peer: "siw (" + variant + ")", role: "rdmatap client", op: test, crc: crc, mpa: mpa, result: "FAIL"}
+				if !v.waitReady(t, test) {
+					r.result = "FAIL (VM server never ready)"
+					e.results = append(e.results, r)
+					t.Errorf("%s: VM server never ready:\n%s", test, tail(v.log.Bytes(), 30))
+					continue
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				var out string
+				var err error
+				if test == "rping" {
+					out, err = e.ours(ctx, append([]string{"ping", "-c", "-a", vmIP, "-C", "5", "-v", "-V"}, extra...)...)
+				} else {
+					out, err = e.ours(ctx, append([]string{"bw", test, vmIP, "-F", "-R", "-s", "4096", "-n", "20"}, extra...)...)
+				}
+				cancel()
+				if err == nil {
+					r.result = "PASS"
+				} else {
+					t.Errorf("%s against siw %s: %v\n%s", test, variant, err, out)
+				}
+				e.results = append(e.results, r)
+			}
+			<-v.done
+			for test, res := range v.results() {
+				t.Logf("VM side %s: %s", test, res)
+			}
+		})
+		t.Run(variant+"/vm-client", func(t *testing.T) {
+			v := e.bootVM(t, variant, "client", ourIP, "rping", "write", "read", "send")
+			for _, test := range []string{"rping", "write", "read", "send"} {
+				r := row{peer: "siw (" + variant + ")", role: "rdmatap server", op: test, crc: crc, mpa: mpa, result: "FAIL"}
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+				var out string
+				var err error
+				if test == "rping" {
+					out, err = e.ours(ctx, append([]string{"ping", "-s", "-a", ourIP, "-C", "5", "-v"}, extra...)...)
+				} else {
+					out, err = e.ours(ctx, append([]string{"bw", test, "-F", "-R", "-s", "4096", "-n", "20"}, extra...)...)
+				}
+				cancel()
+				if err == nil {
+					r.result = "PASS"
+				} else {
+					t.Errorf("%s served to siw %s: %v\n%s", test, variant, err, out)
+				}
+				e.results = append(e.results, r)
+			}
+			select {
+			case <-v.done:
+			case <-time.After(3 * time.Minute):
+			}
+			res := v.results()
+			for i := len(e.results) - 4; i < len(e.results); i++ {
+				name := "client-" + e.results[i].op
+				for k, val := range res {
+					if strings.HasSuffix(k, e.results[i].op) && val != "PASS" && e.results[i].result == "PASS" {
+						e.results[i].result = "FAIL (siw side " + val + ")"
+						t.Errorf("%s: siw reports %s (%s)", name, val, k)
+					}
+				}
+			}
+		})
+	}
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "peer\trole\toperation\tCRC\tMPA\tresult")
+	for _, r := range e.results {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.peer, r.role, r.op, r.crc, r.mpa, r.result)
+	}
+	tw.Flush()
+	t.Logf("siw interop matrix:\n%s", b.String())
+	fmt.Print(b.String())
+}
