@@ -318,6 +318,17 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	qp.rx.init(p)
 	qp.tx.init(p)
 	qp.mu.Unlock()
+	// RFC 6581: a peer-to-peer initiator's first FPDU is the RTR. Send it
+	// before Start returns, so that nothing the application posts (which
+	// posters may transmit themselves) can overtake it.
+	if qp.tx.rtr != 0 {
+		qp.txMu.Lock()
+		ok := qp.tx.sendRTR()
+		qp.txMu.Unlock()
+		if !ok {
+			return fmt.Errorf("iwarp: sending the RTR: %w", qp.Err())
+		}
+	}
 	go qp.tx.run()
 	if p := qp.cfg.ManualProgress; !p {
 		go qp.rx.run()

@@ -397,3 +397,56 @@ func TestSiwTerminateLayout(t *testing.T) {
 		t.Fatalf("error %v, want a received LLP/MPA CRC Terminate", v.qp.Err())
 	}
 }
+
+// TestP2PRTRIsFirstFPDU: in peer-to-peer mode the initiator's first FPDU
+// is the RTR, even when the application posts a Send the moment the
+// connection is up (siw stalls otherwise: seen against its p2p build).
+func TestP2PRTRIsFirstFPDU(t *testing.T) {
+	for _, rtr := range []RTR{RTRWrite, RTRRead, RTRSend} {
+		a := newTestEnd(t, 4096, AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead)
+		sa, sb := tcpPair(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		done := make(chan error, 1)
+		go func() {
+			req, err := AwaitMPARequest(ctx, sb)
+			if err == nil {
+				_, err = req.Accept(ctx, sb, MPAConfig{IRD: 1, ORD: 1})
+			}
+			done <- err
+		}()
+		p, _, err := Initiate(ctx, sa, MPAConfig{PeerToPeer: true, RTR: rtr, IRD: 1, ORD: 1})
+		if err != nil || <-done != nil {
+			t.Fatal(err)
+		}
+		if err := a.qp.Start(sa, p); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.qp.PostSend(SendWR{Op: WRSend, Flags: FlagInline, SGL: []SGE{a.sge(0, 16)}}); err != nil {
+			t.Fatal(err)
+		}
+		var l [2]byte
+		if err := sb.ReadFull(ctx, l[:]); err != nil {
+			t.Fatal(err)
+		}
+		rest := make([]byte, FPDULen(int(binary.BigEndian.Uint16(l[:])))-2)
+		if err := sb.ReadFull(ctx, rest); err != nil {
+			t.Fatal(err)
+		}
+		h := DDPHeader(rest)
+		switch rtr {
+		case RTRWrite:
+			if h.Opcode() != OpWrite || binary.BigEndian.Uint16(l[:]) != DDPTaggedHeaderSize || h.STag() != 1 {
+				t.Fatalf("first FPDU %v STag %#x, want the zero-length Write RTR", h.Opcode(), h.STag())
+			}
+		case RTRRead:
+			if h.Opcode() != OpReadRequest || ReadRequest(h.Payload()).Size() != 0 {
+				t.Fatalf("first FPDU %v, want the zero-length Read RTR", h.Opcode())
+			}
+		case RTRSend:
+			if h.Opcode() != OpSend || binary.BigEndian.Uint16(l[:]) != DDPUntaggedHeaderSize {
+				t.Fatalf("first FPDU %v of %d bytes, want the zero-length Send RTR", h.Opcode(), binary.BigEndian.Uint16(l[:]))
+			}
+		}
+		cancel()
+	}
+}

@@ -84,12 +84,6 @@ func (t *transmitter) init(p ConnParams) {
 func (t *transmitter) run() {
 	qp := t.qp
 	defer close(qp.txDone)
-	qp.txMu.Lock()
-	ok := t.rtr == 0 || t.sendRTR()
-	qp.txMu.Unlock()
-	if !ok {
-		return
-	}
 	for {
 		qp.txMu.Lock()
 		exit := t.drain(false)
