@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-var benchSizes = []int{1448, 64 << 10, 1 << 20}
+var benchSizes = []int{1448, 16 << 10, 64 << 10, 1 << 20}
 
 func benchName(n int) string {
 	switch {
@@ -45,6 +45,117 @@ func BenchmarkCRC32C(b *testing.B) {
 			var crc uint32
 			for b.Loop() {
 				crc = UpdateCRC32C(crc, src)
+			}
+			_ = crc
+		})
+	}
+}
+
+// BenchmarkCRC32COld is BenchmarkCRC32C through the previous implementation,
+// klauspost/crc32 (SSE4.2 CRC32, 3 streams), for comparison.
+func BenchmarkCRC32COld(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(benchName(n), func(b *testing.B) {
+			_, src := benchBufs(n)
+			b.SetBytes(int64(n))
+			var crc uint32
+			for b.Loop() {
+				crc = updateCRC32CGeneric(crc, src)
+			}
+			_ = crc
+		})
+	}
+}
+
+// BenchmarkCRC32CSmall locates the crossover between the folding kernel and
+// the SSE4.2 path (fold512Min).
+func BenchmarkCRC32CSmall(b *testing.B) {
+	for _, n := range []int{64, 128, 192, 256, 320, 512, 1024} {
+		_, src := benchBufs(n)
+		b.Run(benchName(n)+"/new", func(b *testing.B) {
+			b.SetBytes(int64(n))
+			var crc uint32
+			for b.Loop() {
+				crc = UpdateCRC32C(crc, src)
+			}
+			_ = crc
+		})
+		b.Run(benchName(n)+"/old", func(b *testing.B) {
+			b.SetBytes(int64(n))
+			var crc uint32
+			for b.Loop() {
+				crc = updateCRC32CGeneric(crc, src)
+			}
+			_ = crc
+		})
+	}
+}
+
+// copyCRCOld is CopyCRC as it was before the folding kernel: 8 KiB chunks,
+// klauspost/crc32. Kept for BenchmarkCopyCRCOld.
+func copyCRCOld(dst, src []byte, crc uint32) (int, uint32) {
+	const chunk = 8 << 10
+	n := min(len(dst), len(src))
+	dst, src = dst[:n], src[:n]
+	for len(src) > chunk {
+		copy(dst[:chunk], src[:chunk])
+		crc = updateCRC32CGeneric(crc, dst[:chunk])
+		dst, src = dst[chunk:], src[chunk:]
+	}
+	copy(dst, src)
+	return n, updateCRC32CGeneric(crc, dst)
+}
+
+// copyCRCChunk is CopyCRC (non-overlapping) with a variable chunk size, for
+// BenchmarkCopyCRCChunk.
+func copyCRCChunk(dst, src []byte, crc uint32, chunk int) (int, uint32) {
+	n := min(len(dst), len(src))
+	dst, src = dst[:n], src[:n]
+	for len(src) > chunk {
+		copy(dst[:chunk], src[:chunk])
+		crc = updateCRC32C(crc, dst[:chunk])
+		dst, src = dst[chunk:], src[chunk:]
+	}
+	copy(dst, src)
+	return n, updateCRC32C(crc, dst)
+}
+
+func BenchmarkCopyCRCOld(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(benchName(n), func(b *testing.B) {
+			dst, src := benchBufs(n)
+			b.SetBytes(int64(n))
+			var crc uint32
+			for b.Loop() {
+				_, crc = copyCRCOld(dst, src, crc)
+			}
+			_ = crc
+		})
+	}
+}
+
+// BenchmarkCopyCRCChunk sweeps the chunk size of the copy-then-CRC loop
+// (ChunkSize) with the current CRC kernel, against CopyCRC ("fused", the
+// single-pass copy+fold kernel where available),
+// L1/L2-resident (64 KiB), L3 (1 MiB: src+dst exceed L2) and DRAM (64 MiB).
+func BenchmarkCopyCRCChunk(b *testing.B) {
+	for _, n := range []int{64 << 10, 1 << 20, 64 << 20} {
+		dst, src := benchBufs(n)
+		for _, chunk := range []int{1 << 10, 2 << 10, 4 << 10, 8 << 10, 16 << 10, 64 << 10} {
+			b.Run(benchName(n)+"/"+benchName(chunk), func(b *testing.B) {
+				b.SetBytes(int64(n))
+				var crc uint32
+				for b.Loop() {
+					_, crc = copyCRCChunk(dst, src, crc, chunk)
+				}
+				_ = crc
+			})
+		}
+		b.Run(benchName(n)+"/fused", func(b *testing.B) {
+			b.SetBytes(int64(n))
+			var crc uint32
+			for b.Loop() {
+				_, crc = CopyCRC(dst, src, crc)
 			}
 			_ = crc
 		})

@@ -1,0 +1,67 @@
+//go:build amd64 && !purego
+
+package zerocopy
+
+import "golang.org/x/sys/cpu"
+
+// useFold512 reports whether the CPU (and OS, via XCR0: x/sys/cpu only sets
+// the AVX-512 flags when the ZMM and opmask state is enabled) supports the
+// VPCLMULQDQ folding kernel in crc_amd64.s. The kernel uses AVX-512F (ZMM
+// loads, VPTERNLOGD, 128/256-bit lane extracts), VPCLMULQDQ on ZMM,
+// VEX-encoded AVX/AVX2 and PCLMULQDQ on XMM/YMM, and the SSE4.2 CRC32
+// instruction for the final reduction and the tail.
+var useFold512 = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL &&
+	cpu.X86.HasAVX512VPCLMULQDQ && cpu.X86.HasPCLMULQDQ &&
+	cpu.X86.HasAVX2 && cpu.X86.HasSSE42
+
+// fold512Min is the shortest input handed to the folding kernel. Below it
+// the SSE4.2 CRC32 instruction in klauspost/crc32 is as fast or faster (the
+// kernel's fixed cost is the lane reduction at the end). Measured with
+// BenchmarkCRC32CSmall.
+const fold512Min = 128
+
+// crcFoldTable holds the folding constants x^n mod P for crc_amd64.s, laid
+// out as documented in internal/crcgen (Table), which generates them;
+// TestFoldTable checks this literal against the generator.
+var crcFoldTable = [16]uint64{
+	0xe9a5d8be00000000, 0x1426a81500000000, // fold 2048 bits
+	0x7ccbbbf200000000, 0x31c9460800000000, // fold 1536 bits
+	0x6577b24500000000, 0x7417153f00000000, // fold 1024 bits
+	0x1c19243b00000000, 0x75bba45b00000000, // fold 512 bits
+	0xa46ef4aa00000000, 0x6051243f00000000, // fold 384 bits
+	0x33ccbbbc00000000, 0xa2158b3400000000, // fold 256 bits
+	0x3743f7bd00000000, 0x3171d43000000000, // fold 128 bits
+	0x0000000000000000, 0x0000000000000000, // fold 0 bits
+}
+
+// updateCRC32C is the CRC-32C update used by UpdateCRC32C and CopyCRC.
+func updateCRC32C(crc uint32, p []byte) uint32 {
+	if useFold512 && len(p) >= fold512Min {
+		return ^crc32cFold512(^crc, p, &crcFoldTable)
+	}
+	return updateCRC32CGeneric(crc, p)
+}
+
+// crc32cFold512 returns the raw (uninverted) CRC-32C register after
+// processing p starting from register crc. len(p) must be >= 64.
+//
+//go:noescape
+func crc32cFold512(crc uint32, p []byte, k *[16]uint64) uint32
+
+// copyCRC32CFold512 copies len(dst) bytes from src to dst and returns the raw
+// CRC-32C register after processing them starting from register crc, reading
+// each byte once (the CRC is folded from the loaded registers). It requires
+// len(src) >= len(dst) >= 64 and non-overlapping dst and src.
+//
+//go:noescape
+func copyCRC32CFold512(dst, src []byte, crc uint32, k *[16]uint64) uint32
+
+// copyCRCFast is the amd64 fast path of CopyCRC for non-overlapping,
+// equal-length dst and src; it reports false when the kernel is unavailable
+// or the input is short.
+func copyCRCFast(dst, src []byte, crc uint32) (uint32, bool) {
+	if !useFold512 || len(dst) < fold512Min {
+		return 0, false
+	}
+	return ^copyCRC32CFold512(dst, src, ^crc, &crcFoldTable), true
+}
