@@ -173,8 +173,13 @@ func Initiate(ctx context.Context, s Stream, cfg MPAConfig) (ConnParams, []byte,
 		p.IRD = max(p.IRD, int(v.ORD))
 		p.ORD = min(int(offer.ORD), int(v.IRD))
 		if offer.PeerToPeer && v.PeerToPeer {
-			chosen := v.RTR & offer.RTR
-			if chosen == 0 || chosen&(chosen-1) != 0 {
+			chosen := v.RTR
+			// The responder must choose exactly one type. Linux siw,
+			// offered only a Send RTR (which it does not support),
+			// answers Write instead of rejecting (siw_cm.c "else
+			// WRITE"); any initiator can send a Write or Read RTR, so
+			// rdmatap follows the responder's choice.
+			if chosen == 0 || chosen&(chosen-1) != 0 || (chosen&offer.RTR == 0 && chosen == RTRSend) {
 				return ConnParams{}, nil, fmt.Errorf("%w: offered %v, responder chose %v", ErrNoMatchingRTR, offer.RTR, v.RTR)
 			}
 			p.PeerToPeer, p.RTR = true, chosen

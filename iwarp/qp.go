@@ -102,6 +102,12 @@ type QPConfig struct {
 	// MaxFPDU caps the FPDU size; 0 uses the connection's current maximum
 	// TCP segment payload, which keeps one FPDU per segment.
 	MaxFPDU int
+	// FirstFPDUDelay holds an initiator's first FPDU (the RTR, or the
+	// first message) for this long after the MPA Reply. Linux siw (all
+	// builds without the accept-race fix) stops reading a connection whose
+	// first FPDU arrives while it is still switching the socket from
+	// connection setup to the QP: a few milliseconds avoid it. 0: none.
+	FirstFPDUDelay time.Duration
 	// ManualProgress starts no receive goroutine: the application drives
 	// the receive path with Progress or WaitProgress (libfabric's manual
 	// progress). Incoming data, completions, Terminates and the peer's close
@@ -317,7 +323,17 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	qp.rxDone = make(chan struct{})
 	qp.rx.init(p)
 	qp.tx.init(p)
+	if p.Initiator && qp.cfg.FirstFPDUDelay > 0 {
+		// Posts are queued while the gate is shut; nothing is sent.
+		qp.txGate = true
+	}
 	qp.mu.Unlock()
+	if p.Initiator && qp.cfg.FirstFPDUDelay > 0 {
+		time.Sleep(qp.cfg.FirstFPDUDelay)
+		qp.mu.Lock()
+		qp.txGate = false
+		qp.mu.Unlock()
+	}
 	// RFC 6581: a peer-to-peer initiator's first FPDU is the RTR. Send it
 	// before Start returns, so that nothing the application posts (which
 	// posters may transmit themselves) can overtake it.

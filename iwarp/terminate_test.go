@@ -450,3 +450,26 @@ func TestP2PRTRIsFirstFPDU(t *testing.T) {
 		cancel()
 	}
 }
+
+// TestSiwPicksUnofferedRTR names a siw quirk: offered only a Send RTR,
+// siw's responder replies Write RTR instead of rejecting. The initiator
+// copes by sending the Write RTR the responder asked for.
+func TestSiwPicksUnofferedRTR(t *testing.T) {
+	sa, sb := tcpPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	go func() {
+		if _, err := readMPAFrame(ctx, sb); err != nil {
+			return
+		}
+		// siw's reply to an offer of {Send}: P2P, Write RTR.
+		writeMPAFrame(ctx, sb, &MPAFrameFields{Reply: true, Revision: 2, V2: &MPAv2Params{IRD: 1, ORD: 1, PeerToPeer: true, RTR: RTRWrite}})
+	}()
+	p, _, err := Initiate(ctx, sa, MPAConfig{PeerToPeer: true, RTR: RTRSend, IRD: 1, ORD: 1})
+	if err != nil {
+		t.Fatalf("initiator gave up on siw's Write RTR: %v", err)
+	}
+	if !p.PeerToPeer || p.RTR != RTRWrite {
+		t.Fatalf("negotiated %+v, want peer-to-peer with the Write RTR siw chose", p)
+	}
+}

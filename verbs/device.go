@@ -5,6 +5,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"rdmatap/iwarp"
 	"rdmatap/netstack"
@@ -21,6 +22,11 @@ type DeviceConfig struct {
 	RTR         iwarp.RTR
 	// MaxFPDU caps FPDU size; 0 keeps one FPDU per TCP segment.
 	MaxFPDU int
+	// FirstFPDUDelay holds the first FPDU of a connection this device
+	// initiates for this long after the MPA Reply (default 10 ms, negative
+	// for none): unpatched Linux siw stalls a connection whose first FPDU
+	// arrives in the instant after its Reply (its accept race).
+	FirstFPDUDelay time.Duration
 	// EventQueue is the depth of the async event channel (default 256).
 	EventQueue int
 }
@@ -60,6 +66,12 @@ func Open(ns *netstack.Stack, cfg DeviceConfig) (*Device, error) {
 	}
 	if cfg.MaxFPDU < 0 {
 		return nil, fmt.Errorf("%w: MaxFPDU %d", ErrInvalidArgument, cfg.MaxFPDU)
+	}
+	if cfg.FirstFPDUDelay == 0 {
+		cfg.FirstFPDUDelay = 10 * time.Millisecond
+	}
+	if cfg.FirstFPDUDelay < 0 {
+		cfg.FirstFPDUDelay = 0
 	}
 	if cfg.EventQueue <= 0 {
 		cfg.EventQueue = 256

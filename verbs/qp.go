@@ -122,7 +122,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	iw, err := iwarp.NewQP(iwarp.QPConfig{
 		Num: num, PD: pd.id, Mem: d.mem, SendCQ: cfg.SendCQ, RecvCQ: cfg.RecvCQ,
 		RQ: qp.rq, SharedRQ: cfg.SRQ != nil, MaxSendWR: cfg.MaxSendWR, MaxSendSGE: cfg.MaxSendSGE,
-		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU, ManualProgress: cfg.ManualProgress,
+		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU, ManualProgress: cfg.ManualProgress, FirstFPDUDelay: d.cfg.FirstFPDUDelay,
 		Stats: &d.stats, OnEvent: func(e iwarp.Event) { d.post(qpEvent(e)) },
 	})
 	if err != nil {
