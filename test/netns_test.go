@@ -282,7 +282,7 @@ func TestPcapDecodesInTshark(t *testing.T) {
 	}
 	n := newNetns(t, 1500)
 	pcap := filepath.Join(t.TempDir(), "client.pcap")
-	srv := n.start(t, append([]string{"ping", "-s", "-a", n.ips[0]}, n.endpointArgs(0, "--crc")...)...)
+	srv := n.start(t, append([]string{"ping", "-s", "-a", n.ips[0], "-S", "3000"}, n.endpointArgs(0, "--crc")...)...)
 	n.ready(t, 0)
 	cl := n.start(t, append([]string{"ping", "-c", "-a", n.ips[0], "-C", "10", "-V", "-S", "3000"}, n.endpointArgs(1, "--crc", "--pcap", pcap)...)...)
 	if out, err := cl.wait(t, time.Minute); err != nil {
