@@ -28,11 +28,11 @@ type endpoint struct {
 	mtu  atomic.Uint32
 	addr atomic.Pointer[tcpip.LinkAddress]
 
-	// mu guards dispatcher. The read loop holds it for reading while it
-	// delivers, so Attach(nil) returns only when no delivery is in flight.
-	// Nothing reachable from DeliverNetworkPacket may take it.
-	mu         sync.RWMutex
-	dispatcher stack.NetworkDispatcher
+	// dispatcher is loaded without a lock by the read loop. Attach(nil)
+	// does not wait for an in-flight delivery: it is called by the stack
+	// with its own lock held while a delivery may need that lock, and the
+	// NIC is already disabled at that point, so it drops such packets.
+	dispatcher atomic.Pointer[dispatcherBox]
 
 	onCloseMu sync.Mutex
 	onClose   func()
@@ -66,17 +66,17 @@ func (e *endpoint) SetLinkAddress(a tcpip.LinkAddress) {
 func (e *endpoint) Capabilities() stack.LinkEndpointCapabilities { return e.caps }
 func (e *endpoint) ARPHardwareType() header.ARPHardwareType      { return header.ARPHardwareEther }
 
+type dispatcherBox struct{ d stack.NetworkDispatcher }
+
 func (e *endpoint) Attach(d stack.NetworkDispatcher) {
-	e.mu.Lock()
-	e.dispatcher = d
-	e.mu.Unlock()
+	if d == nil {
+		e.dispatcher.Store(nil)
+		return
+	}
+	e.dispatcher.Store(&dispatcherBox{d})
 }
 
-func (e *endpoint) IsAttached() bool {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	return e.dispatcher != nil
-}
+func (e *endpoint) IsAttached() bool { return e.dispatcher.Load() != nil }
 
 // Wait returns when the read loop has ended (after Device.Close).
 func (e *endpoint) Wait() {
@@ -183,21 +183,9 @@ func (d *Device) writePacket(pkt *stack.PacketBuffer) tcpip.Error {
 		}
 		iovs = appendIov(iovs, flat)
 	}
-	var errno unix.Errno
-	if d.offload {
-		errno = writev(d.fd, iovs)
-	} else {
-		rc, err := d.file.SyscallConn()
-		if err != nil {
-			return &tcpip.ErrClosedForSend{}
-		}
-		if err := rc.Write(func(fd uintptr) bool {
-			errno = writev(int(fd), iovs)
-			return errno != unix.EAGAIN
-		}); err != nil {
-			return &tcpip.ErrClosedForSend{}
-		}
-	}
+	// Plain path: d.fd is water's fd; Close takes txMu before closing it,
+	// so it cannot be closed (and reused) under us.
+	errno := writev(d.fd, iovs)
 	if errno != 0 {
 		return tcpip.TranslateErrno(errno)
 	}
@@ -406,14 +394,10 @@ func (d *Device) deliver(buf buffer.Buffer, hdr []byte) {
 	// that look at the packet before the NIC does.
 	pkt.RXChecksumValidated = d.offload
 
-	e := d.ep
-	e.mu.RLock()
-	disp := e.dispatcher
-	if disp == nil {
-		e.mu.RUnlock()
+	box := d.ep.dispatcher.Load()
+	if box == nil {
 		d.st.rxDropped.Add(1)
 		return
 	}
-	disp.DeliverNetworkPacket(proto, pkt)
-	e.mu.RUnlock()
+	box.d.DeliverNetworkPacket(proto, pkt)
 }

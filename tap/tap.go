@@ -92,11 +92,11 @@ type Device struct {
 	mac     net.HardwareAddr
 	mtu     int
 
-	fd    int // offload path: the /dev/net/tun fd (non-blocking); -1 otherwise
+	fd    int // the /dev/net/tun fd (non-blocking); on the plain path owned by wif
 	evfd  int // offload path: eventfd that wakes the read loop on Close
 	ctlfd int // AF_INET datagram socket in the TAP's netns for SIOC* ioctls
 
-	wif  *water.Interface // plain path
+	wif  *water.Interface // plain path (d.fd is then its fd, owned by wif)
 	file *os.File         // plain path: wif's file
 
 	ep *endpoint
@@ -267,6 +267,7 @@ func (d *Device) openPlain(name string) error {
 		// water opens without O_CLOEXEC: a child process would inherit the
 		// fd and keep a created TAP alive.
 		unix.CloseOnExec(int(fd))
+		d.fd = int(fd) // for writev; water keeps ownership
 		// water always clears TUNSETPERSIST; an existing TAP we could attach
 		// to was persistent, so restore that.
 		if existed {
@@ -401,6 +402,7 @@ func (d *Device) close() error {
 			d.setUp(false)
 		}
 		err := d.wif.Close()
+		d.fd = -1 // closed by water
 		d.txMu.Unlock()
 		<-d.loopDone
 		d.closeFDs()
@@ -430,7 +432,7 @@ func (d *Device) close() error {
 
 // closeFDs closes whatever is still open (also used on Open failure).
 func (d *Device) closeFDs() {
-	if d.fd >= 0 {
+	if d.fd >= 0 && d.wif == nil {
 		unix.Close(d.fd)
 		d.fd = -1
 	}
