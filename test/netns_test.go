@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 }
 
 // needRoot skips a test that needs root, /dev/net/tun and iproute2.
-func needRoot(t *testing.T) {
+func needRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: network-namespace tests need root (they create TAP devices, a bridge and a namespace)")
@@ -65,7 +65,7 @@ type netns struct {
 	bridge string
 }
 
-func run(t *testing.T, args ...string) string {
+func run(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
 	if err != nil {
@@ -81,7 +81,7 @@ var nsSeq struct {
 
 // newNetns makes the namespace, the bridge and two persistent TAPs on it;
 // t.Cleanup deletes them all by name, even when the test fails.
-func newNetns(t *testing.T, mtu int) *netns {
+func newNetns(t testing.TB, mtu int) *netns {
 	t.Helper()
 	needRoot(t)
 	nsSeq.Lock()
@@ -125,7 +125,7 @@ type proc struct {
 	done chan error
 }
 
-func (n *netns) start(t *testing.T, args ...string) *proc {
+func (n *netns) start(t testing.TB, args ...string) *proc {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	p := &proc{done: make(chan error, 1)}
@@ -148,7 +148,7 @@ func (n *netns) start(t *testing.T, args ...string) *proc {
 	return p
 }
 
-func (p *proc) wait(t *testing.T, d time.Duration) (string, error) {
+func (p *proc) wait(t testing.TB, d time.Duration) (string, error) {
 	t.Helper()
 	select {
 	case err := <-p.done:
@@ -167,7 +167,7 @@ func (n *netns) endpointArgs(i int, extra ...string) []string {
 
 // ready waits until the kernel can ping endpoint i: its netstack answers
 // ARP and ICMP.
-func (n *netns) ready(t *testing.T, i int) {
+func (n *netns) ready(t testing.TB, i int) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {

@@ -1,0 +1,187 @@
+package test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// BenchmarkNetwork measures, in one run, rdmatap RDMA Write bandwidth
+// between two processes whose TAPs sit on a bridge (MTU 1500, 1 MiB
+// messages) and kernel TCP between two network namespaces over a veth pair
+// (MTU 1500, 1 MiB writes), with the CPU seconds per GB of both processes
+// of each pair (getrusage of the children: user + system):
+//
+//	sudo go test ./test/ -run XXX -bench Network -benchtime 1x
+//
+// It reports Gbit/s and CPU-s/GB for both and the ratio rdmatap/kernel.
+func BenchmarkNetwork(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("skipping: the network benchmark needs root (TAPs, bridge, namespaces)")
+	}
+	const total = 4 << 30 // bytes per measurement
+	rg, rcpu := rdmatapWrite(b, total)
+	kg, kcpu := kernelTCP(b, total)
+	b.ReportMetric(rg, "rdmatap_Gbit/s")
+	b.ReportMetric(kg, "kernel_Gbit/s")
+	b.ReportMetric(rg/kg, "ratio")
+	b.ReportMetric(rcpu, "rdmatap_CPU-s/GB")
+	b.ReportMetric(kcpu, "kernel_CPU-s/GB")
+	fmt.Fprintf(os.Stderr, "rdmatap bw write over bridged TAPs: %.2f Gbit/s, %.3f CPU-s/GB; kernel TCP over veth: %.2f Gbit/s, %.3f CPU-s/GB; ratio %.2f\n",
+		rg, rcpu, kg, kcpu, rg/kg)
+}
+
+func cpuSeconds(ps *os.ProcessState) float64 {
+	ru, ok := ps.SysUsage().(*syscall.Rusage)
+	if !ok {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// rdmatapWrite runs rdmatap bw write with 1 MiB messages between two
+// processes on bridged TAPs and returns Gbit/s and CPU-s/GB.
+func rdmatapWrite(b *testing.B, total int) (float64, float64) {
+	n := newNetns(b, 1500)
+	iters := total >> 20
+	srv := n.start(b, append([]string{"bw", "write", "-s", "1048576", "-n", strconv.Itoa(iters)}, n.endpointArgs(0)...)...)
+	n.ready(b, 0)
+	start := time.Now()
+	cl := n.start(b, append([]string{"bw", "write", n.ips[0], "-s", "1048576", "-n", strconv.Itoa(iters), "-j"}, n.endpointArgs(1)...)...)
+	out, err := cl.wait(b, 5*time.Minute)
+	el := time.Since(start).Seconds()
+	if err != nil {
+		b.Fatalf("client: %v\n%s\nserver:\n%s", err, out, srv.out.String())
+	}
+	if _, err := srv.wait(b, time.Minute); err != nil {
+		b.Fatalf("server: %v\n%s", err, srv.out.String())
+	}
+	gbits := float64(total) * 8 / el / 1e9
+	// Prefer the tool's own measurement (it excludes connection setup).
+	var res struct {
+		Results []struct {
+			BWAverageMBs float64 `json:"bw_average_mb_s"`
+		} `json:"results"`
+	}
+	if json.Unmarshal([]byte(lastJSON(out)), &res) == nil && len(res.Results) > 0 && res.Results[0].BWAverageMBs > 0 {
+		gbits = res.Results[0].BWAverageMBs * 1e6 * 8 / 1e9
+	}
+	cpu := cpuSeconds(cl.cmd.ProcessState) + cpuSeconds(srv.cmd.ProcessState)
+	return gbits, cpu / (float64(total) / 1e9)
+}
+
+func lastJSON(s string) string {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '{' && (i == 0 || s[i-1] == '\n') {
+			return s[i:]
+		}
+	}
+	return ""
+}
+
+// kernelTCP moves total bytes over kernel TCP between two namespaces
+// joined by a veth pair, with this test binary as sender and receiver.
+func kernelTCP(b *testing.B, total int) (float64, float64) {
+	id := fmt.Sprintf("%d", os.Getpid()%100000)
+	nsA, nsB := "rdka"+id, "rdkb"+id
+	for _, ns := range []string{nsA, nsB} {
+		exec.Command("ip", "netns", "del", ns).Run()
+		if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+			b.Fatalf("%v %s", err, out)
+		}
+	}
+	b.Cleanup(func() {
+		exec.Command("ip", "netns", "del", nsA).Run()
+		exec.Command("ip", "netns", "del", nsB).Run()
+	})
+	for _, c := range [][]string{
+		{"ip", "link", "add", "rdva" + id, "netns", nsA, "type", "veth", "peer", "name", "rdvb" + id, "netns", nsB},
+		{"ip", "netns", "exec", nsA, "ip", "addr", "add", "10.89.0.1/24", "dev", "rdva" + id},
+		{"ip", "netns", "exec", nsB, "ip", "addr", "add", "10.89.0.2/24", "dev", "rdvb" + id},
+		{"ip", "netns", "exec", nsA, "ip", "link", "set", "rdva" + id, "up", "mtu", "1500"},
+		{"ip", "netns", "exec", nsB, "ip", "link", "set", "rdvb" + id, "up", "mtu", "1500"},
+		{"ip", "netns", "exec", nsA, "ip", "link", "set", "lo", "up"},
+		{"ip", "netns", "exec", nsB, "ip", "link", "set", "lo", "up"},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			b.Fatalf("%v: %v %s", c, err, out)
+		}
+	}
+	self, _ := os.Executable()
+	srv := exec.Command("ip", "netns", "exec", nsB, self, "-test.run", "^TestKernelTCPHelper$")
+	srv.Env = append(os.Environ(), "RDMATAP_TCP_HELPER=server", "RDMATAP_TCP_BYTES="+strconv.Itoa(total))
+	srvOut, _ := srv.StdoutPipe()
+	if err := srv.Start(); err != nil {
+		b.Fatal(err)
+	}
+	// Wait for the listener.
+	buf := make([]byte, 64)
+	if n, _ := srvOut.Read(buf); n == 0 {
+		b.Fatal("TCP helper server did not start")
+	}
+	cl := exec.Command("ip", "netns", "exec", nsA, self, "-test.run", "^TestKernelTCPHelper$")
+	cl.Env = append(os.Environ(), "RDMATAP_TCP_HELPER=client", "RDMATAP_TCP_BYTES="+strconv.Itoa(total))
+	start := time.Now()
+	if out, err := cl.CombinedOutput(); err != nil {
+		b.Fatalf("TCP client: %v %s", err, out)
+	}
+	io.Copy(io.Discard, srvOut)
+	if err := srv.Wait(); err != nil {
+		b.Fatalf("TCP server: %v", err)
+	}
+	el := time.Since(start).Seconds()
+	cpu := cpuSeconds(cl.ProcessState) + cpuSeconds(srv.ProcessState)
+	return float64(total) * 8 / el / 1e9, cpu / (float64(total) / 1e9)
+}
+
+// TestKernelTCPHelper is the kernel TCP sender/receiver of BenchmarkNetwork
+// (run as a child process); it does nothing in a normal test run.
+func TestKernelTCPHelper(t *testing.T) {
+	role := os.Getenv("RDMATAP_TCP_HELPER")
+	if role == "" {
+		t.Skip("helper process for BenchmarkNetwork")
+	}
+	total, _ := strconv.Atoi(os.Getenv("RDMATAP_TCP_BYTES"))
+	buf := make([]byte, 1<<20)
+	switch role {
+	case "server":
+		l, err := net.Listen("tcp", "10.89.0.2:5201")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Println("listening")
+		c, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for got < total {
+			n, err := c.Read(buf)
+			got += n
+			if err != nil {
+				break
+			}
+		}
+		if got != total {
+			t.Fatalf("received %d of %d", got, total)
+		}
+	case "client":
+		c, err := net.Dial("tcp", "10.89.0.2:5201")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for sent := 0; sent < total; sent += len(buf) {
+			if _, err := c.Write(buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.Close()
+	}
+}
