@@ -555,7 +555,10 @@ func (qp *QP) terminated(code TermCode) {
 	}
 	qp.mu.Unlock()
 	qp.event(Event{Type: EventTerminateReceived, Term: code, Err: te})
-	qp.fail(te, false)
+	// This runs inside the stream's read callback (netstack holds the
+	// endpoint lock there), and closing the stream takes that lock:
+	// fail from another goroutine. The receiver discards what follows.
+	go qp.fail(te, false)
 }
 
 // fail moves the QP to ERROR: it closes (or resets) the stream, lets both

@@ -299,3 +299,43 @@ func TestCQWaitNoLostWakeups(t *testing.T) {
 		}
 	}
 }
+
+// TestTerminateOverNetstack: a Read with a bad rkey makes the peer send a
+// Terminate; the requester receives it inside netstack's read callback and
+// must complete the Read with "remote access error" and shut down without
+// hanging (closing the stream from that callback would deadlock).
+func TestTerminateOverNetstack(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	cl, sv := connect(t, p, 4096, verbs.ConnParams{})
+	if err := cl.qp.PostSend(verbs.SendWR{ID: 7, Op: verbs.OpRead, Flags: verbs.Signaled,
+		SGL: []verbs.SGE{cl.mr.SGE(0, 64)}, RemoteAddr: cl.remote.Addr, RKey: cl.remote.RKey ^ 0x100}); err != nil {
+		t.Fatal(err)
+	}
+	wc := wait1(t, cl.scq)
+	if wc.ID != 7 || wc.Status != verbs.StatusRemoteAccess || !errors.Is(wc.Err(), verbs.ErrTerminated) {
+		t.Fatalf("read completion %+v (%v)", wc, wc.Err())
+	}
+	for _, qp := range []*verbs.QP{cl.qp, sv.qp} {
+		select {
+		case <-qp.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("QP %d did not reach ERROR", qp.Num())
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		cl.qp.Close()
+		sv.qp.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hung after a Terminate")
+	}
+	for _, c := range cl.buf {
+		if c != 0 {
+			t.Fatal("the Read's sink changed")
+		}
+	}
+}

@@ -1,0 +1,626 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"rdmatap/verbs"
+)
+
+// rdmatap bw / rdmatap lat: perftest's ib_{write,read,send}_{bw,lat}
+// (linux-rdma/perftest 4.5) with its flags, defaults, banner and result
+// table. The connection setup is perftest's -R (rdma_cm) mode: a
+// parameter-exchange connection whose Sends carry perftest's messages
+// (version, system data, MTU, struct pingpong_dest, bw reports), then one
+// test connection per QP to the same port. See perf_exchange.go.
+
+func init() {
+	register(command{"bw", "perftest-style bandwidth test: rdmatap bw write|read|send [flags] [SERVER]\n" +
+		"            (ib_write_bw/ib_read_bw/ib_send_bw -R flags and output)", func(a []string, o, e io.Writer) error { return perfCmd(perfBW, a, o, e) }})
+	register(command{"lat", "perftest-style latency test: rdmatap lat write|read|send [flags] [SERVER]\n" +
+		"            (ib_write_lat/ib_read_lat/ib_send_lat -R flags and output)", func(a []string, o, e io.Writer) error { return perfCmd(perfLat, a, o, e) }})
+}
+
+type perfTestKind int
+
+const (
+	perfBW perfTestKind = iota
+	perfLat
+)
+
+type perfVerb int
+
+const (
+	perfSend perfVerb = iota
+	perfWrite
+	perfRead
+)
+
+// testsStr of perftest_parameters.c, indexed by verb.
+var perfVerbStr = [...]string{"Send", "RDMA_Write", "RDMA_Read"}
+
+// perftest constants (perftest_parameters.h, perftest_communication.h).
+const (
+	perfDefPort     = 18515
+	perfDefSizeBW   = 65536
+	perfDefSizeLat  = 2
+	perfDefIters    = 1000
+	perfDefItersWB  = 5000
+	perfDefTxBW     = 128
+	perfDefTxLat    = 1
+	perfDefRxSend   = 512
+	perfDefCQMod    = 100
+	perfDefDuration = 5
+	perfMaxSize     = 1 << 23 // MAX_SIZE: -a runs 2..2^23
+	perfMinIter     = 5
+	perfCQModLimit  = 8192 // MSG_SIZE_CQ_MOD_LIMIT: no CQ moderation above
+	perfNoPeakIters = 20000
+	perfResultLine  = "---------------------------------------------------------------------------------------\n"
+	perfResultFmt   = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+	perfResultFmtG  = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+	perfResultLat   = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+	perfResultLatD  = " #bytes        #iterations       t_avg[usec]    tps average"
+	perfReportFmt   = " %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n"
+	perfReportExt   = " %-7d    %d           %-7.6f            %-7.6f            %-7.6f\n"
+	perfReportLat   = " %-7d %d          %-7.2f        %-7.2f      %-7.2f  \t       %-7.2f     \t%-7.2f\t\t%-7.2f \t\t%-7.2f\n"
+	perfReportLatD  = " %-7d       %d            %-7.2f        %-7.2f\n"
+	perfMTU         = 1024 // what siw reports as the active MTU (IBV_MTU_1024)
+	perfMTUEnum     = 3
+)
+
+// perfOpts are the parsed flags.
+type perfOpts struct {
+	test    perfTestKind
+	verb    perfVerb
+	server  netip.Addr // client: the server's address; invalid: we are the server
+	bind    netip.Addr // server: address to listen on (default: any)
+	port    uint16
+	size    int
+	iters   int
+	dur     time.Duration // -D: duration mode
+	margin  time.Duration // -f
+	qps     int
+	all     bool
+	allMax  int // largest -a size (perfMaxSize; tests lower it)
+	txDepth int
+	rxDepth int
+	cqMod   int
+	inline  int
+	outs    int
+	noPeak  bool
+	gbits   bool
+	json    bool
+	verify  bool
+	devName string
+	timeout time.Duration
+
+	// progress receives the terminal progress line (nil: none).
+	progress io.Writer
+	// listening is called once the server listens (tests).
+	listening func(netip.AddrPort)
+}
+
+func (o *perfOpts) client() bool { return o.server.IsValid() }
+
+const perfSummaryFmt = "usage: rdmatap %s write|read|send [flags] [SERVER]\n" +
+	"Server: rdmatap %[1]s VERB [flags]; client: the same with the server's address.\n" +
+	"As perftest: the SAME flags must be given to both sides. Connections are\n" +
+	"always rdma_cm-style (perftest -R); -F and -R are accepted. The endpoint\n" +
+	"flags (--tap, --addr, ...) make this process's TAP endpoint.\n"
+
+func perfCmd(test perfTestKind, args []string, stdout, stderr io.Writer) error {
+	o, ef, err := parsePerfFlags(test, args, stderr)
+	if err != nil {
+		return err
+	}
+	if _, _, _, err := ef.check(); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if f, ok := stderr.(*os.File); ok && isTTY(f) {
+		o.progress = stderr
+	}
+	e, err := ef.open()
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if o.devName == "" {
+		o.devName = e.Dev.Name()
+	}
+	return runPerf(ctx, e.Dev, o, stdout)
+}
+
+// parsePerfFlags parses "VERB [flags] [SERVER] [flags]".
+func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpts, *endpointFlags, error) {
+	name := map[perfTestKind]string{perfBW: "bw", perfLat: "lat"}[test]
+	o := perfOpts{test: test, allMax: perfMaxSize}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	ef := new(endpointFlags)
+	ef.register(fs)
+	var (
+		size, iters, dur, margin, qps, port, tx, rx, cqmod, inline, outs int
+		all, gbits, cpuFreq, rdmaCM, noPeak                              bool
+		bind                                                             string
+	)
+	intVar := func(p *int, short, long string, def int, usage string) {
+		fs.IntVar(p, short, def, usage)
+		if long != "" {
+			fs.IntVar(p, long, def, usage)
+		}
+	}
+	boolVar := func(p *bool, short, long string, usage string) {
+		if short != "" {
+			fs.BoolVar(p, short, false, usage)
+		}
+		if long != "" {
+			fs.BoolVar(p, long, false, usage)
+		}
+	}
+	intVar(&size, "s", "size", -1, "message size (default 65536 for bw, 2 for lat)")
+	intVar(&iters, "n", "iters", -1, "number of exchanges (default 5000 for write bw, 1000 otherwise)")
+	intVar(&dur, "D", "duration", 0, "run for this many seconds (duration mode)")
+	intVar(&margin, "f", "margin", -1, "duration mode: measure within these margins (default duration/4)")
+	intVar(&qps, "q", "qp", 1, "number of QPs (bw)")
+	intVar(&port, "p", "port", perfDefPort, "port of the parameter exchange and the rdma_cm listener")
+	intVar(&tx, "t", "tx-depth", -1, "size of the send queue (default 128 bw, 1 lat)")
+	intVar(&rx, "r", "rx-depth", -1, "receive queue depth (send tests, default 512)")
+	intVar(&cqmod, "Q", "cq-mod", -1, "generate a completion every N sends (default 100)")
+	intVar(&inline, "I", "inline_size", -1, "max size of inline messages (default 0)")
+	intVar(&outs, "o", "outs", -1, "outstanding reads (read tests, default the device's max)")
+	boolVar(&all, "a", "all", "run sizes from 2 to 2^23")
+	boolVar(&gbits, "", "report_gbits", "report Gb/sec instead of MB/sec")
+	boolVar(&cpuFreq, "F", "CPU-freq", "accepted: no CPU frequency warning")
+	boolVar(&rdmaCM, "R", "rdma_cm", "accepted: rdmatap always connects through rdma_cm (perftest -R)")
+	boolVar(&noPeak, "N", "noPeak", "do not compute peak bandwidth")
+	boolVar(&o.json, "j", "json", "print the results as JSON (perftest --out_json keys)")
+	boolVar(&o.verify, "", "verify", "check every byte that arrives")
+	fs.StringVar(&o.devName, "d", "", "RDMA device name shown in the banner (default the endpoint's)")
+	fs.StringVar(&bind, "bind", "", "server: address to listen on (default any)")
+	fs.DurationVar(&o.timeout, "timeout", 20*time.Second, "give up on a peer that does not answer for this long")
+
+	var pos []string
+	rest := args
+	for {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprintf(stderr, perfSummaryFmt, name)
+				fs.SetOutput(stderr)
+				fs.PrintDefaults()
+				return o, nil, err
+			}
+			return o, nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	if len(pos) == 0 {
+		return o, nil, fmt.Errorf("%w: missing verb: rdmatap %s write|read|send [flags] [SERVER]", errUsage, name)
+	}
+	switch pos[0] {
+	case "write":
+		o.verb = perfWrite
+	case "read":
+		o.verb = perfRead
+	case "send":
+		o.verb = perfSend
+	default:
+		return o, nil, fmt.Errorf("%w: unknown verb %q (want write, read or send)", errUsage, pos[0])
+	}
+	if len(pos) > 2 {
+		return o, nil, fmt.Errorf("%w: unexpected argument %q", errUsage, pos[2])
+	}
+	if len(pos) == 2 {
+		a, err := netip.ParseAddr(pos[1])
+		if err != nil || a.Zone() != "" || a.IsUnspecified() {
+			return o, nil, fmt.Errorf("%w: server %q is not an IP address (host names are not resolved)", errUsage, pos[1])
+		}
+		o.server = a.Unmap()
+	}
+	if bind != "" {
+		a, err := netip.ParseAddr(bind)
+		if err != nil {
+			return o, nil, fmt.Errorf("%w: --bind %q is not an IP address", errUsage, bind)
+		}
+		o.bind = a.Unmap()
+	}
+	_ = cpuFreq
+	_ = rdmaCM
+	if err := o.setDefaults(size, iters, dur, margin, qps, port, tx, rx, cqmod, inline, outs, all, gbits, noPeak); err != nil {
+		return o, nil, err
+	}
+	return o, ef, nil
+}
+
+// setDefaults validates the flags and applies perftest's defaults and
+// force_dependecies rules. Negative values mean "not given".
+func (o *perfOpts) setDefaults(size, iters, dur, margin, qps, port, tx, rx, cqmod, inline, outs int, all, gbits, noPeak bool) error {
+	bad := func(f string, a ...any) error { return fmt.Errorf("%w: "+f, append([]any{errUsage}, a...)...) }
+	if port < 1 || port > 65535 {
+		return bad("invalid port %d (valid range is 1 to 65535)", port)
+	}
+	o.port = uint16(port)
+	o.gbits, o.noPeak, o.all = gbits, noPeak, all
+	switch {
+	case size == -1 && o.test == perfBW:
+		o.size = perfDefSizeBW
+	case size == -1:
+		o.size = perfDefSizeLat
+	case size < 1 || size > 1<<31-1:
+		return bad("-s %d: message size must be 1 to 2^31-1", size)
+	default:
+		o.size = size
+	}
+	switch {
+	case iters == -1 && o.test == perfBW && o.verb == perfWrite:
+		o.iters = perfDefItersWB
+	case iters == -1:
+		o.iters = perfDefIters
+	case iters < perfMinIter:
+		return bad("-n %d: iterations must be at least %d", iters, perfMinIter)
+	default:
+		o.iters = iters
+	}
+	if dur < 0 {
+		return bad("-D %d: duration must be positive", dur)
+	}
+	if dur > 0 {
+		o.dur = time.Duration(dur) * time.Second
+		if iters != -1 {
+			return bad("-n and -D exclude each other")
+		}
+		if margin == -1 {
+			o.margin = o.dur / 4
+		} else {
+			o.margin = time.Duration(margin) * time.Second
+		}
+		if !(o.dur > 2*o.margin) {
+			return bad("please check that DURATION > 2*MARGIN")
+		}
+		if all {
+			return bad("-a and -D exclude each other")
+		}
+		o.noPeak = true
+	} else if margin != -1 {
+		return bad("-f needs -D")
+	}
+	if qps < 1 || qps > 1024 {
+		return bad("-q %d: number of QPs must be 1 to 1024", qps)
+	}
+	if o.test == perfLat && qps != 1 {
+		return bad("-q: latency tests use one QP")
+	}
+	o.qps = qps
+	if tx == -1 {
+		tx = perfDefTxBW
+		if o.test == perfLat {
+			tx = perfDefTxLat
+		}
+	}
+	if tx < 1 || tx > 1<<15 {
+		return bad("-t %d: TX depth must be 1 to 32768", tx)
+	}
+	if rx == -1 {
+		rx = perfDefRxSend
+		if o.verb != perfSend {
+			rx = 1
+		}
+	}
+	if rx < 1 || rx > 1<<15 {
+		return bad("-r %d: RX depth must be 1 to 32768", rx)
+	}
+	if o.dur == 0 {
+		tx = min(tx, o.iters)
+		if o.verb == perfSend {
+			rx = min(rx, o.iters)
+		}
+	}
+	if o.verb == perfSend && o.test == perfBW && rx%2 == 1 && !all {
+		rx++ // perftest's "WA for a bug when rx_depth is odd in SEND"
+	}
+	o.txDepth, o.rxDepth = tx, rx
+	reqMod := cqmod != -1
+	if cqmod == -1 {
+		cqmod = perfDefCQMod
+	}
+	if cqmod < 1 {
+		return bad("-Q %d: CQ moderation must be positive", cqmod)
+	}
+	if o.size > perfCQModLimit && !all && !reqMod {
+		cqmod = 1
+	}
+	o.cqMod = min(cqmod, o.txDepth)
+	if o.verb == perfSend && o.test == perfBW {
+		// The receiver answers with a credit every rx_depth/3 receives.
+		o.cqMod = min(o.cqMod, max(1, o.rxDepth/3))
+	}
+	if inline == -1 || o.verb == perfRead {
+		inline = 0
+	}
+	if inline < 0 || inline > 4096 {
+		return bad("-I %d: inline size must be 0 to 4096", inline)
+	}
+	o.inline = inline
+	if o.verb == perfRead && outs != -1 && (outs < 1 || outs > 128) {
+		return bad("-o %d: outstanding reads must be 1 to 128", outs)
+	}
+	o.outs = outs
+	if all {
+		o.size = perfMaxSize
+	}
+	if o.dur == 0 && o.iters > perfNoPeakIters && o.test == perfBW {
+		o.noPeak = true
+	}
+	if o.timeout <= 0 {
+		return bad("--timeout must be positive")
+	}
+	return nil
+}
+
+// sizes returns the message sizes of the run.
+func (o *perfOpts) sizes() []int {
+	if !o.all {
+		return []int{o.size}
+	}
+	var s []int
+	for i := 1; i < 24 && 1<<i <= o.allMax; i++ {
+		s = append(s, 1<<i)
+	}
+	return s
+}
+
+// bufSize is the per-QP buffer size: the largest message, at least a page
+// (perftest's BUFF_SIZE with cycle_buffer = page size).
+func (o *perfOpts) bufSize() int {
+	n := o.size
+	if o.all {
+		n = o.allMax
+	}
+	return max(n, 4096)
+}
+
+// cHex formats v as C's printf("%#0<w>x") does: "0x" counts in the
+// width, and zero prints without the prefix.
+func cHex(v uint64, w int) string {
+	if v == 0 {
+		return fmt.Sprintf("%0*x", w, 0)
+	}
+	h := strconv.FormatUint(v, 16)
+	if len(h)+2 < w {
+		h = strings.Repeat("0", w-2-len(h)) + h
+	}
+	return "0x" + h
+}
+
+// printBanner prints ctx_print_test_info as perftest 4.5 does for an
+// iWARP device in -R mode.
+func (o *perfOpts) printBanner(w io.Writer) {
+	var b strings.Builder
+	b.WriteString(perfResultLine)
+	b.WriteString("                    " + perfVerbStr[o.verb] + " ")
+	if o.test == perfBW {
+		b.WriteString("BW ")
+	} else {
+		b.WriteString("Latency ")
+	}
+	b.WriteString("Test\n")
+	fmt.Fprintf(&b, " Dual-port       : OFF\t\tDevice         : %s\n", o.devName)
+	fmt.Fprintf(&b, " Number of qps   : %d\t\tTransport type : IW\n", o.qps)
+	b.WriteString(" Connection type : RC\t\tUsing SRQ      : OFF\n")
+	b.WriteString(" PCIe relax order: ON\n")
+	b.WriteString(" ibv_wr* API     : OFF\n")
+	if o.client() {
+		fmt.Fprintf(&b, " TX depth        : %d\n", o.txDepth)
+	}
+	if o.verb == perfSend && !o.client() {
+		fmt.Fprintf(&b, " RX depth        : %d\n", o.rxDepth)
+	}
+	if o.test == perfBW {
+		fmt.Fprintf(&b, " CQ Moderation   : %d\n", o.cqMod)
+	}
+	fmt.Fprintf(&b, " Mtu             : %d[B]\n", perfMTU)
+	b.WriteString(" Link type       : Ethernet\n")
+	b.WriteString(" GID index       : 0\n")
+	if o.verb != perfRead {
+		fmt.Fprintf(&b, " Max inline data : %d[B]\n", o.inline)
+	} else {
+		fmt.Fprintf(&b, " Outstand reads  : %d\n", o.outs)
+	}
+	b.WriteString(" rdma_cm QPs\t : ON\n")
+	b.WriteString(" Data ex. method : rdma_cm")
+	if !o.client() {
+		b.WriteString("\n" + perfResultLine)
+		b.WriteString(" Waiting for client rdma_cm QP to connect\n")
+		b.WriteString(" Please run the same command with the IB/RoCE interface IP")
+	}
+	b.WriteString("\n" + perfResultLine)
+	io.WriteString(w, b.String())
+}
+
+// printDest prints ctx_print_pingpong_data for the rdma_cm exchange
+// (whose verb is SEND, so no RKey/VAddr), with the GID line.
+func printDest(w io.Writer, side string, d perfDest) {
+	fmt.Fprintf(w, " %s address: LID %s QPN %s PSN %s\n", side, cHex(uint64(d.LID), 4), cHex(uint64(d.QPN), 6), cHex(uint64(d.PSN), 6))
+	g := d.GID
+	fmt.Fprintf(w, " GID: %02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d:%02d\n",
+		g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15])
+}
+
+// perfBWReport is struct bw_report_data (the fields that cross the wire).
+type perfBWReport struct {
+	Size    uint64  `json:"MsgSize"`
+	Iters   uint64  `json:"n_iterations"`
+	Peak    float64 `json:"BW_peak"`
+	Avg     float64 `json:"BW_average"`
+	MsgRate float64 `json:"MsgRate"`
+	// Not on the wire: for the JSON report and tests.
+	Bytes   uint64  `json:"bytes"`
+	Seconds float64 `json:"seconds"`
+}
+
+func (o *perfOpts) bwHeader() string {
+	if o.gbits {
+		return perfResultFmtG + "\n"
+	}
+	return perfResultFmt + "\n"
+}
+
+func (o *perfOpts) bwRow(r perfBWReport) string {
+	if o.gbits && r.Avg < 0.1 {
+		return fmt.Sprintf(perfReportExt, r.Size, r.Iters, r.Peak, r.Avg, r.MsgRate)
+	}
+	return fmt.Sprintf(perfReportFmt, r.Size, r.Iters, r.Peak, r.Avg, r.MsgRate)
+}
+
+// perfLatReport is print_report_lat's result.
+type perfLatReport struct {
+	Size     uint64  `json:"MsgSize"`
+	Iters    uint64  `json:"n_iterations"`
+	Min      float64 `json:"t_min,omitempty"`
+	Max      float64 `json:"t_max,omitempty"`
+	Typical  float64 `json:"t_typical,omitempty"`
+	Avg      float64 `json:"t_avg"`
+	Stdev    float64 `json:"t_stdev,omitempty"`
+	P99      float64 `json:"percentile_99,omitempty"`
+	P999     float64 `json:"percentile_99.9,omitempty"`
+	TPS      float64 `json:"tps_average,omitempty"`
+	Duration bool    `json:"-"`
+}
+
+func (o *perfOpts) latHeader() string {
+	if o.dur > 0 {
+		return perfResultLatD + "\n"
+	}
+	return perfResultLat + "\n"
+}
+
+func latRow(r perfLatReport) string {
+	if r.Duration {
+		return fmt.Sprintf(perfReportLatD, r.Size, r.Iters, r.Avg, r.TPS)
+	}
+	return fmt.Sprintf(perfReportLat, r.Size, r.Iters, r.Min, r.Max, r.Typical, r.Avg, r.Stdev, r.P99, r.P999)
+}
+
+// perfJSON is the -j document: perftest's --out_json test_info and
+// results, as real JSON.
+type perfJSON struct {
+	TestInfo map[string]any `json:"test_info"`
+	Results  any            `json:"results"`
+}
+
+func (o *perfOpts) testInfo() map[string]any {
+	kind := "BW"
+	if o.test == perfLat {
+		kind = "Latency"
+	}
+	m := map[string]any{
+		"test":            perfVerbStr[o.verb] + "_" + kind + "_Test",
+		"Dual_port":       "OFF",
+		"Device":          o.devName,
+		"Number_of_qps":   o.qps,
+		"Transport_type":  "IW",
+		"Connection_type": "RC",
+		"Using_SRQ":       "OFF",
+		"Mtu":             perfMTU,
+		"Link_type":       "Ethernet",
+		"GID_index":       0,
+		"rdma_cm_QPs":     "ON",
+		"Data_ex_method":  "rdma_cm",
+		"side":            map[bool]string{true: "client", false: "server"}[o.client()],
+	}
+	if o.client() {
+		m["TX_depth"] = o.txDepth
+	}
+	if o.verb == perfSend && !o.client() {
+		m["RX_depth"] = o.rxDepth
+	}
+	if o.test == perfBW {
+		m["CQ_Moderation"] = o.cqMod
+	}
+	if o.verb == perfRead {
+		m["Outstand_reads"] = o.outs
+	} else {
+		m["Max_inline_data"] = o.inline
+	}
+	if o.dur > 0 {
+		m["Duration"] = o.dur.Seconds()
+	}
+	return m
+}
+
+// progressLine shows how far a long run is (a TTY only).
+type progressLine struct {
+	w    io.Writer
+	last time.Time
+	used bool
+}
+
+func (p *progressLine) show(format string, a ...any) {
+	if p == nil || p.w == nil {
+		return
+	}
+	now := time.Now()
+	if now.Sub(p.last) < 200*time.Millisecond {
+		return
+	}
+	p.last = now
+	p.used = true
+	fmt.Fprintf(p.w, "\r\033[K"+format, a...)
+}
+
+func (p *progressLine) done() {
+	if p != nil && p.w != nil && p.used {
+		fmt.Fprint(p.w, "\r\033[K")
+		p.used = false
+	}
+}
+
+// runPerf runs one side of a bw or lat test on dev.
+func runPerf(ctx context.Context, dev *verbs.Device, o perfOpts, stdout io.Writer) error {
+	if o.devName == "" {
+		o.devName = dev.Name()
+	}
+	if o.verb == perfRead && o.outs == -1 {
+		o.outs = min(dev.Query().MaxQPInitRd, 128)
+	}
+	if o.outs == -1 {
+		o.outs = 0
+	}
+	human := stdout
+	if o.json {
+		human = io.Discard
+	}
+	s, err := perfSetup(ctx, dev, &o, human)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	if o.json {
+		s.jsonOut = stdout
+	}
+	if o.test == perfBW {
+		return s.runBW(ctx, human)
+	}
+	return s.runLat(ctx, human)
+}
+
+// isTTY reports whether f is a terminal.
+func isTTY(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,385 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"rdmatap/verbs"
+)
+
+// perfRun runs a server and a client of "rdmatap KIND args..." between two
+// in-process endpoints and returns their outputs.
+func perfRun(t *testing.T, test perfTestKind, args ...string) (cli, srv string) {
+	t.Helper()
+	cli, srv, cerr, serr := perfRunErr(t, test, args...)
+	if serr != nil {
+		t.Fatalf("server: %v\n--- server output:\n%s\n--- client output:\n%s", serr, srv, cli)
+	}
+	if cerr != nil {
+		t.Fatalf("client: %v\n--- client output:\n%s\n--- server output:\n%s", cerr, cli, srv)
+	}
+	return cli, srv
+}
+
+func perfRunErr(t *testing.T, test perfTestKind, args ...string) (cli, srv string, cerr, serr error) {
+	t.Helper()
+	a, b, err := embeddedPair(verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer b.Close()
+	so, _, err := parsePerfFlags(test, args, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	co, _, err := parsePerfFlags(test, append(append([]string(nil), args...), b.Addr.String()), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	so.allMax, co.allMax = perfTestAllMax, perfTestAllMax
+	so.timeout, co.timeout = 10*time.Second, 10*time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	listening := make(chan struct{})
+	so.listening = func(netip.AddrPort) { close(listening) }
+	var sb, cb bytes.Buffer
+	sdone := make(chan error, 1)
+	go func() { sdone <- runPerf(ctx, b.Dev, so, &sb) }()
+	select {
+	case <-listening:
+	case err := <-sdone:
+		return "", sb.String(), nil, err
+	}
+	cerr = runPerf(ctx, a.Dev, co, &cb)
+	if cerr != nil {
+		// The server would wait for a peer that is gone.
+		a.Close()
+	}
+	serr = <-sdone
+	return cb.String(), sb.String(), cerr, serr
+}
+
+var perfTestAllMax = 1 << 14
+
+var (
+	bwRowRE  = regexp.MustCompile(`^ (\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$`)
+	latRowRE = regexp.MustCompile(`^ (\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$`)
+)
+
+// tableRows returns the rows under the header line.
+func tableRows(t *testing.T, out, header string, re *regexp.Regexp) [][]float64 {
+	t.Helper()
+	lines := strings.Split(out, "\n")
+	var rows [][]float64
+	in := false
+	for _, l := range lines {
+		if l == header {
+			in = true
+			continue
+		}
+		if !in {
+			continue
+		}
+		if strings.HasPrefix(l, "-----") {
+			break
+		}
+		m := re.FindStringSubmatch(l)
+		if m == nil {
+			t.Fatalf("row %q does not match the table format\n%s", l, out)
+		}
+		var row []float64
+		for _, f := range m[1:] {
+			v, _ := strconv.ParseFloat(f, 64)
+			row = append(row, v)
+		}
+		rows = append(rows, row)
+	}
+	if !in {
+		t.Fatalf("no table header %q in\n%s", header, out)
+	}
+	return rows
+}
+
+func checkBanner(t *testing.T, out, title string, client bool) {
+	t.Helper()
+	for _, want := range []string{perfResultLine + "                    " + title + "\n",
+		" Dual-port       : OFF\t\tDevice         : rt0\n", " Connection type : RC\t\tUsing SRQ      : OFF\n",
+		" Mtu             : 1024[B]\n", " Link type       : Ethernet\n", " rdma_cm QPs\t : ON\n", " Data ex. method : rdma_cm",
+		" local address: LID 0000 QPN 0x", " remote address: LID 0000 QPN 0x", " GID: 00:00:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if got := strings.Contains(out, " TX depth        : "); got != client {
+		t.Errorf("TX depth line present=%v, want %v:\n%s", got, client, out)
+	}
+	if !client && !strings.Contains(out, "* Waiting for client to connect... *") {
+		t.Errorf("server output lacks the waiting banner:\n%s", out)
+	}
+}
+
+func TestPerfBW(t *testing.T) {
+	for _, verb := range []string{"write", "read", "send"} {
+		t.Run(verb, func(t *testing.T) {
+			cli, srv := perfRun(t, perfBW, verb, "-s", "4096", "-n", "200", "--verify", "-F", "-R")
+			title := map[string]string{"write": "RDMA_Write BW Test", "read": "RDMA_Read BW Test", "send": "Send BW Test"}[verb]
+			checkBanner(t, cli, title, true)
+			checkBanner(t, srv, title, false)
+			cr := tableRows(t, cli, perfResultFmt, bwRowRE)
+			sr := tableRows(t, srv, perfResultFmt, bwRowRE)
+			if len(cr) != 1 || len(sr) != 1 {
+				t.Fatalf("rows: client %d, server %d", len(cr), len(sr))
+			}
+			for _, r := range [][]float64{cr[0], sr[0]} {
+				if r[0] != 4096 || r[1] != 200 {
+					t.Errorf("row %v: want 4096 bytes, 200 iterations", r)
+				}
+				if r[3] <= 0 || r[4] <= 0 {
+					t.Errorf("row %v: zero bandwidth", r)
+				}
+				// MsgRate[Mpps] × size = BW average × 2^20.
+				if bw := r[4] * 1e6 * r[0] / (1 << 20); bw < r[3]*0.98-0.02 || bw > r[3]*1.02+0.02 {
+					t.Errorf("row %v: message rate × size = %.2f MB/s, BW average %.2f", r, bw, r[3])
+				}
+				if verb != "send" && r[2] < r[3]*0.99 {
+					t.Errorf("row %v: peak below average", r)
+				}
+			}
+			if verb != "send" && cli[strings.Index(cli, perfResultFmt):] != srv[strings.Index(srv, perfResultFmt):] {
+				t.Errorf("the server does not print the client's table:\n%s\n%s", cli, srv)
+			}
+		})
+	}
+}
+
+func TestPerfLat(t *testing.T) {
+	for _, verb := range []string{"write", "read", "send"} {
+		t.Run(verb, func(t *testing.T) {
+			cli, srv := perfRun(t, perfLat, verb, "-n", "300", "--verify", "-s", "64")
+			title := map[string]string{"write": "RDMA_Write Latency Test", "read": "RDMA_Read Latency Test", "send": "Send Latency Test"}[verb]
+			checkBanner(t, cli, title, true)
+			checkBanner(t, srv, title, false)
+			cr := tableRows(t, cli, perfResultLat, latRowRE)
+			if len(cr) != 1 {
+				t.Fatalf("client rows %d", len(cr))
+			}
+			rows := [][]float64{cr[0]}
+			if verb != "read" { // ib_read_lat's server prints no table
+				sr := tableRows(t, srv, perfResultLat, latRowRE)
+				if len(sr) != 1 {
+					t.Fatalf("server rows %d", len(sr))
+				}
+				rows = append(rows, sr[0])
+			}
+			for _, r := range rows {
+				if r[0] != 64 || r[1] != 300 {
+					t.Errorf("row %v: want 64 bytes, 300 iterations", r)
+				}
+				min, max, typ, avg := r[2], r[3], r[4], r[5]
+				if !(min > 0 && min <= typ && typ <= max && min <= avg && avg <= max && r[7] <= r[8]) {
+					t.Errorf("row %v: inconsistent statistics", r)
+				}
+			}
+		})
+	}
+}
+
+func TestPerfAll(t *testing.T) {
+	cli, srv := perfRun(t, perfBW, "write", "-a", "-n", "20", "--verify")
+	rows := tableRows(t, cli, perfResultFmt, bwRowRE)
+	if len(rows) != 13 { // 2 .. 2^13 with the tests' max of 2^14? 2..16384 is 14 sizes
+		if len(rows) != 14 {
+			t.Fatalf("%d rows, want 14:\n%s", len(rows), cli)
+		}
+	}
+	for i, r := range rows {
+		if r[0] != float64(int(2)<<i) || r[1] != 20 {
+			t.Errorf("row %d: %v", i, r)
+		}
+	}
+	if sr := tableRows(t, srv, perfResultFmt, bwRowRE); len(sr) != 1 || sr[0][0] != perfTestAllMax_f() {
+		t.Errorf("server rows %v", sr)
+	}
+	cli, _ = perfRun(t, perfBW, "send", "-a", "-n", "20", "--verify")
+	if rows := tableRows(t, cli, perfResultFmt, bwRowRE); len(rows) != 14 {
+		t.Errorf("send -a: %d rows", len(rows))
+	}
+	cli, srv = perfRun(t, perfLat, "write", "-a", "-n", "10", "--verify")
+	if rows := tableRows(t, cli, perfResultLat, latRowRE); len(rows) != 14 {
+		t.Errorf("lat write -a: %d rows", len(rows))
+	}
+	if rows := tableRows(t, srv, perfResultLat, latRowRE); len(rows) != 14 {
+		t.Errorf("lat write -a server: %d rows", len(rows))
+	}
+}
+
+func perfTestAllMax_f() float64 { return float64(perfTestAllMax) }
+
+func TestPerfMultiQP(t *testing.T) {
+	for _, verb := range []string{"write", "send"} {
+		cli, srv := perfRun(t, perfBW, verb, "-q", "4", "-s", "8192", "-n", "100", "--verify")
+		if n := strings.Count(cli, " local address:"); n != 4 {
+			t.Errorf("%s: %d local address lines, want 4", verb, n)
+		}
+		if !strings.Contains(cli, " Number of qps   : 4\t\t") {
+			t.Errorf("banner lacks 4 QPs")
+		}
+		r := tableRows(t, cli, perfResultFmt, bwRowRE)
+		if r[0][1] != 400 {
+			t.Errorf("%s: iterations %v, want 400 (100 × 4 QPs)", verb, r[0][1])
+		}
+		_ = srv
+	}
+}
+
+func TestPerfDuration(t *testing.T) {
+	cli, srv := perfRun(t, perfBW, "send", "-D", "1", "-s", "4096")
+	r := tableRows(t, cli, perfResultFmt, bwRowRE)
+	if len(r) != 1 || r[0][1] < 10 || r[0][2] != 0 {
+		t.Errorf("send -D 1: rows %v (want iterations counted, no peak)", r)
+	}
+	if sr := tableRows(t, srv, perfResultFmt, bwRowRE); len(sr) != 1 || sr[0][1] < 10 {
+		t.Errorf("server: %v", sr)
+	}
+	cli, _ = perfRun(t, perfBW, "write", "-D", "1", "-s", "65536")
+	if r := tableRows(t, cli, perfResultFmt, bwRowRE); len(r) != 1 || r[0][1] < 10 {
+		t.Errorf("write -D 1: %v", r)
+	}
+	cli, srv = perfRun(t, perfLat, "send", "-D", "1")
+	for _, out := range []string{cli, srv} {
+		re := regexp.MustCompile(`^ (\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$`)
+		r := tableRows(t, out, perfResultLatD, re)
+		if len(r) != 1 || r[0][1] < 10 {
+			t.Errorf("lat send -D 1: %v", r)
+			continue
+		}
+		// t_avg × tps ≈ 1e6 / 2 (half round trips).
+		if p := r[0][2] * r[0][3]; p < 0.45e6 || p > 0.55e6 {
+			t.Errorf("lat -D: t_avg %.2f × tps %.2f = %.0f, want 5e5", r[0][2], r[0][3], p)
+		}
+	}
+}
+
+func TestPerfJSON(t *testing.T) {
+	cli, srv := perfRun(t, perfBW, "write", "-n", "50", "-s", "1024", "-j")
+	for _, out := range []string{cli, srv} {
+		var doc struct {
+			TestInfo map[string]any `json:"test_info"`
+			Results  perfBWReport   `json:"results"`
+		}
+		if err := json.Unmarshal([]byte(out), &doc); err != nil {
+			t.Fatalf("not JSON: %v\n%s", err, out)
+		}
+		r := doc.Results
+		if doc.TestInfo["test"] != "RDMA_Write_BW_Test" || r.Size != 1024 || r.Iters != 50 || r.Avg <= 0 {
+			t.Errorf("JSON %+v", doc)
+		}
+	}
+	var doc struct {
+		Results perfBWReport `json:"results"`
+	}
+	json.Unmarshal([]byte(cli), &doc)
+	r := doc.Results
+	// bytes × iterations / time = BW average.
+	if got := float64(r.Size*r.Iters) / r.Seconds / (1 << 20); got < r.Avg*0.999 || got > r.Avg*1.001 {
+		t.Errorf("size × iters / seconds = %.3f MB/s, BW average %.3f", got, r.Avg)
+	}
+	cli, _ = perfRun(t, perfLat, "read", "-n", "50", "-j")
+	var ld struct {
+		Results perfLatReport `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(cli), &ld); err != nil || ld.Results.Iters != 50 || ld.Results.Avg <= 0 {
+		t.Errorf("lat JSON %v %+v\n%s", err, ld, cli)
+	}
+}
+
+func TestPerfReportGbits(t *testing.T) {
+	cli, _ := perfRun(t, perfBW, "read", "-n", "20", "--report_gbits")
+	if !strings.Contains(cli, perfResultFmtG+"\n") {
+		t.Errorf("no Gb/sec header:\n%s", cli)
+	}
+}
+
+func TestPerfBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{}, {"copy"}, {"write", "-s", "0"}, {"write", "-n", "2"}, {"write", "-p", "70000"},
+		{"write", "-q", "0"}, {"write", "-D", "1", "-n", "100"}, {"write", "-D", "2", "-f", "1"},
+		{"write", "nohost"}, {"write", "10.0.0.1", "10.0.0.2"}, {"write", "--bogus"}, {"write", "-s", "x"},
+	} {
+		_, _, err := parsePerfFlags(perfBW, args, io.Discard)
+		if !errors.Is(err, errUsage) {
+			t.Errorf("%q: err %v, want a usage error", args, err)
+		}
+	}
+	if _, _, err := parsePerfFlags(perfLat, []string{"write", "-q", "2"}, io.Discard); !errors.Is(err, errUsage) {
+		t.Errorf("lat -q 2: %v", err)
+	}
+	var stderr bytes.Buffer
+	if rc := run([]string{"bw", "write", "-s", "-5"}, io.Discard, &stderr); rc != 2 || strings.Count(stderr.String(), "\n") != 1 {
+		t.Errorf("bad flag: exit %d, stderr %q", rc, stderr.String())
+	}
+	// Defaults as perftest's.
+	o, _, _ := parsePerfFlags(perfBW, []string{"write"}, io.Discard)
+	if o.size != 65536 || o.iters != 5000 || o.port != 18515 || o.txDepth != 128 || o.cqMod != 1 {
+		t.Errorf("bw write defaults %+v", o)
+	}
+	// Above 8 KiB perftest turns CQ moderation off unless -Q is given.
+	if o, _, _ = parsePerfFlags(perfBW, []string{"read", "-s", "4096"}, io.Discard); o.cqMod != 100 || o.iters != 1000 {
+		t.Errorf("bw read -s 4096: %+v", o)
+	}
+	o, _, _ = parsePerfFlags(perfBW, []string{"send", "-n", "20"}, io.Discard)
+	if o.iters != 20 || o.txDepth != 20 || o.rxDepth != 20 {
+		t.Errorf("bw send -n 20: %+v", o)
+	}
+	o, _, _ = parsePerfFlags(perfLat, []string{"read", "-s", "8", "10.1.2.3", "-n", "7"}, io.Discard)
+	if o.size != 8 || o.iters != 7 || o.server != netip.MustParseAddr("10.1.2.3") || o.txDepth != 1 {
+		t.Errorf("lat read flags after the server: %+v", o)
+	}
+}
+
+func TestPerfUnreachable(t *testing.T) {
+	a, b, err := embeddedPair(verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer b.Close()
+	o, _, err := parsePerfFlags(perfBW, []string{"write", "-n", "10", b.Addr.String()}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.timeout = 2 * time.Second
+	var out bytes.Buffer
+	err = runPerf(context.Background(), a.Dev, o, &out)
+	if err == nil || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("unreachable server: %v", err)
+	}
+	t.Log(err)
+}
+
+func TestPerfCHex(t *testing.T) {
+	for _, c := range []struct {
+		v    uint64
+		w    int
+		want string
+	}{{0, 4, "0000"}, {3, 6, "0x0003"}, {0xe7104e, 6, "0xe7104e"}, {0x1234567, 6, "0x1234567"}} {
+		if got := cHex(c.v, c.w); got != c.want {
+			t.Errorf("cHex(%#x, %d) = %q, want %q", c.v, c.w, got, c.want)
+		}
+	}
+	// The row format of the siw log.
+	o := perfOpts{}
+	if got := o.bwRow(perfBWReport{Size: 4096, Iters: 20, Peak: 15.22, Avg: 7.55, MsgRate: 0.001934}); got != " 4096       20               15.22              7.55   \t\t   0.001934\n" {
+		t.Errorf("row %q", got)
+	}
+}
