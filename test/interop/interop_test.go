@@ -132,7 +132,11 @@ func (e *env) bootVM(t *testing.T, variant string, args ...string) *vm {
 // waitReady waits for the VM console line announcing the server for test.
 func (v *vm) waitReady(t *testing.T, test string) bool {
 	t.Helper()
-	re := regexp.MustCompile(`READY ` + regexp.QuoteMeta(test) + ` server`)
+	name := test // the console names perftest servers by binary: ib_write_bw
+	if test != "rping" {
+		name = "ib_" + test + "_bw"
+	}
+	re := regexp.MustCompile(`READY ` + regexp.QuoteMeta(name) + ` server`)
 	deadline := time.Now().Add(3 * time.Minute)
 	for time.Now().Before(deadline) {
 		if b, err := os.ReadFile(filepath.Join(v.out, "console.log")); err == nil && re.Match(b) {
