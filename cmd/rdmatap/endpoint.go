@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash/fnv"
+	"net"
 	"net/netip"
 	"os"
 
@@ -109,7 +111,7 @@ func (f *endpointFlags) open() (*endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	td, err := tap.Open(tap.Config{Name: f.tap, MTU: f.mtu, NoOffload: f.noOffload})
+	td, err := tap.Open(tap.Config{Name: f.tap, MTU: f.mtu, NoOffload: f.noOffload, MAC: stableMAC(f.tap, pfx.Addr())})
 	if err != nil {
 		if errors.Is(err, os.ErrPermission) {
 			return nil, fmt.Errorf("TAP %q: permission denied: creating or attaching a TAP needs root (CAP_NET_ADMIN)", f.tap)
@@ -176,4 +178,18 @@ func (e *endpoint) Close() {
 	if e.Tap != nil {
 		e.Tap.Close()
 	}
+}
+
+// stableMAC derives the endpoint's MAC from its TAP name and address: a
+// locally administered unicast address that stays the same when the
+// endpoint restarts, as a NIC's does. With a fresh MAC per process, peers
+// keep sending to the previous one from their ARP caches (seen with Linux
+// siw when perftest's tests follow each other).
+func stableMAC(name string, addr netip.Addr) net.HardwareAddr {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	h.Write(addr.AsSlice())
+	v := h.Sum64()
+	mac := net.HardwareAddr{byte(v>>40)&0xfc | 0x02, byte(v >> 32), byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}
+	return mac
 }
