@@ -339,3 +339,58 @@ func TestTerminateOverNetstack(t *testing.T) {
 		}
 	}
 }
+
+// TestSendWithInvalidate: Send with Invalidate (and with Solicited Event)
+// invalidates the receiver's STag, reports it in the completion, and later
+// remote access to that STag is refused with a Terminate.
+func TestSendWithInvalidate(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	cl, sv := connect(t, p, 4096, verbs.ConnParams{})
+	// A second MR at the server that the client will invalidate.
+	extra, err := sv.pd.RegMR(make([]byte, 256), verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, flags := range []verbs.SendFlags{verbs.Signaled, verbs.Signaled | verbs.Solicited} {
+		target := extra
+		if i == 1 {
+			if target, err = sv.pd.RegMR(make([]byte, 256), verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+				t.Fatal(err)
+			}
+		}
+		copy(cl.buf, "invalidate me")
+		if err := sv.qp.PostRecv(verbs.RecvWR{ID: 9, SGL: []verbs.SGE{sv.mr.SGE(0, 64)}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.qp.PostSend(verbs.SendWR{ID: 1, Op: verbs.OpSendInvalidate, Flags: flags, InvalidateRKey: target.RKey(),
+			SGL: []verbs.SGE{cl.mr.SGE(0, 13)}}); err != nil {
+			t.Fatal(err)
+		}
+		mustOK(t, wait1(t, cl.scq), verbs.WCSend, 13)
+		wc := wait1(t, sv.rcq)
+		mustOK(t, wc, verbs.WCRecv, 13)
+		if wc.Flags&verbs.WCWithInvalidate == 0 || wc.InvalidatedRKey != target.RKey() {
+			t.Fatalf("completion %+v does not report the invalidated rkey %#x", wc, target.RKey())
+		}
+		if (wc.Flags&verbs.WCSolicited != 0) != (flags&verbs.Solicited != 0) {
+			t.Fatalf("solicited flag %v", wc.Flags)
+		}
+		if target.Valid() || string(sv.buf[:13]) != "invalidate me" {
+			t.Fatal("the STag is still valid or the message is wrong")
+		}
+	}
+	// The invalidated STag can no longer be written.
+	if err := cl.qp.PostSend(verbs.SendWR{ID: 2, Op: verbs.OpWrite, SGL: []verbs.SGE{cl.mr.SGE(0, 8)},
+		RemoteAddr: extra.Addr(), RKey: extra.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	ev := waitEvent(t, p.b, verbs.EventTerminateSent)
+	if ev.Term.Layer != 1 || ev.Term.EType != 1 || ev.Term.Code != 0 { // DDP / tagged / invalid STag
+		t.Fatalf("terminate %v, want DDP invalid STag", ev.Term)
+	}
+	for i, c := range extra.Bytes() {
+		if c != 0 {
+			t.Fatalf("byte %d of the invalidated region written", i)
+		}
+	}
+}
