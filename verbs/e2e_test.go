@@ -34,7 +34,12 @@ type pair struct {
 
 func newPair(t testing.TB, ca, cb verbs.DeviceConfig) *pair {
 	t.Helper()
-	na, nb, err := netstack.NewPair(netstack.PairConfig{Link: testLink})
+	return newPairLink(t, testLink, ca, cb)
+}
+
+func newPairLink(t testing.TB, link netstack.LinkConfig, ca, cb verbs.DeviceConfig) *pair {
+	t.Helper()
+	na, nb, err := netstack.NewPair(netstack.PairConfig{Link: link})
 	if err != nil {
 		t.Fatal(err)
 	}
