@@ -1,8 +1,7 @@
 package test
 
 import (
-	"encoding/json"
-	"fmt"
+		"fmt"
 	"io"
 	"net"
 	"os"
@@ -54,7 +53,7 @@ func rdmatapWrite(b *testing.B, total int) (float64, float64) {
 	srv := n.start(b, append([]string{"bw", "write", "-s", "1048576", "-n", strconv.Itoa(iters)}, n.endpointArgs(0)...)...)
 	n.ready(b, 0)
 	start := time.Now()
-	cl := n.start(b, append([]string{"bw", "write", n.ips[0], "-s", "1048576", "-n", strconv.Itoa(iters), "-j"}, n.endpointArgs(1)...)...)
+	cl := n.start(b, append([]string{"bw", "write", n.ips[0], "-s", "1048576", "-n", strconv.Itoa(iters)}, n.endpointArgs(1)...)...)
 	out, err := cl.wait(b, 5*time.Minute)
 	el := time.Since(start).Seconds()
 	if err != nil {
@@ -63,27 +62,12 @@ func rdmatapWrite(b *testing.B, total int) (float64, float64) {
 	if _, err := srv.wait(b, time.Minute); err != nil {
 		b.Fatalf("server: %v\n%s", err, srv.out.String())
 	}
+	// Wall time of the client process, connection setup included: a
+	// slight underestimate of the steady rate, never an overestimate.
 	gbits := float64(total) * 8 / el / 1e9
-	// Prefer the tool's own measurement (it excludes connection setup).
-	var res struct {
-		Results []struct {
-			BWAverageMBs float64 `json:"bw_average_mb_s"`
-		} `json:"results"`
-	}
-	if json.Unmarshal([]byte(lastJSON(out)), &res) == nil && len(res.Results) > 0 && res.Results[0].BWAverageMBs > 0 {
-		gbits = res.Results[0].BWAverageMBs * 1e6 * 8 / 1e9
-	}
+	_ = out
 	cpu := cpuSeconds(cl.cmd.ProcessState) + cpuSeconds(srv.cmd.ProcessState)
 	return gbits, cpu / (float64(total) / 1e9)
-}
-
-func lastJSON(s string) string {
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] == '{' && (i == 0 || s[i-1] == '\n') {
-			return s[i:]
-		}
-	}
-	return ""
 }
 
 // kernelTCP moves total bytes over kernel TCP between two namespaces
