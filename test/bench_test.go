@@ -1,7 +1,7 @@
 package test
 
 import (
-		"fmt"
+	"fmt"
 	"io"
 	"net"
 	"os"
