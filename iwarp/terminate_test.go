@@ -473,3 +473,85 @@ func TestSiwPicksUnofferedRTR(t *testing.T) {
 		t.Fatalf("negotiated %+v, want peer-to-peer with the Write RTR siw chose", p)
 	}
 }
+
+// TestSiwEnhancedFlag names how rdmatap treats the MPA flag bit 0x10 that
+// Linux siw (and RNICs) set with revision 2 for RFC 6581 enhanced setup:
+// RFC 5044 calls it reserved, tshark warns about it. rdmatap sets it on
+// every revision-2 frame it sends, reads the IRD/ORD word only when it is
+// set, and a siw initiator fails unless the reply carries it.
+func TestSiwEnhancedFlag(t *testing.T) {
+	sa, sb := tcpPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	got := make(chan MPAFrame, 2)
+	go func() {
+		req, err := readMPAFrame(ctx, sb)
+		if err != nil {
+			return
+		}
+		got <- req
+		r := &MPARequest{Revision: req.Revision(), Enhanced: req.Enhanced()}
+		if v, ok := req.IRDORD(); ok {
+			r.V2 = v
+		}
+		r.Accept(ctx, sb, MPAConfig{IRD: 2, ORD: 2})
+	}()
+	if _, _, err := Initiate(ctx, sa, MPAConfig{IRD: 2, ORD: 2}); err != nil {
+		t.Fatal(err)
+	}
+	req := <-got
+	if req.Flags()&MPAFlagEnhanced == 0 || req.Revision() != 2 || req.PDLength() != 4 {
+		t.Fatalf("request flags %#x rev %d pd %d: want siw's 0x10 with the IRD/ORD word", req.Flags(), req.Revision(), req.PDLength())
+	}
+	// Revision 2 without the flag: the private data is all the
+	// application's, no IRD/ORD word is taken from it.
+	b := make([]byte, MPAHeaderSize+4)
+	MPAFrame(b).Encode(&MPAFrameFields{Revision: 2, PrivateData: []byte{0x80, 1, 0xc0, 1}})
+	if f := MPAFrame(b); f.Enhanced() || len(f.ULPPrivateData()) != 4 {
+		t.Fatal("revision 2 without the enhanced flag was read as enhanced")
+	}
+}
+
+// TestSiwEarlyDataRace names siw's accept race: an unpatched siw responder
+// stops reading a connection whose first FPDU arrives while it is still
+// handing the socket from connection setup to the QP. rdmatap's initiator
+// holds its first FPDU for FirstFPDUDelay after the MPA Reply.
+func TestSiwEarlyDataRace(t *testing.T) {
+	const delay = 50 * time.Millisecond
+	a := &testEnd{scq: newTestCQ(), rcq: newTestCQ(), mem: NewMemTable()}
+	rq, _ := NewRecvQueue(4, 1)
+	var err error
+	if a.qp, err = NewQP(QPConfig{Num: 1, PD: 7, Mem: a.mem, SendCQ: a.scq, RecvCQ: a.rcq, RQ: rq, MaxInline: 64, FirstFPDUDelay: delay}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.qp.Close() })
+	a.buf = make([]byte, 64)
+	a.reg = &Region{Buf: a.buf, Base: 0x1000, Access: AccessLocalWrite, PD: 7}
+	a.mem.Register(a.reg)
+	sa, sb := tcpPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	replied := make(chan time.Time, 1)
+	go func() {
+		req, err := AwaitMPARequest(ctx, sb)
+		if err == nil {
+			_, err = req.Accept(ctx, sb, MPAConfig{IRD: 1, ORD: 1})
+		}
+		replied <- time.Now()
+	}()
+	p, _, err := Initiate(ctx, sa, MPAConfig{PeerToPeer: true, RTR: RTRWrite, IRD: 1, ORD: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.Start(sa, p); err != nil {
+		t.Fatal(err)
+	}
+	a.qp.PostSend(SendWR{Op: WRSend, Flags: FlagInline, SGL: []SGE{a.sge(0, 8)}})
+	var first [2]byte
+	if err := sb.ReadFull(ctx, first[:]); err != nil {
+		t.Fatal(err)
+	}
+	if gap := time.Since(<-replied); gap < delay {
+		t.Fatalf("first FPDU %v after the MPA Reply, want at least %v", gap, delay)
+	}
+}
