@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"text/tabwriter"
@@ -106,12 +107,12 @@ type vm struct {
 	log  bytes.Buffer
 }
 
-func (e *env) bootVM(t *testing.T, variant string, args ...string) *vm {
+func (e *env) bootVM(t *testing.T, variant string, size int, args ...string) *vm {
 	t.Helper()
 	v := &vm{out: t.TempDir(), done: make(chan error, 1)}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	full := append([]string{"netns", "exec", e.ns, "bash", filepath.Join(e.harness, "boot.sh"), "--no-build",
-		"--variant", variant, "--wait", "120", "--out", v.out}, args...)
+		"--variant", variant, "--size", strconv.Itoa(size), "--n", "20", "--wait", "120", "--out", v.out}, args...)
 	v.cmd = exec.CommandContext(ctx, "ip", full...)
 	v.cmd.Stdout, v.cmd.Stderr = &v.log, &v.log
 	if err := v.cmd.Start(); err != nil {
@@ -189,12 +190,23 @@ func variantFlags(variant string) (crc string, mpa string, extra []string) {
 // TestSiwInterop runs the matrix and prints the pass/fail table.
 func TestSiwInterop(t *testing.T) {
 	e := setup(t)
-	for _, variant := range []string{"fix", "crc", "p2p", "stock"} {
+	// Every siw build with perftest's 4096-byte messages, and the default
+	// build again with 64 KiB messages (multi-FPDU messages both ways).
+	for _, c := range []struct {
+		variant string
+		size    int
+	}{{"fix", 4096}, {"crc", 4096}, {"p2p", 4096}, {"stock", 4096}, {"fix", 65536}} {
+		variant, size := c.variant, c.size
+		sz := strconv.Itoa(size)
 		crc, mpa, extra := variantFlags(variant)
-		t.Run(variant+"/vm-server", func(t *testing.T) {
-			v := e.bootVM(t, variant, "server", "rping", "write", "read", "send")
+		name := variant
+		if size != 4096 {
+			name += "-" + sz
+		}
+		t.Run(name+"/vm-server", func(t *testing.T) {
+			v := e.bootVM(t, variant, size, "server", "rping", "write", "read", "send")
 			for _, test := range []string{"rping", "write", "read", "send"} {
-				r := row{peer: "siw (" + variant + ")", role: "rdmatap client", op: test, crc: crc, mpa: mpa, result: "FAIL"}
+				r := row{peer: "siw (" + variant + ")", role: "rdmatap client", op: test + " " + sz, crc: crc, mpa: mpa, result: "FAIL"}
 				if !v.waitReady(t, test) {
 					r.result = "FAIL (VM server never ready)"
 					e.results = append(e.results, r)
@@ -207,7 +219,7 @@ func TestSiwInterop(t *testing.T) {
 				if test == "rping" {
 					out, err = e.ours(ctx, append([]string{"ping", "-c", "-a", vmIP, "-C", "5", "-v", "-V"}, extra...)...)
 				} else {
-					out, err = e.ours(ctx, append([]string{"bw", test, vmIP, "-F", "-R", "-s", "4096", "-n", "20"}, extra...)...)
+					out, err = e.ours(ctx, append([]string{"bw", test, vmIP, "-F", "-R", "-s", sz, "-n", "20"}, extra...)...)
 				}
 				cancel()
 				if err == nil {
@@ -222,17 +234,17 @@ func TestSiwInterop(t *testing.T) {
 				t.Logf("VM side %s: %s", test, res)
 			}
 		})
-		t.Run(variant+"/vm-client", func(t *testing.T) {
-			v := e.bootVM(t, variant, "client", ourIP, "rping", "write", "read", "send")
+		t.Run(name+"/vm-client", func(t *testing.T) {
+			v := e.bootVM(t, variant, size, "client", ourIP, "rping", "write", "read", "send")
 			for _, test := range []string{"rping", "write", "read", "send"} {
-				r := row{peer: "siw (" + variant + ")", role: "rdmatap server", op: test, crc: crc, mpa: mpa, result: "FAIL"}
+				r := row{peer: "siw (" + variant + ")", role: "rdmatap server", op: test + " " + sz, crc: crc, mpa: mpa, result: "FAIL"}
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 				var out string
 				var err error
 				if test == "rping" {
 					out, err = e.ours(ctx, append([]string{"ping", "-s", "-a", ourIP, "-C", "5", "-v"}, extra...)...)
 				} else {
-					out, err = e.ours(ctx, append([]string{"bw", test, "-F", "-R", "-s", "4096", "-n", "20"}, extra...)...)
+					out, err = e.ours(ctx, append([]string{"bw", test, "-F", "-R", "-s", sz, "-n", "20"}, extra...)...)
 				}
 				cancel()
 				if err == nil {
@@ -248,9 +260,10 @@ func TestSiwInterop(t *testing.T) {
 			}
 			res := v.results()
 			for i := len(e.results) - 4; i < len(e.results); i++ {
-				name := "client-" + e.results[i].op
+				op := strings.Fields(e.results[i].op)[0]
+				name := "client-" + op
 				for k, val := range res {
-					if strings.HasSuffix(k, e.results[i].op) && val != "PASS" && e.results[i].result == "PASS" {
+					if strings.HasSuffix(k, op) && val != "PASS" && e.results[i].result == "PASS" {
 						e.results[i].result = "FAIL (siw side " + val + ")"
 						t.Errorf("%s: siw reports %s (%s)", name, val, k)
 					}
