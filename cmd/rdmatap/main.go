@@ -1,10 +1,3 @@
-// Command rdmatap is the rdmatap endpoint and its tools.
-//
-//	rdmatap demo [--size N] [--iters N] [--crc] [--pcap FILE]
-//
-// demo needs no root and no TAP: it connects two endpoints in this process
-// over an in-memory link and runs Send/Recv, RDMA Write and RDMA Read,
-// verifying every byte.
 package main
 
 import (

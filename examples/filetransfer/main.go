@@ -1,10 +1,3 @@
-// Filetransfer is the RNIC file transfer: the receiver registers a buffer
-// and sends its STag to the sender; the sender registers the file's buffer
-// and RDMA Writes it across in one go; the receiver checks a SHA-256
-// checksum the sender sends behind the data. No receiver CPU touches the
-// data on its way in: DDP places it straight into the registered buffer.
-//
-//	go run ./examples/filetransfer [-file PATH] [-size 64M] [-crc]
 package main
 
 import (
