@@ -202,6 +202,7 @@ type QP struct {
 	state  QPState
 	params ConnParams
 	stream Stream
+	live   atomic.Value // the Stream, for lock-free Progress
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -309,6 +310,7 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 		return fmt.Errorf("%w: IRD %d ORD %d", ErrInvalidWR, p.IRD, p.ORD)
 	}
 	qp.stream = s
+	qp.live.Store(s)
 	qp.params = p
 	qp.state = StateRTS
 	qp.ctx, qp.cancel = context.WithCancel(context.Background())
@@ -719,10 +721,10 @@ func (qp *QP) Close() error {
 // blocks. A busy-polling application (perftest's write_lat polls memory)
 // calls it in its loop and saves the hand-off to the RX goroutine.
 func (qp *QP) Progress() {
-	qp.mu.Lock()
-	s, st := qp.stream, qp.state
-	qp.mu.Unlock()
-	if s == nil || st == StateError || !qp.rxMu.TryLock() {
+	// No qp.mu here: a poller calls this once per message. After ERROR
+	// the stream is closed and the read below just reports that.
+	s, _ := qp.live.Load().(Stream)
+	if s == nil || !qp.rxMu.TryLock() {
 		return
 	}
 	_, err := s.TryReadTo(&qp.rx, 0)
@@ -738,14 +740,14 @@ func (qp *QP) Progress() {
 // ManualProgress it is how an application waits: the same one hand-off per
 // message that a TCP reader has.
 func (qp *QP) WaitProgress(ctx context.Context) error {
-	qp.mu.Lock()
-	s, st := qp.stream, qp.state
-	qp.mu.Unlock()
+	s, _ := qp.live.Load().(Stream)
 	if s == nil {
 		return ErrInvalidState
 	}
-	if st == StateError {
+	select {
+	case <-qp.done:
 		return qp.doneErr()
+	default:
 	}
 	if err := s.WaitReadable(ctx); err != nil {
 		if ctx.Err() != nil {
