@@ -227,27 +227,13 @@ func (s *perfSession) bwClientSize(ctx context.Context, size int) (*bwRun, error
 
 	now := func() int64 { return time.Now().UnixNano() }
 	r.start = now()
-	var deadline, winStart, winEnd int64
-	measuring := false
-	var cAtStart uint64
-	if r.durationMode {
-		deadline = r.start + int64(o.dur)
-		winStart = r.start + int64(o.margin)
-		winEnd = deadline - int64(o.margin)
-	}
+	win := newDurWindow(r.start, o.dur, o.margin)
 	stopPosting := false
 	pendingSignaled := 0
 	for {
 		t := now()
 		if r.durationMode {
-			if !measuring && t >= winStart {
-				measuring, cAtStart, r.start = true, totC, t
-			}
-			if measuring && r.end == 0 && t >= winEnd {
-				r.end = t
-				r.msgs = totC - cAtStart
-			}
-			if t >= deadline {
+			if win.tick(r, t, totC) {
 				stopPosting = true
 			}
 			s.progress.show(" %s %d bytes: %.0f/%.0f s", perfVerbStr[o.verb], size, float64(t-r.start+int64(o.margin))/1e9, o.dur.Seconds())
@@ -291,11 +277,11 @@ func (s *perfSession) bwClientSize(ctx context.Context, size int) (*bwRun, error
 		if n == 0 {
 			var err error
 			if r.durationMode {
-				wctx, c := context.WithDeadline(rctx, time.Unix(0, max(deadline, now()+int64(time.Millisecond))))
+				wctx, c := context.WithDeadline(rctx, time.Unix(0, max(win.deadline, now()+int64(time.Millisecond))))
 				n, err = s.scq.Wait(wctx, wc)
 				c()
 				if err != nil && rctx.Err() == nil && wctx.Err() != nil {
-					stopPosting = now() >= deadline
+					stopPosting = now() >= win.deadline
 					continue
 				}
 			} else {
@@ -332,7 +318,7 @@ func (s *perfSession) bwClientSize(ctx context.Context, size int) (*bwRun, error
 		r.msgs = total
 	} else if r.end == 0 {
 		r.end = now()
-		r.msgs = totC - cAtStart
+		r.msgs = totC - win.atStart
 	}
 	return r, nil
 }
@@ -452,27 +438,14 @@ func (s *perfSession) sendClientSize(ctx context.Context, size int) (*bwRun, err
 	defer cancel()
 	now := func() int64 { return time.Now().UnixNano() }
 	r.start = now()
-	var deadline, winStart, winEnd int64
-	measuring := false
-	var cAtStart uint64
-	if r.durationMode {
-		deadline = r.start + int64(o.dur)
-		winStart = r.start + int64(o.margin)
-		winEnd = deadline - int64(o.margin)
-	}
+	win := newDurWindow(r.start, o.dur, o.margin)
 	stopPosting := false
 	spins := 0
 	pendingSignaled := 0
 	for {
 		t := now()
 		if r.durationMode {
-			if !measuring && t >= winStart {
-				measuring, cAtStart, r.start = true, totC, t
-			}
-			if measuring && r.end == 0 && t >= winEnd {
-				r.end, r.msgs = t, totC-cAtStart
-			}
-			if t >= deadline {
+			if win.tick(r, t, totC) {
 				stopPosting = true
 			}
 			s.progress.show(" Send %d bytes: %.0f/%.0f s", size, float64(t-r.start+int64(o.margin))/1e9, o.dur.Seconds())
@@ -564,7 +537,7 @@ func (s *perfSession) sendClientSize(ctx context.Context, size int) (*bwRun, err
 		}
 		r.msgs = total
 	} else if r.end == 0 {
-		r.end, r.msgs = now(), totC-cAtStart
+		r.end, r.msgs = now(), totC-win.atStart
 	}
 	return r, nil
 }
@@ -619,13 +592,7 @@ func (s *perfSession) sendServerSize(ctx context.Context, size int) (*bwRun, err
 	}
 	now := func() int64 { return time.Now().UnixNano() }
 	r.start = now()
-	var winStart, winEnd int64
-	measuring := false
-	var atStart uint64
-	if r.durationMode {
-		winStart = r.start + int64(o.margin)
-		winEnd = r.start + int64(o.dur-o.margin)
-	}
+	win := newDurWindow(r.start, o.dur, o.margin)
 	outstandingCredits := 0
 	for r.durationMode || tot < total {
 		n, err := s.rcq.Wait(wctx, wc)
@@ -690,12 +657,7 @@ func (s *perfSession) sendServerSize(ctx context.Context, size int) (*bwRun, err
 			outstandingCredits -= k
 		}
 		if r.durationMode {
-			if !measuring && t >= winStart {
-				measuring, atStart, r.start = true, tot, t
-			}
-			if measuring && r.end == 0 && t >= winEnd {
-				r.end, r.msgs = t, tot-atStart
-			}
+			win.tick(r, t, tot)
 			s.progress.show(" Send %d bytes: %.0f s", size, float64(t-r.start+int64(o.margin))/1e9)
 		} else if o.all || total > 100000 {
 			s.progress.show(" Send %d bytes: %d/%d", size, tot, total)
@@ -726,7 +688,7 @@ func (s *perfSession) sendServerSize(ctx context.Context, size int) (*bwRun, err
 	if !r.durationMode {
 		r.end, r.msgs = now(), total
 	} else if r.end == 0 {
-		r.end, r.msgs = now(), tot-atStart
+		r.end, r.msgs = now(), tot-win.atStart
 	}
 	return r, nil
 }
@@ -744,4 +706,30 @@ func (s *perfSession) awaitFinalCredits(want uint32) {
 			time.Sleep(20 * time.Microsecond)
 		}
 	}
+}
+
+// durWindow is perftest's duration mode (-D): the completions between the
+// two margins are measured (r.start, r.end, r.msgs), and posting stops at
+// the deadline.
+type durWindow struct {
+	deadline, winStart, winEnd int64
+	measuring                  bool
+	atStart                    uint64 // completions when the window opened
+}
+
+func newDurWindow(start int64, dur, margin time.Duration) durWindow {
+	d := start + int64(dur)
+	return durWindow{deadline: d, winStart: start + int64(margin), winEnd: d - int64(margin)}
+}
+
+// tick moves the window to time t with tot completions so far and reports
+// whether the deadline has passed.
+func (w *durWindow) tick(r *bwRun, t int64, tot uint64) bool {
+	if !w.measuring && t >= w.winStart {
+		w.measuring, w.atStart, r.start = true, tot, t
+	}
+	if w.measuring && r.end == 0 && t >= w.winEnd {
+		r.end, r.msgs = t, tot-w.atStart
+	}
+	return t >= w.deadline
 }
