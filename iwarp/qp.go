@@ -510,8 +510,8 @@ func (qp *QP) PostRecv(id uint64, sgl []SGE) error {
 
 func (qp *QP) complete(cq CQ, c Completion) {
 	c.QPNum = qp.cfg.Num
-	if !cq.Push(&c) {
-		qp.event(Event{Type: EventFatal, Err: errors.New("iwarp: completion queue overflow")})
+	if !cq.Push(c) {
+		qp.event(Event{Type: EventFatal, Err: ErrCQOverflow})
 	}
 }
 

@@ -173,9 +173,10 @@ type Completion struct {
 }
 
 // CQ receives completions. Push must not block; it returns false when the
-// queue overflowed.
+// queue overflowed. The completion is passed by value: a pointer through
+// the interface would make every completion escape to the heap.
 type CQ interface {
-	Push(c *Completion) bool
+	Push(c Completion) bool
 }
 
 // Errors of the queue and QP API.
@@ -185,6 +186,7 @@ var (
 	ErrNoResources  = errors.New("iwarp: out of resources")
 	ErrInvalidState = errors.New("iwarp: QP not in a state that allows this operation")
 	ErrInvalidWR    = errors.New("iwarp: invalid work request")
+	ErrCQOverflow   = errors.New("iwarp: completion queue overflow")
 )
 
 // recvWQE is a posted receive.

@@ -423,20 +423,19 @@ type fpduWriter struct {
 	crcOn  bool
 	stats  *Stats
 
-	off     int // message payload bytes framed so far
-	remain  int // bytes left to produce
-	stage   int
-	emitted bool
-	buf     [MPALengthSize + DDPUntaggedHeaderSize + TerminateMaxSize]byte
-	hLen    int
-	hPos    int
-	segLen  int
-	segPos  int
-	tr      [8]byte
-	trLen   int
-	trPos   int
-	crc     uint32
-	fpdus   uint64
+	off    int // message payload bytes framed so far
+	remain int // bytes left to produce
+	stage  int
+	buf    [MPALengthSize + DDPUntaggedHeaderSize + TerminateMaxSize]byte
+	hLen   int
+	hPos   int
+	segLen int
+	segPos int
+	tr     [8]byte
+	trLen  int
+	trPos  int
+	crc    uint32
+	fpdus  uint64
 }
 
 const (
@@ -455,7 +454,7 @@ func (w *fpduWriter) reset(f *DDPFields, src zerocopy.SGList, n int, extra []byt
 	w.total = n
 	w.crcOn = crcOn
 	w.stats = stats
-	w.off, w.stage, w.emitted, w.fpdus = 0, fwNext, false, 0
+	w.off, w.stage, w.fpdus = 0, fwNext, 0
 	hs := DDPUntaggedHeaderSize
 	if f.Opcode.Tagged() {
 		hs = DDPTaggedHeaderSize
@@ -548,7 +547,6 @@ func (w *fpduWriter) startFPDU() {
 		w.crc = zerocopy.UpdateCRC32C(0, w.buf[:h])
 	}
 	w.stage = fwHeader
-	w.emitted = true
 	w.fpdus++
 }
 

@@ -82,14 +82,14 @@ func (d *Device) CreateCQ(cqe int) (*CQ, error) {
 }
 
 // Push implements iwarp.CQ.
-func (cq *CQ) Push(c *iwarp.Completion) bool {
+func (cq *CQ) Push(c iwarp.Completion) bool {
 	cq.mu.Lock()
 	if cq.n == len(cq.ring) {
 		cq.over = true
 		cq.mu.Unlock()
 		return false
 	}
-	cq.ring[(cq.head+cq.n)%len(cq.ring)] = WC(*c)
+	cq.ring[(cq.head+cq.n)%len(cq.ring)] = WC(c)
 	cq.n++
 	cq.mu.Unlock()
 	select {
