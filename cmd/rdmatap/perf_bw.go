@@ -294,32 +294,11 @@ func (s *perfSession) bwClientSize(ctx context.Context, size int) (*bwRun, error
 		t = now()
 		s.tick()
 		pendingSignaled -= n
-		for _, c := range wc[:n] {
-			if err := c.Err(); err != nil {
-				return nil, err
-			}
-			qi := int(c.ID >> 40)
-			idx := c.ID & (1<<40 - 1)
-			done := idx + 1 - ccnt[qi]
-			ccnt[qi] = idx + 1
-			for k := uint64(0); k < done; k++ {
-				if r.completed != nil {
-					r.completed[totC] = t
-				}
-				totC++
-			}
+		if err := r.account(wc[:n], ccnt, &totC, t); err != nil {
+			return nil, err
 		}
 	}
-	if !r.durationMode {
-		r.end = now()
-		if r.completed != nil {
-			r.end = r.completed[total-1]
-		}
-		r.msgs = total
-	} else if r.end == 0 {
-		r.end = now()
-		r.msgs = totC - win.atStart
-	}
+	r.finish(now(), total, totC, &win)
 	return r, nil
 }
 
@@ -514,31 +493,11 @@ func (s *perfSession) sendClientSize(ctx context.Context, size int) (*bwRun, err
 		pendingSignaled -= n
 		t = now()
 		s.tick()
-		for _, c := range wc[:n] {
-			if err := c.Err(); err != nil {
-				return nil, err
-			}
-			qi := int(c.ID >> 40)
-			idx := c.ID & (1<<40 - 1)
-			done := idx + 1 - ccnt[qi]
-			ccnt[qi] = idx + 1
-			for k := uint64(0); k < done; k++ {
-				if r.completed != nil {
-					r.completed[totC] = t
-				}
-				totC++
-			}
+		if err := r.account(wc[:n], ccnt, &totC, t); err != nil {
+			return nil, err
 		}
 	}
-	if !r.durationMode {
-		r.end = now()
-		if r.completed != nil {
-			r.end = r.completed[total-1]
-		}
-		r.msgs = total
-	} else if r.end == 0 {
-		r.end, r.msgs = now(), totC-win.atStart
-	}
+	r.finish(now(), total, totC, &win)
 	return r, nil
 }
 
@@ -732,4 +691,40 @@ func (w *durWindow) tick(r *bwRun, t int64, tot uint64) bool {
 		r.end, r.msgs = t, tot-w.atStart
 	}
 	return t >= w.deadline
+}
+
+// account counts the sends a batch of (moderated) completions covers: a
+// completion's ID carries its QP and send index, and every send up to it
+// has completed too.
+func (r *bwRun) account(wcs []verbs.WC, ccnt []uint64, totC *uint64, t int64) error {
+	for _, c := range wcs {
+		if err := c.Err(); err != nil {
+			return err
+		}
+		qi := int(c.ID >> 40)
+		idx := c.ID & (1<<40 - 1)
+		done := idx + 1 - ccnt[qi]
+		ccnt[qi] = idx + 1
+		for k := uint64(0); k < done; k++ {
+			if r.completed != nil {
+				r.completed[*totC] = t
+			}
+			*totC++
+		}
+	}
+	return nil
+}
+
+// finish closes the measurement: all total messages, or in duration mode
+// what completed since the window opened if it never closed.
+func (r *bwRun) finish(now int64, total, totC uint64, win *durWindow) {
+	if !r.durationMode {
+		r.end = now
+		if r.completed != nil {
+			r.end = r.completed[total-1]
+		}
+		r.msgs = total
+	} else if r.end == 0 {
+		r.end, r.msgs = now, totC-win.atStart
+	}
 }
