@@ -459,15 +459,15 @@ func (r *receiver) place(b []byte) {
 	switch {
 	case r.dst != nil:
 		if r.crcOn {
-			_, r.crc = zerocopy.CopyCRC(r.dst[r.payPos:], b, r.crc)
+			_, r.crc = zerocopy.PlaceCRC(r.dst[r.payPos:], b, r.crc)
 		} else {
-			copy(r.dst[r.payPos:], b)
+			zerocopy.Place(r.dst[r.payPos:], b)
 		}
 	case r.sgl != nil:
 		if r.crcOn {
-			_, r.crc = r.sgl.CopyFromCRC(r.sglOff+r.payPos, b, r.crc)
+			_, r.crc = r.sgl.PlaceFromCRC(r.sglOff+r.payPos, b, r.crc)
 		} else {
-			r.sgl.CopyFrom(r.sglOff+r.payPos, b)
+			r.sgl.PlaceFrom(r.sglOff+r.payPos, b)
 		}
 	default:
 		// Bytes with no destination (the tail of a long Terminate).

@@ -227,6 +227,7 @@ func BenchmarkStreamCopy(b *testing.B) {
 	}{
 		{"memmove", func(dst, src []byte) { copy(dst, src) }},
 		{"copycrc", func(dst, src []byte) { CopyCRC(dst, src, 0) }},
+		{"placecrc", func(dst, src []byte) { PlaceCRC(dst, src, 0) }},
 	}
 	// Offsets as in FPDUs: payload behind a 16-byte header, 4-aligned.
 	for _, mis := range []struct {

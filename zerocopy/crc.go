@@ -83,6 +83,39 @@ func CopyCRC(dst, src []byte, crc uint32) (int, uint32) {
 	return n, crc
 }
 
+// PlaceMin is the shortest copy PlaceCRC and Place make with non-temporal
+// stores; shorter ones are likely read again soon and stay in the cache.
+const PlaceMin = 16 << 10
+
+// PlaceCRC is CopyCRC for placing data into memory that will not be read
+// soon, as an RNIC's DMA does when RDMA places a large message: copies of
+// at least PlaceMin bytes use non-temporal stores on amd64 with AVX-512
+// VPCLMULQDQ, which skip reading the destination's cache lines before
+// writing them and do not evict the cache (BenchmarkStreamCopy/rx: 41–46
+// GB/s against 29–31 for CopyCRC and memmove into a cold destination). The
+// stores are fenced before it returns. Elsewhere it is CopyCRC.
+func PlaceCRC(dst, src []byte, crc uint32) (int, uint32) {
+	n := min(len(dst), len(src))
+	if n >= PlaceMin && !overlap(dst[:n], src[:n]) {
+		if c, ok := copyCRCFastNT(dst[:n], src[:n], crc); ok {
+			return n, c
+		}
+	}
+	return CopyCRC(dst, src, crc)
+}
+
+// Place is copy with PlaceCRC's non-temporal stores (the CRC it computes
+// on the way costs nothing measurable next to the memory traffic).
+func Place(dst, src []byte) int {
+	n := min(len(dst), len(src))
+	if n >= PlaceMin && !overlap(dst[:n], src[:n]) {
+		if _, ok := copyCRCFastNT(dst[:n], src[:n], 0); ok {
+			return n
+		}
+	}
+	return copy(dst, src)
+}
+
 // overlap reports whether the non-empty slices a and b share any byte.
 func overlap(a, b []byte) bool {
 	pa := uintptr(unsafe.Pointer(unsafe.SliceData(a)))

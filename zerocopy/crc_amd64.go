@@ -82,3 +82,22 @@ func copyCRCFast(dst, src []byte, crc uint32) (uint32, bool) {
 	}
 	return ^copyCRC32CFold512(dst, src, ^crc, &crcFoldTable), true
 }
+
+// copyCRC32CFold512NT is copyCRC32CFold512 with non-temporal stores; dst
+// must be 64-byte aligned.
+//
+//go:noescape
+func copyCRC32CFold512NT(dst, src []byte, crc uint32, k *[16]uint64) uint32
+
+// copyCRCFastNT is copyCRCFast with non-temporal stores to dst.
+func copyCRCFastNT(dst, src []byte, crc uint32) (uint32, bool) {
+	if !useFold512 || len(dst) < fold512Min+64 {
+		return 0, false
+	}
+	if h := int(-uintptr(unsafe.Pointer(unsafe.SliceData(dst))) & 63); h != 0 {
+		copy(dst[:h], src[:h])
+		crc = updateCRC32CGeneric(crc, dst[:h])
+		dst, src = dst[h:], src[h:]
+	}
+	return ^copyCRC32CFold512NT(dst, src, ^crc, &crcFoldTable), true
+}

@@ -13,11 +13,11 @@ import (
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
-// guardPagesTest checks UpdateCRC32C and CopyCRC on buffers that start
+// guardPagesTest checks UpdateCRC32C, CopyCRC and PlaceCRC on buffers that start
 // right after and end right before inaccessible pages.
 func guardPagesTest(t *testing.T) {
 	pg := unix.Getpagesize()
-	const dataPages = 4
+	const dataPages = 8 // more than PlaceMin
 	mem, err := unix.Mmap(-1, 0, (dataPages+2)*pg, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
 	if err != nil {
 		t.Skip("mmap:", err)
@@ -43,6 +43,9 @@ func guardPagesTest(t *testing.T) {
 			if _, got := CopyCRC(dst, p, 0x1234); got != want {
 				t.Fatalf("guarded CopyCRC len %d = %#08x, want %#08x", n, got, want)
 			}
+			if _, got := PlaceCRC(dst, p, 0x1234); got != want {
+				t.Fatalf("guarded PlaceCRC len %d = %#08x, want %#08x", n, got, want)
+			}
 		}
 	}
 	// Guarded destinations (writes outside dst fault).
@@ -55,6 +58,10 @@ func guardPagesTest(t *testing.T) {
 		for _, d := range [][]byte{data[:n], data[len(data)-n:]} {
 			if k, got := CopyCRC(d, src[:n], 0x5678); k != n || got != want || !bytes.Equal(d, src[:n]) {
 				t.Fatalf("CopyCRC into guarded len %d = %d, %#08x, want %#08x", n, k, got, want)
+			}
+			clear(d)
+			if k, got := PlaceCRC(d, src[:n], 0x5678); k != n || got != want || !bytes.Equal(d, src[:n]) {
+				t.Fatalf("PlaceCRC into guarded len %d = %d, %#08x, want %#08x", n, k, got, want)
 			}
 		}
 	}

@@ -11,3 +11,6 @@ func updateCRC32C(crc uint32, p []byte) uint32 {
 // copyCRCFast is the fused single-pass copy+CRC kernel; there is none off
 // amd64, so CopyCRC uses its chunked copy-then-CRC loop.
 func copyCRCFast(dst, src []byte, crc uint32) (uint32, bool) { return 0, false }
+
+// copyCRCFastNT is copyCRCFast with non-temporal stores; none off amd64.
+func copyCRCFastNT(dst, src []byte, crc uint32) (uint32, bool) { return 0, false }

@@ -154,3 +154,34 @@ func (l SGList) Slice(dst SGList, off, n int) SGList {
 	}
 	return dst
 }
+
+// PlaceFrom is CopyFrom with Place's non-temporal stores for large pieces.
+func (l SGList) PlaceFrom(off int, src []byte) int {
+	i, o, ok := l.locate(off)
+	if !ok {
+		return 0
+	}
+	n := 0
+	for ; i < len(l) && n < len(src); i++ {
+		n += Place(l[i][o:], src[n:])
+		o = 0
+	}
+	return n
+}
+
+// PlaceFromCRC is CopyFromCRC with PlaceCRC's non-temporal stores for large
+// pieces.
+func (l SGList) PlaceFromCRC(off int, src []byte, crc uint32) (int, uint32) {
+	i, o, ok := l.locate(off)
+	if !ok {
+		return 0, crc
+	}
+	n := 0
+	for ; i < len(l) && n < len(src); i++ {
+		var k int
+		k, crc = PlaceCRC(l[i][o:], src[n:], crc)
+		n += k
+		o = 0
+	}
+	return n, crc
+}

@@ -74,6 +74,9 @@ func TestSGListProperty(t *testing.T) {
 		if iter%50 == 0 {
 			total = r.IntN(3 * ChunkSize)
 		}
+		if iter%50 == 1 {
+			total = r.IntN(4 * PlaceMin) // pieces long enough for Place's kernel
+		}
 		l, flat := randomSGL(r, total)
 		if l.Len() != total {
 			t.Fatalf("Len = %d, want %d", l.Len(), total)
@@ -136,6 +139,26 @@ func TestSGListProperty(t *testing.T) {
 		if wcrc := stdcrc.Update(seed, stdCastagnoli, src[:want]); crc != wcrc {
 			t.Fatalf("CopyFromCRC crc %#08x, want %#08x", crc, wcrc)
 		}
+
+		// PlaceFrom / PlaceFromCRC.
+		fill(r, src)
+		if want > 0 {
+			copy(ref[off:], src[:want])
+		}
+		if got := l.PlaceFrom(off, src); got != want || !bytes.Equal(flatten(l), ref) || spare(l) {
+			t.Fatalf("PlaceFrom(off %d, len %d) over %d bytes = %d, want %d (or data mismatch)", off, n, total, got, want)
+		}
+		fill(r, src)
+		if want > 0 {
+			copy(ref[off:], src[:want])
+		}
+		got, crc = l.PlaceFromCRC(off, src, seed)
+		if got != want || !bytes.Equal(flatten(l), ref) || spare(l) {
+			t.Fatalf("PlaceFromCRC(off %d, len %d) over %d bytes = %d, want %d (or data mismatch)", off, n, total, got, want)
+		}
+		if wcrc := stdcrc.Update(seed, stdCastagnoli, src[:want]); crc != wcrc {
+			t.Fatalf("PlaceFromCRC crc %#08x, want %#08x", crc, wcrc)
+		}
 	}
 }
 
@@ -196,6 +219,7 @@ func TestSGListNoAllocs(t *testing.T) {
 		"CopyFrom":        func() { l.CopyFrom(500, buf) },
 		"CopyToCRC":       func() { _, crc = l.CopyToCRC(buf, 500, crc) },
 		"CopyFromCRC":     func() { _, crc = l.CopyFromCRC(500, buf, crc) },
+		"PlaceFromCRC":    func() { _, crc = l.PlaceFromCRC(500, buf, crc) },
 		"UpdateCRC32C":    func() { _, crc = l.UpdateCRC32C(crc, 500, 100000) },
 		"Slice":           func() { sub = l.Slice(sub, 999, 71000) },
 		"Len":             func() { _ = l.Len() },
