@@ -3,6 +3,7 @@ package iwarp
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -274,5 +275,58 @@ func TestCompletionAllocatesNothing(t *testing.T) {
 	})
 	if allocs != 0 || cq.n == 0 || cq.ring[0].QPNum != e.qp.Num() {
 		t.Fatalf("%v allocations per completion (pushed %d)", allocs, cq.n)
+	}
+}
+
+// TestInlineSendSemantics: an inline WR's bytes are taken at post time,
+// whether the poster transmits it itself (one WR, idle QP) or queues it (a
+// batch), and a bad inline SGE is an error from PostSend, not a completion.
+func TestInlineSendSemantics(t *testing.T) {
+	acc := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
+	a, b := newTestEnd(t, 4096, acc), newTestEnd(t, 4096, acc)
+	connectQPs(t, a, b, MPAConfig{IRD: 4, ORD: 4}, MPAConfig{IRD: 4, ORD: 4})
+	for _, batch := range []int{1, 2} {
+		for i := range batch {
+			if err := b.qp.PostRecv(uint64(i), []SGE{b.sge(1024+64*i, 64)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wrs := make([]SendWR, batch)
+		for i := range wrs {
+			copy(a.buf[64*i:], pattern(48, byte(batch*10+i)))
+			wrs[i] = SendWR{ID: uint64(i), Op: WRSend, Flags: FlagInline | FlagSignaled, SGL: []SGE{a.sge(64*i, 48)}}
+		}
+		if n, err := a.qp.PostSend(wrs...); err != nil || n != batch {
+			t.Fatalf("PostSend(%d inline) = %d, %v", batch, n, err)
+		}
+		clear(a.buf[:64*batch]) // inline: the buffer is free once PostSend returns
+		for i := range batch {
+			if c := a.scq.wait(t); c.Status != StatusSuccess || c.ID != uint64(i) {
+				t.Fatalf("batch %d: send completion %+v", batch, c)
+			}
+			if c := b.rcq.wait(t); c.Status != StatusSuccess || c.ByteLen != 48 {
+				t.Fatalf("batch %d: recv completion %+v", batch, c)
+			}
+			if got := b.buf[1024+64*i : 1024+64*i+48]; !bytes.Equal(got, pattern(48, byte(batch*10+i))) {
+				t.Fatalf("batch %d: WR %d received % x", batch, i, got[:8])
+			}
+		}
+	}
+	bad := SendWR{Op: WRSend, Flags: FlagInline, SGL: []SGE{{Addr: a.reg.Base, Length: 8, LKey: a.reg.STag() ^ 0x100}}}
+	for _, wrs := range [][]SendWR{{bad}, {bad, bad}} {
+		if n, err := a.qp.PostSend(wrs...); !errors.Is(err, ErrInvalidWR) || n != 0 {
+			t.Fatalf("PostSend(%d with a bad inline lkey) = %d, %v; want 0, ErrInvalidWR", len(wrs), n, err)
+		}
+	}
+	a.scq.none(t, 50*time.Millisecond)
+	// The QP is still usable.
+	if err := b.qp.PostRecv(9, []SGE{b.sge(0, 64)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.qp.PostSend(SendWR{ID: 9, Op: WRSend, Flags: FlagSignaled, SGL: []SGE{a.sge(0, 8)}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := b.rcq.wait(t); c.Status != StatusSuccess || c.ID != 9 {
+		t.Fatalf("recv after bad posts: %+v", c)
 	}
 }

@@ -382,6 +382,10 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 		qp.mu.Unlock()
 		return 0, ErrInvalidState
 	}
+	if len(wrs) == 1 && qp.directOK(&wrs[0]) && qp.txMu.TryLock() {
+		// qp.mu is released inside.
+		return qp.postDirect(&wrs[0])
+	}
 	for i := range wrs {
 		wr := &wrs[i]
 		if err := qp.checkSendWR(wr); err != nil {

@@ -2,6 +2,7 @@ package iwarp
 
 import (
 	"encoding/binary"
+	"fmt"
 	"io"
 
 	"rdmatap/zerocopy"
@@ -171,6 +172,56 @@ func (qp *QP) postInline() {
 	if more {
 		qp.wake()
 	}
+}
+
+// directOK reports whether wr may skip the send queue: the QP is up and
+// transmitting, nothing is queued before it (send queue, Read Responses,
+// a Terminate), and it is a small Send or Write. qp.mu is held.
+func (qp *QP) directOK(wr *SendWR) bool {
+	if qp.state != StateRTS || qp.txGate || qp.sqN > 0 || qp.irqN > 0 || qp.term != nil ||
+		wr.Op == WRRead || wr.Flags&FlagFence != 0 && qp.orqN > 0 {
+		return false
+	}
+	n := 0
+	for _, s := range wr.SGL {
+		n += int(s.Length)
+	}
+	return n <= inlineTXMax
+}
+
+// postDirect transmits wr in the poster's goroutine without queueing it,
+// as postInline would right after queueing it, minus the copies into and
+// out of the send queue slot (netstack copies the bytes before it returns,
+// which is what inline requires). qp.mu and qp.txMu are held on entry;
+// both are released.
+func (qp *QP) postDirect(wr *SendWR) (int, error) {
+	t := &qp.tx
+	if err := qp.checkSendWR(wr); err != nil {
+		qp.txMu.Unlock()
+		qp.mu.Unlock()
+		return 0, err
+	}
+	w := &t.wqe
+	w.wr = *wr
+	w.wr.SGL = nil
+	w.sgl = append(w.sgl[:0], wr.SGL...)
+	w.signaled = qp.cfg.SignalAll || wr.Flags&FlagSignaled != 0
+	w.inlined = false
+	if wr.Flags&FlagInline != 0 {
+		// An inline WR's SGEs are checked at post time (an error
+		// here, not a completion), as gatherInline does.
+		for _, s := range w.sgl {
+			if _, st := qp.localSlice(s, 0); st != StatusSuccess {
+				qp.txMu.Unlock()
+				qp.mu.Unlock()
+				return 0, fmt.Errorf("%w: inline SGE lkey %#x: %v", ErrInvalidWR, s.LKey, st)
+			}
+		}
+	}
+	qp.mu.Unlock()
+	t.sendWQE()
+	qp.txMu.Unlock()
+	return 1, nil
 }
 
 // pick chooses work; qp.mu is held.
