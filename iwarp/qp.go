@@ -739,10 +739,12 @@ func (qp *QP) Progress() {
 	}
 }
 
-// WaitProgress blocks until the stream has something to read (or ctx
-// ends), then runs the receive path in the caller's goroutine. With
-// ManualProgress it is how an application waits: the same one hand-off per
-// message that a TCP reader has.
+// WaitProgress blocks until the stream has bytes (or ctx ends), then runs
+// the receive path on them in the caller's goroutine. With ManualProgress
+// it is how an application waits: it reads the stream exactly as a TCP
+// reader does (try, block for the stack's wake-up, read), so a message
+// costs the same one hand-off. A Progress call from another goroutine
+// meanwhile returns at once.
 func (qp *QP) WaitProgress(ctx context.Context) error {
 	s, _ := qp.live.Load().(Stream)
 	if s == nil {
@@ -753,14 +755,19 @@ func (qp *QP) WaitProgress(ctx context.Context) error {
 		return qp.doneErr()
 	default:
 	}
-	if err := s.WaitReadable(ctx); err != nil {
+	// Closing the QP closes the stream first, which ends the read, so
+	// holding rxMu while blocked cannot hold up the flush.
+	qp.rxMu.Lock()
+	_, err := s.ReadTo(ctx, &qp.rx, 0)
+	qp.rx.flushStats()
+	qp.rxMu.Unlock()
+	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		qp.rx.streamErr(err)
 		return qp.doneErr()
 	}
-	qp.Progress()
 	return nil
 }
 

@@ -1,0 +1,133 @@
+package verbs_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"rdmatap/verbs"
+)
+
+// TestManualProgress: a ManualProgress QP receives only when its
+// application drives it (Progress, WaitProgress); WaitProgress gives up
+// with its context, returns when the QP is closed under it, and does not
+// hold up a concurrent Progress.
+func TestManualProgress(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	cl := newEnd(t, p.a, 4096, nil, nil)
+	sv := newEndCfg(t, p.b, 4096, verbs.QPConfig{ManualProgress: true})
+	connectEnds(t, p, cl, sv, verbs.ConnParams{})
+
+	fill(cl.buf[:100], 5)
+	if err := sv.qp.PostRecv(verbs.RecvWR{ID: 7, SGL: []verbs.SGE{sv.mr.SGE(0, 100)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.qp.PostSend(verbs.SendWR{ID: 1, Op: verbs.OpSend, Flags: verbs.Signaled, SGL: []verbs.SGE{cl.mr.SGE(0, 100)}}); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, wait1(t, cl.scq), verbs.WCSend, 100)
+	time.Sleep(20 * time.Millisecond)
+	wc := make([]verbs.WC, 1)
+	if n := sv.rcq.Poll(wc); n != 0 {
+		t.Fatalf("a ManualProgress QP completed a receive on its own: %+v", wc[0])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := sv.qp.WaitProgress(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, wait1(t, sv.rcq), verbs.WCRecv, 100)
+	checkPlaced(t, "send", sv.buf, 0, cl.buf[:100])
+
+	// Nothing to read: WaitProgress ends with its context.
+	short, cancelShort := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancelShort()
+	if err := sv.qp.WaitProgress(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitProgress with an expiring context = %v", err)
+	}
+
+	// A blocked WaitProgress lets Progress through and returns on Close.
+	errc := make(chan error, 1)
+	go func() { errc <- sv.qp.WaitProgress(context.Background()) }()
+	time.Sleep(20 * time.Millisecond)
+	done := make(chan struct{})
+	go func() { sv.qp.Progress(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Progress blocked behind WaitProgress")
+	}
+	if err := sv.qp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("WaitProgress on a closed QP returned nil")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end WaitProgress")
+	}
+	if err := sv.qp.WaitProgress(context.Background()); err == nil {
+		t.Fatal("WaitProgress after Close returned nil")
+	}
+}
+
+// TestManualProgressWritePingPong is BenchmarkRDMAWritePingPong64 checked
+// byte for byte: each side waits in WaitProgress for the flag word at the
+// end of its receive area, then checks the payload in front of it.
+func TestManualProgressWritePingPong(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	cl := newEndCfg(t, p.a, 128, verbs.QPConfig{ManualProgress: true})
+	sv := newEndCfg(t, p.b, 128, verbs.QPConfig{ManualProgress: true})
+	connectEnds(t, p, cl, sv, verbs.ConnParams{})
+	const rounds = 2000
+	pong := func(e *end, i uint32) error {
+		fill(e.buf[64:124], uint64(i))
+		*flag(e.buf, 124) = i
+		return e.qp.PostSend(verbs.SendWR{Op: verbs.OpWrite, Flags: verbs.Inline, SGL: []verbs.SGE{e.mr.SGE(64, 64)},
+			RemoteAddr: e.remote.Addr, RKey: e.remote.RKey})
+	}
+	check := func(e *end, i uint32) error {
+		want := make([]byte, 60)
+		fill(want, uint64(i))
+		if string(e.buf[:60]) != string(want) {
+			return fmt.Errorf("round %d: payload before the flag is wrong", i)
+		}
+		return nil
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for i := uint32(1); i <= rounds; i++ {
+			if err := waitFlag(sv.qp, flag(sv.buf, 60), i); err != nil {
+				errc <- err
+				return
+			}
+			if err := check(sv, i); err != nil {
+				errc <- err
+				return
+			}
+			if err := pong(sv, i); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	for i := uint32(1); i <= rounds; i++ {
+		if err := pong(cl, i); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitFlag(cl.qp, flag(cl.buf, 60), i); err != nil {
+			t.Fatal(err)
+		}
+		if err := check(cl, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
