@@ -67,11 +67,30 @@ func copyCRCFast(dst, src []byte, crc uint32) (uint32, bool) {
 	if !useFold512 || len(dst) < fold512Min {
 		return 0, false
 	}
+	d := uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
+	sp := uintptr(unsafe.Pointer(unsafe.SliceData(src)))
+	if (sp-d)&3 == 0 && len(dst) >= shiftMin {
+		// dst and src 4-byte aligned to each other (FPDU payloads):
+		// align dst, then every load and store is an aligned 64-byte
+		// access (copyCRC32CFold512Shift). Measured with
+		// BenchmarkStreamCopy/*/mis16-20: rx 23 -> 30 GB/s (memmove:
+		// 30), tx from a cold source 19.4 -> 20.5 (memmove: 25).
+		if h := int(-d & 63); h != 0 {
+			copy(dst[:h], src[:h])
+			crc = updateCRC32CGeneric(crc, dst[:h])
+			dst, src = dst[h:], src[h:]
+			sp += uintptr(h)
+		}
+		if s := sp & 63; s != 0 {
+			return ^copyCRC32CFold512Shift(dst, src, ^crc, &crcFoldTable, &permIdx[s/4]), true
+		}
+		return ^copyCRC32CFold512(dst, src, ^crc, &crcFoldTable), true
+	}
 	// Start the kernel at a 64-byte aligned source: an FPDU's payload
 	// sits at 4-byte offsets, and a ZMM load that straddles two cache
 	// lines costs two. The head (under 64 bytes) goes through CRC32.
 	// Measured with BenchmarkStreamCopy/tx (cold source): 20 -> 22 GB/s.
-	if h := int(-uintptr(unsafe.Pointer(unsafe.SliceData(src))) & 63); h != 0 {
+	if h := int(-sp & 63); h != 0 {
 		copy(dst[:h], src[:h])
 		crc = updateCRC32CGeneric(crc, dst[:h])
 		dst, src = dst[h:], src[h:]
@@ -82,6 +101,29 @@ func copyCRCFast(dst, src []byte, crc uint32) (uint32, bool) {
 	}
 	return ^copyCRC32CFold512(dst, src, ^crc, &crcFoldTable), true
 }
+
+// shiftMin is the shortest copy that takes the both-aligned path: the
+// 63-byte head plus the 256 bytes copyCRC32CFold512Shift needs.
+const shiftMin = 64 + 256
+
+// permIdx[k] are the VPERMT2D dword indices k, k+1, ..., k+15: an output
+// block starting k dwords into the first of two aligned source blocks.
+var permIdx = func() (t [16][16]uint32) {
+	for k := range t {
+		for j := range t[k] {
+			t[k][j] = uint32(k + j)
+		}
+	}
+	return t
+}()
+
+// copyCRC32CFold512Shift is copyCRC32CFold512 for a 64-byte aligned dst
+// and a src at a 4-byte multiple (not 0) past a 64-byte boundary, idx
+// being permIdx[(src&63)/4]. It requires len(dst) >= 256 and
+// len(src) >= len(dst).
+//
+//go:noescape
+func copyCRC32CFold512Shift(dst, src []byte, crc uint32, k *[16]uint64, idx *[16]uint32) uint32
 
 // copyCRC32CFold512NT is copyCRC32CFold512 with non-temporal stores; dst
 // must be 64-byte aligned.

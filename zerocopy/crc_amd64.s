@@ -536,3 +536,197 @@ done:
 	VZEROUPPER
 	MOVL AX, ret+64(FP)
 	RET
+
+// func copyCRC32CFold512Shift(dst, src []byte, crc uint32, k *[16]uint64, idx *[16]uint32) uint32
+//
+// copyCRC32CFold512 for a 64-byte aligned dst and a src that is not, but
+// is 4-byte aligned relative to it (FPDU payloads are): every load and every
+// store is an aligned 64-byte access. The source is read as aligned blocks
+// and each output block is cut from two neighbours with VPERMT2D (idx holds
+// the dword indices s/4, s/4+1, ..., s/4+15 for s = src&63). An aligned
+// block is read only when it holds a needed byte, so no load crosses into a
+// page the slice does not touch. It requires len(dst) >= 256 and
+// len(src) >= len(dst).
+TEXT ·copyCRC32CFold512Shift(SB), NOSPLIT, $0-76
+	MOVL crc+48(FP), AX
+	MOVQ src_base+24(FP), SI
+	MOVQ dst_base+0(FP), DI
+	MOVQ dst_len+8(FP), CX
+	MOVQ k+56(FP), DX
+	MOVQ idx+64(FP), BX
+
+	VMOVD     AX, X9 // VEX: zeroes bits 32..511 of Z9
+	VMOVDQU64 0(BX), Z14
+	MOVQ      SI, R8
+	ANDQ      $63, R8  // R8 = s
+	SUBQ      R8, SI   // SI = aligned block holding src[0]
+	VMOVDQA64 0(SI), Z15
+
+	// First 256 bytes: four accumulators.
+	VMOVDQA64 64(SI), Z10
+	VMOVDQA64 128(SI), Z11
+	VMOVDQA64 192(SI), Z12
+	VMOVDQA64 256(SI), Z13
+	VPERMT2D  Z10, Z14, Z15
+	VPERMT2D  Z11, Z14, Z10
+	VPERMT2D  Z12, Z14, Z11
+	VPERMT2D  Z13, Z14, Z12
+	VMOVDQA64 Z15, 0(DI)
+	VMOVDQA64 Z10, 64(DI)
+	VMOVDQA64 Z11, 128(DI)
+	VMOVDQA64 Z12, 192(DI)
+	VPXORQ    Z9, Z15, Z0
+	VMOVDQA64 Z10, Z1
+	VMOVDQA64 Z11, Z2
+	VMOVDQA64 Z12, Z3
+	VMOVDQA64 Z13, Z15
+	ADDQ      $256, SI
+	ADDQ      $256, DI
+	SUBQ      $256, CX
+	CMPQ      CX, $256
+	JB        sreduce4
+
+	VBROADCASTI32X4 0(DX), Z8 // fold 2048 bits
+
+sloop256:
+	VMOVDQA64  64(SI), Z10
+	VMOVDQA64  128(SI), Z11
+	VMOVDQA64  192(SI), Z12
+	VMOVDQA64  256(SI), Z13
+	VPERMT2D   Z10, Z14, Z15
+	VPERMT2D   Z11, Z14, Z10
+	VPERMT2D   Z12, Z14, Z11
+	VPERMT2D   Z13, Z14, Z12
+	VMOVDQA64  Z15, 0(DI)
+	VMOVDQA64  Z10, 64(DI)
+	VMOVDQA64  Z11, 128(DI)
+	VMOVDQA64  Z12, 192(DI)
+	VPCLMULQDQ $0x00, Z8, Z0, Z4
+	VPCLMULQDQ $0x11, Z8, Z0, Z0
+	VPCLMULQDQ $0x00, Z8, Z1, Z5
+	VPCLMULQDQ $0x11, Z8, Z1, Z1
+	VPCLMULQDQ $0x00, Z8, Z2, Z6
+	VPCLMULQDQ $0x11, Z8, Z2, Z2
+	VPCLMULQDQ $0x00, Z8, Z3, Z7
+	VPCLMULQDQ $0x11, Z8, Z3, Z3
+	VPTERNLOGD $0x96, Z15, Z4, Z0
+	VPTERNLOGD $0x96, Z10, Z5, Z1
+	VPTERNLOGD $0x96, Z11, Z6, Z2
+	VPTERNLOGD $0x96, Z12, Z7, Z3
+	VMOVDQA64  Z13, Z15
+	ADDQ       $256, SI
+	ADDQ       $256, DI
+	SUBQ       $256, CX
+	CMPQ       CX, $256
+	JAE        sloop256
+
+sreduce4:
+	// Fold Z0, Z1, Z2 onto Z3 (192, 128, 64 bytes ahead).
+	VBROADCASTI32X4 16(DX), Z8
+	VPCLMULQDQ      $0x00, Z8, Z0, Z4
+	VPCLMULQDQ      $0x11, Z8, Z0, Z0
+	VPTERNLOGD      $0x96, Z4, Z0, Z3
+	VBROADCASTI32X4 32(DX), Z8
+	VPCLMULQDQ      $0x00, Z8, Z1, Z5
+	VPCLMULQDQ      $0x11, Z8, Z1, Z1
+	VPTERNLOGD      $0x96, Z5, Z1, Z3
+	VBROADCASTI32X4 48(DX), Z8
+	VPCLMULQDQ      $0x00, Z8, Z2, Z6
+	VPCLMULQDQ      $0x11, Z8, Z2, Z2
+	VPTERNLOGD      $0x96, Z6, Z2, Z3
+
+	// Z8 = fold 512 bits.
+	CMPQ CX, $64
+	JB   sdone64
+
+sloop64:
+	VMOVDQA64  64(SI), Z10
+	VPERMT2D   Z10, Z14, Z15
+	VMOVDQA64  Z15, 0(DI)
+	VPCLMULQDQ $0x00, Z8, Z3, Z4
+	VPCLMULQDQ $0x11, Z8, Z3, Z3
+	VPTERNLOGD $0x96, Z15, Z4, Z3
+	VMOVDQA64  Z10, Z15
+	ADDQ       $64, SI
+	ADDQ       $64, DI
+	SUBQ       $64, CX
+	CMPQ       CX, $64
+	JAE        sloop64
+
+sdone64:
+	// Back to the unaligned source pointer for the last len%64 bytes.
+	ADDQ R8, SI
+reduce1:
+	// Fold 128-bit lanes 0, 1, 2 of Z3 onto lane 3 (lane 3's constants
+	// are zero, so its products vanish and it is XORed in unchanged).
+	VMOVDQU64     64(DX), Z8
+	VPCLMULQDQ    $0x00, Z8, Z3, Z4
+	VPCLMULQDQ    $0x11, Z8, Z3, Z5
+	VEXTRACTI32X4 $3, Z3, X6
+	VPXORQ        Z4, Z5, Z4
+	VEXTRACTI64X4 $1, Z4, Y5
+	VPXOR         Y5, Y4, Y4
+	VEXTRACTI128  $1, Y4, X5
+	VPTERNLOGD    $0x96, X5, X4, X6 // X6 = 128-bit accumulator
+
+	CMPQ    CX, $16
+	JB      finish
+	VMOVDQU 96(DX), X8 // fold 128 bits
+
+loop16:
+	VPCLMULQDQ $0x00, X8, X6, X4
+	VPCLMULQDQ $0x11, X8, X6, X6
+	VMOVDQU    0(SI), X10
+	VMOVDQU    X10, 0(DI)
+	VPTERNLOGD $0x96, X10, X4, X6
+	ADDQ       $16, SI
+	ADDQ       $16, DI
+	SUBQ       $16, CX
+	CMPQ       CX, $16
+	JAE        loop16
+
+finish:
+	// register = X6 * x^32 mod P: two CRC32Q from a zero register.
+	XORL   AX, AX
+	VMOVQ  X6, BX
+	CRC32Q BX, AX
+	VPEXTRQ $1, X6, BX
+	CRC32Q BX, AX
+
+	// The last len%16 bytes.
+	CMPQ   CX, $8
+	JB     tail4
+	MOVQ   0(SI), BX
+	MOVQ   BX, 0(DI)
+	CRC32Q BX, AX
+	ADDQ   $8, SI
+	ADDQ   $8, DI
+	SUBQ   $8, CX
+
+tail4:
+	CMPQ   CX, $4
+	JB     tail1
+	MOVL   0(SI), BX
+	MOVL   BX, 0(DI)
+	CRC32L BX, AX
+	ADDQ   $4, SI
+	ADDQ   $4, DI
+	SUBQ   $4, CX
+
+tail1:
+	TESTQ CX, CX
+	JZ    done
+
+loop1:
+	MOVBLZX 0(SI), BX
+	MOVB   BX, 0(DI)
+	CRC32B BX, AX
+	INCQ   SI
+	INCQ   DI
+	DECQ   CX
+	JNZ    loop1
+
+done:
+	VZEROUPPER
+	MOVL AX, ret+72(FP)
+	RET

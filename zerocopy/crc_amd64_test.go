@@ -101,3 +101,35 @@ func TestCopyFoldKernelDirect(t *testing.T) {
 		}
 	}
 }
+
+// TestCopyCRCShiftOffsets runs the both-aligned kernel
+// (copyCRC32CFold512Shift) at every source offset it handles, through
+// CopyCRC, against the standard library.
+func TestCopyCRCShiftOffsets(t *testing.T) {
+	if !useFold512 {
+		t.Skip("no AVX-512 VPCLMULQDQ")
+	}
+	r := rand.New(rand.NewPCG(9, 10))
+	src := make([]byte, 8192+256)
+	fill(r, src)
+	dst := make([]byte, len(src))
+	for _, n := range []int{shiftMin, shiftMin + 1, 511, 512, 513, 1000, 4096 + 60, 8192} {
+		for so := 0; so < 128; so += 4 {
+			for _, do := range []int{0, 4, 16, 60, 64} {
+				clear(dst)
+				s, d := src[so:so+n], dst[do:do+n]
+				k, crc := CopyCRC(d, s, 0x1234)
+				if k != n || !bytes.Equal(d, s) {
+					t.Fatalf("n %d src+%d dst+%d: data mismatch", n, so, do)
+				}
+				if want := stdcrc.Update(0x1234, stdCastagnoli, s); crc != want {
+					t.Fatalf("n %d src+%d dst+%d: crc %#08x, want %#08x", n, so, do, crc, want)
+				}
+				if bytes.ContainsFunc(dst[:do], func(r rune) bool { return r != 0 }) ||
+					bytes.ContainsFunc(dst[do+n:], func(r rune) bool { return r != 0 }) {
+					t.Fatalf("n %d src+%d dst+%d: wrote outside dst", n, so, do)
+				}
+			}
+		}
+	}
+}
