@@ -2,8 +2,11 @@ package verbs_test
 
 import (
 	"context"
-	"io"
+	"errors"
+	"fmt"
 	"net/netip"
+	"runtime"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,14 +17,19 @@ import (
 )
 
 // The benchmarks compare rdmatap with plain netstack TCP on the same
-// in-memory link, in one run:
+// in-memory link:
 //
-//	go test -run XXX -bench . -benchtime 3s ./verbs/
+//	go test -run XXX -bench Ratios ./verbs/   # the ratios, interleaved rounds
+//	go test -run XXX -bench . ./verbs/        # every workload on its own
 //
 // BenchmarkRDMAWrite/BenchmarkRDMARead move 1 MiB messages (CRC off and
 // on) and BenchmarkTCPBulk moves 1 MiB writes read into a user buffer;
 // compare their MB/s. BenchmarkRDMAWritePingPong64 and
 // BenchmarkTCPPingPong64 report one round trip per op (ns/op).
+// BenchmarkRatios runs them all in one process, alternating each RDMA
+// workload with its TCP baseline, and reports the medians of the per-round
+// ratios: on a shared 2-core machine absolute figures drift by ±15% within
+// minutes, so only ratios taken side by side mean anything.
 
 const benchMsg = 1 << 20
 
@@ -30,77 +38,105 @@ const benchMsg = 1 << 20
 // RDMATAP_BENCH_MTU=1500 for 1420-byte FPDUs on a GSO link.
 var benchLink = netstack.LinkConfig{MTU: uint32(envInt("RDMATAP_BENCH_MTU", 65535))}
 
-func benchPair(b *testing.B, crc bool) (cl, sv *end) {
-	p := newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	return connect(b, p, 16*benchMsg, verbs.ConnParams{CRC: &crc})
+// workload is a benchmark body that can run n more operations on an
+// established setup, so that a benchmark and the interleaved rounds of
+// BenchmarkRatios share it.
+type workload struct {
+	bytes int64 // per operation; 0 for a latency workload
+	do    func(n int) error
 }
 
-func drain(b *testing.B, cq *verbs.CQ, wc []verbs.WC, n int) {
+func drain(cq *verbs.CQ, wc []verbs.WC, n int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for n > 0 {
 		k, err := cq.Wait(ctx, wc[:min(n, len(wc))])
 		if err != nil {
-			b.Fatal(err)
+			return err
 		}
 		for _, c := range wc[:k] {
 			if c.Status != verbs.StatusSuccess {
-				b.Fatal(c.Err())
+				return c.Err()
 			}
 		}
 		n -= k
 	}
+	return nil
 }
 
-// benchRDMA keeps a window of 1 MiB RDMA Writes or Reads in flight
-// between two endpoints, rotating over 16 slots of the peer's MR.
-func benchRDMA(b *testing.B, op verbs.Opcode, crc bool) {
-	cl, sv := benchPair(b, crc)
+// rdmaBulk keeps a window of 1 MiB RDMA Writes or Reads in flight between
+// two endpoints, rotating over 16 slots of the peer's MR.
+func rdmaBulk(b *testing.B, op verbs.Opcode, crc bool) workload {
+	p := newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	cl, sv := connect(b, p, 16*benchMsg, verbs.ConnParams{CRC: &crc})
 	// Up to window WRs in flight; every mod-th is signaled (perftest's CQ
 	// moderation, -Q), so the poster wakes once per mod messages.
 	const window, mod = 16, 4
 	wc := make([]verbs.WC, window)
-	b.SetBytes(benchMsg)
-	b.ResetTimer()
-	inflight := 0 // signaled WRs outstanding
-	for i := 0; i < b.N; i++ {
-		slot := i % 16
-		wr := verbs.SendWR{ID: uint64(i), Op: op,
-			SGL: []verbs.SGE{cl.mr.SGE(slot*benchMsg, benchMsg)}, RemoteAddr: cl.remote.Addr + uint64(slot*benchMsg), RKey: cl.remote.RKey}
-		if i%mod == mod-1 || i == b.N-1 {
-			wr.Flags = verbs.Signaled
-			if inflight == window/mod {
-				drain(b, cl.scq, wc, 1)
-				inflight--
+	do := func(n int) error {
+		inflight := 0 // signaled WRs outstanding
+		for i := 0; i < n; i++ {
+			slot := i % 16
+			wr := verbs.SendWR{ID: uint64(i), Op: op,
+				SGL: []verbs.SGE{cl.mr.SGE(slot*benchMsg, benchMsg)}, RemoteAddr: cl.remote.Addr + uint64(slot*benchMsg), RKey: cl.remote.RKey}
+			if i%mod == mod-1 || i == n-1 {
+				wr.Flags = verbs.Signaled
+				if inflight == window/mod {
+					if err := drain(cl.scq, wc, 1); err != nil {
+						return err
+					}
+					inflight--
+				}
+				inflight++
+			}
+			if err := cl.qp.PostSend(wr); err != nil {
+				return err
+			}
+		}
+		if op == verbs.OpWrite {
+			// A Send behind the Writes tells when the last one has
+			// been placed.
+			if err := sv.qp.PostRecv(verbs.RecvWR{ID: 1}); err != nil {
+				return err
+			}
+			if err := cl.qp.PostSend(verbs.SendWR{ID: 1 << 40, Op: verbs.OpSend, Flags: verbs.Signaled}); err != nil {
+				return err
 			}
 			inflight++
+			if err := drain(sv.rcq, wc, 1); err != nil {
+				return err
+			}
 		}
-		if err := cl.qp.PostSend(wr); err != nil {
-			b.Fatal(err)
-		}
+		return drain(cl.scq, wc, inflight)
 	}
-	if op == verbs.OpWrite {
-		// A Send behind the Writes tells when the last one has been placed.
-		if err := sv.qp.PostRecv(verbs.RecvWR{ID: 1}); err != nil {
-			b.Fatal(err)
-		}
-		if err := cl.qp.PostSend(verbs.SendWR{ID: 1 << 40, Op: verbs.OpSend, Flags: verbs.Signaled}); err != nil {
-			b.Fatal(err)
-		}
-		inflight++
-		defer drain(b, sv.rcq, wc, 1)
-	}
-	drain(b, cl.scq, wc, inflight)
+	return workload{bytes: benchMsg, do: do}
 }
 
 func BenchmarkRDMAWrite(b *testing.B) {
-	b.Run("crc=off", func(b *testing.B) { benchRDMA(b, verbs.OpWrite, false) })
-	b.Run("crc=on", func(b *testing.B) { benchRDMA(b, verbs.OpWrite, true) })
+	for _, crc := range []bool{false, true} {
+		b.Run(fmt.Sprintf("crc=%s", onOff(crc)), func(b *testing.B) { runWorkload(b, rdmaBulk(b, verbs.OpWrite, crc)) })
+	}
 }
 
 func BenchmarkRDMARead(b *testing.B) {
-	b.Run("crc=off", func(b *testing.B) { benchRDMA(b, verbs.OpRead, false) })
-	b.Run("crc=on", func(b *testing.B) { benchRDMA(b, verbs.OpRead, true) })
+	for _, crc := range []bool{false, true} {
+		b.Run(fmt.Sprintf("crc=%s", onOff(crc)), func(b *testing.B) { runWorkload(b, rdmaBulk(b, verbs.OpRead, crc)) })
+	}
+}
+
+func onOff(v bool) string {
+	if v {
+		return "on"
+	}
+	return "off"
+}
+
+func runWorkload(b *testing.B, w workload) {
+	b.SetBytes(w.bytes)
+	b.ResetTimer()
+	if err := w.do(b.N); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // copyWriter copies what netstack hands it into a user buffer.
@@ -147,42 +183,57 @@ func tcpPair(b *testing.B) (*netstack.Conn, *netstack.Conn) {
 	return c, s
 }
 
-func BenchmarkTCPBulk(b *testing.B) {
+// tcpBulk writes 1 MiB at a time; a reader goroutine reads into a user
+// buffer. The sender cycles over 16 MiB as the RDMA benchmarks do, so
+// neither side of the comparison sends from a cache-hot buffer.
+func tcpBulk(b *testing.B) workload {
 	c, s := tcpPair(b)
-	// The sender cycles over 16 MiB as the RDMA benchmarks do, so neither
-	// side of the comparison sends from a cache-hot buffer.
 	src := make([]byte, 16*benchMsg)
-	total := int64(b.N) * benchMsg
-	done := make(chan error, 1)
+	var got atomic.Int64
+	progress := make(chan struct{}, 1)
 	go func() {
 		w := &copyWriter{buf: make([]byte, 16*benchMsg)}
 		ctx := context.Background()
-		var got int64
-		for got < total {
+		for {
 			n, err := s.ReadTo(ctx, w, 0)
 			if err != nil {
-				done <- err
 				return
 			}
-			got += int64(n)
+			got.Add(int64(n))
+			select {
+			case progress <- struct{}{}:
+			default:
+			}
 		}
-		done <- nil
 	}()
-	b.SetBytes(benchMsg)
-	b.ResetTimer()
-	ctx := context.Background()
-	for i := 0; i < b.N; i++ {
-		slot := i % 16
-		if _, err := c.Write(ctx, src[slot*benchMsg:(slot+1)*benchMsg]); err != nil {
-			b.Fatal(err)
+	var sent int64
+	do := func(n int) error {
+		ctx := context.Background()
+		for i := 0; i < n; i++ {
+			slot := i % 16
+			if _, err := c.Write(ctx, src[slot*benchMsg:(slot+1)*benchMsg]); err != nil {
+				return err
+			}
 		}
+		sent += int64(n) * benchMsg
+		// Done when the reader has it all, as the RDMA side is done when
+		// the last Write has been placed.
+		for got.Load() < sent {
+			select {
+			case <-progress:
+			case <-time.After(60 * time.Second):
+				return errors.New("tcp bulk: reader stalled")
+			}
+		}
+		return nil
 	}
-	if err := <-done; err != nil && err != io.EOF {
-		b.Fatal(err)
-	}
+	return workload{bytes: benchMsg, do: do}
 }
 
-func BenchmarkTCPPingPong64(b *testing.B) {
+func BenchmarkTCPBulk(b *testing.B) { runWorkload(b, tcpBulk(b)) }
+
+// tcpPingPong: 64 bytes there and back per operation.
+func tcpPingPong(b *testing.B) workload {
 	c, s := tcpPair(b)
 	ctx := context.Background()
 	go func() {
@@ -197,16 +248,21 @@ func BenchmarkTCPPingPong64(b *testing.B) {
 		}
 	}()
 	buf := make([]byte, 64)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if _, err := c.Write(ctx, buf); err != nil {
-			b.Fatal(err)
+	do := func(n int) error {
+		for i := 0; i < n; i++ {
+			if _, err := c.Write(ctx, buf); err != nil {
+				return err
+			}
+			if err := c.ReadFull(ctx, buf); err != nil {
+				return err
+			}
 		}
-		if err := c.ReadFull(ctx, buf); err != nil {
-			b.Fatal(err)
-		}
+		return nil
 	}
+	return workload{do: do}
 }
+
+func BenchmarkTCPPingPong64(b *testing.B) { runWorkload(b, tcpPingPong(b)) }
 
 // flag returns the word at buf[off:off+4], read atomically: perftest's
 // write_lat polls the last bytes of its receive buffer the same way.
@@ -228,10 +284,10 @@ func waitFlag(qp *verbs.QP, p *uint32, v uint32) error {
 	return nil
 }
 
-// BenchmarkRDMAWritePingPong64: A writes 64 bytes into B's receive area; B
-// sees the last word change and writes 64 bytes back (ib_write_lat). Each
-// end's MR is [receive area 64 B | send area 64 B]. One op = one round trip.
-func BenchmarkRDMAWritePingPong64(b *testing.B) {
+// rdmaPingPong: A writes 64 bytes into B's receive area; B sees the last
+// word change and writes 64 bytes back (ib_write_lat). Each end's MR is
+// [receive area 64 B | send area 64 B]. One operation is one round trip.
+func rdmaPingPong(b *testing.B) workload {
 	p := newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	cl := newEndCfg(b, p.a, 128, verbs.QPConfig{ManualProgress: true})
 	sv := newEndCfg(b, p.b, 128, verbs.QPConfig{ManualProgress: true})
@@ -248,13 +304,102 @@ func BenchmarkRDMAWritePingPong64(b *testing.B) {
 			}
 		}
 	}()
-	b.ResetTimer()
-	for i := uint32(1); i <= uint32(b.N); i++ {
-		if err := pong(cl, i); err != nil {
+	var i uint32
+	do := func(n int) error {
+		for range n {
+			i++
+			if err := pong(cl, i); err != nil {
+				return err
+			}
+			if err := waitFlag(cl.qp, flag(cl.buf, 60), i); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return workload{do: do}
+}
+
+func BenchmarkRDMAWritePingPong64(b *testing.B) { runWorkload(b, rdmaPingPong(b)) }
+
+// BenchmarkRatios measures the ratios in one process: each RDMA
+// workload against its TCP baseline, alternating in rounds
+// (RDMATAP_BENCH_ROUNDS, default 15; each side runs for about
+// RDMATAP_BENCH_SLICE_MS, default 500, per round; the order flips every
+// round). It reports the median ratio of each pair:
+//
+//	write-crc/tcp, write/tcp, read-crc/tcp, read/tcp  RDMA MB/s ÷ TCP bulk MB/s (higher is better)
+//	pingpong/tcp                                      RDMA round trip ÷ TCP round trip (lower is better)
+func BenchmarkRatios(b *testing.B) {
+	rounds := envInt("RDMATAP_BENCH_ROUNDS", 15)
+	slice := time.Duration(envInt("RDMATAP_BENCH_SLICE_MS", 500)) * time.Millisecond
+	tcp, tpp := tcpBulk(b), tcpPingPong(b)
+	pairs := []struct {
+		name      string
+		rdma, tcp workload
+	}{
+		{"write-crc/tcp", rdmaBulk(b, verbs.OpWrite, true), tcp},
+		{"write/tcp", rdmaBulk(b, verbs.OpWrite, false), tcp},
+		{"read-crc/tcp", rdmaBulk(b, verbs.OpRead, true), tcp},
+		{"read/tcp", rdmaBulk(b, verbs.OpRead, false), tcp},
+		{"pingpong/tcp", rdmaPingPong(b), tpp},
+	}
+	// Calibrate: operations per slice, from a short run of each and then
+	// a longer one (the first runs include TCP's slow start).
+	ops := func(w workload) int {
+		n := 8
+		if w.bytes == 0 {
+			n = 1000
+		}
+		for range 2 {
+			start := time.Now()
+			if err := w.do(n); err != nil {
+				b.Fatal(err)
+			}
+			n = max(1, int(float64(n)*float64(slice/4)/float64(time.Since(start))))
+		}
+		return 4 * n
+	}
+	// timed returns seconds per operation.
+	timed := func(w workload, n int) float64 {
+		start := time.Now()
+		if err := w.do(n); err != nil {
 			b.Fatal(err)
 		}
-		if err := waitFlag(cl.qp, flag(cl.buf, 60), i); err != nil {
-			b.Fatal(err)
+		return time.Since(start).Seconds() / float64(n)
+	}
+	nr, nt := make([]int, len(pairs)), make([]int, len(pairs))
+	for i, pr := range pairs {
+		nr[i], nt[i] = ops(pr.rdma), ops(pr.tcp)
+	}
+	// One pass whatever b.N is (the rounds are the repetitions); a first,
+	// discarded round warms every connection up after the setup's large
+	// allocations.
+	runtime.GC()
+	ratios := make([][]float64, len(pairs))
+	for r := -1; r < rounds; r++ {
+		for i, pr := range pairs {
+			var sr, st float64
+			if r%2 == 0 {
+				sr, st = timed(pr.rdma, nr[i]), timed(pr.tcp, nt[i])
+			} else {
+				st, sr = timed(pr.tcp, nt[i]), timed(pr.rdma, nr[i])
+			}
+			if r < 0 {
+				continue
+			}
+			// Time per operation both ways: RDMA over TCP for latency,
+			// TCP over RDMA for throughput.
+			ratio := st / sr
+			if pr.rdma.bytes == 0 {
+				ratio = sr / st
+			}
+			ratios[i] = append(ratios[i], ratio)
 		}
+	}
+	for i, pr := range pairs {
+		slices.Sort(ratios[i])
+		b.Logf("%-14s sorted rounds %.3f", pr.name, ratios[i])
+		b.ReportMetric(ratios[i][len(ratios[i])/2], pr.name)
 	}
 }

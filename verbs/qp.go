@@ -175,7 +175,8 @@ func (qp *QP) Progress() { qp.iw.Progress() }
 
 // WaitProgress blocks until the connection has data (or ctx ends) and runs
 // the receive path in the calling goroutine. It is how a ManualProgress
-// application waits for a peer's RDMA Write to land.
+// application waits for a peer's RDMA Write to land. Closing the QP ends
+// it; a Progress call meanwhile returns at once.
 func (qp *QP) WaitProgress(ctx context.Context) error { return qp.iw.WaitProgress(ctx) }
 
 // Config returns the QP's attributes.
