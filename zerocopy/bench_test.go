@@ -70,7 +70,7 @@ func BenchmarkCRC32COld(b *testing.B) {
 // BenchmarkCRC32CSmall locates the crossover between the folding kernel and
 // the SSE4.2 path (fold512Min).
 func BenchmarkCRC32CSmall(b *testing.B) {
-	for _, n := range []int{64, 128, 192, 256, 320, 512, 1024} {
+	for _, n := range []int{4, 16, 48, 64, 128, 192, 256, 320, 512, 1024, 1420} {
 		_, src := benchBufs(n)
 		b.Run(benchName(n)+"/new", func(b *testing.B) {
 			b.SetBytes(int64(n))

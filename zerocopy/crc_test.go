@@ -69,6 +69,16 @@ func TestCRC32CMatchesStdlib(t *testing.T) {
 			t.Fatalf("UpdateCRC32C(%#x, len %d) = %#08x, stdlib %#08x", seed, n, got, want)
 		}
 	}
+	// Every short length at every alignment (the short-input path).
+	for n := 0; n <= 200; n++ {
+		for off := range 8 {
+			p := buf[off : off+n]
+			seed := r.Uint32()
+			if got, want := UpdateCRC32C(seed, p), stdcrc.Update(seed, stdCastagnoli, p); got != want {
+				t.Fatalf("UpdateCRC32C(%#x, len %d, off %d) = %#08x, stdlib %#08x", seed, n, off, got, want)
+			}
+		}
+	}
 }
 
 // TestCopyCRCRandom checks CopyCRC, PlaceCRC and Place (whose kernels
