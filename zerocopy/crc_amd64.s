@@ -2,6 +2,156 @@
 
 #include "textflag.h"
 
+// The copy kernels share their code through two macros: COPY_FOLD_HEAD
+// (load, store with STORE, fold, down to one 512-bit accumulator in Z3) and
+// COPY_FOLD_TAIL (Z3 down to 128 bits, the last len%16 bytes, the raw CRC in
+// AX). Registers: SI src, DI dst, CX bytes left, DX fold table, AX crc,
+// Z9 initial crc, Z0-Z3 accumulators, Z4-Z7 products, Z8 fold constants,
+// Z10-Z13 data.
+#define COPY_FOLD_HEAD(STORE) \
+	VMOVD AX, X9; \
+	CMPQ CX, $256; \
+	JB   start64; \
+	VMOVDQU64 0(SI), Z0; \
+	STORE Z0, 0(DI); \
+	VMOVDQU64 64(SI), Z1; \
+	STORE Z1, 64(DI); \
+	VMOVDQU64 128(SI), Z2; \
+	STORE Z2, 128(DI); \
+	VMOVDQU64 192(SI), Z3; \
+	STORE Z3, 192(DI); \
+	VPXORQ    Z9, Z0, Z0; \
+	ADDQ      $256, SI; \
+	ADDQ      $256, DI; \
+	SUBQ      $256, CX; \
+	CMPQ      CX, $256; \
+	JB        reduce4; \
+	VBROADCASTI32X4 0(DX), Z8; \
+loop256: \
+	VMOVDQU64  0(SI), Z10; \
+	STORE Z10, 0(DI); \
+	VMOVDQU64  64(SI), Z11; \
+	STORE Z11, 64(DI); \
+	VMOVDQU64  128(SI), Z12; \
+	STORE Z12, 128(DI); \
+	VMOVDQU64  192(SI), Z13; \
+	STORE Z13, 192(DI); \
+	VPCLMULQDQ $0x00, Z8, Z0, Z4; \
+	VPCLMULQDQ $0x11, Z8, Z0, Z0; \
+	VPCLMULQDQ $0x00, Z8, Z1, Z5; \
+	VPCLMULQDQ $0x11, Z8, Z1, Z1; \
+	VPCLMULQDQ $0x00, Z8, Z2, Z6; \
+	VPCLMULQDQ $0x11, Z8, Z2, Z2; \
+	VPCLMULQDQ $0x00, Z8, Z3, Z7; \
+	VPCLMULQDQ $0x11, Z8, Z3, Z3; \
+	VPTERNLOGD $0x96, Z10, Z4, Z0; \
+	VPTERNLOGD $0x96, Z11, Z5, Z1; \
+	VPTERNLOGD $0x96, Z12, Z6, Z2; \
+	VPTERNLOGD $0x96, Z13, Z7, Z3; \
+	ADDQ       $256, SI; \
+	ADDQ       $256, DI; \
+	SUBQ       $256, CX; \
+	CMPQ       CX, $256; \
+	JAE        loop256; \
+reduce4: \
+	VBROADCASTI32X4 16(DX), Z8; \
+	VPCLMULQDQ      $0x00, Z8, Z0, Z4; \
+	VPCLMULQDQ      $0x11, Z8, Z0, Z0; \
+	VPTERNLOGD      $0x96, Z4, Z0, Z3; \
+	VBROADCASTI32X4 32(DX), Z8; \
+	VPCLMULQDQ      $0x00, Z8, Z1, Z5; \
+	VPCLMULQDQ      $0x11, Z8, Z1, Z1; \
+	VPTERNLOGD      $0x96, Z5, Z1, Z3; \
+	VBROADCASTI32X4 48(DX), Z8; \
+	VPCLMULQDQ      $0x00, Z8, Z2, Z6; \
+	VPCLMULQDQ      $0x11, Z8, Z2, Z2; \
+	VPTERNLOGD      $0x96, Z6, Z2, Z3; \
+	JMP             tail64; \
+start64: \
+	VMOVDQU64       0(SI), Z3; \
+	STORE Z3, 0(DI); \
+	VPXORQ          Z9, Z3, Z3; \
+	ADDQ            $64, SI; \
+	ADDQ            $64, DI; \
+	SUBQ            $64, CX; \
+	VBROADCASTI32X4 48(DX), Z8; \
+tail64: \
+	CMPQ CX, $64; \
+	JB   reduce1; \
+loop64: \
+	VMOVDQU64  0(SI), Z10; \
+	STORE Z10, 0(DI); \
+	VPCLMULQDQ $0x00, Z8, Z3, Z4; \
+	VPCLMULQDQ $0x11, Z8, Z3, Z3; \
+	VPTERNLOGD $0x96, Z10, Z4, Z3; \
+	ADDQ       $64, SI; \
+	ADDQ       $64, DI; \
+	SUBQ       $64, CX; \
+	CMPQ       CX, $64; \
+	JAE        loop64;
+
+#define COPY_FOLD_TAIL \
+reduce1: \
+	VMOVDQU64     64(DX), Z8; \
+	VPCLMULQDQ    $0x00, Z8, Z3, Z4; \
+	VPCLMULQDQ    $0x11, Z8, Z3, Z5; \
+	VEXTRACTI32X4 $3, Z3, X6; \
+	VPXORQ        Z4, Z5, Z4; \
+	VEXTRACTI64X4 $1, Z4, Y5; \
+	VPXOR         Y5, Y4, Y4; \
+	VEXTRACTI128  $1, Y4, X5; \
+	VPTERNLOGD    $0x96, X5, X4, X6; \
+	CMPQ    CX, $16; \
+	JB      finish; \
+	VMOVDQU 96(DX), X8; \
+loop16: \
+	VPCLMULQDQ $0x00, X8, X6, X4; \
+	VPCLMULQDQ $0x11, X8, X6, X6; \
+	VMOVDQU    0(SI), X10; \
+	VMOVDQU    X10, 0(DI); \
+	VPTERNLOGD $0x96, X10, X4, X6; \
+	ADDQ       $16, SI; \
+	ADDQ       $16, DI; \
+	SUBQ       $16, CX; \
+	CMPQ       CX, $16; \
+	JAE        loop16; \
+finish: \
+	XORL   AX, AX; \
+	VMOVQ  X6, BX; \
+	CRC32Q BX, AX; \
+	VPEXTRQ $1, X6, BX; \
+	CRC32Q BX, AX; \
+	CMPQ   CX, $8; \
+	JB     tail4; \
+	MOVQ   0(SI), BX; \
+	MOVQ   BX, 0(DI); \
+	CRC32Q BX, AX; \
+	ADDQ   $8, SI; \
+	ADDQ   $8, DI; \
+	SUBQ   $8, CX; \
+tail4: \
+	CMPQ   CX, $4; \
+	JB     tail1; \
+	MOVL   0(SI), BX; \
+	MOVL   BX, 0(DI); \
+	CRC32L BX, AX; \
+	ADDQ   $4, SI; \
+	ADDQ   $4, DI; \
+	SUBQ   $4, CX; \
+tail1: \
+	TESTQ CX, CX; \
+	JZ    done; \
+loop1: \
+	MOVBLZX 0(SI), BX; \
+	MOVB   BX, 0(DI); \
+	CRC32B BX, AX; \
+	INCQ   SI; \
+	INCQ   DI; \
+	DECQ   CX; \
+	JNZ    loop1; \
+done: \
+	VZEROUPPER;
+
 // CRC-32C by carry-less multiplication folding (VPCLMULQDQ on ZMM).
 //
 // Math (derived and checked in internal/crcgen): a 16-byte little-endian
@@ -186,172 +336,8 @@ TEXT ·copyCRC32CFold512(SB), NOSPLIT, $0-68
 	MOVQ dst_base+0(FP), DI
 	MOVQ dst_len+8(FP), CX
 	MOVQ k+56(FP), DX
-
-	VMOVD AX, X9 // VEX: zeroes bits 32..511 of Z9
-
-	CMPQ CX, $256
-	JB   start64
-
-	// Four 512-bit accumulators over the first 256 bytes.
-	VMOVDQU64 0(SI), Z0
-	VMOVDQU64 Z0, 0(DI)
-	VMOVDQU64 64(SI), Z1
-	VMOVDQU64 Z1, 64(DI)
-	VMOVDQU64 128(SI), Z2
-	VMOVDQU64 Z2, 128(DI)
-	VMOVDQU64 192(SI), Z3
-	VMOVDQU64 Z3, 192(DI)
-	VPXORQ    Z9, Z0, Z0
-	ADDQ      $256, SI
-	ADDQ      $256, DI
-	SUBQ      $256, CX
-	CMPQ      CX, $256
-	JB        reduce4
-
-	VBROADCASTI32X4 0(DX), Z8 // fold 2048 bits
-
-loop256:
-	VMOVDQU64  0(SI), Z10
-	VMOVDQU64  Z10, 0(DI)
-	VMOVDQU64  64(SI), Z11
-	VMOVDQU64  Z11, 64(DI)
-	VMOVDQU64  128(SI), Z12
-	VMOVDQU64  Z12, 128(DI)
-	VMOVDQU64  192(SI), Z13
-	VMOVDQU64  Z13, 192(DI)
-	VPCLMULQDQ $0x00, Z8, Z0, Z4
-	VPCLMULQDQ $0x11, Z8, Z0, Z0
-	VPCLMULQDQ $0x00, Z8, Z1, Z5
-	VPCLMULQDQ $0x11, Z8, Z1, Z1
-	VPCLMULQDQ $0x00, Z8, Z2, Z6
-	VPCLMULQDQ $0x11, Z8, Z2, Z2
-	VPCLMULQDQ $0x00, Z8, Z3, Z7
-	VPCLMULQDQ $0x11, Z8, Z3, Z3
-	VPTERNLOGD $0x96, Z10, Z4, Z0
-	VPTERNLOGD $0x96, Z11, Z5, Z1
-	VPTERNLOGD $0x96, Z12, Z6, Z2
-	VPTERNLOGD $0x96, Z13, Z7, Z3
-	ADDQ       $256, SI
-	ADDQ       $256, DI
-	SUBQ       $256, CX
-	CMPQ       CX, $256
-	JAE        loop256
-
-reduce4:
-	// Fold Z0, Z1, Z2 onto Z3 (192, 128, 64 bytes ahead).
-	VBROADCASTI32X4 16(DX), Z8
-	VPCLMULQDQ      $0x00, Z8, Z0, Z4
-	VPCLMULQDQ      $0x11, Z8, Z0, Z0
-	VPTERNLOGD      $0x96, Z4, Z0, Z3
-	VBROADCASTI32X4 32(DX), Z8
-	VPCLMULQDQ      $0x00, Z8, Z1, Z5
-	VPCLMULQDQ      $0x11, Z8, Z1, Z1
-	VPTERNLOGD      $0x96, Z5, Z1, Z3
-	VBROADCASTI32X4 48(DX), Z8
-	VPCLMULQDQ      $0x00, Z8, Z2, Z6
-	VPCLMULQDQ      $0x11, Z8, Z2, Z2
-	VPTERNLOGD      $0x96, Z6, Z2, Z3
-	JMP             tail64
-
-start64:
-	// 64 <= len < 256: a single 512-bit accumulator.
-	VMOVDQU64       0(SI), Z3
-	VMOVDQU64       Z3, 0(DI)
-	VPXORQ          Z9, Z3, Z3
-	ADDQ            $64, SI
-	ADDQ            $64, DI
-	SUBQ            $64, CX
-	VBROADCASTI32X4 48(DX), Z8
-
-tail64:
-	// Z8 = fold 512 bits.
-	CMPQ CX, $64
-	JB   reduce1
-
-loop64:
-	VMOVDQU64  0(SI), Z10
-	VMOVDQU64  Z10, 0(DI)
-	VPCLMULQDQ $0x00, Z8, Z3, Z4
-	VPCLMULQDQ $0x11, Z8, Z3, Z3
-	VPTERNLOGD $0x96, Z10, Z4, Z3
-	ADDQ       $64, SI
-	ADDQ       $64, DI
-	SUBQ       $64, CX
-	CMPQ       CX, $64
-	JAE        loop64
-
-reduce1:
-	// Fold 128-bit lanes 0, 1, 2 of Z3 onto lane 3 (lane 3's constants
-	// are zero, so its products vanish and it is XORed in unchanged).
-	VMOVDQU64     64(DX), Z8
-	VPCLMULQDQ    $0x00, Z8, Z3, Z4
-	VPCLMULQDQ    $0x11, Z8, Z3, Z5
-	VEXTRACTI32X4 $3, Z3, X6
-	VPXORQ        Z4, Z5, Z4
-	VEXTRACTI64X4 $1, Z4, Y5
-	VPXOR         Y5, Y4, Y4
-	VEXTRACTI128  $1, Y4, X5
-	VPTERNLOGD    $0x96, X5, X4, X6 // X6 = 128-bit accumulator
-
-	CMPQ    CX, $16
-	JB      finish
-	VMOVDQU 96(DX), X8 // fold 128 bits
-
-loop16:
-	VPCLMULQDQ $0x00, X8, X6, X4
-	VPCLMULQDQ $0x11, X8, X6, X6
-	VMOVDQU    0(SI), X10
-	VMOVDQU    X10, 0(DI)
-	VPTERNLOGD $0x96, X10, X4, X6
-	ADDQ       $16, SI
-	ADDQ       $16, DI
-	SUBQ       $16, CX
-	CMPQ       CX, $16
-	JAE        loop16
-
-finish:
-	// register = X6 * x^32 mod P: two CRC32Q from a zero register.
-	XORL   AX, AX
-	VMOVQ  X6, BX
-	CRC32Q BX, AX
-	VPEXTRQ $1, X6, BX
-	CRC32Q BX, AX
-
-	// The last len%16 bytes.
-	CMPQ   CX, $8
-	JB     tail4
-	MOVQ   0(SI), BX
-	MOVQ   BX, 0(DI)
-	CRC32Q BX, AX
-	ADDQ   $8, SI
-	ADDQ   $8, DI
-	SUBQ   $8, CX
-
-tail4:
-	CMPQ   CX, $4
-	JB     tail1
-	MOVL   0(SI), BX
-	MOVL   BX, 0(DI)
-	CRC32L BX, AX
-	ADDQ   $4, SI
-	ADDQ   $4, DI
-	SUBQ   $4, CX
-
-tail1:
-	TESTQ CX, CX
-	JZ    done
-
-loop1:
-	MOVBLZX 0(SI), BX
-	MOVB   BX, 0(DI)
-	CRC32B BX, AX
-	INCQ   SI
-	INCQ   DI
-	DECQ   CX
-	JNZ    loop1
-
-done:
-	VZEROUPPER
+	COPY_FOLD_HEAD(VMOVDQU64)
+	COPY_FOLD_TAIL
 	MOVL AX, ret+64(FP)
 	RET
 
@@ -367,173 +353,9 @@ TEXT ·copyCRC32CFold512NT(SB), NOSPLIT, $0-68
 	MOVQ dst_base+0(FP), DI
 	MOVQ dst_len+8(FP), CX
 	MOVQ k+56(FP), DX
-
-	VMOVD AX, X9 // VEX: zeroes bits 32..511 of Z9
-
-	CMPQ CX, $256
-	JB   start64
-
-	// Four 512-bit accumulators over the first 256 bytes.
-	VMOVDQU64 0(SI), Z0
-	VMOVNTDQ  Z0, 0(DI)
-	VMOVDQU64 64(SI), Z1
-	VMOVNTDQ  Z1, 64(DI)
-	VMOVDQU64 128(SI), Z2
-	VMOVNTDQ  Z2, 128(DI)
-	VMOVDQU64 192(SI), Z3
-	VMOVNTDQ  Z3, 192(DI)
-	VPXORQ    Z9, Z0, Z0
-	ADDQ      $256, SI
-	ADDQ      $256, DI
-	SUBQ      $256, CX
-	CMPQ      CX, $256
-	JB        reduce4
-
-	VBROADCASTI32X4 0(DX), Z8 // fold 2048 bits
-
-loop256:
-	VMOVDQU64  0(SI), Z10
-	VMOVNTDQ   Z10, 0(DI)
-	VMOVDQU64  64(SI), Z11
-	VMOVNTDQ   Z11, 64(DI)
-	VMOVDQU64  128(SI), Z12
-	VMOVNTDQ   Z12, 128(DI)
-	VMOVDQU64  192(SI), Z13
-	VMOVNTDQ   Z13, 192(DI)
-	VPCLMULQDQ $0x00, Z8, Z0, Z4
-	VPCLMULQDQ $0x11, Z8, Z0, Z0
-	VPCLMULQDQ $0x00, Z8, Z1, Z5
-	VPCLMULQDQ $0x11, Z8, Z1, Z1
-	VPCLMULQDQ $0x00, Z8, Z2, Z6
-	VPCLMULQDQ $0x11, Z8, Z2, Z2
-	VPCLMULQDQ $0x00, Z8, Z3, Z7
-	VPCLMULQDQ $0x11, Z8, Z3, Z3
-	VPTERNLOGD $0x96, Z10, Z4, Z0
-	VPTERNLOGD $0x96, Z11, Z5, Z1
-	VPTERNLOGD $0x96, Z12, Z6, Z2
-	VPTERNLOGD $0x96, Z13, Z7, Z3
-	ADDQ       $256, SI
-	ADDQ       $256, DI
-	SUBQ       $256, CX
-	CMPQ       CX, $256
-	JAE        loop256
-
-reduce4:
-	// Fold Z0, Z1, Z2 onto Z3 (192, 128, 64 bytes ahead).
-	VBROADCASTI32X4 16(DX), Z8
-	VPCLMULQDQ      $0x00, Z8, Z0, Z4
-	VPCLMULQDQ      $0x11, Z8, Z0, Z0
-	VPTERNLOGD      $0x96, Z4, Z0, Z3
-	VBROADCASTI32X4 32(DX), Z8
-	VPCLMULQDQ      $0x00, Z8, Z1, Z5
-	VPCLMULQDQ      $0x11, Z8, Z1, Z1
-	VPTERNLOGD      $0x96, Z5, Z1, Z3
-	VBROADCASTI32X4 48(DX), Z8
-	VPCLMULQDQ      $0x00, Z8, Z2, Z6
-	VPCLMULQDQ      $0x11, Z8, Z2, Z2
-	VPTERNLOGD      $0x96, Z6, Z2, Z3
-	JMP             tail64
-
-start64:
-	// 64 <= len < 256: a single 512-bit accumulator.
-	VMOVDQU64       0(SI), Z3
-	VMOVNTDQ        Z3, 0(DI)
-	VPXORQ          Z9, Z3, Z3
-	ADDQ            $64, SI
-	ADDQ            $64, DI
-	SUBQ            $64, CX
-	VBROADCASTI32X4 48(DX), Z8
-
-tail64:
-	// Z8 = fold 512 bits.
-	CMPQ CX, $64
-	JB   reduce1
-
-loop64:
-	VMOVDQU64  0(SI), Z10
-	VMOVNTDQ   Z10, 0(DI)
-	VPCLMULQDQ $0x00, Z8, Z3, Z4
-	VPCLMULQDQ $0x11, Z8, Z3, Z3
-	VPTERNLOGD $0x96, Z10, Z4, Z3
-	ADDQ       $64, SI
-	ADDQ       $64, DI
-	SUBQ       $64, CX
-	CMPQ       CX, $64
-	JAE        loop64
-
-reduce1:
-	// Fold 128-bit lanes 0, 1, 2 of Z3 onto lane 3 (lane 3's constants
-	// are zero, so its products vanish and it is XORed in unchanged).
-	VMOVDQU64     64(DX), Z8
-	VPCLMULQDQ    $0x00, Z8, Z3, Z4
-	VPCLMULQDQ    $0x11, Z8, Z3, Z5
-	VEXTRACTI32X4 $3, Z3, X6
-	VPXORQ        Z4, Z5, Z4
-	VEXTRACTI64X4 $1, Z4, Y5
-	VPXOR         Y5, Y4, Y4
-	VEXTRACTI128  $1, Y4, X5
-	VPTERNLOGD    $0x96, X5, X4, X6 // X6 = 128-bit accumulator
-
-	CMPQ    CX, $16
-	JB      finish
-	VMOVDQU 96(DX), X8 // fold 128 bits
-
-loop16:
-	VPCLMULQDQ $0x00, X8, X6, X4
-	VPCLMULQDQ $0x11, X8, X6, X6
-	VMOVDQU    0(SI), X10
-	VMOVDQU    X10, 0(DI)
-	VPTERNLOGD $0x96, X10, X4, X6
-	ADDQ       $16, SI
-	ADDQ       $16, DI
-	SUBQ       $16, CX
-	CMPQ       CX, $16
-	JAE        loop16
-
-finish:
-	// register = X6 * x^32 mod P: two CRC32Q from a zero register.
-	XORL   AX, AX
-	VMOVQ  X6, BX
-	CRC32Q BX, AX
-	VPEXTRQ $1, X6, BX
-	CRC32Q BX, AX
-
-	// The last len%16 bytes.
-	CMPQ   CX, $8
-	JB     tail4
-	MOVQ   0(SI), BX
-	MOVQ   BX, 0(DI)
-	CRC32Q BX, AX
-	ADDQ   $8, SI
-	ADDQ   $8, DI
-	SUBQ   $8, CX
-
-tail4:
-	CMPQ   CX, $4
-	JB     tail1
-	MOVL   0(SI), BX
-	MOVL   BX, 0(DI)
-	CRC32L BX, AX
-	ADDQ   $4, SI
-	ADDQ   $4, DI
-	SUBQ   $4, CX
-
-tail1:
-	TESTQ CX, CX
-	JZ    done
-
-loop1:
-	MOVBLZX 0(SI), BX
-	MOVB   BX, 0(DI)
-	CRC32B BX, AX
-	INCQ   SI
-	INCQ   DI
-	DECQ   CX
-	JNZ    loop1
-
-done:
+	COPY_FOLD_HEAD(VMOVNTDQ)
+	COPY_FOLD_TAIL
 	SFENCE
-	VZEROUPPER
 	MOVL AX, ret+64(FP)
 	RET
 
@@ -656,78 +478,7 @@ sloop64:
 sdone64:
 	// Back to the unaligned source pointer for the last len%64 bytes.
 	ADDQ R8, SI
-reduce1:
-	// Fold 128-bit lanes 0, 1, 2 of Z3 onto lane 3 (lane 3's constants
-	// are zero, so its products vanish and it is XORed in unchanged).
-	VMOVDQU64     64(DX), Z8
-	VPCLMULQDQ    $0x00, Z8, Z3, Z4
-	VPCLMULQDQ    $0x11, Z8, Z3, Z5
-	VEXTRACTI32X4 $3, Z3, X6
-	VPXORQ        Z4, Z5, Z4
-	VEXTRACTI64X4 $1, Z4, Y5
-	VPXOR         Y5, Y4, Y4
-	VEXTRACTI128  $1, Y4, X5
-	VPTERNLOGD    $0x96, X5, X4, X6 // X6 = 128-bit accumulator
-
-	CMPQ    CX, $16
-	JB      finish
-	VMOVDQU 96(DX), X8 // fold 128 bits
-
-loop16:
-	VPCLMULQDQ $0x00, X8, X6, X4
-	VPCLMULQDQ $0x11, X8, X6, X6
-	VMOVDQU    0(SI), X10
-	VMOVDQU    X10, 0(DI)
-	VPTERNLOGD $0x96, X10, X4, X6
-	ADDQ       $16, SI
-	ADDQ       $16, DI
-	SUBQ       $16, CX
-	CMPQ       CX, $16
-	JAE        loop16
-
-finish:
-	// register = X6 * x^32 mod P: two CRC32Q from a zero register.
-	XORL   AX, AX
-	VMOVQ  X6, BX
-	CRC32Q BX, AX
-	VPEXTRQ $1, X6, BX
-	CRC32Q BX, AX
-
-	// The last len%16 bytes.
-	CMPQ   CX, $8
-	JB     tail4
-	MOVQ   0(SI), BX
-	MOVQ   BX, 0(DI)
-	CRC32Q BX, AX
-	ADDQ   $8, SI
-	ADDQ   $8, DI
-	SUBQ   $8, CX
-
-tail4:
-	CMPQ   CX, $4
-	JB     tail1
-	MOVL   0(SI), BX
-	MOVL   BX, 0(DI)
-	CRC32L BX, AX
-	ADDQ   $4, SI
-	ADDQ   $4, DI
-	SUBQ   $4, CX
-
-tail1:
-	TESTQ CX, CX
-	JZ    done
-
-loop1:
-	MOVBLZX 0(SI), BX
-	MOVB   BX, 0(DI)
-	CRC32B BX, AX
-	INCQ   SI
-	INCQ   DI
-	DECQ   CX
-	JNZ    loop1
-
-done:
-	VZEROUPPER
+	COPY_FOLD_TAIL
 	MOVL AX, ret+72(FP)
 	RET
 

@@ -54,15 +54,7 @@ func (l SGList) CopyTo(dst []byte, off int) int {
 // CopyFrom copies src into the logical bytes of l starting at off and returns
 // the number of bytes copied, which is short if l ends first.
 func (l SGList) CopyFrom(off int, src []byte) int {
-	i, o, ok := l.locate(off)
-	if !ok {
-		return 0
-	}
-	n := 0
-	for ; i < len(l) && n < len(src); i++ {
-		n += copy(l[i][o:], src[n:])
-		o = 0
-	}
+	n, _ := l.scatter(off, src, 0, copyNoCRC)
 	return n
 }
 
@@ -86,18 +78,7 @@ func (l SGList) CopyToCRC(dst []byte, off int, crc uint32) (int, uint32) {
 // CopyFromCRC is CopyFrom that also returns crc updated (as by UpdateCRC32C)
 // over the copied bytes, using the fused copy+CRC kernel.
 func (l SGList) CopyFromCRC(off int, src []byte, crc uint32) (int, uint32) {
-	i, o, ok := l.locate(off)
-	if !ok {
-		return 0, crc
-	}
-	n := 0
-	for ; i < len(l) && n < len(src); i++ {
-		var k int
-		k, crc = CopyCRC(l[i][o:], src[n:], crc)
-		n += k
-		o = 0
-	}
-	return n, crc
+	return l.scatter(off, src, crc, CopyCRC)
 }
 
 // UpdateCRC32C returns crc updated (as by the package-level UpdateCRC32C) over
@@ -157,21 +138,19 @@ func (l SGList) Slice(dst SGList, off, n int) SGList {
 
 // PlaceFrom is CopyFrom with Place's non-temporal stores for large pieces.
 func (l SGList) PlaceFrom(off int, src []byte) int {
-	i, o, ok := l.locate(off)
-	if !ok {
-		return 0
-	}
-	n := 0
-	for ; i < len(l) && n < len(src); i++ {
-		n += Place(l[i][o:], src[n:])
-		o = 0
-	}
+	n, _ := l.scatter(off, src, 0, placeNoCRC)
 	return n
 }
 
 // PlaceFromCRC is CopyFromCRC with PlaceCRC's non-temporal stores for large
 // pieces.
 func (l SGList) PlaceFromCRC(off int, src []byte, crc uint32) (int, uint32) {
+	return l.scatter(off, src, crc, PlaceCRC)
+}
+
+// scatter copies src into the logical bytes of l from off with kernel,
+// threading crc through it.
+func (l SGList) scatter(off int, src []byte, crc uint32, kernel func(dst, src []byte, crc uint32) (int, uint32)) (int, uint32) {
 	i, o, ok := l.locate(off)
 	if !ok {
 		return 0, crc
@@ -179,9 +158,12 @@ func (l SGList) PlaceFromCRC(off int, src []byte, crc uint32) (int, uint32) {
 	n := 0
 	for ; i < len(l) && n < len(src); i++ {
 		var k int
-		k, crc = PlaceCRC(l[i][o:], src[n:], crc)
+		k, crc = kernel(l[i][o:], src[n:], crc)
 		n += k
 		o = 0
 	}
 	return n, crc
 }
+
+func copyNoCRC(dst, src []byte, crc uint32) (int, uint32)  { return copy(dst, src), crc }
+func placeNoCRC(dst, src []byte, crc uint32) (int, uint32) { return Place(dst, src), crc }
