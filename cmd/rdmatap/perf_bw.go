@@ -507,14 +507,22 @@ func (s *perfSession) sendServerSize(ctx context.Context, size int) (*bwRun, err
 	o := s.o
 	nq := len(s.qps)
 	r := &bwRun{size: size, qps: nq, gbits: o.gbits, noPeak: true, durationMode: o.dur > 0, cqMod: 1}
-	rwrs := make([]verbs.RecvWR, nq)
+	// A receive's ID is its QP and slot; without --verify all the
+	// receives of a QP share slot 0, as perftest's do.
+	slot := func(q *perfQP, k int) []byte {
+		off := (1 + k) * s.bufSize
+		return q.buf[off : off+size]
+	}
+	post := func(qi, k int) error {
+		q := s.qps[qi]
+		return q.qp.PostRecv(verbs.RecvWR{ID: uint64(qi)<<32 | uint64(k), SGL: []verbs.SGE{q.mr.SGE((1+k)*s.bufSize, size)}})
+	}
 	for qi, q := range s.qps {
-		rwrs[qi] = verbs.RecvWR{ID: uint64(qi), SGL: []verbs.SGE{q.mr.SGE(s.bufSize, size)}}
-		if o.verify {
-			clear(q.buf[s.bufSize : s.bufSize+size])
-		}
 		for k := 0; k < o.rxDepth; k++ {
-			if err := q.qp.PostRecv(rwrs[qi]); err != nil {
+			if o.verify {
+				clear(slot(q, k%s.rxSlots))
+			}
+			if err := post(qi, k%s.rxSlots); err != nil {
 				return nil, err
 			}
 		}
@@ -567,20 +575,24 @@ func (s *perfSession) sendServerSize(ctx context.Context, size int) (*bwRun, err
 			if err := c.Err(); err != nil {
 				return nil, err
 			}
-			qi := int(c.ID)
+			qi, k := int(c.ID>>32), int(uint32(c.ID))
 			q := s.qps[qi]
 			if o.verify {
 				if int(c.ByteLen) != size {
 					return nil, fmt.Errorf("--verify: QP %d received %d bytes, want %d", qi, c.ByteLen, size)
 				}
-				if err := checkPattern(q.buf[s.bufSize:s.bufSize+size], qi, "data received"); err != nil {
+				// The slot is this receive's alone until it is
+				// reposted; clearing it makes a message that never
+				// lands fail the next check.
+				if err := checkPattern(slot(q, k), qi, "data received"); err != nil {
 					return nil, err
 				}
+				clear(slot(q, k))
 			}
 			tot++
 			rcnt[qi]++
 			if r.durationMode || rcnt[qi]+uint64(o.rxDepth) <= iters {
-				if err := q.qp.PostRecv(rwrs[qi]); err != nil {
+				if err := post(qi, k); err != nil {
 					return nil, err
 				}
 			}

@@ -284,7 +284,8 @@ func (x *perfXchg) xchgReports(ctx context.Context, my perfBWReport) (perfBWRepo
 // perfQP is one test connection and its memory: [0:bufSize) the local
 // side (source of Writes and Sends, sink of Reads), [bufSize:2*bufSize)
 // the region the peer targets (Writes land, Reads are served, Sends are
-// received there).
+// received there). A send bw server with --verify has rx-depth receive
+// slots of bufSize bytes from bufSize on.
 type perfQP struct {
 	qp     *verbs.QP
 	conn   *verbs.Conn
@@ -296,6 +297,9 @@ type perfQP struct {
 	rem    perfDest
 }
 
+// maxVerifyRecvBytes bounds the per-QP receive slots of send --verify.
+const maxVerifyRecvBytes = 1 << 30
+
 // perfSession is one side of a test after setup.
 type perfSession struct {
 	o        *perfOpts
@@ -306,6 +310,7 @@ type perfSession struct {
 	scq, rcq *verbs.CQ
 	qps      []*perfQP
 	bufSize  int
+	rxSlots  int // receive buffers per QP (see perfQP)
 	remVer   string
 	manual   bool
 	progress *progressLine
@@ -427,8 +432,18 @@ func (s *perfSession) connectQPs(ctx context.Context, raddr netip.AddrPort) erro
 	if s.rcq, err = s.dev.CreateCQ(cqe); err != nil {
 		return err
 	}
+	s.rxSlots = 1
+	if o.verify && o.verb == perfSend && o.test == perfBW && !o.client() {
+		// Each posted receive gets its own slot, so that a received
+		// message is checked while the next ones land elsewhere.
+		s.rxSlots = o.rxDepth
+		if need := uint64(s.rxSlots) * uint64(s.bufSize); need > maxVerifyRecvBytes {
+			return fmt.Errorf("--verify with send gives every posted receive its own buffer: rx-depth %d x %d bytes = %d MiB, more than %d MiB; lower --rx-depth or the size",
+				s.rxSlots, s.bufSize, need>>20, maxVerifyRecvBytes>>20)
+		}
+	}
 	for i := 0; i < o.qps; i++ {
-		q := &perfQP{buf: make([]byte, 2*s.bufSize)}
+		q := &perfQP{buf: make([]byte, (1+s.rxSlots)*s.bufSize)}
 		s.qps = append(s.qps, q)
 		if q.mr, err = s.pd.RegMR(q.buf, perfAccess); err != nil {
 			return err
