@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"sync/atomic"
+	"unsafe"
 
 	"rdmatap/zerocopy"
 )
@@ -458,11 +460,19 @@ func (r *receiver) place(b []byte) {
 	r.n.placed += uint64(len(b))
 	switch {
 	case r.dst != nil:
-		if r.crcOn {
-			_, r.crc = zerocopy.PlaceCRC(r.dst[r.payPos:], b, r.crc)
-		} else {
-			zerocopy.Place(r.dst[r.payPos:], b)
+		d := r.dst[r.payPos:]
+		if w := r.lastWord(d, len(b)); w > 0 {
+			// The end of an RDMA Write: its last aligned 32-bit word
+			// is stored after the rest and atomically (see lastWord).
+			k := len(b) - w
+			r.placeBytes(d[:k], b[:k])
+			if r.crcOn {
+				r.crc = zerocopy.UpdateCRC32C(r.crc, b[k:])
+			}
+			storeWord(d[k:k+w], b[k:])
+			return
 		}
+		r.placeBytes(d, b)
 	case r.sgl != nil:
 		if r.crcOn {
 			_, r.crc = r.sgl.PlaceFromCRC(r.sglOff+r.payPos, b, r.crc)
@@ -475,6 +485,37 @@ func (r *receiver) place(b []byte) {
 			r.crc = zerocopy.UpdateCRC32C(r.crc, b)
 		}
 	}
+}
+
+func (r *receiver) placeBytes(d, b []byte) {
+	if r.crcOn {
+		_, r.crc = zerocopy.PlaceCRC(d, b, r.crc)
+	} else {
+		zerocopy.Place(d, b)
+	}
+}
+
+// lastWord returns 4 when the n bytes about to be placed at d end an RDMA
+// Write and that end is 4-byte aligned (0 otherwise). That last 32-bit word
+// is then stored after the rest, with one atomic store, so an application
+// that polls the end of its buffer for a Write's arrival (as perftest's
+// write_lat and credit schemes do) may poll it with atomic.LoadUint32: once
+// it sees the new word, Go's memory model orders every other byte of the
+// Write before its next reads, and the race detector agrees.
+func (r *receiver) lastWord(d []byte, n int) int {
+	if r.op != OpWrite || !r.last || r.payPos+n != r.payLen || n < 4 {
+		return 0
+	}
+	if (uintptr(unsafe.Pointer(unsafe.SliceData(d)))+uintptr(n))&3 != 0 {
+		return 0
+	}
+	return 4
+}
+
+// storeWord stores the 4 bytes of b at d with one atomic store; the bytes
+// land as a copy would place them, in any byte order.
+func storeWord(d, b []byte) {
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(unsafe.SliceData(d))), binary.NativeEndian.Uint32(b))
 }
 
 // onTrailer checks pad and CRC and finishes the segment.

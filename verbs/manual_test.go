@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,5 +131,38 @@ func TestManualProgressWritePingPong(t *testing.T) {
 	}
 	if err := <-errc; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestWritePollLastWord: the receive goroutine places Writes while the
+// application polls the last word of the target with sync/atomic, as
+// perftest's write_lat and credit schemes poll memory. The last aligned
+// word of a Write is stored last and atomically, so once the new word is
+// seen every other byte of that Write is there (and go test -race agrees).
+func TestWritePollLastWord(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	const size = 256 << 10
+	cl, sv := connect(t, p, 2*size, verbs.ConnParams{})
+	sizes := []int{4, 8, 12, 64, 1400, 4096, 65540, size}
+	for i, n := range sizes {
+		seq := uint32(i + 1)
+		fill(cl.buf[:n-4], uint64(n))
+		*flag(cl.buf, n-4) = seq
+		if err := cl.qp.PostSend(verbs.SendWR{Op: verbs.OpWrite, SGL: []verbs.SGE{cl.mr.SGE(0, n)},
+			RemoteAddr: cl.remote.Addr + uint64(size-n), RKey: cl.remote.RKey}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for atomic.LoadUint32(flag(sv.buf, size-4)) != seq {
+			if time.Now().After(deadline) {
+				t.Fatalf("write of %d bytes: flag never seen", n)
+			}
+			runtime.Gosched()
+		}
+		want := make([]byte, n-4)
+		fill(want, uint64(n))
+		if got := sv.buf[size-n : size-4]; string(got) != string(want) {
+			t.Fatalf("write of %d bytes: payload incomplete when its last word was seen", n)
+		}
 	}
 }
