@@ -383,3 +383,13 @@ func TestPerfCHex(t *testing.T) {
 		t.Errorf("row %q", got)
 	}
 }
+
+// TestPerfSendVerifyMemoryBound: send --verify gives each posted receive
+// its own buffer; a depth and size that would need more than 1 GiB per QP
+// get a one-line error naming the way out instead of an allocation.
+func TestPerfSendVerifyMemoryBound(t *testing.T) {
+	_, _, cerr, serr := perfRunErr(t, perfBW, "send", "-s", "4194304", "-r", "512", "-n", "600", "--verify")
+	if serr == nil || !strings.Contains(serr.Error(), "--rx-depth") || strings.Contains(serr.Error(), "\n") {
+		t.Fatalf("server error %v (client %v), want a one-line error about --rx-depth", serr, cerr)
+	}
+}
