@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
 )
 
 // testCQ is a CQ that keeps completions in a channel.
@@ -328,5 +330,28 @@ func TestInlineSendSemantics(t *testing.T) {
 	}
 	if c := b.rcq.wait(t); c.Status != StatusSuccess || c.ID != 9 {
 		t.Fatalf("recv after bad posts: %+v", c)
+	}
+}
+
+// failStream is a stream whose writes fail.
+type failStream struct{ sinkStream }
+
+func (*failStream) WritePayload(context.Context, tcpip.Payloader) (int64, error) {
+	return 0, errors.New("broken pipe")
+}
+
+// TestStartRTRFailure: when the peer-to-peer RTR cannot be sent, Start
+// fails and the QP still reaches Done (its flush does not wait for
+// goroutines that never started).
+func TestStartRTRFailure(t *testing.T) {
+	e := newTestEnd(t, 4096, AccessLocalWrite)
+	err := e.qp.Start(&failStream{}, ConnParams{Initiator: true, PeerToPeer: true, RTR: RTRSend, IRD: 1, ORD: 1})
+	if err == nil {
+		t.Fatal("Start succeeded on a stream that cannot be written")
+	}
+	select {
+	case <-e.qp.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the QP never reached Done after a failed RTR")
 	}
 }

@@ -300,13 +300,19 @@ func (qp *QP) Done() <-chan struct{} { return qp.done }
 // Start moves the QP to RTS on an established, MPA-negotiated stream and
 // starts its TX and RX goroutines (one of each per QP).
 func (qp *QP) Start(s Stream, p ConnParams) error {
+	// TX is held until the RTR (if any) is out: a poster in another
+	// goroutine that sees RTS meanwhile queues its WR rather than
+	// transmitting it itself ahead of the RTR.
+	qp.txMu.Lock()
 	qp.mu.Lock()
 	if qp.state != StateIdle {
 		qp.mu.Unlock()
+		qp.txMu.Unlock()
 		return ErrInvalidState
 	}
 	if p.IRD < 0 || p.ORD < 0 || p.IRD > MPAMaxIRDORD || p.ORD > MPAMaxIRDORD {
 		qp.mu.Unlock()
+		qp.txMu.Unlock()
 		return fmt.Errorf("%w: IRD %d ORD %d", ErrInvalidWR, p.IRD, p.ORD)
 	}
 	qp.stream = s
@@ -339,14 +345,15 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	// RFC 6581: a peer-to-peer initiator's first FPDU is the RTR. Send it
 	// before Start returns, so that nothing the application posts (which
 	// posters may transmit themselves) can overtake it.
-	if qp.tx.rtr != 0 {
-		qp.txMu.Lock()
-		ok := qp.tx.sendRTR()
+	if qp.tx.rtr != 0 && !qp.tx.sendRTR() {
 		qp.txMu.Unlock()
-		if !ok {
-			return fmt.Errorf("iwarp: sending the RTR: %w", qp.Err())
-		}
+		// The goroutines will not run: let the flush that the failure
+		// started finish without them.
+		close(qp.txDone)
+		close(qp.rxDone)
+		return fmt.Errorf("iwarp: sending the RTR: %w", qp.Err())
 	}
+	qp.txMu.Unlock()
 	go qp.tx.run()
 	if p := qp.cfg.ManualProgress; !p {
 		go qp.rx.run()
