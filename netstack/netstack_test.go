@@ -682,3 +682,60 @@ func TestDoneAfterBothDirectionsShut(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrentWriters: several goroutines writing to one Conn with a small
+// send buffer (so that writes wait for space and race for it). Every byte
+// arrives, and each Write's bytes arrive together, as with net.Conn.
+func TestConcurrentWriters(t *testing.T) {
+	const (
+		sndBuf  = 16 << 10
+		writers = 4
+		msgs    = 200
+		msgLen  = 5000 // not a multiple of anything the stack uses
+	)
+	a, b := newTestPair(t, PairConfig{Stack: Config{SndBufMax: sndBuf, RcvBufMax: sndBuf}})
+	c1, c2 := connect(t, a, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errs := make(chan error, writers)
+	for w := range writers {
+		go func() {
+			buf := make([]byte, msgLen)
+			for m := range msgs {
+				// Each message is one writer's id and sequence number,
+				// repeated.
+				for i := range buf {
+					buf[i] = byte(w)<<6 | byte(m)&0x3f
+				}
+				if n, err := c1.Write(ctx, buf); err != nil || n != msgLen {
+					errs <- fmt.Errorf("writer %d message %d: %d, %v", w, m, n, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	got := make([]byte, writers*msgs*msgLen)
+	if err := c2.ReadFull(ctx, got); err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := make([]int, writers)
+	for off := 0; off < len(got); off += msgLen {
+		m := got[off : off+msgLen]
+		w := int(m[0] >> 6)
+		if want := byte(w)<<6 | byte(next[w])&0x3f; m[0] != want {
+			t.Fatalf("message at %d: header %#x, want %#x (writer %d's message %d)", off, m[0], want, w, next[w])
+		}
+		for i, c := range m {
+			if c != m[0] {
+				t.Fatalf("message at %d (writer %d's message %d) is interleaved at byte %d", off, w, next[w], i)
+			}
+		}
+		next[w]++
+	}
+}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -333,16 +335,40 @@ func BenchmarkRDMAWritePingPong64(b *testing.B) { runWorkload(b, rdmaPingPong(b)
 func BenchmarkRatios(b *testing.B) {
 	rounds := envInt("RDMATAP_BENCH_ROUNDS", 15)
 	slice := time.Duration(envInt("RDMATAP_BENCH_SLICE_MS", 500)) * time.Millisecond
-	tcp, tpp := tcpBulk(b), tcpPingPong(b)
-	pairs := []struct {
+	// RDMATAP_BENCH_ONLY, a substring of the pair names, runs some of
+	// them (e.g. "pingpong", "crc").
+	only := os.Getenv("RDMATAP_BENCH_ONLY")
+	var tcp, tpp *workload
+	bulk := func() workload {
+		if tcp == nil {
+			w := tcpBulk(b)
+			tcp = &w
+		}
+		return *tcp
+	}
+	type pair struct {
 		name      string
 		rdma, tcp workload
-	}{
-		{"write-crc/tcp", rdmaBulk(b, verbs.OpWrite, true), tcp},
-		{"write/tcp", rdmaBulk(b, verbs.OpWrite, false), tcp},
-		{"read-crc/tcp", rdmaBulk(b, verbs.OpRead, true), tcp},
-		{"read/tcp", rdmaBulk(b, verbs.OpRead, false), tcp},
-		{"pingpong/tcp", rdmaPingPong(b), tpp},
+	}
+	var pairs []pair
+	add := func(name string, rdma func() workload, base func() workload) {
+		if strings.Contains(name, only) {
+			pairs = append(pairs, pair{name, rdma(), base()})
+		}
+	}
+	add("write-crc/tcp", func() workload { return rdmaBulk(b, verbs.OpWrite, true) }, bulk)
+	add("write/tcp", func() workload { return rdmaBulk(b, verbs.OpWrite, false) }, bulk)
+	add("read-crc/tcp", func() workload { return rdmaBulk(b, verbs.OpRead, true) }, bulk)
+	add("read/tcp", func() workload { return rdmaBulk(b, verbs.OpRead, false) }, bulk)
+	add("pingpong/tcp", func() workload { return rdmaPingPong(b) }, func() workload {
+		if tpp == nil {
+			w := tcpPingPong(b)
+			tpp = &w
+		}
+		return *tpp
+	})
+	if len(pairs) == 0 {
+		b.Fatalf("RDMATAP_BENCH_ONLY=%q matches no pair", only)
 	}
 	// Calibrate: operations per slice, from a short run of each and then
 	// a longer one (the first runs include TCP's slow start).
