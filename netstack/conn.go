@@ -402,6 +402,7 @@ func (c *Conn) writePayload(ctx context.Context, pl tcpip.Payloader, g *payloadG
 	}
 	defer func() { <-c.wsem }()
 	var total int64
+	want := int64(pl.Len())
 	woke := false
 	for pl.Len() > 0 {
 		if c.closed.Load() {
@@ -442,6 +443,12 @@ func (c *Conn) writePayload(ctx context.Context, pl tcpip.Payloader, g *payloadG
 	}
 	if woke {
 		c.repost(c.writeCh)
+	}
+	if total < want {
+		// The stack took fewer bytes than it read (it trims a write to
+		// the space left, which only a change of the send buffer size
+		// can shrink now that writers are serialized): they are lost.
+		return total, &OpError{Op: "write", Err: io.ErrShortWrite}
 	}
 	return total, nil
 }
