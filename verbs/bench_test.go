@@ -332,6 +332,12 @@ func BenchmarkRDMAWritePingPong64(b *testing.B) { runWorkload(b, rdmaPingPong(b)
 //
 //	write-crc/tcp, write/tcp, read-crc/tcp, read/tcp  RDMA MB/s ÷ TCP bulk MB/s (higher is better)
 //	pingpong/tcp                                      RDMA round trip ÷ TCP round trip (lower is better)
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
 func BenchmarkRatios(b *testing.B) {
 	rounds := envInt("RDMATAP_BENCH_ROUNDS", 15)
 	slice := time.Duration(envInt("RDMATAP_BENCH_SLICE_MS", 500)) * time.Millisecond
@@ -403,6 +409,8 @@ func BenchmarkRatios(b *testing.B) {
 	// allocations.
 	runtime.GC()
 	ratios := make([][]float64, len(pairs))
+	// Seconds per operation of each side, for the absolute figures.
+	secR, secT := make([][]float64, len(pairs)), make([][]float64, len(pairs))
 	for r := -1; r < rounds; r++ {
 		for i, pr := range pairs {
 			var sr, st float64
@@ -421,11 +429,18 @@ func BenchmarkRatios(b *testing.B) {
 				ratio = sr / st
 			}
 			ratios[i] = append(ratios[i], ratio)
+			secR[i], secT[i] = append(secR[i], sr), append(secT[i], st)
 		}
 	}
 	for i, pr := range pairs {
 		slices.Sort(ratios[i])
 		b.Logf("%-14s sorted rounds %.3f", pr.name, ratios[i])
+		r, t := median(secR[i]), median(secT[i])
+		if pr.rdma.bytes == 0 {
+			b.Logf("%-14s medians: RDMA %.2f µs, TCP %.2f µs per round trip", pr.name, r*1e6, t*1e6)
+		} else {
+			b.Logf("%-14s medians: RDMA %.0f MB/s, TCP %.0f MB/s", pr.name, float64(pr.rdma.bytes)/r/1e6, float64(pr.tcp.bytes)/t/1e6)
+		}
 		b.ReportMetric(ratios[i][len(ratios[i])/2], pr.name)
 	}
 }
