@@ -2,6 +2,7 @@ package iwarp
 
 import (
 	"context"
+	"encoding/binary"
 	"io"
 	"testing"
 	"time"
@@ -25,10 +26,15 @@ func (s *sinkStream) TryReadTo(w io.Writer, max int) (int, error)      { return 
 func (s *sinkStream) WaitReadable(ctx context.Context) error           { <-ctx.Done(); return ctx.Err() }
 func (s *sinkStream) ReadFull(ctx context.Context, p []byte) error     { <-ctx.Done(); return ctx.Err() }
 func (s *sinkStream) Write(ctx context.Context, p []byte) (int, error) { return len(p), nil }
-func (s *sinkStream) MaxPayload() int                                  { return 65000 }
-func (s *sinkStream) CloseWrite() error                                { return nil }
-func (s *sinkStream) Abort()                                           {}
-func (s *sinkStream) Close() error                                     { return nil }
+func (s *sinkStream) MaxPayload() int {
+	if s.mp > 0 {
+		return s.mp
+	}
+	return 65000
+}
+func (s *sinkStream) CloseWrite() error { return nil }
+func (s *sinkStream) Abort()            {}
+func (s *sinkStream) Close() error      { return nil }
 func (s *sinkStream) WritePayload(ctx context.Context, pl tcpip.Payloader) (int64, error) {
 	s.n = 0
 	for {
@@ -102,6 +108,9 @@ func BenchmarkEngineFPDUs(b *testing.B) {
 		}
 		if s.n == 0 {
 			b.Fatal("not transmitted inline")
+		}
+		if fp := FPDULen(int(binary.BigEndian.Uint16(s.buf))); fp > s.mp {
+			b.Fatalf("%d-byte FPDUs, want at most %d", fp, s.mp)
 		}
 		// Hand the stream over in 64 KiB pieces, as netstack's views.
 		for p := s.buf[:s.n]; len(p) > 0; {
