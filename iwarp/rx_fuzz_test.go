@@ -1,8 +1,10 @@
 package iwarp
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"reflect"
 	"testing"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -42,12 +44,29 @@ func (s *nullStream) CloseWrite() error { return nil }
 func (s *nullStream) Abort()            {}
 func (s *nullStream) Close() error      { return nil }
 
+// fuzzMem registers the fuzzers' region, guard[4096:8192] at 0x10000, in a
+// table whose STag keys are not random, so that seeds (and the fuzzer) can
+// name it: its STag is fuzzSTag.
+func fuzzMem(guard []byte) (*MemTable, *Region) {
+	mem := NewMemTable()
+	mem.keys = 0
+	reg := &Region{Buf: guard[4096:8192], Base: 0x10000, Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead, PD: 1}
+	mem.Register(reg)
+	return mem, reg
+}
+
+var fuzzSTag = func() uint32 {
+	_, reg := fuzzMem(make([]byte, 3*4096))
+	return reg.STag()
+}()
+
 // FuzzReceiver feeds arbitrary stream bytes to a QP's receive path: it
 // must never panic and never write outside the registered region.
 func FuzzReceiver(f *testing.F) {
 	seeds := [][]byte{
 		rawFPDU(rawULPDU(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1}, []byte("hello")), false),
-		rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, Last: true, STag: 0x100, TO: 0x10000}, make([]byte, 40)), false),
+		rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, Last: true, STag: fuzzSTag, TO: 0x10000}, make([]byte, 40)), false),
+		rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, Last: true, STag: fuzzSTag, TO: 0x10ff0}, make([]byte, 40)), false),
 		rawFPDU(rawULPDU(DDPFields{Opcode: OpReadRequest, Last: true, QN: QNReadReq, MSN: 1}, make([]byte, ReadRequestSize)), false),
 		rawFPDU(rawULPDU(DDPFields{Opcode: OpTerminate, Last: true, QN: QNTerminate, MSN: 1}, []byte{0x20, 2, 0, 0}), false),
 		{0, 0, 0, 0},
@@ -59,9 +78,7 @@ func FuzzReceiver(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte, crc bool) {
 		guard := make([]byte, 3*4096)
-		mem := NewMemTable()
-		reg := &Region{Buf: guard[4096:8192], Base: 0x10000, Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead, PD: 1}
-		mem.Register(reg)
+		mem, reg := fuzzMem(guard)
 		rq, _ := NewRecvQueue(4, 2)
 		for i := 0; i < 4; i++ {
 			rq.Post(uint64(i), []SGE{{Addr: reg.Base + uint64(i*1024), Length: 1024, LKey: reg.STag()}})
@@ -93,6 +110,108 @@ func FuzzReceiver(f *testing.F) {
 			if c != 0 {
 				t.Fatalf("byte %d after the region written", i)
 			}
+		}
+	})
+}
+
+// rxOutcome is what a receiver made of a stream: the registered memory
+// (with guard pages), the Terminate it raised, its counters and every
+// completion, flushes included.
+type rxOutcome struct {
+	mem   []byte
+	term  *TerminateFields
+	n     rxCounts
+	state int
+	comps []Completion
+}
+
+// feedReceiver runs data through a fresh QP's receive path in pieces of
+// at most piece bytes (0: in one piece), as FuzzReceiver does.
+func feedReceiver(t *testing.T, data []byte, crc bool, piece int) rxOutcome {
+	guard := make([]byte, 3*4096)
+	mem, reg := fuzzMem(guard)
+	rq, _ := NewRecvQueue(4, 2)
+	for i := 0; i < 4; i++ {
+		rq.Post(uint64(i), []SGE{{Addr: reg.Base + uint64(i*1024), Length: 1024, LKey: reg.STag()}})
+	}
+	rcq := newTestCQ()
+	qp, err := NewQP(QPConfig{Num: 1, PD: 1, Mem: mem, SendCQ: newTestCQ(), RecvCQ: rcq, RQ: rq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &nullStream{closed: make(chan struct{})}
+	if err := qp.Start(s, ConnParams{CRC: crc, IRD: 2, ORD: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for p := data; len(p) > 0; {
+		k := len(p)
+		if piece > 0 {
+			k = min(k, piece)
+		}
+		if n, err := qp.rx.Write(p[:k]); n != k || err != nil {
+			t.Fatalf("Write took %d of %d: %v", n, k, err)
+		}
+		p = p[k:]
+	}
+	var out rxOutcome
+	out.n, out.state = qp.rx.n, qp.rx.state
+	qp.mu.Lock()
+	out.term = qp.term
+	qp.mu.Unlock()
+	close(s.closed)
+	qp.Close()
+	<-qp.Done()
+	for {
+		select {
+		case c := <-rcq.ch:
+			out.comps = append(out.comps, c)
+			continue
+		default:
+		}
+		break
+	}
+	out.mem = guard
+	return out
+}
+
+// FuzzReceiverSplits: a stream handed over in one piece (whole FPDUs take
+// the receiver's one-pass path) and byte by byte (every FPDU gathered
+// piece by piece) must come out the same: memory, Terminate, counters
+// (but the number of placement copies), completions.
+func FuzzReceiverSplits(f *testing.F) {
+	var stream []byte
+	stream = append(stream, rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, Last: true, STag: fuzzSTag, TO: 0x10010}, bytes.Repeat([]byte{7}, 301)), false)...)
+	stream = append(stream, rawFPDU(rawULPDU(DDPFields{Opcode: OpSend, Last: false, QN: QNSend, MSN: 1}, []byte("hello ")), false)...)
+	stream = append(stream, rawFPDU(rawULPDU(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1, MO: 6}, []byte("world")), false)...)
+	f.Add(stream, false)
+	var crcStream []byte
+	crcStream = append(crcStream, rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, Last: true, STag: fuzzSTag, TO: 0x10100}, bytes.Repeat([]byte{9}, 333)), true)...)
+	crcStream = append(crcStream, rawFPDU(rawULPDU(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1}, []byte("crc")), true)...)
+	f.Add(crcStream, true)
+	bad := append([]byte(nil), stream...)
+	bad[len(bad)-1] ^= 1
+	f.Add(bad, true)
+	f.Add(rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, Last: true, STag: 0x999, TO: 0x10000}, make([]byte, 40)), false), false)
+	f.Add(rawFPDU(rawULPDU(DDPFields{Opcode: OpReadRequest, Last: true, QN: QNReadReq, MSN: 1}, make([]byte, ReadRequestSize)), false), false)
+	f.Fuzz(func(t *testing.T, data []byte, crc bool) {
+		if len(data) > 1<<14 {
+			return
+		}
+		a, b := feedReceiver(t, data, crc, 0), feedReceiver(t, data, crc, 1)
+		if !bytes.Equal(a.mem, b.mem) {
+			t.Fatal("memory differs")
+		}
+		if !reflect.DeepEqual(a.term, b.term) {
+			t.Fatalf("terminate: %+v in one piece, %+v byte by byte", a.term, b.term)
+		}
+		// Placement copies count the pieces placed, which the split
+		// decides; everything else must agree.
+		a.n.copies, b.n.copies = 0, 0
+		if a.n != b.n || a.state != b.state {
+			t.Fatalf("counters/state: %+v/%d in one piece, %+v/%d byte by byte", a.n, a.state, b.n, b.state)
+		}
+		if !reflect.DeepEqual(a.comps, b.comps) {
+			t.Fatalf("completions: %+v in one piece, %+v byte by byte", a.comps, b.comps)
 		}
 	})
 }
