@@ -307,11 +307,6 @@ func (s *perfSession) bwClientSize(ctx context.Context, size int) (*bwRun, error
 func (s *perfSession) runBWServer(ctx context.Context, stdout io.Writer) error {
 	o := s.o
 	io.WriteString(stdout, perfResultLine+o.bwHeader())
-	if o.verb == perfRead && o.verify {
-		for qi, q := range s.qps {
-			fillPattern(q.buf[s.bufSize:], qi)
-		}
-	}
 	extra := o.dur + time.Duration(len(o.sizes()))*o.timeout
 	if _, err := s.x.handShake(ctx, s.qps[0].my, extra); err != nil {
 		return err

@@ -445,6 +445,11 @@ func (s *perfSession) connectQPs(ctx context.Context, raddr netip.AddrPort) erro
 	for i := 0; i < o.qps; i++ {
 		q := &perfQP{buf: make([]byte, (1+s.rxSlots)*s.bufSize)}
 		s.qps = append(s.qps, q)
+		if o.verb == perfRead && o.verify && !o.client() {
+			// What the client will Read, written before the QP exists:
+			// its first Read can come as soon as the connection is up.
+			fillPattern(q.buf[s.bufSize:], i)
+		}
 		if q.mr, err = s.pd.RegMR(q.buf, perfAccess); err != nil {
 			return err
 		}

@@ -26,9 +26,6 @@ import (
 func (s *perfSession) runLat(ctx context.Context, stdout io.Writer) error {
 	o := s.o
 	if o.verb == perfRead && !o.client() {
-		if o.verify {
-			fillPattern(s.qps[0].buf[s.bufSize:], 0)
-		}
 		extra := o.dur + time.Duration(len(o.sizes()))*o.timeout
 		if _, err := s.x.handShake(ctx, s.qps[0].my, extra); err != nil {
 			return err

@@ -21,11 +21,10 @@ import (
 func perfRun(t *testing.T, test perfTestKind, args ...string) (cli, srv string) {
 	t.Helper()
 	cli, srv, cerr, serr := perfRunErr(t, test, args...)
-	if serr != nil {
-		t.Fatalf("server: %v\n--- server output:\n%s\n--- client output:\n%s", serr, srv, cli)
-	}
-	if cerr != nil {
-		t.Fatalf("client: %v\n--- client output:\n%s\n--- server output:\n%s", cerr, cli, srv)
+	// A failed client closes its side, so the server's error is often only
+	// the echo of the client's: report both.
+	if serr != nil || cerr != nil {
+		t.Fatalf("client: %v\nserver: %v\n--- client output:\n%s\n--- server output:\n%s", cerr, serr, cli, srv)
 	}
 	return cli, srv
 }
