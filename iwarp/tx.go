@@ -535,6 +535,9 @@ func (w *fpduWriter) Read(p []byte) (int, error) {
 		switch w.stage {
 		case fwNext:
 			w.startFPDU()
+			if k := w.whole(p); k > 0 {
+				p, n = p[k:], n+k
+			}
 		case fwHeader:
 			c := copy(p, w.buf[w.hPos:w.hLen])
 			w.hPos += c
@@ -562,12 +565,7 @@ func (w *fpduWriter) Read(p []byte) (int, error) {
 			w.trPos += c
 			p, n = p[c:], n+c
 			if w.trPos == w.trLen {
-				w.off += w.segLen
-				if w.off >= w.total {
-					w.stage = fwDone
-				} else {
-					w.stage = fwNext
-				}
+				w.endFPDU()
 			}
 		}
 	}
@@ -601,17 +599,52 @@ func (w *fpduWriter) startFPDU() {
 	w.fpdus++
 }
 
-func (w *fpduWriter) endPayload() {
-	ulpdu := w.hLen - MPALengthSize + w.segLen
-	pad := FPDUPad(ulpdu)
-	w.tr = [8]byte{}
+// whole writes the FPDU that startFPDU began straight into p when all of
+// it fits there — the common case, as netstack reads a payloader into
+// chunks of up to 64 KiB — and returns its length; it returns 0, having
+// written nothing, when p is too short, and the staged path takes over.
+func (w *fpduWriter) whole(p []byte) int {
+	total := w.hLen + w.segLen + FPDUPad(w.hLen-MPALengthSize+w.segLen) + MPACRCSize
+	if total > len(p) {
+		return 0
+	}
+	h := copy(p, w.buf[:w.hLen])
+	if w.crcOn {
+		_, w.crc = w.src.CopyToCRC(p[h:h+w.segLen], w.off, w.crc)
+	} else {
+		w.src.CopyTo(p[h:h+w.segLen], w.off)
+	}
+	w.trailer(p[h+w.segLen : total])
+	w.endFPDU()
+	return total
+}
+
+// trailer writes the pad and the CRC that end the current FPDU into tr,
+// which is exactly as long as they are.
+func (w *fpduWriter) trailer(tr []byte) {
+	pad := len(tr) - MPACRCSize
+	clear(tr[:pad])
 	var crc uint32
 	if w.crcOn {
-		crc = zerocopy.UpdateCRC32C(w.crc, w.tr[:pad])
+		crc = zerocopy.UpdateCRC32C(w.crc, tr[:pad])
 	}
-	binary.LittleEndian.PutUint32(w.tr[pad:], crc) // CRC32c goes least significant byte first, as in iSCSI and siw
-	w.trLen, w.trPos = pad+MPACRCSize, 0
+	binary.LittleEndian.PutUint32(tr[pad:], crc) // CRC32c goes least significant byte first, as in iSCSI and siw
+}
+
+func (w *fpduWriter) endPayload() {
+	w.trLen, w.trPos = FPDUPad(w.hLen-MPALengthSize+w.segLen)+MPACRCSize, 0
+	w.trailer(w.tr[:w.trLen])
 	w.stage = fwTrailer
+}
+
+// endFPDU moves on once an FPDU's last byte is out.
+func (w *fpduWriter) endFPDU() {
+	w.off += w.segLen
+	if w.off >= w.total {
+		w.stage = fwDone
+	} else {
+		w.stage = fwNext
+	}
 }
 
 func wqeBytes(e *sendWQE) int {
