@@ -54,6 +54,9 @@ func needRoot(t testing.TB) {
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("skipping: the ip command (iproute2) is missing")
 	}
+	if _, err := exec.LookPath("ping"); err != nil {
+		t.Skip("skipping: the ping command (iputils-ping) is missing; .ci/run installs it")
+	}
 }
 
 // netns is a namespace with a bridge and two TAPs on it.
@@ -171,12 +174,12 @@ func (n *netns) ready(t testing.TB, i int) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		err := exec.Command("ip", "netns", "exec", n.name, "ping", "-c", "1", "-W", "1", n.ips[i]).Run()
+		out, err := exec.Command("ip", "netns", "exec", n.name, "ping", "-c", "1", "-W", "1", n.ips[i]).CombinedOutput()
 		if err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("endpoint %s never answered the kernel's ping", n.ips[i])
+			t.Fatalf("endpoint %s never answered the kernel's ping: %v\n%s", n.ips[i], err, out)
 		}
 	}
 }
