@@ -604,7 +604,7 @@ func (w *fpduWriter) startFPDU() {
 // chunks of up to 64 KiB — and returns its length; it returns 0, having
 // written nothing, when p is too short, and the staged path takes over.
 func (w *fpduWriter) whole(p []byte) int {
-	total := w.hLen + w.segLen + FPDUPad(w.hLen-MPALengthSize+w.segLen) + MPACRCSize
+	total := FPDULen(w.hLen - MPALengthSize + w.segLen)
 	if total > len(p) {
 		return 0
 	}

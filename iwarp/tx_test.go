@@ -10,6 +10,8 @@ import (
 	"rdmatap/zerocopy"
 )
 
+var castagnoliTable = crc32.MakeTable(crc32.Castagnoli)
+
 // drainFPDUs reads a framed message out of w with reads of the sizes
 // next returns, as netstack reads a payloader into its chunks.
 func drainFPDUs(t *testing.T, w *fpduWriter, next func() int) []byte {
@@ -91,7 +93,7 @@ func checkFPDUs(t *testing.T, stream []byte, f DDPFields, msg, extra []byte, max
 		}
 		want := uint32(0)
 		if crcOn {
-			want = crc32.Checksum(fp[:fp.Len()-MPACRCSize], crc32.MakeTable(crc32.Castagnoli))
+			want = crc32.Checksum(fp[:fp.Len()-MPACRCSize], castagnoliTable)
 		}
 		if fp.CRC() != want {
 			t.Fatalf("CRC %#x, want %#x", fp.CRC(), want)
