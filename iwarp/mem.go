@@ -3,8 +3,10 @@ package iwarp
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -38,6 +40,15 @@ const (
 // Region is registered memory as the protocol engine sees it: the bytes,
 // the Tagged Offset of the first byte, the access rights and the protection
 // domain. A Region is immutable once registered, except for its validity.
+//
+// The engine touches a region's bytes only between a successful acquire and
+// its release, and never waits for anything in between (a lock held for
+// long, a fence, the network). Invalidation clears valid first and then
+// waits for the accesses in progress to end (fence), so once Invalidate or
+// MemTable.Deregister returns, no goroutine of the engine touches the bytes
+// again: an access that began before sees the region valid and ends, one
+// that begins after sees it invalid (valid and users are sequentially
+// consistent atomics, so one of the two always sees the other's store).
 type Region struct {
 	Buf    []byte
 	Base   uint64 // TO of Buf[0]
@@ -46,6 +57,7 @@ type Region struct {
 	Kind   RegionKind
 	stag   uint32
 	valid  atomic.Bool
+	users  atomic.Int32 // accesses in progress
 }
 
 // STag returns the region's Steering Tag (24-bit index, 8-bit key).
@@ -54,8 +66,81 @@ func (r *Region) STag() uint32 { return r.stag }
 // Valid reports whether the region can still be accessed.
 func (r *Region) Valid() bool { return r.valid.Load() }
 
-// Invalidate makes the STag unusable (Send with Invalidate, deregistration).
-func (r *Region) Invalidate() { r.valid.Store(false) }
+// Invalidate makes the STag unusable (Send with Invalidate) and returns once
+// no access to the region's bytes is in progress. The caller must hold no
+// access itself (see Region).
+func (r *Region) Invalidate() {
+	r.valid.Store(false)
+	r.fence()
+}
+
+// acquire starts an access to the region's bytes; false means the region
+// is no longer valid and its bytes must not be touched.
+func (r *Region) acquire() bool {
+	r.users.Add(1)
+	if r.valid.Load() {
+		return true
+	}
+	r.users.Add(-1)
+	return false
+}
+
+// release ends an access that acquire started.
+func (r *Region) release() { r.users.Add(-1) }
+
+// fence waits until no access is in progress. An access lasts one copy of
+// at most a netstack chunk, so the wait is short: yield first, then sleep.
+func (r *Region) fence() {
+	for i := 0; r.users.Load() != 0; i++ {
+		if i < 100 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+}
+
+// holds is the set of regions one goroutine of the engine is accessing
+// (the RX path during one read of the stream, the TX path during one
+// Payloader read). Taking a region already held costs a compare; drop
+// ends every access at once.
+type holds struct {
+	regs []*Region
+}
+
+// hold acquires r unless it is already held; false: r is invalid.
+func (h *holds) hold(r *Region) bool {
+	for _, x := range h.regs {
+		if x == r {
+			return true
+		}
+	}
+	if !r.acquire() {
+		return false
+	}
+	h.regs = append(h.regs, r)
+	return true
+}
+
+// holdAll acquires every region of rs; false: one is invalid (those
+// acquired stay held until drop).
+func (h *holds) holdAll(rs []*Region) bool {
+	for _, r := range rs {
+		if !h.hold(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// drop releases every held region.
+func (h *holds) drop() {
+	for i, r := range h.regs {
+		r.release()
+		h.regs[i] = nil
+	}
+	h.regs = h.regs[:0]
+}
 
 // Slice returns the bytes [to, to+n) of the region, or ok=false when that
 // range is not inside the region (the base-and-bounds check).
@@ -150,19 +235,28 @@ func (t *MemTable) Register(r *Region) (uint32, error) {
 	return r.stag, nil
 }
 
-// Deregister invalidates the region and frees its index.
+// Deregister invalidates the region and frees its index. It returns once
+// no access to the region's bytes is in progress: from then on the engine
+// never touches them (placement into them and Read Responses from them
+// that were under way are cut off, and later FPDUs naming the STag are
+// refused). The caller must hold no access itself (see Region).
 func (t *MemTable) Deregister(r *Region) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	idx := r.stag >> 8
 	s := t.slot(idx)
 	if idx == 0 || s == nil || s.Load() != r {
+		t.mu.Unlock()
+		// Not (or no longer) in the table; a Send with Invalidate may
+		// have invalidated it, and its fence may still be under way.
+		r.Invalidate()
 		return
 	}
-	r.Invalidate()
+	r.valid.Store(false)
 	s.Store(nil)
 	t.free = append(t.free, idx)
 	t.n--
+	t.mu.Unlock()
+	r.fence()
 }
 
 // Lookup returns the valid region named by stag, or nil.

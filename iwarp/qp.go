@@ -182,6 +182,7 @@ type orqEntry struct {
 	size     uint32
 	placed   uint32
 	sink     []byte
+	sinkReg  *Region // the region sink lies in
 }
 
 // irqEntry is an inbound RDMA Read we must answer (bounded by IRD).
@@ -189,6 +190,7 @@ type irqEntry struct {
 	sinkSTag uint32
 	sinkTO   uint64
 	src      []byte
+	srcReg   *Region // the region src lies in
 }
 
 // QP is one RDMAP stream's protocol engine: the send queue and its TX
@@ -468,44 +470,53 @@ func (qp *QP) gatherInline(e *sendWQE) (int, error) {
 	n := 0
 	buf := e.inline[:cap(e.inline)]
 	for _, s := range e.sgl {
-		b, st := qp.localSlice(s, 0)
+		b, r, st := qp.localSlice(s, 0)
+		if st == StatusSuccess && len(b) > 0 && !r.acquire() {
+			st = StatusLocalProtection // deregistered since the lookup
+		}
 		if st != StatusSuccess {
 			return 0, fmt.Errorf("%w: inline SGE lkey %#x: %v", ErrInvalidWR, s.LKey, st)
 		}
 		n += copy(buf[n:], b)
+		if len(b) > 0 {
+			r.release()
+		}
 	}
 	return n, nil
 }
 
 // localSlice resolves a local SGE, checking the STag, PD, bounds and the
-// access the operation needs.
-func (qp *QP) localSlice(s SGE, need Access) ([]byte, Status) {
+// access the operation needs. The slice may be touched only while its
+// region is held (see Region).
+func (qp *QP) localSlice(s SGE, need Access) ([]byte, *Region, Status) {
 	r := qp.cfg.Mem.Lookup(s.LKey)
 	if r == nil || r.PD != qp.cfg.PD || r.Access&need != need {
-		return nil, StatusLocalProtection
+		return nil, nil, StatusLocalProtection
 	}
 	b, ok := r.Slice(s.Addr, uint64(s.Length))
 	if !ok {
-		return nil, StatusLocalProtection
+		return nil, nil, StatusLocalProtection
 	}
-	return b, StatusSuccess
+	return b, r, StatusSuccess
 }
 
-// resolveSGL turns an SGL into slices of registered memory.
-func (qp *QP) resolveSGL(dst zerocopy.SGList, sgl []SGE, need Access) (zerocopy.SGList, int, Status) {
-	dst = dst[:0]
+// resolveSGL turns an SGL into slices of registered memory, and the
+// regions they lie in into regs (which must be held around any access).
+func (qp *QP) resolveSGL(dst zerocopy.SGList, regs []*Region, sgl []SGE, need Access) (zerocopy.SGList, []*Region, int, Status) {
+	dst, regs = dst[:0], regs[:0]
 	n := 0
 	for _, s := range sgl {
-		b, st := qp.localSlice(s, need)
+		b, r, st := qp.localSlice(s, need)
 		if st != StatusSuccess {
-			return dst, 0, st
+			return dst, regs, 0, st
 		}
 		if len(b) > 0 {
 			dst = append(dst, b)
+			regs = append(regs, r)
 		}
 		n += len(b)
 	}
-	return dst, n, StatusSuccess
+	return dst, regs, n, StatusSuccess
 }
 
 // PostRecv posts receives to the QP's own receive queue.
@@ -610,6 +621,11 @@ func (qp *QP) flush() {
 		<-qp.txDone
 		<-qp.rxDone
 	}
+	// A poster may still be transmitting in its own goroutine (postDirect,
+	// postInline); the failed stream ends its write. Once flush is done,
+	// nothing of this QP touches registered memory again.
+	qp.txMu.Lock()
+	qp.txMu.Unlock()
 	qp.mu.Lock()
 	var term *TerminateError
 	if qp.termErr != nil && qp.termErr.Received {

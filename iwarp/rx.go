@@ -24,7 +24,10 @@ import (
 //     checked for PD, access rights and base and bounds; an untagged Send
 //     takes the next posted receive.
 //  5. Placement: payload is copied once from packet memory into the target
-//     region, the CRC32c computed in the same pass.
+//     region, the CRC32c computed in the same pass. The region is held
+//     while its bytes are touched, from the first placement of a stream
+//     read to the read's end; one deregistered meanwhile is not touched
+//     again, and the FPDU is refused as one naming its STag would be.
 //  6. Trailer: pad and CRC are checked (when negotiated).
 //  7. Completion: the last segment of a Send completes the receive; the last
 //     Read Response segment completes the Read; a Read Request goes to the
@@ -50,6 +53,7 @@ type rxMsg struct {
 	size   int // capacity of the receive buffers
 	placed int
 	dst    zerocopy.SGList
+	regs   []*Region // the regions dst lies in
 }
 
 type receiver struct {
@@ -69,6 +73,7 @@ type receiver struct {
 	payLen int
 	payPos int
 	dst    []byte          // tagged destination
+	reg    *Region         // the region dst lies in
 	sgl    zerocopy.SGList // untagged destination
 	sglOff int
 	crc    uint32
@@ -79,6 +84,7 @@ type receiver struct {
 	expect [numQN]uint32
 	cur    rxMsg
 	offset uint64 // TCP stream offset of the next byte
+	held   holds  // regions being placed into during this stream read
 
 	// Counters, kept locally and added to the shared Stats after each
 	// read: atomics per FPDU would bounce a cache line between QPs.
@@ -127,6 +133,8 @@ func (r *receiver) init(p ConnParams) {
 	if r.cur.wqe.sgl == nil {
 		r.cur.wqe.sgl = make([]SGE, 0, r.qp.cfg.RQ.MaxSGE())
 		r.cur.dst = make(zerocopy.SGList, 0, r.qp.cfg.RQ.MaxSGE())
+		r.cur.regs = make([]*Region, 0, r.qp.cfg.RQ.MaxSGE())
+		r.held.regs = make([]*Region, 0, r.qp.cfg.RQ.MaxSGE()+1)
 	}
 }
 
@@ -170,10 +178,12 @@ func (r *receiver) streamErr(err error) {
 }
 
 // Write consumes stream bytes. It never fails: after a protocol error it
-// discards the rest of the stream while the Terminate goes out.
+// discards the rest of the stream while the Terminate goes out. The regions
+// it placed into are released when it returns.
 func (r *receiver) Write(p []byte) (int, error) {
 	n := len(p)
 	r.offset += uint64(n)
+	defer r.held.drop()
 	for len(p) > 0 {
 		switch r.state {
 		case rxHeader:
@@ -200,7 +210,9 @@ func (r *receiver) Write(p []byte) (int, error) {
 			r.onHeader()
 		case rxPayload:
 			c := min(len(p), r.payLen-r.payPos)
-			r.place(p[:c])
+			if !r.place(p[:c]) {
+				return n, nil
+			}
 			r.payPos += c
 			p = p[c:]
 			if r.payPos == r.payLen {
@@ -249,7 +261,9 @@ func (r *receiver) whole(p []byte) int {
 		return need
 	}
 	if r.payLen > 0 {
-		r.place(p[need : need+r.payLen])
+		if !r.place(p[need : need+r.payLen]) {
+			return total
+		}
 		r.payPos = r.payLen
 	}
 	r.trHave = copy(r.trail[:r.trNeed], p[need+r.payLen:total])
@@ -297,7 +311,7 @@ func (r *receiver) onHeader() {
 	hl := r.need - MPALengthSize
 	r.payLen = r.ulpdu - hl
 	r.payPos = 0
-	r.dst, r.sgl = nil, nil
+	r.dst, r.reg, r.sgl = nil, nil, nil
 	r.last = h.Last()
 	r.trHave, r.trNeed = 0, FPDUPad(r.ulpdu)+MPACRCSize
 	if r.crcOn {
@@ -391,7 +405,7 @@ func (r *receiver) checkWrite(h DDPHeader) (TermCode, bool) {
 	if !ok {
 		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, true
 	}
-	r.dst = dst
+	r.dst, r.reg = dst, reg
 	return TermCode{}, false
 }
 
@@ -410,7 +424,7 @@ func (r *receiver) checkReadResponse(h DDPHeader) (TermCode, bool) {
 	if h.TO() != o.sinkTO+uint64(o.placed) || uint64(o.placed)+uint64(r.payLen) > uint64(o.size) {
 		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, true
 	}
-	r.dst = o.sink[o.placed : int(o.placed)+r.payLen]
+	r.dst, r.reg = o.sink[o.placed:int(o.placed)+r.payLen], o.sinkReg
 	return TermCode{}, false
 }
 
@@ -470,8 +484,8 @@ func (r *receiver) checkSend(h DDPHeader) (TermCode, bool) {
 		if !qp.cfg.RQ.take(&m.wqe) {
 			return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeNoBuffer}, true
 		}
-		dst, size, st := qp.resolveSGL(m.dst, m.wqe.sgl, AccessLocalWrite)
-		m.dst = dst
+		dst, regs, size, st := qp.resolveSGL(m.dst, m.regs, m.wqe.sgl, AccessLocalWrite)
+		m.dst, m.regs = dst, regs
 		m.active, m.msn, m.placed, m.size = true, msn, 0, size
 		if st != StatusSuccess {
 			qp.complete(qp.cfg.RecvCQ, Completion{ID: m.wqe.id, Status: st, Op: CompRecv})
@@ -497,8 +511,13 @@ func (r *receiver) checkSend(h DDPHeader) (TermCode, bool) {
 }
 
 // place copies payload bytes to the destination, with the CRC in the same
-// pass.
-func (r *receiver) place(b []byte) {
+// pass. false: the destination was deregistered since the headers were
+// checked; nothing was placed, and the stream is terminated.
+func (r *receiver) place(b []byte) bool {
+	if !r.holdDst() {
+		r.fenced()
+		return false
+	}
 	r.n.copies++
 	r.n.placed += uint64(len(b))
 	switch {
@@ -513,7 +532,7 @@ func (r *receiver) place(b []byte) {
 				r.crc = zerocopy.UpdateCRC32C(r.crc, b[k:])
 			}
 			storeWord(d[k:k+w], b[k:])
-			return
+			return true
 		}
 		r.placeBytes(d, b)
 	case r.sgl != nil:
@@ -528,6 +547,34 @@ func (r *receiver) place(b []byte) {
 			r.crc = zerocopy.UpdateCRC32C(r.crc, b)
 		}
 	}
+	return true
+}
+
+// holdDst holds the regions of the current destination (see Region).
+func (r *receiver) holdDst() bool {
+	switch {
+	case r.dst != nil:
+		return r.held.hold(r.reg)
+	case r.sgl != nil:
+		return r.held.holdAll(r.cur.regs)
+	}
+	return true
+}
+
+// fenced terminates the stream when the destination of the FPDU being
+// placed was deregistered under it, as if the FPDU had named an invalid
+// STag from the start (RFC 5041 §7.2). A receive buffer deregistered
+// while posted is a local protection error on its completion.
+func (r *receiver) fenced() {
+	hl := r.need - MPALengthSize
+	if r.dst != nil {
+		r.fail(TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPInvalidSTag}, hl)
+		return
+	}
+	qp := r.qp
+	qp.complete(qp.cfg.RecvCQ, Completion{ID: r.cur.wqe.id, Status: StatusLocalProtection, Op: CompRecv})
+	r.cur.active = false
+	r.fail(TermCode{LayerDDP, ETypeDDPCatastrophic, 0}, hl)
 }
 
 func (r *receiver) placeBytes(d, b []byte) {
@@ -621,6 +668,9 @@ func (r *receiver) endSend(h DDPHeader) {
 			r.fail(TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCannotInvalidate}, len(h))
 			return
 		}
+		// The fence waits for other QPs' accesses; this one holds none
+		// while it waits.
+		r.held.drop()
 		reg.Invalidate()
 		c.Flags |= CompWithInvalidate
 		c.InvalidatedRKey = stag
@@ -658,10 +708,12 @@ func (r *receiver) endReadRequest(h DDPHeader) {
 	rr := ReadRequest(h.Payload())
 	r.expect[QNReadReq]++
 	var src []byte
+	var reg *Region
 	if rr.Size() > 0 {
 		// Checked in checkReadRequest; the region may have been
-		// deregistered since, which the lookup catches.
-		reg := qp.cfg.Mem.Lookup(rr.SourceSTag())
+		// deregistered since, which the lookup catches (and the TX path
+		// holds it while it sends from it).
+		reg = qp.cfg.Mem.Lookup(rr.SourceSTag())
 		var ok bool
 		if reg != nil {
 			src, ok = reg.Slice(rr.SourceTO(), uint64(rr.Size()))
@@ -678,7 +730,7 @@ func (r *receiver) endReadRequest(h DDPHeader) {
 		return
 	}
 	e := &qp.irq[(qp.irqHead+qp.irqN)%len(qp.irq)]
-	e.sinkSTag, e.sinkTO, e.src = rr.SinkSTag(), rr.SinkTO(), src
+	e.sinkSTag, e.sinkTO, e.src, e.srcReg = rr.SinkSTag(), rr.SinkTO(), src, reg
 	qp.irqN++
 	qp.mu.Unlock()
 	qp.wake()

@@ -2,6 +2,7 @@ package iwarp
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 
@@ -26,6 +27,9 @@ import (
 //     tcpip.Payloader), which writes headers, copies payload from the
 //     registered memory straight into the stack's buffers, and computes
 //     the CRC32c in the same pass. One Write per message; Nagle is off.
+//     The source regions are held during each of netstack's reads, never
+//     while it waits for send-buffer space; one deregistered meanwhile
+//     cuts the message off (see fpduWriter.Read).
 //  5. Completion: a Send or Write completes once TCP has the bytes; a Read
 //     completes when its last Read Response segment has been placed.
 
@@ -56,12 +60,13 @@ type transmitter struct {
 
 	inlineBuf []byte
 
-	fw  fpduWriter
-	src zerocopy.SGList
-	wqe sendWQE
-	irq irqEntry
-	rr  [ReadRequestSize]byte
-	buf [rxHdrMax + 8]byte
+	fw   fpduWriter
+	src  zerocopy.SGList
+	regs []*Region // the regions src lies in
+	wqe  sendWQE
+	irq  irqEntry
+	rr   [ReadRequestSize]byte
+	buf  [rxHdrMax + 8]byte
 }
 
 func (t *transmitter) init(p ConnParams) {
@@ -77,6 +82,8 @@ func (t *transmitter) init(p ConnParams) {
 	}
 	if t.src == nil {
 		t.src = make(zerocopy.SGList, 0, t.qp.cfg.MaxSendSGE)
+		t.regs = make([]*Region, 0, t.qp.cfg.MaxSendSGE)
+		t.fw.held.regs = make([]*Region, 0, t.qp.cfg.MaxSendSGE)
 		t.wqe.sgl = make([]SGE, 0, t.qp.cfg.MaxSendSGE)
 		t.inlineBuf = make([]byte, 0, t.qp.cfg.MaxInline)
 	}
@@ -136,11 +143,18 @@ func (t *transmitter) drain(inline bool) bool {
 			e := &t.irq
 			f := DDPFields{Opcode: OpReadResponse, STag: e.sinkSTag, TO: e.sinkTO}
 			t.src = append(t.src[:0], e.src)
+			t.regs = append(t.regs[:0], e.srcReg)
 			if len(e.src) == 0 {
-				t.src = t.src[:0]
+				t.src, t.regs = t.src[:0], t.regs[:0]
 			}
-			ok := t.send(&f, t.src, len(e.src), nil)
-			e.src = nil
+			ok := t.send(&f, t.src, t.regs, len(e.src), nil)
+			if !ok && t.fw.cut {
+				// The source was deregistered under the Read
+				// Response: the peer's Read fails (RFC 5040 §7.4.1
+				// would have refused its STag from the start).
+				t.cutOff(TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag})
+			}
+			e.src, e.srcReg = nil, nil
 			if !ok {
 				return true
 			}
@@ -211,7 +225,7 @@ func (qp *QP) postDirect(wr *SendWR) (int, error) {
 		// An inline WR's SGEs are checked at post time (an error
 		// here, not a completion), as gatherInline does.
 		for _, s := range w.sgl {
-			if _, st := qp.localSlice(s, 0); st != StatusSuccess {
+			if _, _, st := qp.localSlice(s, 0); st != StatusSuccess {
 				qp.txMu.Unlock()
 				qp.mu.Unlock()
 				return 0, fmt.Errorf("%w: inline SGE lkey %#x: %v", ErrInvalidWR, s.LKey, st)
@@ -292,17 +306,18 @@ func (t *transmitter) claimORQ() bool {
 	qp := t.qp
 	w := &t.wqe
 	var sink []byte
+	var reg *Region
 	var stag uint32
 	var to uint64
 	if len(w.sgl) == 1 {
-		b, st := qp.localSlice(w.sgl[0], AccessLocalWrite)
+		b, r, st := qp.localSlice(w.sgl[0], AccessLocalWrite)
 		if st != StatusSuccess {
 			return false
 		}
-		sink, stag, to = b, w.sgl[0].LKey, w.sgl[0].Addr
+		sink, reg, stag, to = b, r, w.sgl[0].LKey, w.sgl[0].Addr
 	}
 	o := &qp.orq[(qp.orqHead+qp.orqN)%len(qp.orq)]
-	*o = orqEntry{id: w.wr.ID, signaled: w.signaled, sinkSTag: stag, sinkTO: to, size: uint32(len(sink)), sink: sink}
+	*o = orqEntry{id: w.wr.ID, signaled: w.signaled, sinkSTag: stag, sinkTO: to, size: uint32(len(sink)), sink: sink, sinkReg: reg}
 	qp.orqN++
 	return true
 }
@@ -325,17 +340,18 @@ func (t *transmitter) sendWQE() bool {
 			SourceSTag: w.wr.RKey, SourceTO: w.wr.RemoteAddr,
 		})
 		f := DDPFields{Opcode: OpReadRequest, QN: QNReadReq, MSN: t.nextMSN(QNReadReq)}
-		return t.send(&f, nil, 0, t.rr[:])
+		return t.send(&f, nil, nil, 0, t.rr[:])
 	}
 	var src zerocopy.SGList
+	var regs []*Region
 	var n int
 	if w.inlined {
 		src = append(t.src[:0], w.inline)
 		n = len(w.inline)
 	} else {
 		var st Status
-		src, n, st = qp.resolveSGL(t.src, w.sgl, 0)
-		t.src = src
+		src, regs, n, st = qp.resolveSGL(t.src, t.regs, w.sgl, 0)
+		t.src, t.regs = src, regs
 		if st != StatusSuccess {
 			return t.localError(w, st)
 		}
@@ -356,7 +372,13 @@ func (t *transmitter) sendWQE() bool {
 			f.Opcode += OpSendSE - OpSend
 		}
 	}
-	if !t.send(&f, src, n, nil) {
+	if !t.send(&f, src, regs, n, nil) {
+		if t.fw.cut {
+			// The source was deregistered while it was being sent.
+			qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusLocalProtection, Op: op})
+			t.cutOff(TermCode{LayerRDMAP, ETypeRDMAPCatastrophic, CodeUnspecified})
+			return false
+		}
 		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
 		return false
 	}
@@ -393,7 +415,7 @@ func (t *transmitter) sendRTR() bool {
 		// Zero-length Write to STag 1, TO 0, like siw: hardware may treat
 		// STag 0 specially even for zero-length Writes.
 		f := DDPFields{Opcode: OpWrite, STag: 1}
-		return t.send(&f, nil, 0, nil)
+		return t.send(&f, nil, nil, 0, nil)
 	case t.rtr&RTRRead != 0:
 		qp.mu.Lock()
 		qp.orq[qp.orqHead] = orqEntry{rtr: true}
@@ -401,16 +423,18 @@ func (t *transmitter) sendRTR() bool {
 		qp.mu.Unlock()
 		ReadRequest(t.rr[:]).Encode(&ReadRequestFields{SourceSTag: 1})
 		f := DDPFields{Opcode: OpReadRequest, QN: QNReadReq, MSN: t.nextMSN(QNReadReq)}
-		return t.send(&f, nil, 0, t.rr[:])
+		return t.send(&f, nil, nil, 0, t.rr[:])
 	default:
 		f := DDPFields{Opcode: OpSend, QN: QNSend, MSN: t.nextMSN(QNSend)}
-		return t.send(&f, nil, 0, nil)
+		return t.send(&f, nil, nil, 0, nil)
 	}
 }
 
-// send writes one message; false means the stream failed (the QP is then
-// taken to ERROR).
-func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, n int, extra []byte) bool {
+// send writes one message from src, which lies in the regions regs; false
+// means the stream failed (the QP is then taken to ERROR), or, with
+// t.fw.cut, that a source region was deregistered during the message (the
+// caller then calls cutOff).
+func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, regs []*Region, n int, extra []byte) bool {
 	qp := t.qp
 	// The segment payload changes rarely (PMTU, options) and reading it
 	// takes the endpoint lock: refresh it every 64 messages.
@@ -423,7 +447,16 @@ func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, n int, extra []byt
 		max = mp
 	}
 	t.fw.reset(f, src, n, extra, max, t.crcOn, t.stats)
-	if _, err := qp.stream.WritePayload(qp.ctx, &t.fw); err != nil {
+	t.fw.regs = regs
+	sent, err := qp.stream.WritePayload(qp.ctx, &t.fw)
+	t.fw.regs = nil
+	if t.fw.cut {
+		// netstack dropped what it read in the call that hit the cut and
+		// kept the sent bytes before it, which may end inside an FPDU.
+		t.fw.torn = !t.fw.fpduEnd(sent)
+		return false
+	}
+	if err != nil {
 		qp.fail(err, true)
 		return false
 	}
@@ -433,6 +466,25 @@ func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, n int, extra []byt
 		t.stats.TxBytes.Add(uint64(n))
 	}
 	return true
+}
+
+// ErrCutOff reports a message cut off because memory it was sent from was
+// deregistered while it was being sent.
+var ErrCutOff = errors.New("iwarp: message cut off: its memory was deregistered during the transfer")
+
+// cutOff ends the stream after a message was cut off. Cut between FPDUs,
+// the stream is still framed and a Terminate with code goes out; cut
+// inside one (the FPDU's header is out, and the rest of it may not be
+// read), only a reset ends the stream without the peer taking the FPDU
+// as whole.
+func (t *transmitter) cutOff(code TermCode) {
+	qp := t.qp
+	if t.fw.torn {
+		qp.fail(ErrCutOff, true)
+		return
+	}
+	qp.terminate(code, nil, 0)
+	t.sendTerminate()
 }
 
 // sendTerminate writes the queued Terminate and takes the QP to ERROR.
@@ -469,6 +521,10 @@ type fpduWriter struct {
 	baseTO uint64
 	extra  []byte
 	src    zerocopy.SGList
+	regs   []*Region // the regions src lies in, held during each Read
+	held   holds
+	cut    bool // a region was deregistered: the message ended early
+	torn   bool // ... inside an FPDU (set by transmitter.send)
 	total  int
 	maxPay int
 	crcOn  bool
@@ -506,6 +562,7 @@ func (w *fpduWriter) reset(f *DDPFields, src zerocopy.SGList, n int, extra []byt
 	w.crcOn = crcOn
 	w.stats = stats
 	w.off, w.stage, w.fpdus = 0, fwNext, 0
+	w.regs, w.cut, w.torn = nil, false, false
 	hs := DDPUntaggedHeaderSize
 	if f.Opcode.Tagged() {
 		hs = DDPTaggedHeaderSize
@@ -528,8 +585,27 @@ func (w *fpduWriter) reset(f *DDPFields, src zerocopy.SGList, n int, extra []byt
 // Len implements tcpip.Payloader: the bytes still to produce.
 func (w *fpduWriter) Len() int { return w.remain }
 
-// Read implements io.Reader for netstack's Write.
+// Read implements io.Reader for netstack's Write. The source regions are
+// held for the whole call (one acquire per region per chunk of netstack's
+// buffer, not per FPDU) and released before it returns: netstack may wait
+// for send-buffer space between two calls, and a deregistration must not
+// wait for that. A region found deregistered cuts the message off: Read
+// fails with ErrCutOff and cut set, and netstack drops what it read in
+// that endpoint Write. (Ending early with io.EOF is no option: netstack
+// keeps reading until it has the Len it asked for, and spins.)
 func (w *fpduWriter) Read(p []byte) (int, error) {
+	if w.cut {
+		return 0, ErrCutOff
+	}
+	if len(w.regs) > 0 && w.stage != fwDone {
+		if !w.held.holdAll(w.regs) {
+			w.held.drop()
+			w.cut = true
+			w.stage, w.remain = fwDone, 0
+			return 0, ErrCutOff
+		}
+		defer w.held.drop()
+	}
 	n := 0
 	for len(p) > 0 && w.stage != fwDone {
 		switch w.stage {
@@ -574,6 +650,17 @@ func (w *fpduWriter) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return n, nil
+}
+
+// fpduEnd reports whether the first n bytes of the message end at an FPDU
+// boundary. Every FPDU of a message with payload but the last has the same
+// length (and only a Read Request, which has none, carries extra).
+func (w *fpduWriter) fpduEnd(n int64) bool {
+	hs := DDPUntaggedHeaderSize
+	if w.f.Opcode.Tagged() {
+		hs = DDPTaggedHeaderSize
+	}
+	return n%int64(FPDULen(hs+w.maxPay)) == 0
 }
 
 func (w *fpduWriter) startFPDU() {
