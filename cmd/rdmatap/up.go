@@ -2,12 +2,14 @@ package main
 
 import (
 	"bufio"
+	"container/list"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"net"
 	"os"
@@ -15,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,15 +31,124 @@ func init() {
 	register(command{"stat", "counters of a running endpoint (like rdma statistic)", statCmd})
 }
 
+// The control socket's default place is a directory of rdmatap's own:
+// /run/rdmatap for root; otherwise $XDG_RUNTIME_DIR/rdmatap when
+// XDG_RUNTIME_DIR is set (to an absolute path), else rdmatap-UID in the
+// temporary directory (/tmp/rdmatap-UID). up creates it with mode 0700, and
+// up, devinfo and stat all refuse it unless it is a real directory (not a
+// symlink) owned by this user with mode 0700: in a shared /tmp another user
+// could otherwise create rdmatap-UID first, serve the socket in it and
+// answer stat with made-up counters. An explicit --ctl path is the user's
+// own choice and is used as given.
+
+// ctlDirFor is the default control socket directory of a process with
+// these ids and environment.
+func ctlDirFor(euid, uid int, xdgRuntimeDir, tmpDir string) string {
+	if euid == 0 {
+		return "/run/rdmatap"
+	}
+	if xdgRuntimeDir != "" && filepath.IsAbs(xdgRuntimeDir) {
+		return filepath.Join(xdgRuntimeDir, "rdmatap")
+	}
+	return filepath.Join(tmpDir, fmt.Sprintf("rdmatap-%d", uid))
+}
+
+// defaultCtlDir is this process's default control socket directory (a
+// variable so that tests can point it at a directory of their own).
+var defaultCtlDir = func() string {
+	return ctlDirFor(os.Geteuid(), os.Getuid(), os.Getenv("XDG_RUNTIME_DIR"), os.TempDir())
+}
+
 // defaultCtl is the control socket of device name.
-func defaultCtl(name string) string {
-	if os.Geteuid() == 0 {
-		return filepath.Join("/run/rdmatap", name+".sock")
+func defaultCtl(name string) (string, error) {
+	if name == "" || name == "." || name == ".." || strings.ContainsRune(name, '/') {
+		return "", fmt.Errorf("%w: device name %q cannot name a control socket (pass --ctl)", errUsage, name)
 	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "rdmatap", name+".sock")
+	return filepath.Join(defaultCtlDir(), name+".sock"), nil
+}
+
+// ctlDirError says why a control socket directory is not trusted.
+type ctlDirError struct {
+	Dir    string
+	UID    int // the user who must own it
+	Reason string
+}
+
+func (e *ctlDirError) Error() string {
+	return fmt.Sprintf("control socket directory %s is not trusted: %s; it must be a directory owned by uid %d with mode 0700 (remove it, or pass --ctl)",
+		e.Dir, e.Reason, e.UID)
+}
+
+// checkCtlDir verifies, without following a symlink, that dir is a
+// directory owned by this user with mode 0700. A missing dir gives an error
+// that wraps fs.ErrNotExist; an untrusted one a *ctlDirError.
+func checkCtlDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("control socket directory: %w", err)
 	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("rdmatap-%d", os.Getuid()), name+".sock")
+	bad := func(format string, args ...any) error {
+		return &ctlDirError{Dir: dir, UID: os.Geteuid(), Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return bad("it is a symbolic link")
+	case !fi.IsDir():
+		return bad("it is not a directory (%v)", fi.Mode().Type())
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return bad("its owner cannot be read")
+	}
+	if uid := os.Geteuid(); int(st.Uid) != uid {
+		return bad("it is owned by uid %d, not by uid %d", st.Uid, uid)
+	}
+	if perm := fi.Mode().Perm(); perm != 0o700 {
+		return bad("it has mode %#o, not 0700", perm)
+	}
+	return nil
+}
+
+// makeCtlDir creates dir with mode 0700 if it is missing, then checks it.
+func makeCtlDir(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("control socket directory: %w", err)
+	}
+	return checkCtlDir(dir)
+}
+
+// upCtlPath is the control socket up serves: the --ctl flag, else the
+// default one in a directory made (or found) private to this user.
+func upCtlPath(flagPath, name string) (string, error) {
+	if flagPath != "" {
+		return flagPath, nil
+	}
+	path, err := defaultCtl(name)
+	if err != nil {
+		return "", err
+	}
+	if err := makeCtlDir(filepath.Dir(path)); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// clientCtlPath is the control socket devinfo and stat connect to: the
+// --ctl flag, else the default one, refused if its directory is not
+// private to this user. A missing directory is left to ctlCall, which
+// says that no endpoint is running.
+func clientCtlPath(flagPath, name string) (string, error) {
+	if flagPath != "" {
+		return flagPath, nil
+	}
+	path, err := defaultCtl(name)
+	if err != nil {
+		return "", err
+	}
+	if err := checkCtlDir(filepath.Dir(path)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	return path, nil
 }
 
 func upCmd(args []string, stdout, stderr io.Writer) error {
@@ -44,7 +156,7 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(io.Discard)
 	var ef endpointFlags
 	ef.register(fs)
-	ctl := fs.String("ctl", "", "control socket path (default /run/rdmatap/NAME.sock)")
+	ctl := fs.String("ctl", "", "control socket path (default /run/rdmatap/NAME.sock as root, else $XDG_RUNTIME_DIR/rdmatap/NAME.sock or /tmp/rdmatap-UID/NAME.sock)")
 	if err := parseFlags(fs, args, stderr, "up", "Bring up an endpoint on a TAP device and keep it running until SIGINT/SIGTERM."); err != nil {
 		return err
 	}
@@ -54,8 +166,10 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 	if _, _, _, err := ef.check(); err != nil {
 		return err
 	}
-	if *ctl == "" {
-		*ctl = defaultCtl(ef.name)
+	// The control socket's directory is checked before the TAP is touched.
+	ctlPath, err := upCtlPath(*ctl, ef.name)
+	if err != nil {
+		return err
 	}
 	e, err := ef.open()
 	if err != nil {
@@ -63,7 +177,7 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	defer e.Close()
 	logger := log.New(stdout, "", log.LstdFlags|log.Lmicroseconds)
-	srv, err := serveControl(*ctl, e)
+	srv, err := serveControl(ctlPath, e, defaultCtlLimits, logger.Printf)
 	if err != nil {
 		return err
 	}
@@ -73,7 +187,7 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 		created = "created"
 	}
 	logger.Printf("up: device %s on TAP %s (%s), address %s, MTU %d, offload %v, control socket %s",
-		e.Dev.Name(), ef.tap, created, ef.addr, ef.mtu, e.Tap.Offload(), *ctl)
+		e.Dev.Name(), ef.tap, created, ef.addr, ef.mtu, e.Tap.Offload(), ctlPath)
 
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
@@ -129,75 +243,335 @@ type ctlReply struct {
 	Stat    *statSet `json:"stat,omitempty"`
 }
 
-type ctlServer struct {
-	ln   net.Listener
-	path string
-	e    *endpoint
-	wg   sync.WaitGroup
+// ctlLimits bound what clients of the control socket can hold.
+//
+// Every connection is served by one handler goroutine, and at most
+// maxConns handlers run at once. A handler gives its client readTimeout to
+// send the whole request line and writeTimeout to take the reply, so an
+// idle client or one that sends half a request is dropped within
+// readTimeout. That alone would still let 64 such clients fill every slot
+// again and again, each for readTimeout, and stat would time out. So when
+// a connection arrives with every slot taken, the accept loop closes the
+// oldest connection that has not yet sent its request (its handler sees
+// the closed connection and returns at once) and gives the slot to the new
+// one. An honest client writes its request as soon as it connects, and the
+// reply is computed and written at once, so it only loses its slot if
+// maxConns newer connections arrive before its handler reads a line that
+// is already waiting; the idle and the half-sent ones, being older, go
+// first. Handlers that have their request are never dropped this way; if
+// all maxConns have one, the accept loop waits for the first to finish
+// (at most writeTimeout). The same eviction frees a descriptor when
+// Accept fails with EMFILE or ENFILE: the clients holding the control
+// socket are likely the ones that used the descriptors up.
+type ctlLimits struct {
+	maxConns     int
+	readTimeout  time.Duration
+	writeTimeout time.Duration
 }
 
-func serveControl(path string, e *endpoint) (*ctlServer, error) {
+var defaultCtlLimits = ctlLimits{maxConns: 64, readTimeout: 2 * time.Second, writeTimeout: 2 * time.Second}
+
+// An Accept error backs off 5 ms, doubling to 1 s, as net/http's Server
+// does; an error that is not known to be temporary waits the full second.
+// The loop retries until the listener is closed: an accept loop that
+// returned on the first EMFILE left up answering pings but never stat.
+const (
+	ctlAcceptBackoffMin = 5 * time.Millisecond
+	ctlAcceptBackoffMax = time.Second
+	ctlAcceptLogEvery   = 10 * time.Second // at most one accept error logged per
+	ctlMaxRequest       = 4096             // bytes in a request line
+	ctlMaxReply         = 1 << 20          // bytes in a reply line (ctlCall)
+)
+
+type ctlServer struct {
+	ln    net.Listener
+	path  string // removed by Close; "" for none
+	e     *endpoint
+	lim   ctlLimits
+	logf  func(format string, args ...any)
+	slots chan struct{} // a token per running handler
+	done  chan struct{} // closed by Close
+	once  sync.Once
+	wg    sync.WaitGroup
+
+	accepted atomic.Uint64 // connections accepted
+	evicted  atomic.Uint64 // connections closed to make room
+
+	mu      sync.Mutex
+	closing bool
+	conns   list.List // *ctlConn, oldest first
+	peak    int       // most handlers at once
+}
+
+// ctlConn is a connection being served.
+type ctlConn struct {
+	c       net.Conn
+	elem    *list.Element // in ctlServer.conns; nil once removed
+	waiting bool          // its request line has not arrived yet
+}
+
+// serveControl serves the control socket at path. logf, if not nil, gets
+// the accept errors, one per ctlAcceptLogEvery at most.
+func serveControl(path string, e *endpoint, lim ctlLimits, logf func(string, ...any)) (*ctlServer, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	// A socket left by a crashed endpoint is removed; a live one is not.
-	if c, err := net.Dial("unix", path); err == nil {
-		c.Close()
-		return nil, fmt.Errorf("control socket %s is already in use by another running endpoint", path)
+	// A socket left by a crashed endpoint is removed; a live one, or a file
+	// that is not a socket, is not.
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("control socket %s: the path exists and is not a socket", path)
+		}
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			c.Close()
+			return nil, fmt.Errorf("control socket %s is already in use by another running endpoint", path)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("control socket %s: cannot tell whether another endpoint serves it: %w", path, err)
+		}
+		os.Remove(path)
 	}
-	os.Remove(path)
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	s := &ctlServer{ln: ln, path: path, e: e}
+	return startCtlServer(ln, path, e, lim, logf), nil
+}
+
+// startCtlServer serves the control protocol on ln.
+func startCtlServer(ln net.Listener, path string, e *endpoint, lim ctlLimits, logf func(string, ...any)) *ctlServer {
+	if lim.maxConns < 1 {
+		lim.maxConns = 1
+	}
+	s := &ctlServer{ln: ln, path: path, e: e, lim: lim, logf: logf,
+		slots: make(chan struct{}, lim.maxConns), done: make(chan struct{})}
 	s.wg.Add(1)
 	go s.loop()
-	return s, nil
+	return s
 }
 
 func (s *ctlServer) loop() {
 	defer s.wg.Done()
+	var delay time.Duration
+	var lastLog time.Time // of the last accept error logged
+	var quiet int         // accept errors not logged since
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
+			if errors.Is(err, net.ErrClosed) || s.isClosed() {
+				return
+			}
+			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				s.evictOldestWaiting()
+			}
+			if s.logf != nil {
+				if now := time.Now(); now.Sub(lastLog) >= ctlAcceptLogEvery {
+					if quiet > 0 {
+						s.logf("control socket: accept: %v (retrying; %d more accept errors since the last report)", err, quiet)
+					} else {
+						s.logf("control socket: accept: %v (retrying)", err)
+					}
+					lastLog, quiet = now, 0
+				} else {
+					quiet++
+				}
+			}
+			delay = acceptBackoff(delay, err)
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-s.done:
+				t.Stop()
+				return
+			}
+			continue
+		}
+		delay = 0
+		s.accepted.Add(1)
+		if !s.acquire() {
+			c.Close()
+			return
+		}
+		cc, ok := s.track(c)
+		if !ok {
+			<-s.slots
+			c.Close()
 			return
 		}
 		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			line, err := bufio.NewReader(io.LimitReader(c, 4096)).ReadBytes('\n')
-			if err != nil && len(line) == 0 {
-				return
-			}
-			var req ctlRequest
-			var rep ctlReply
-			if err := json.Unmarshal(line, &req); err != nil {
-				rep.Error = "bad request: " + err.Error()
-			} else {
-				switch req.Cmd {
-				case "devinfo":
-					d := getDevInfo(s.e)
-					rep.DevInfo = &d
-				case "stat":
-					st := getStats(s.e)
-					rep.Stat = &st
-				default:
-					rep.Error = fmt.Sprintf("unknown command %q", req.Cmd)
-				}
-			}
-			b, _ := json.Marshal(rep)
-			c.Write(append(b, '\n'))
-		}()
+		go s.serve(cc)
 	}
 }
 
+// acceptBackoff is the wait after an Accept error, given the last one.
+func acceptBackoff(last time.Duration, err error) time.Duration {
+	if !acceptTemporary(err) {
+		return ctlAcceptBackoffMax
+	}
+	d := 2 * last
+	if d < ctlAcceptBackoffMin {
+		d = ctlAcceptBackoffMin
+	}
+	return min(d, ctlAcceptBackoffMax)
+}
+
+// acceptTemporary reports an Accept error that goes away by itself: out of
+// descriptors or memory, a connection aborted before it was accepted, or a
+// timeout.
+func acceptTemporary(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ECONNABORTED, syscall.ENOBUFS, syscall.ENOMEM} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *ctlServer) isClosed() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// acquire takes a handler slot, making room if every slot is taken. It
+// fails only when the server is closed.
+func (s *ctlServer) acquire() bool {
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		s.evictOldestWaiting()
+		select {
+		case s.slots <- struct{}{}:
+		case <-s.done:
+			return false
+		}
+	}
+	s.mu.Lock()
+	s.peak = max(s.peak, len(s.slots))
+	s.mu.Unlock()
+	return true
+}
+
+// evictOldestWaiting closes the oldest connection that has not sent its
+// request; its handler returns and frees its slot.
+func (s *ctlServer) evictOldestWaiting() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for el := s.conns.Front(); el != nil; el = el.Next() {
+		cc := el.Value.(*ctlConn)
+		if cc.waiting {
+			s.conns.Remove(el)
+			cc.elem = nil
+			cc.c.Close()
+			s.evicted.Add(1)
+			return
+		}
+	}
+}
+
+// track adds a new connection; false if the server is closing.
+func (s *ctlServer) track(c net.Conn) (*ctlConn, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return nil, false
+	}
+	cc := &ctlConn{c: c, waiting: true}
+	cc.elem = s.conns.PushBack(cc)
+	return cc, true
+}
+
+// setWaiting marks whether the connection still waits for its request; false
+// if it was evicted meanwhile.
+func (s *ctlServer) setWaiting(cc *ctlConn, waiting bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cc.waiting = waiting
+	return cc.elem != nil
+}
+
+// untrack removes and closes the connection.
+func (s *ctlServer) untrack(cc *ctlConn) {
+	s.mu.Lock()
+	if cc.elem != nil {
+		s.conns.Remove(cc.elem)
+		cc.elem = nil
+	}
+	s.mu.Unlock()
+	cc.c.Close()
+}
+
+// serve answers the one request of a connection.
+func (s *ctlServer) serve(cc *ctlConn) {
+	defer s.wg.Done()
+	defer func() { <-s.slots }()
+	defer s.untrack(cc)
+	c := cc.c
+	c.SetReadDeadline(time.Now().Add(s.lim.readTimeout))
+	line, err := bufio.NewReader(io.LimitReader(c, ctlMaxRequest)).ReadBytes('\n')
+	// A request cut by EOF (the client shut its side, or the line is over
+	// ctlMaxRequest) is still answered; a timeout, an eviction or an empty
+	// connection is not.
+	if err != nil && (!errors.Is(err, io.EOF) || len(line) == 0) {
+		return
+	}
+	if !s.setWaiting(cc, false) {
+		return
+	}
+	rep := s.reply(line)
+	b, err := json.Marshal(rep)
+	if err != nil {
+		b, _ = json.Marshal(ctlReply{Error: "encoding the reply: " + err.Error()})
+	}
+	c.SetWriteDeadline(time.Now().Add(s.lim.writeTimeout))
+	c.Write(append(b, '\n'))
+}
+
+func (s *ctlServer) reply(line []byte) ctlReply {
+	var req ctlRequest
+	var rep ctlReply
+	if err := json.Unmarshal(line, &req); err != nil {
+		rep.Error = "bad request: " + err.Error()
+		return rep
+	}
+	switch req.Cmd {
+	case "devinfo":
+		d := getDevInfo(s.e)
+		rep.DevInfo = &d
+	case "stat":
+		st := getStats(s.e)
+		rep.Stat = &st
+	default:
+		rep.Error = fmt.Sprintf("unknown command %q", req.Cmd)
+	}
+	return rep
+}
+
+// Close stops accepting, drops the connections being served, waits for
+// the handlers and removes the socket.
 func (s *ctlServer) Close() {
-	s.ln.Close()
-	s.wg.Wait()
-	os.Remove(s.path)
+	s.once.Do(func() {
+		close(s.done)
+		s.ln.Close()
+		s.mu.Lock()
+		s.closing = true
+		for el := s.conns.Front(); el != nil; el = el.Next() {
+			el.Value.(*ctlConn).c.Close()
+		}
+		s.mu.Unlock()
+		s.wg.Wait()
+		if s.path != "" {
+			os.Remove(s.path)
+		}
+	})
 }
 
 // ctlCall sends one request to a running endpoint.
@@ -222,7 +596,7 @@ func ctlCall(ctx context.Context, path, cmd string) (ctlReply, error) {
 	if _, err := c.Write(append(b, '\n')); err != nil {
 		return rep, fmt.Errorf("control socket %s: %w", path, err)
 	}
-	line, err := bufio.NewReader(c).ReadBytes('\n')
+	line, err := bufio.NewReader(io.LimitReader(c, ctlMaxReply)).ReadBytes('\n')
 	if err != nil {
 		return rep, fmt.Errorf("control socket %s: no reply: %w", path, err)
 	}
@@ -315,7 +689,7 @@ func getStats(e *endpoint) statSet {
 func ctlFlags(name string, args []string, stderr io.Writer, what string) (path string, jsonOut, verbose bool, err error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	ctl := fs.String("ctl", "", "control socket of the endpoint (default /run/rdmatap/DEV.sock)")
+	ctl := fs.String("ctl", "", "control socket of the endpoint (default /run/rdmatap/DEV.sock as root, else $XDG_RUNTIME_DIR/rdmatap/DEV.sock or /tmp/rdmatap-UID/DEV.sock)")
 	dev := fs.String("d", "rt0", "device name")
 	j := fs.Bool("j", false, "JSON output")
 	v := fs.Bool("v", false, "verbose")
@@ -325,10 +699,11 @@ func ctlFlags(name string, args []string, stderr io.Writer, what string) (path s
 	if fs.NArg() > 0 {
 		return "", false, false, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
 	}
-	if *ctl == "" {
-		*ctl = defaultCtl(*dev)
+	path, err = clientCtlPath(*ctl, *dev)
+	if err != nil {
+		return "", false, false, err
 	}
-	return *ctl, *j, *v, nil
+	return path, *j, *v, nil
 }
 
 func devinfoCmd(args []string, stdout, stderr io.Writer) error {
