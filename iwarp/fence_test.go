@@ -195,3 +195,111 @@ func TestHoldsBlockDeregister(t *testing.T) {
 		t.Fatal("region still in use or still found")
 	}
 }
+
+// TestRemoteInvalidateOnlyRemoteSTags: a Send with Invalidate naming a
+// region registered for local access only (here the one behind a posted
+// receive) is refused with RDMAP Remote Operation / cannot invalidate, and
+// the region stays valid.
+func TestRemoteInvalidateOnlyRemoteSTags(t *testing.T) {
+	v := newVictim(t, false, 0, 1)
+	if err := v.qp.PostRecv(7, []SGE{{Addr: v.roReg.Base, Length: 64, LKey: v.roReg.STag()}}); err != nil {
+		t.Fatal(err)
+	}
+	v.send(t, v.fpdu(DDPFields{Opcode: OpSendInvalidate, Last: true, QN: QNSend, MSN: 1, RsvdULP: v.roReg.STag()}, pattern(10, 1)))
+	if code := readTerminate(t, v.peer, v.peerCRC); code != (TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCannotInvalidate}) {
+		t.Fatalf("terminate %v, want cannot invalidate", code)
+	}
+	if c := v.rcq.wait(t); c.ID != 7 || c.Status != StatusRemoteInvalidRequest {
+		t.Fatalf("receive completion %+v", c)
+	}
+	if !v.roReg.Valid() || v.mem.Lookup(v.roReg.STag()) != v.roReg {
+		t.Fatal("the peer invalidated a local-only region")
+	}
+}
+
+// TestSTagsNotRecycled: a peer that kept an STag never reaches a later
+// registration through it, however often regions come and go (with
+// last-in-first-out indices and a counter for keys it did within a few
+// hundred), and no STag is ever handed out twice.
+func TestSTagsNotRecycled(t *testing.T) {
+	mem := NewMemTable()
+	seen := map[uint32]bool{}
+	var stale []uint32
+	for i := 0; i < 20000; i++ {
+		r := &Region{Buf: make([]byte, 8), Access: AccessRemoteWrite}
+		stag, err := mem.Register(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[stag] {
+			t.Fatalf("registration %d got STag %#x again", i, stag)
+		}
+		seen[stag] = true
+		for _, s := range stale {
+			if mem.Lookup(s) != nil {
+				t.Fatalf("registration %d: stale STag %#x names the new region", i, s)
+			}
+		}
+		if i%500 == 0 {
+			stale = append(stale, stag)
+		}
+		mem.Deregister(r)
+	}
+	// A freed index waits behind memQuarantine others.
+	if mem.next < memQuarantine {
+		t.Fatalf("only %d indices used over 20000 registrations", mem.next)
+	}
+}
+
+// TestSTagKeysSpread: the keys of fresh indices look uniformly random
+// (4096 draws over 256 values: each should turn up about 16 times), and
+// one index's keys never repeat until it is retired.
+func TestSTagKeysSpread(t *testing.T) {
+	mem := NewMemTable()
+	var count [256]int
+	regs := make([]*Region, 4096)
+	for i := range regs {
+		regs[i] = &Region{Buf: make([]byte, 8)}
+		stag, err := mem.Register(regs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		count[stag&0xff]++
+	}
+	for k, c := range count {
+		if c == 0 || c > 48 {
+			t.Fatalf("key %#x drawn %d times in 4096 (expected about 16)", k, c)
+		}
+	}
+	var h keyHistory
+	var got [256]bool
+	for i := 0; i < 256; i++ {
+		k := h.newKey()
+		if got[k] {
+			t.Fatalf("key %#x drawn twice for one index", k)
+		}
+		got[k] = true
+	}
+}
+
+// TestDeregisterBeforeReadRequestEnds: the source of a Read Request
+// deregistered between the request's headers and its trailer gets the
+// Terminate for an invalid STag (the offending headers cut from the
+// buffer went out of range and panicked before).
+func TestDeregisterBeforeReadRequestEnds(t *testing.T) {
+	v := newVictim(t, true, 0, 1)
+	fp := v.readReq(ReadRequestFields{SinkSTag: 0x1234, SinkTO: 0, Size: 64, SourceSTag: v.reg.STag(), SourceTO: v.reg.Base})
+	v.send(t, fp[:len(fp)-MPACRCSize])
+	deadline := time.Now().Add(5 * time.Second)
+	for v.stats.RxFPDUs.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the Read Request's headers were never taken")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	deregistered(t, v.mem, v.reg)
+	v.send(t, fp[len(fp)-MPACRCSize:])
+	if code := readTerminate(t, v.peer, v.peerCRC); code != (TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag}) {
+		t.Fatalf("terminate %v, want invalid STag", code)
+	}
+}

@@ -170,67 +170,126 @@ func BufferAddr(b []byte) uint64 {
 // key (as Linux siw does); index 0 is never used, so STag 0 and the STag 1
 // that siw puts in zero-length RTR Writes are never valid.
 //
+// STags are hard to predict and are not recycled while a stale one may
+// still be in use (RFC 5042 §5.1.2, §6.2): each registration draws its key
+// at random (crypto/rand) among the keys its index has not had yet, so an
+// STag never names two registrations; an index that has had all 256 keys
+// is retired; and a freed index rests in a FIFO behind memQuarantine
+// others before it is used again, so a peer that kept an old STag finds
+// its index empty for a long while and then under a key it cannot know.
+//
 // Lookups, one per tagged FPDU, take no lock: the table is a list of
 // fixed-size chunks of atomic slots that only ever grows.
 type MemTable struct {
-	mu     sync.Mutex // serialises Register and Deregister
-	chunks atomic.Pointer[[]*memChunk]
-	next   uint32 // next never-used index
-	free   []uint32
-	keys   uint32 // key generator state
-	n      int
+	mu       sync.Mutex // serialises Register and Deregister
+	chunks   atomic.Pointer[[]*memChunk]
+	next     uint32   // next never-used index
+	free     []uint32 // freed indices, oldest first from freeHead
+	freeHead int
+	n        int
 }
 
 const memChunkSize = 4096
 
-type memChunk [memChunkSize]atomic.Pointer[Region]
+type memChunk struct {
+	regs [memChunkSize]atomic.Pointer[Region]
+	keys [memChunkSize]keyHistory // guarded by MemTable.mu
+}
+
+// keyHistory is the set of keys an index has had.
+type keyHistory struct {
+	used [4]uint64 // bit k: key k was used
+	n    uint16
+}
+
+// memQuarantine is how many freed indices wait ahead of a newly freed one
+// before it is used again; until the free list is that long, new indices
+// are taken instead.
+const memQuarantine = 4096
 
 // MaxRegions is the number of STag indices (24 bits, minus index 0).
 const MaxRegions = 1<<24 - 1
 
 // NewMemTable returns an empty table.
 func NewMemTable() *MemTable {
-	var seed [4]byte
-	_, _ = rand.Read(seed[:])
-	t := &MemTable{next: 1, keys: binary.LittleEndian.Uint32(seed[:])}
+	t := &MemTable{next: 1}
 	cs := []*memChunk{new(memChunk)}
 	t.chunks.Store(&cs)
 	return t
 }
 
-func (t *MemTable) slot(idx uint32) *atomic.Pointer[Region] {
+func (t *MemTable) chunk(idx uint32) *memChunk {
 	cs := *t.chunks.Load()
 	c := idx / memChunkSize
 	if int(c) >= len(cs) {
 		return nil
 	}
-	return &cs[c][idx%memChunkSize]
+	return cs[c]
+}
+
+func (t *MemTable) slot(idx uint32) *atomic.Pointer[Region] {
+	c := t.chunk(idx)
+	if c == nil {
+		return nil
+	}
+	return &c.regs[idx%memChunkSize]
+}
+
+// index returns the index for a new registration; t.mu is held.
+func (t *MemTable) index() (uint32, error) {
+	if len(t.free)-t.freeHead > memQuarantine || t.next > MaxRegions && t.freeHead < len(t.free) {
+		idx := t.free[t.freeHead]
+		t.freeHead++
+		if t.freeHead >= 1024 && t.freeHead*2 >= len(t.free) {
+			t.free = append(t.free[:0], t.free[t.freeHead:]...)
+			t.freeHead = 0
+		}
+		return idx, nil
+	}
+	if t.next > MaxRegions {
+		return 0, ErrNoResources
+	}
+	idx := t.next
+	t.next++
+	if cs := *t.chunks.Load(); int(idx/memChunkSize) >= len(cs) {
+		grown := append(append([]*memChunk(nil), cs...), new(memChunk))
+		t.chunks.Store(&grown)
+	}
+	return idx, nil
+}
+
+// newKey draws a random key that h has not had and records it.
+func (h *keyHistory) newKey() uint32 {
+	var b [2]byte
+	_, _ = rand.Read(b[:])
+	k := int(binary.LittleEndian.Uint16(b[:])) % (256 - int(h.n))
+	for key := 0; key < 256; key++ {
+		if h.used[key/64]&(1<<(key%64)) != 0 {
+			continue
+		}
+		if k == 0 {
+			h.used[key/64] |= 1 << (key % 64)
+			h.n++
+			return uint32(key)
+		}
+		k--
+	}
+	panic("iwarp: STag index has no key left") // Deregister retires it first
 }
 
 // Register adds r to the table, assigns its STag and marks it valid.
 func (t *MemTable) Register(r *Region) (uint32, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var idx uint32
-	if n := len(t.free); n > 0 {
-		idx = t.free[n-1]
-		t.free = t.free[:n-1]
-	} else {
-		if t.next > MaxRegions {
-			return 0, ErrNoResources
-		}
-		idx = t.next
-		t.next++
-		if cs := *t.chunks.Load(); int(idx/memChunkSize) >= len(cs) {
-			grown := append(append([]*memChunk(nil), cs...), new(memChunk))
-			t.chunks.Store(&grown)
-		}
+	idx, err := t.index()
+	if err != nil {
+		return 0, err
 	}
-	t.keys = t.keys*1664525 + 1013904223
-	key := t.keys >> 24
+	c := t.chunk(idx)
+	key := c.keys[idx%memChunkSize].newKey()
 	r.stag = idx<<8 | key
 	r.valid.Store(true)
-	t.slot(idx).Store(r)
+	c.regs[idx%memChunkSize].Store(r)
 	t.n++
 	return r.stag, nil
 }
@@ -253,7 +312,9 @@ func (t *MemTable) Deregister(r *Region) {
 	}
 	r.valid.Store(false)
 	s.Store(nil)
-	t.free = append(t.free, idx)
+	if t.chunk(idx).keys[idx%memChunkSize].n < 256 {
+		t.free = append(t.free, idx)
+	} // else: every key used, the index is retired
 	t.n--
 	t.mu.Unlock()
 	r.fence()

@@ -300,7 +300,7 @@ func (r *receiver) sizeHeader() bool {
 // fail raises a Terminate for the current FPDU and stops parsing.
 func (r *receiver) fail(code TermCode, hdrLen int) {
 	r.state = rxDead
-	off := r.hdr[MPALengthSize : MPALengthSize+max(hdrLen, 0)]
+	off := r.hdr[MPALengthSize : MPALengthSize+min(max(hdrLen, 0), r.need-MPALengthSize)]
 	r.qp.terminate(code, off, r.ulpdu)
 }
 
@@ -661,8 +661,14 @@ func (r *receiver) endSend(h DDPHeader) {
 	r.expect[QNSend]++
 	if r.op.Invalidates() {
 		stag := h.InvalidateSTag()
+		// Only an STag the peer may access itself can be invalidated
+		// remotely (RFC 5040's Send with Invalidate names an STag the
+		// peer was given; RFC 5042 asks that a peer reach nothing it
+		// was not granted): one of this QP's PD with remote access.
+		// A region registered for local access only, such as one behind
+		// posted receives, is never the peer's to take away.
 		reg := qp.cfg.Mem.Lookup(stag)
-		if reg == nil || reg.PD != qp.cfg.PD {
+		if reg == nil || reg.PD != qp.cfg.PD || reg.Access&(AccessRemoteWrite|AccessRemoteRead) == 0 {
 			c.Status = StatusRemoteInvalidRequest
 			qp.complete(qp.cfg.RecvCQ, c)
 			r.fail(TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCannotInvalidate}, len(h))
@@ -719,14 +725,14 @@ func (r *receiver) endReadRequest(h DDPHeader) {
 			src, ok = reg.Slice(rr.SourceTO(), uint64(rr.Size()))
 		}
 		if !ok {
-			r.fail(TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag}, len(h)+ReadRequestSize)
+			r.fail(TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag}, len(h))
 			return
 		}
 	}
 	qp.mu.Lock()
 	if qp.irqN == len(qp.irq) {
 		qp.mu.Unlock()
-		r.fail(TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCatastrophicStream}, len(h)+ReadRequestSize)
+		r.fail(TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCatastrophicStream}, len(h))
 		return
 	}
 	e := &qp.irq[(qp.irqHead+qp.irqN)%len(qp.irq)]

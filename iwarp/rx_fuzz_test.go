@@ -44,14 +44,14 @@ func (s *nullStream) CloseWrite() error { return nil }
 func (s *nullStream) Abort()            {}
 func (s *nullStream) Close() error      { return nil }
 
-// fuzzMem registers the fuzzers' region, guard[4096:8192] at 0x10000, in a
-// table whose STag keys are not random, so that seeds (and the fuzzer) can
-// name it: its STag is fuzzSTag.
+// fuzzMem registers the fuzzers' region, guard[4096:8192] at 0x10000, and
+// gives it a fixed key instead of its random one, so that seeds (and the
+// fuzzer) can name it: its STag is fuzzSTag.
 func fuzzMem(guard []byte) (*MemTable, *Region) {
 	mem := NewMemTable()
-	mem.keys = 0
 	reg := &Region{Buf: guard[4096:8192], Base: 0x10000, Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead, PD: 1}
 	mem.Register(reg)
+	reg.stag = reg.stag&^0xff | 0x5c
 	return mem, reg
 }
 
