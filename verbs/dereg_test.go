@@ -170,22 +170,34 @@ func fenceRound(t *testing.T, p *pair, l *verbs.Listener, raddr netip.AddrPort, 
 	posted, completed, next := 0, 0, 0
 	var wc [16]verbs.WC
 	failed := false
+	// A Write completes once TCP has it, possibly before a Read posted
+	// earlier: a Read sink slot is free again only at its own completion.
+	free := make([]int, fenceDepth)
+	for i := range free {
+		free[i] = i
+	}
+	sinkOf := map[uint64]int{}
 	for !failed || completed < posted {
 		for !failed && posted-completed < fenceDepth {
-			slot := next % fenceDepth
 			off := uint64(next*fenceChunk) % fenceBuf
 			wr := verbs.SendWR{ID: uint64(next), Flags: verbs.Signaled, RemoteAddr: remote.Addr + off, RKey: remote.RKey}
-			if next%2 == 0 {
+			if next%2 == 0 || len(free) == 0 {
 				wr.Op = verbs.OpWrite
-				wr.SGL = []verbs.SGE{cl.mr.SGE(slot*fenceChunk, fenceChunk)}
+				wr.SGL = []verbs.SGE{cl.mr.SGE(next%fenceDepth*fenceChunk, fenceChunk)}
 			} else {
 				wr.Op = verbs.OpRead
+				slot := free[len(free)-1]
+				free = free[:len(free)-1]
+				sinkOf[wr.ID] = slot
 				sink := fenceDepth*fenceChunk + slot*fenceChunk
 				clear(cl.buf[sink : sink+fenceChunk])
 				wr.SGL = []verbs.SGE{cl.mr.SGE(sink, fenceChunk)}
 			}
 			if err := clQP.PostSend(wr); err != nil {
 				failed = true // the QP left RTS
+				if wr.Op == verbs.OpRead {
+					delete(sinkOf, wr.ID)
+				}
 				break
 			}
 			posted++
@@ -200,15 +212,19 @@ func fenceRound(t *testing.T, p *pair, l *verbs.Listener, raddr netip.AddrPort, 
 		}
 		for _, c := range wc[:n] {
 			completed++
+			slot, read := sinkOf[c.ID]
+			if read {
+				delete(sinkOf, c.ID)
+				free = append(free, slot)
+			}
 			if c.Status != verbs.StatusSuccess {
 				failed = true
 				continue
 			}
 			st.ok++
-			if c.Op != verbs.WCRead {
+			if !read {
 				continue
 			}
-			slot := int(c.ID) % fenceDepth
 			sink := cl.buf[fenceDepth*fenceChunk+slot*fenceChunk:][:fenceChunk]
 			for i, v := range sink {
 				if v == after {
