@@ -117,6 +117,11 @@ type QPConfig struct {
 	OnEvent func(Event)
 	// Counters, shared by the QPs of a device; nil for none.
 	Stats *Stats
+	// Placement: PlacementSegment also places RDMA Write payload from TCP
+	// segments as they arrive (the stream must be a SegmentSource).
+	Placement Placement
+	// SegStats counts segment placement; nil for none.
+	SegStats *SegmentStats
 }
 
 // ConnParams are the negotiated properties of an RDMAP stream.
@@ -234,6 +239,9 @@ type QP struct {
 
 	rx receiver
 	tx transmitter
+
+	seg      *segPlacer // PlacementSegment
+	segUntap func()
 }
 
 // NewQP creates a QP in the IDLE state. Receives may be posted at once;
@@ -333,6 +341,27 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	qp.rxDone = make(chan struct{})
 	qp.rx.init(p)
 	qp.tx.init(p)
+	if qp.cfg.Placement == PlacementSegment {
+		src, ok := s.(SegmentSource)
+		if !ok {
+			qp.state = StateIdle
+			qp.mu.Unlock()
+			qp.txMu.Unlock()
+			qp.cancel()
+			return fmt.Errorf("%w: segment placement needs a stream that hands over its segments", ErrInvalidWR)
+		}
+		seg := newSegPlacer(qp, p.CRC)
+		untap, err := src.TapSegments(seg.place, &seg.stats.ConnTapStats)
+		if err != nil {
+			qp.state = StateIdle
+			qp.mu.Unlock()
+			qp.txMu.Unlock()
+			qp.cancel()
+			return fmt.Errorf("iwarp: segment placement: %w", err)
+		}
+		qp.seg, qp.segUntap = seg, untap
+		qp.rx.seg = seg
+	}
 	if p.Initiator && qp.cfg.FirstFPDUDelay > 0 {
 		// Posts are queued while the gate is shut; nothing is sent.
 		qp.txGate = true
@@ -600,6 +629,10 @@ func (qp *QP) fail(err error, abort bool) {
 	s := qp.stream
 	cancel := qp.cancel
 	qp.mu.Unlock()
+	if qp.segUntap != nil {
+		qp.segUntap()
+		qp.seg.stop()
+	}
 	if cancel != nil {
 		cancel()
 	}

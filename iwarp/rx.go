@@ -86,6 +86,12 @@ type receiver struct {
 	offset uint64 // TCP stream offset of the next byte
 	held   holds  // regions being placed into during this stream read
 
+	// Segment placement (nil: stream placement only).
+	seg   *segPlacer
+	start uint64      // stream offset of the current FPDU
+	early *placedFPDU // the current FPDU was placed from its segment
+	vcrc  uint32      // CRC32c of its payload as delivered (no MPA CRC)
+
 	// Counters, kept locally and added to the shared Stats after each
 	// read: atomics per FPDU would bounce a cache line between QPs.
 	n rxCounts
@@ -188,6 +194,7 @@ func (r *receiver) Write(p []byte) (int, error) {
 		switch r.state {
 		case rxHeader:
 			if r.have == 0 {
+				r.start = r.offset - uint64(len(p))
 				if k := r.whole(p); k > 0 {
 					p = p[k:]
 					continue
@@ -297,6 +304,15 @@ func (r *receiver) sizeHeader() bool {
 	return true
 }
 
+// mismatch ends the stream when TCP delivered other bytes than the segment
+// an FPDU was placed from: the region may hold bytes the stream never had,
+// which only a local catastrophic error may leave behind.
+func (r *receiver) mismatch(hdrLen int) {
+	r.early = nil
+	r.seg.stats.Mismatches.Add(1)
+	r.fail(TermCode{LayerRDMAP, ETypeRDMAPCatastrophic, CodeUnspecified}, hdrLen)
+}
+
 // fail raises a Terminate for the current FPDU and stops parsing.
 func (r *receiver) fail(code TermCode, hdrLen int) {
 	r.state = rxDead
@@ -318,8 +334,18 @@ func (r *receiver) onHeader() {
 		r.crc = zerocopy.UpdateCRC32C(0, r.hdr[:r.need])
 	}
 	r.n.fpdus++
+	r.early = nil
+	if r.seg != nil {
+		r.early = r.seg.claimInOrder(r.start, r.start+uint64(FPDULen(r.ulpdu)))
+		r.vcrc = 0
+	}
 	if code, bad := r.check(h); bad {
 		r.fail(code, hl)
+		return
+	}
+	if r.early != nil && (r.dst == nil || r.op != OpWrite || r.early.payLen != r.payLen) {
+		// Placed from its segment as another FPDU than TCP delivers.
+		r.mismatch(hl)
 		return
 	}
 	if !r.gateOpen {
@@ -514,6 +540,16 @@ func (r *receiver) checkSend(h DDPHeader) (TermCode, bool) {
 // pass. false: the destination was deregistered since the headers were
 // checked; nothing was placed, and the stream is terminated.
 func (r *receiver) place(b []byte) bool {
+	if r.early != nil {
+		// Placed from its segment already: fold the delivered bytes
+		// into the check that they are the same.
+		if r.crcOn {
+			r.crc = zerocopy.UpdateCRC32C(r.crc, b)
+		} else {
+			r.vcrc = zerocopy.UpdateCRC32C(r.vcrc, b)
+		}
+		return true
+	}
 	if !r.holdDst() {
 		r.fenced()
 		return false
@@ -618,6 +654,17 @@ func (r *receiver) onTrailer() {
 			r.fail(TermCode{LayerLLP, ETypeMPA, CodeCRC}, r.need-MPALengthSize)
 			return
 		}
+	}
+	if e := r.early; e != nil {
+		delivered := r.vcrc
+		if r.crcOn {
+			delivered = binary.LittleEndian.Uint32(r.trail[pad:])
+		}
+		if delivered != e.crc {
+			r.mismatch(r.need - MPALengthSize)
+			return
+		}
+		r.early = nil
 	}
 	r.n.bytes += uint64(r.payLen)
 	if r.last {

@@ -39,6 +39,7 @@ type Conn struct {
 	wsem chan struct{}
 
 	closed    atomic.Bool
+	readBytes atomic.Uint64 // bytes read so far (connection taps place segments by it)
 	closedCh  chan struct{} // closed by Close/Abort
 	done      chan struct{} // see Done
 	doneOnce  sync.Once
@@ -227,6 +228,7 @@ func (c *Conn) readTo(ctx context.Context, w io.Writer, max int, block bool) (in
 		}
 		res, terr := c.ep.Read(dst, tcpip.ReadOptions{})
 		if terr == nil && res.Count > 0 {
+			c.readBytes.Add(uint64(res.Count))
 			c.ep.ModerateRecvBuf(res.Count)
 			if woke && ((max > 0 && st.lim.N == 0) || st.guard.short) {
 				// Data is probably left and another reader may be

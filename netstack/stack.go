@@ -51,6 +51,7 @@ type Stack struct {
 
 	mu        sync.Mutex
 	closed    bool
+	ctaps     *connTaps // EnableConnTaps
 	conns     map[*Conn]struct{}
 	listeners map[*Listener]struct{}
 	closeOnce sync.Once

@@ -29,6 +29,11 @@ type DeviceConfig struct {
 	FirstFPDUDelay time.Duration
 	// EventQueue is the depth of the async event channel (default 256).
 	EventQueue int
+	// Placement: iwarp.PlacementSegment also places RDMA Write payload
+	// from TCP segments as they arrive, out of order too (the netstack
+	// must not have connections yet); the default places from TCP's
+	// in-order stream only.
+	Placement iwarp.Placement
 }
 
 // Device is an RDMA device: one iWARP RNIC on one netstack. It owns the
@@ -38,6 +43,7 @@ type Device struct {
 	ns     *netstack.Stack
 	mem    *iwarp.MemTable
 	stats  iwarp.Stats
+	seg    iwarp.SegmentStats
 	events chan AsyncEvent
 	lost   atomic.Uint64
 
@@ -75,6 +81,13 @@ func Open(ns *netstack.Stack, cfg DeviceConfig) (*Device, error) {
 	}
 	if cfg.EventQueue <= 0 {
 		cfg.EventQueue = 256
+	}
+	switch cfg.Placement {
+	case iwarp.PlacementStream:
+	case iwarp.PlacementSegment:
+		ns.EnableConnTaps()
+	default:
+		return nil, fmt.Errorf("%w: placement %v", ErrInvalidArgument, cfg.Placement)
 	}
 	d := &Device{cfg: cfg, ns: ns, mem: iwarp.NewMemTable(), events: make(chan AsyncEvent, cfg.EventQueue),
 		qps: map[uint32]*QP{}, listeners: map[*Listener]struct{}{}}
@@ -134,6 +147,15 @@ func (d *Device) Stats() Stats {
 		CRCErrors: s.CRCErrors.Load(), TerminatesSent: s.TermSent.Load(), TerminatesReceived: s.TermRecv.Load(),
 		EventsLost: d.lost.Load(),
 	}
+	g := &d.seg
+	out.Segment = SegmentStats{
+		PlacedEarly: g.PlacedBytes.Load(), OutOfOrder: g.OutOfOrderBytes.Load(),
+		ByStream: g.ByStream.Load(), ByAlignment: g.ByAlignment.Load(), Unframed: g.Unframed.Load(),
+		LeftInOrder: g.LeftInOrder.Load(),
+		Refused:     g.Refused.Load(), RefusedCRC: g.RefusedCRC.Load(), RefusedHeader: g.RefusedHeader.Load(), RefusedSTag: g.RefusedSTag.Load(),
+		BadChecksum: g.BadChecksum.Load(), OutOfWindow: g.OutOfWindow.Load(), BadFlags: g.BadFlags.Load(),
+		Duplicates: g.Duplicates.Load(), Mismatches: g.Mismatches.Load(),
+	}
 	for i := range s.RxOps {
 		out.RxOps[i] = s.RxOps[i].Load()
 		out.TxOps[i] = s.TxOps[i].Load()
@@ -152,6 +174,29 @@ type Stats struct {
 	EventsLost                   uint64
 	// Messages by RDMAP opcode (iwarp.Opcode values).
 	RxOps, TxOps [16]uint64
+	// Segment placement (DeviceConfig.Placement).
+	Segment SegmentStats
+}
+
+// SegmentStats count segment placement. Copies per payload byte received
+// are PlacementCopies over RxBytes' FPDUs as before: an FPDU placed from
+// its segment is not copied again in order.
+type SegmentStats struct {
+	PlacedEarly uint64 // payload bytes placed from segments before TCP delivered them in order
+	OutOfOrder  uint64 // ... of which arrived beyond a hole in the stream
+	// FPDUs located by the boundary the stream knew, and by RFC 5044
+	// Appendix A alignment (with the MPA CRC); segments whose FPDU
+	// boundaries could not be established (left to the stream).
+	ByStream, ByAlignment, Unframed uint64
+	// FPDUs left to the stream by design (Sends, Reads, a message's last
+	// FPDU), and by a failed check, in all and by reason.
+	LeftInOrder                                     uint64
+	Refused, RefusedCRC, RefusedHeader, RefusedSTag uint64
+	// Segments refused before DDP saw them: TCP checksum, outside the
+	// receive window, flags.
+	BadChecksum, OutOfWindow, BadFlags uint64
+	Duplicates                         uint64 // payload bytes not placed twice (retransmitted, duplicated, or reached in order)
+	Mismatches                         uint64 // placed FPDUs TCP delivered differently (stream terminated)
 }
 
 // AsyncEventType is the kind of an asynchronous event.

@@ -1,0 +1,422 @@
+package iwarp
+
+import (
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"rdmatap/netstack"
+	"rdmatap/zerocopy"
+)
+
+// Segment placement: RDMA Write payload placed from TCP segments as they
+// arrive, before TCP reassembles the stream (RFC 5041 allows placement out
+// of order; delivery stays in order). A segment's way:
+//
+//  1. netstack's connection tap hands the segment over before TCP sees it:
+//     4-tuple, flags and TCP checksum checked, bytes already read trimmed,
+//     and its offset in the receive stream (Conn.TapSegments).
+//  2. Framing: the segment must begin with an FPDU, and each FPDU must lie
+//     wholly in it. An FPDU start is trusted when the in-order path or an
+//     earlier placed FPDU has told where it is (the boundary the stream
+//     knows); otherwise only under RFC 5044 Appendix A's rules for
+//     FPDU-aligned senders: the FPDUs' lengths tile the segment exactly
+//     and, since a guessed header is not proof, the MPA CRC (which must
+//     then be negotiated) verifies. Anything else is left to the stream.
+//  3. Checks: the MPA CRC (when negotiated) before a byte is placed; DDP
+//     and RDMAP versions; a tagged RDMA Write that is not its message's
+//     last FPDU (the last one is placed in order, which keeps the last-word
+//     guarantee of receiver.lastWord); STag, PD, access and bounds as the
+//     in-order path checks them. A failed check only means "not here": the
+//     in-order path sees the same FPDU and raises the Terminate.
+//  4. Claim: an FPDU the in-order path has reached, or one placed already
+//     (a duplicate or retransmission), is skipped; otherwise it is claimed.
+//  5. Placement: one copy from packet memory into the region (held, see
+//     Region), the payload's CRC32c computed in the same pass.
+//  6. In order, the receiver finds the FPDU placed: it checks it as usual,
+//     does not copy its payload again, and verifies that the bytes TCP
+//     delivered are the ones placed (the FPDU's MPA CRC, or the payload's
+//     CRC32c without it); a mismatch (TCP took other bytes than the tap
+//     saw) terminates the stream rather than leave wrong data in place.
+
+// Placement chooses how a QP places received payload.
+type Placement uint8
+
+const (
+	// PlacementStream places payload from TCP's in-order stream only.
+	PlacementStream Placement = iota
+	// PlacementSegment also places RDMA Write payload from TCP segments
+	// as they arrive, in order or not.
+	PlacementSegment
+)
+
+func (p Placement) String() string {
+	switch p {
+	case PlacementStream:
+		return "stream"
+	case PlacementSegment:
+		return "segment"
+	}
+	return fmt.Sprintf("Placement(%d)", uint8(p))
+}
+
+// ParsePlacement parses "stream" or "segment".
+func ParsePlacement(s string) (Placement, error) {
+	switch s {
+	case "stream", "":
+		return PlacementStream, nil
+	case "segment":
+		return PlacementSegment, nil
+	}
+	return 0, fmt.Errorf("%w: placement %q (want stream or segment)", ErrInvalidWR, s)
+}
+
+// SegmentSource is a Stream that can hand over its received segments
+// (netstack.Conn).
+type SegmentSource interface {
+	TapSegments(fn func(off uint64, payload [][]byte), stats *netstack.ConnTapStats) (remove func(), err error)
+}
+
+// SegmentStats count what segment placement did (atomic).
+type SegmentStats struct {
+	netstack.ConnTapStats // segments refused before the DDP layer saw them
+
+	PlacedBytes     atomic.Uint64 // payload bytes placed from segments, before TCP delivered them
+	OutOfOrderBytes atomic.Uint64 // ... of which beyond a hole in the stream
+	ByStream        atomic.Uint64 // FPDUs located by a boundary the stream knew
+	ByAlignment     atomic.Uint64 // FPDUs located by RFC 5044 Appendix A alignment
+	Unframed        atomic.Uint64 // segments whose FPDU boundaries could not be established
+	LeftInOrder     atomic.Uint64 // FPDUs not placed early by design: Sends, Reads, a message's last FPDU
+	Refused         atomic.Uint64 // FPDUs left to the stream by a failed check (see RefusedCRC...)
+	RefusedCRC      atomic.Uint64 // ... the MPA CRC did not verify
+	RefusedHeader   atomic.Uint64 // ... DDP or RDMAP version, or no payload
+	RefusedSTag     atomic.Uint64 // ... STag, PD, access or bounds check failed
+	Duplicates      atomic.Uint64 // payload bytes of FPDUs placed already or reached in order
+	Mismatches      atomic.Uint64 // placed FPDUs whose in-order bytes differed (stream terminated)
+}
+
+// placedFPDU is an FPDU placed from a segment, waiting for the in-order
+// path.
+type placedFPDU struct {
+	done   bool   // placement finished (false: under way)
+	crc    uint32 // MPA CRC field with CRC negotiated, else the payload's CRC32c
+	payLen int
+}
+
+// segPlacer places one QP's segments. Its methods run on netstack's link
+// goroutine (place), serialized per connection by netstack, and on the
+// receive path (claimInOrder); mu guards the state they share.
+type segPlacer struct {
+	qp    *QP
+	crcOn bool
+	stats *SegmentStats
+	held  holds
+	hdr   [MPALengthSize + DDPTaggedHeaderSize]byte
+
+	mu      sync.Mutex
+	front   uint64              // FPDUs starting before front belong to the in-order path
+	known   map[uint64]struct{} // FPDU starts the stream or placed FPDUs told
+	placed  map[uint64]*placedFPDU
+	contig  uint64            // end of the contiguous data the tap has seen
+	ahead   map[uint64]uint64 // start -> end of segments seen beyond contig
+	removed bool
+	busy    int // place calls under way
+}
+
+func newSegPlacer(qp *QP, crcOn bool) *segPlacer {
+	p := &segPlacer{qp: qp, crcOn: crcOn, known: map[uint64]struct{}{0: {}}, placed: map[uint64]*placedFPDU{}, ahead: map[uint64]uint64{}}
+	p.stats = qp.cfg.SegStats
+	if p.stats == nil {
+		p.stats = new(SegmentStats)
+	}
+	return p
+}
+
+// segView is a segment's payload: views into packet memory.
+type segView [][]byte
+
+// copyOut copies bytes [off, off+len(dst)) of the views into dst.
+func (v segView) copyOut(dst []byte, off int) {
+	for _, b := range v {
+		if off >= len(b) {
+			off -= len(b)
+			continue
+		}
+		c := copy(dst, b[off:])
+		dst = dst[c:]
+		off = 0
+		if len(dst) == 0 {
+			return
+		}
+	}
+}
+
+// crc folds bytes [off, off+n) of the views into crc.
+func (v segView) crc(crc uint32, off, n int) uint32 {
+	for _, b := range v {
+		if n == 0 {
+			break
+		}
+		if off >= len(b) {
+			off -= len(b)
+			continue
+		}
+		c := min(len(b)-off, n)
+		crc = zerocopy.UpdateCRC32C(crc, b[off:off+c])
+		n -= c
+		off = 0
+	}
+	return crc
+}
+
+// placeCRC copies bytes [off, off+len(dst)) into dst with their CRC32c.
+func (v segView) placeCRC(dst []byte, off int, crc uint32) uint32 {
+	for _, b := range v {
+		if len(dst) == 0 {
+			break
+		}
+		if off >= len(b) {
+			off -= len(b)
+			continue
+		}
+		c := min(len(b)-off, len(dst))
+		_, crc = zerocopy.PlaceCRC(dst[:c], b[off:off+c], crc)
+		dst = dst[c:]
+		off = 0
+	}
+	return crc
+}
+
+func (v segView) size() int {
+	n := 0
+	for _, b := range v {
+		n += len(b)
+	}
+	return n
+}
+
+// place handles one segment whose first byte is at stream offset off.
+func (p *segPlacer) place(off uint64, payload [][]byte) {
+	v := segView(payload)
+	n := v.size()
+	if n < MPALengthSize+DDPTaggedHeaderSize {
+		return
+	}
+	p.mu.Lock()
+	if p.removed {
+		p.mu.Unlock()
+		return
+	}
+	p.busy++
+	// The first FPDU start the stream knows in this segment: with GSO or
+	// TSO, segments are cut anywhere, and an FPDU that began in an earlier
+	// segment told where the next one starts.
+	first, known := uint64(0), false
+	for k := range p.known {
+		if k >= off && k < off+uint64(n) && (!known || k < first) {
+			first, known = k, true
+		}
+	}
+	behind := p.seen(off, off+uint64(n))
+	p.mu.Unlock()
+	defer func() {
+		p.held.drop()
+		p.mu.Lock()
+		p.busy--
+		p.mu.Unlock()
+	}()
+	pos := 0
+	if known {
+		pos = int(first - off)
+	} else if !(p.crcOn && p.tiles(v, n)) {
+		p.stats.Unframed.Add(1)
+		return
+	}
+	for pos+MPALengthSize+DDPTaggedHeaderSize <= n {
+		v.copyOut(p.hdr[:], pos)
+		total := FPDULen(int(binary.BigEndian.Uint16(p.hdr[:])))
+		if pos+total > n {
+			// Cut by the segment: the stream places it, but its
+			// header tells where the next FPDU starts. (Trusted as
+			// far as the start it was read at: known, or verified.)
+			p.learn(off + uint64(pos+total))
+			return
+		}
+		if known {
+			p.stats.ByStream.Add(1)
+		} else {
+			p.stats.ByAlignment.Add(1)
+		}
+		p.placeFPDU(v, off+uint64(pos), pos, total, behind)
+		pos += total
+	}
+}
+
+// seen records that the tap saw bytes [start, end) and reports whether a
+// hole lies before them (bytes not seen yet); p.mu is held.
+func (p *segPlacer) seen(start, end uint64) (hole bool) {
+	if start > p.contig {
+		if len(p.ahead) >= 4096 {
+			clear(p.ahead) // forget: only the out-of-order count suffers
+		}
+		p.ahead[start] = max(p.ahead[start], end)
+		return true
+	}
+	p.contig = max(p.contig, end)
+	for {
+		e, ok := p.ahead[p.contig]
+		if !ok {
+			break
+		}
+		delete(p.ahead, p.contig)
+		p.contig = max(p.contig, e)
+	}
+	for s := range p.ahead {
+		if s < p.contig {
+			p.contig = max(p.contig, p.ahead[s])
+			delete(p.ahead, s)
+		}
+	}
+	return false
+}
+
+// tiles reports whether the segment holds whole FPDUs end to end (RFC 5044
+// Appendix A: an aligned sender starts every segment with an FPDU and
+// never splits one).
+func (p *segPlacer) tiles(v segView, n int) bool {
+	var l [MPALengthSize]byte
+	pos := 0
+	for pos+MPALengthSize <= n {
+		v.copyOut(l[:], pos)
+		ulpdu := int(binary.BigEndian.Uint16(l[:]))
+		if ulpdu < DDPUntaggedHeaderSize && ulpdu < DDPTaggedHeaderSize {
+			return false
+		}
+		pos += FPDULen(ulpdu)
+	}
+	return pos == n
+}
+
+// placeFPDU checks and places the FPDU at stream offset at (segment offset
+// pos, total bytes).
+func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind bool) {
+	h := DDPHeader(p.hdr[MPALengthSize:])
+	ulpdu := int(binary.BigEndian.Uint16(p.hdr[:]))
+	payLen := ulpdu - DDPTaggedHeaderSize
+	if !h.Tagged() || h.Opcode() != OpWrite || h.Last() {
+		p.stats.LeftInOrder.Add(1)
+		p.learn(at + uint64(total))
+		return
+	}
+	if payLen <= 0 || h.DDPVersion() != DDPVersion || h.RDMAPVersion() != RDMAPVersion {
+		p.stats.Refused.Add(1)
+		p.stats.RefusedHeader.Add(1)
+		return
+	}
+	var fpduCRC uint32
+	if p.crcOn {
+		crcAt := pos + total - MPACRCSize
+		var c [MPACRCSize]byte
+		v.copyOut(c[:], crcAt)
+		fpduCRC = binary.LittleEndian.Uint32(c[:])
+		if v.crc(0, pos, total-MPACRCSize) != fpduCRC {
+			p.stats.Refused.Add(1)
+			p.stats.RefusedCRC.Add(1)
+			return
+		}
+	}
+	qp := p.qp
+	reg := qp.cfg.Mem.Lookup(h.STag())
+	var dst []byte
+	ok := reg != nil && reg.PD == qp.cfg.PD && reg.Access&AccessRemoteWrite != 0 && h.TO()+uint64(payLen) >= h.TO()
+	if ok {
+		dst, ok = reg.Slice(h.TO(), uint64(payLen))
+	}
+	if !ok || !p.held.hold(reg) {
+		p.stats.Refused.Add(1)
+		p.stats.RefusedSTag.Add(1)
+		p.learn(at + uint64(total))
+		return
+	}
+	p.mu.Lock()
+	if at < p.front || p.placed[at] != nil || p.removed {
+		p.mu.Unlock()
+		p.stats.Duplicates.Add(uint64(payLen))
+		return
+	}
+	e := &placedFPDU{payLen: payLen}
+	p.placed[at] = e
+	p.known[at+uint64(total)] = struct{}{}
+	p.mu.Unlock()
+
+	crc := v.placeCRC(dst, pos+MPALengthSize+DDPTaggedHeaderSize, 0)
+	if p.crcOn {
+		crc = fpduCRC
+	}
+	p.mu.Lock()
+	e.crc, e.done = crc, true
+	p.mu.Unlock()
+	p.stats.PlacedBytes.Add(uint64(payLen))
+	if behind {
+		p.stats.OutOfOrderBytes.Add(uint64(payLen))
+	}
+	if s := qp.cfg.Stats; s != nil {
+		s.PlacementCopies.Add(1)
+		s.PlacedBytes.Add(uint64(payLen))
+	}
+}
+
+// learn records an FPDU start the placer found (the end of a checked FPDU).
+func (p *segPlacer) learn(start uint64) {
+	p.mu.Lock()
+	if start >= p.front {
+		p.known[start] = struct{}{}
+	}
+	p.mu.Unlock()
+}
+
+// claimInOrder is called by the receive path when it reaches the FPDU
+// starting at stream offset at, whose successor starts at next. It returns
+// the FPDU's record if it was placed from a segment (the receiver then
+// verifies instead of copying), nil otherwise. From now on the placer
+// leaves every FPDU before next to the receive path.
+func (p *segPlacer) claimInOrder(at, next uint64) *placedFPDU {
+	p.mu.Lock()
+	p.front = max(p.front, at+1)
+	for {
+		e := p.placed[at]
+		if e == nil || e.done {
+			delete(p.placed, at)
+			p.known[next] = struct{}{}
+			if len(p.known) > 64 {
+				for k := range p.known {
+					if k < p.front {
+						delete(p.known, k)
+					}
+				}
+			}
+			p.mu.Unlock()
+			return e
+		}
+		// A placement of this FPDU is under way (one copy of at most a
+		// segment): wait for it.
+		p.mu.Unlock()
+		runtime.Gosched()
+		p.mu.Lock()
+	}
+}
+
+// stop ends placement: once it returns, no segment is being placed and
+// none will be.
+func (p *segPlacer) stop() {
+	p.mu.Lock()
+	p.removed = true
+	for p.busy > 0 {
+		p.mu.Unlock()
+		runtime.Gosched()
+		p.mu.Lock()
+	}
+	p.mu.Unlock()
+}

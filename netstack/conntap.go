@@ -1,0 +1,250 @@
+package netstack
+
+import (
+	"errors"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+)
+
+// Connection segment taps: a connection's received TCP segments, handed to
+// its owner before TCP reassembles them, each placed in the connection's
+// receive stream. This is what lets DDP place out-of-order payload.
+//
+//  1. EnableConnTaps registers one raw TCP endpoint with the stack. From
+//     then on it sees every TCP segment before TCP does (stack-wide).
+//  2. It remembers the initial sequence number the peer chose in each SYN
+//     and SYN-ACK it sees, which is how a stream offset is later told from
+//     a sequence number (TCP's own RCV.NXT is not exported).
+//  3. Conn.TapSegments installs a handler for one connection: from then on
+//     the connection's segments are looked up by their 4-tuple, checked
+//     (flags, TCP checksum unless the link verified it, the part that lies
+//     between what the application has read and the receive buffer's end),
+//     and handed over with their stream offset.
+
+// ConnTapStats count what a connection's segment tap refused before its
+// handler saw it.
+type ConnTapStats struct {
+	BadChecksum atomic.Uint64 // TCP checksum wrong
+	OutOfWindow atomic.Uint64 // no byte between the read point and the receive buffer's end
+	BadFlags    atomic.Uint64 // SYN or RST set, or no ACK
+}
+
+// connKey names a connection from this stack's side.
+type connKey struct{ local, remote netip.AddrPort }
+
+// connTaps is the raw endpoint behind EnableConnTaps.
+type connTaps struct {
+	mu   sync.Mutex
+	isn  map[connKey]uint32 // the peer's ISN, from its SYN or SYN-ACK
+	taps sync.Map           // connKey -> *connTap
+}
+
+// maxISNs bounds the remembered ISNs: a SYN flood may not grow the map
+// without bound; the oldest entries are then simply forgotten (a tap on
+// such a connection fails with ErrNoISN).
+const maxISNs = 1 << 16
+
+type connTap struct {
+	mu     sync.Mutex // one segment at a time: senders may run concurrently
+	c      *Conn
+	isn    uint32 // peer's ISN: sequence number isn+1 is stream byte 0
+	origin uint64 // bytes read when the tap was installed
+	fn     func(off uint64, payload [][]byte)
+	stats  *ConnTapStats
+	views  [][]byte
+}
+
+// ErrNoISN reports a connection whose peer's initial sequence number was
+// never seen: connection taps were enabled after it was made.
+var ErrNoISN = errors.New("netstack: the connection's initial sequence number was not seen (enable connection taps before connecting)")
+
+// EnableConnTaps makes the stack watch TCP segments for Conn.TapSegments.
+// Connections made before it cannot be tapped. It is idempotent.
+func (s *Stack) EnableConnTaps() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctaps != nil {
+		return
+	}
+	t := &connTaps{isn: make(map[connKey]uint32)}
+	for _, proto := range []tcpip.NetworkProtocolNumber{ipv4.ProtocolNumber, ipv6.ProtocolNumber} {
+		// Only fails for protocols the stack lacks; New registers both.
+		_ = s.s.RegisterRawTransportEndpoint(proto, tcp.ProtocolNumber, t)
+	}
+	s.ctaps = t
+}
+
+// HandlePacket implements stack.RawTransportEndpoint. It runs on the link's
+// delivery goroutine, before TCP sees the segment.
+func (t *connTaps) HandlePacket(pkt *stack.PacketBuffer) {
+	th := header.TCP(pkt.TransportHeader().Slice())
+	if len(th) < header.TCPMinimumSize {
+		return
+	}
+	var src, dst tcpip.Address
+	switch pkt.NetworkProtocolNumber {
+	case header.IPv4ProtocolNumber:
+		nh := pkt.NetworkHeader().Slice()
+		if len(nh) < header.IPv4MinimumSize {
+			return
+		}
+		h := header.IPv4(nh)
+		src, dst = h.SourceAddress(), h.DestinationAddress()
+	case header.IPv6ProtocolNumber:
+		nh := pkt.NetworkHeader().Slice()
+		if len(nh) < header.IPv6MinimumSize {
+			return
+		}
+		h := header.IPv6(nh)
+		src, dst = h.SourceAddress(), h.DestinationAddress()
+	default:
+		return
+	}
+	k := connKey{
+		local:  netip.AddrPortFrom(fromTCPIPAddr(dst), th.DestinationPort()),
+		remote: netip.AddrPortFrom(fromTCPIPAddr(src), th.SourcePort()),
+	}
+	flags := th.Flags()
+	if flags&header.TCPFlagSyn != 0 {
+		if flags&header.TCPFlagRst == 0 && tcpValid(th, pkt, src, dst) {
+			t.mu.Lock()
+			if len(t.isn) >= maxISNs {
+				for old := range t.isn {
+					delete(t.isn, old)
+					break
+				}
+			}
+			t.isn[k] = th.SequenceNumber()
+			t.mu.Unlock()
+		}
+		return
+	}
+	v, ok := t.taps.Load(k)
+	if !ok || pkt.Data().Size() == 0 {
+		return
+	}
+	ct := v.(*connTap)
+	ct.mu.Lock()
+	defer ct.mu.Unlock()
+	if flags&header.TCPFlagRst != 0 || flags&header.TCPFlagAck == 0 {
+		ct.stats.BadFlags.Add(1)
+		return
+	}
+	if !tcpValid(th, pkt, src, dst) {
+		ct.stats.BadChecksum.Add(1)
+		return
+	}
+	ct.deliver(th.SequenceNumber(), pkt)
+}
+
+// tcpValid checks the header's length and, unless the link verified it,
+// the TCP checksum, as TCP itself will.
+func tcpValid(th header.TCP, pkt *stack.PacketBuffer, src, dst tcpip.Address) bool {
+	_, csumOK, ok := header.TCPValid(th, func() uint16 { return pkt.Data().Checksum() }, uint16(pkt.Data().Size()), src, dst, pkt.RXChecksumValidated)
+	return ok && csumOK
+}
+
+// deliver hands the part of the segment TCP may still take to the handler.
+// The views are the packet's own memory (no copy), valid during the call.
+func (ct *connTap) deliver(seq uint32, pkt *stack.PacketBuffer) {
+	read := ct.c.readBytes.Load()
+	// The sequence number of the next byte the application reads.
+	next := ct.isn + 1 + uint32(read)
+	delta := int64(int32(seq - next))
+	size := int64(pkt.Data().Size())
+	skip := int64(0)
+	if delta < 0 {
+		skip = -delta // already read: TCP has it
+	}
+	limit := ct.c.rcvBufMax()
+	if skip >= size || delta >= limit {
+		ct.stats.OutOfWindow.Add(1)
+		return
+	}
+	ct.views = ct.views[:0]
+	pkt.Data().ReadTo(viewCollector{ct: ct}, true)
+	views := trimViews(ct.views, int(skip), int(min(size, limit-delta)))
+	ct.fn(read-ct.origin+uint64(delta+skip), views)
+	clear(ct.views)
+}
+
+// viewCollector gathers a packet's payload views without copying.
+type viewCollector struct{ ct *connTap }
+
+func (v viewCollector) Write(b []byte) (int, error) {
+	if len(b) > 0 {
+		v.ct.views = append(v.ct.views, b)
+	}
+	return len(b), nil
+}
+
+// trimViews returns the bytes [from, to) of the concatenated views,
+// re-slicing them in place.
+func trimViews(vs [][]byte, from, to int) [][]byte {
+	out := vs[:0]
+	pos := 0
+	for _, v := range vs {
+		start, end := pos, pos+len(v)
+		pos = end
+		if end <= from || start >= to {
+			continue
+		}
+		out = append(out, v[max(from-start, 0):min(to, end)-start])
+	}
+	return out
+}
+
+// rcvBufMax bounds how far beyond what the application has read TCP can
+// take a segment: its window never exceeds the receive buffer (twice it,
+// for the out-of-order queue and auto-tuning between two reads).
+func (c *Conn) rcvBufMax() int64 {
+	return c.ep.SocketOptions().GetReceiveBufferSize() * 2
+}
+
+// TapSegments calls fn with every received segment of the connection that
+// TCP may still take, before TCP does: out-of-order, duplicate and
+// retransmitted segments included. off is the offset of the payload's
+// first byte in the receive stream, counted from the next byte the
+// application reads at the time of the call (so a reader that installs
+// the tap between two reads knows where it stands). Bytes already read are
+// trimmed off; segments with a bad TCP checksum (unless the link verified
+// it), SYN or RST set, or lying wholly beyond the receive buffer are
+// refused and counted in stats. A segment that passes may still be dropped
+// by TCP (a full receive queue, an advertised window smaller than the
+// buffer): the stream remains the authority on what the bytes are.
+//
+// fn runs on the link's delivery goroutine: it must be fast, must not block
+// on the stack, and must not retain payload (it points into packet memory).
+// The returned function removes the tap; it is idempotent.
+func (c *Conn) TapSegments(fn func(off uint64, payload [][]byte), stats *ConnTapStats) (remove func(), err error) {
+	s := c.s
+	s.mu.Lock()
+	t := s.ctaps
+	s.mu.Unlock()
+	if t == nil {
+		return nil, errConfig("connection taps are not enabled on this stack (EnableConnTaps)")
+	}
+	k := connKey{local: c.laddr, remote: c.raddr}
+	t.mu.Lock()
+	isn, ok := t.isn[k]
+	delete(t.isn, k)
+	t.mu.Unlock()
+	if !ok {
+		return nil, ErrNoISN
+	}
+	if stats == nil {
+		stats = new(ConnTapStats)
+	}
+	ct := &connTap{c: c, isn: isn, origin: c.readBytes.Load(), fn: fn, stats: stats}
+	t.taps.Store(k, ct)
+	var once sync.Once
+	return func() { once.Do(func() { t.taps.CompareAndDelete(k, ct) }) }, nil
+}
