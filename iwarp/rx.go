@@ -336,8 +336,13 @@ func (r *receiver) onHeader() {
 	r.n.fpdus++
 	r.early = nil
 	if r.seg != nil {
-		r.early = r.seg.claimInOrder(r.start, r.start+uint64(FPDULen(r.ulpdu)))
+		var stale bool
+		r.early, stale = r.seg.claimInOrder(r.start, r.start+uint64(FPDULen(r.ulpdu)))
 		r.vcrc = 0
+		if stale {
+			r.mismatch(hl)
+			return
+		}
 	}
 	if code, bad := r.check(h); bad {
 		r.fail(code, hl)

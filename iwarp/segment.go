@@ -1,6 +1,7 @@
 package iwarp
 
 import (
+	"container/heap"
 	"encoding/binary"
 	"fmt"
 	"runtime"
@@ -118,7 +119,10 @@ type segPlacer struct {
 	mu      sync.Mutex
 	front   uint64              // FPDUs starting before front belong to the in-order path
 	known   map[uint64]struct{} // FPDU starts the stream or placed FPDUs told
+	after   map[uint64]uint64   // segment end -> the FPDU start its cut FPDU told
+	prune   int                 // prune known and after beyond this size
 	placed  map[uint64]*placedFPDU
+	starts  startHeap         // of placed, lowest first
 	contig  uint64            // end of the contiguous data the tap has seen
 	ahead   map[uint64]uint64 // start -> end of segments seen beyond contig
 	removed bool
@@ -126,7 +130,8 @@ type segPlacer struct {
 }
 
 func newSegPlacer(qp *QP, crcOn bool) *segPlacer {
-	p := &segPlacer{qp: qp, crcOn: crcOn, known: map[uint64]struct{}{0: {}}, placed: map[uint64]*placedFPDU{}, ahead: map[uint64]uint64{}}
+	p := &segPlacer{qp: qp, crcOn: crcOn, known: map[uint64]struct{}{0: {}}, placed: map[uint64]*placedFPDU{}, ahead: map[uint64]uint64{},
+		after: map[uint64]uint64{}, prune: 256}
 	p.stats = qp.cfg.SegStats
 	if p.stats == nil {
 		p.stats = new(SegmentStats)
@@ -213,11 +218,11 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 	// The first FPDU start the stream knows in this segment: with GSO or
 	// TSO, segments are cut anywhere, and an FPDU that began in an earlier
 	// segment told where the next one starts.
-	first, known := uint64(0), false
-	for k := range p.known {
-		if k >= off && k < off+uint64(n) && (!known || k < first) {
-			first, known = k, true
-		}
+	first, known := off, false
+	if _, ok := p.known[off]; ok {
+		known = true
+	} else if k, ok := p.after[off]; ok && k < off+uint64(n) {
+		first, known = k, true
 	}
 	behind := p.seen(off, off+uint64(n))
 	p.mu.Unlock()
@@ -241,15 +246,16 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 			// Cut by the segment: the stream places it, but its
 			// header tells where the next FPDU starts. (Trusted as
 			// far as the start it was read at: known, or verified.)
-			p.learn(off + uint64(pos+total))
+			p.mu.Lock()
+			if end := off + uint64(n); end >= p.front {
+				p.after[end] = off + uint64(pos+total)
+			}
+			p.mu.Unlock()
 			return
 		}
-		if known {
-			p.stats.ByStream.Add(1)
-		} else {
-			p.stats.ByAlignment.Add(1)
+		if !p.placeFPDU(v, off+uint64(pos), pos, total, behind, known) {
+			return
 		}
-		p.placeFPDU(v, off+uint64(pos), pos, total, behind)
 		pos += total
 	}
 }
@@ -301,31 +307,39 @@ func (p *segPlacer) tiles(v segView, n int) bool {
 
 // placeFPDU checks and places the FPDU at stream offset at (segment offset
 // pos, total bytes).
-func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind bool) {
+//
+// An FPDU at a start nobody told (aligned) is believed only once its CRC
+// verifies; false stops the segment there.
+func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, known bool) bool {
 	h := DDPHeader(p.hdr[MPALengthSize:])
 	ulpdu := int(binary.BigEndian.Uint16(p.hdr[:]))
 	payLen := ulpdu - DDPTaggedHeaderSize
-	if !h.Tagged() || h.Opcode() != OpWrite || h.Last() {
-		p.stats.LeftInOrder.Add(1)
-		p.learn(at + uint64(total))
-		return
-	}
-	if payLen <= 0 || h.DDPVersion() != DDPVersion || h.RDMAPVersion() != RDMAPVersion {
-		p.stats.Refused.Add(1)
-		p.stats.RefusedHeader.Add(1)
-		return
-	}
+	write := h.Tagged() && h.Opcode() == OpWrite && !h.Last()
 	var fpduCRC uint32
-	if p.crcOn {
-		crcAt := pos + total - MPACRCSize
+	if p.crcOn && (write || !known) {
 		var c [MPACRCSize]byte
-		v.copyOut(c[:], crcAt)
+		v.copyOut(c[:], pos+total-MPACRCSize)
 		fpduCRC = binary.LittleEndian.Uint32(c[:])
 		if v.crc(0, pos, total-MPACRCSize) != fpduCRC {
 			p.stats.Refused.Add(1)
 			p.stats.RefusedCRC.Add(1)
-			return
+			return false
 		}
+	}
+	if known {
+		p.stats.ByStream.Add(1)
+	} else {
+		p.stats.ByAlignment.Add(1)
+	}
+	if !write {
+		p.stats.LeftInOrder.Add(1)
+		p.learn(at + uint64(total))
+		return true
+	}
+	if payLen <= 0 || h.DDPVersion() != DDPVersion || h.RDMAPVersion() != RDMAPVersion {
+		p.stats.Refused.Add(1)
+		p.stats.RefusedHeader.Add(1)
+		return false
 	}
 	qp := p.qp
 	reg := qp.cfg.Mem.Lookup(h.STag())
@@ -338,16 +352,17 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind bool)
 		p.stats.Refused.Add(1)
 		p.stats.RefusedSTag.Add(1)
 		p.learn(at + uint64(total))
-		return
+		return true
 	}
 	p.mu.Lock()
 	if at < p.front || p.placed[at] != nil || p.removed {
 		p.mu.Unlock()
 		p.stats.Duplicates.Add(uint64(payLen))
-		return
+		return true
 	}
 	e := &placedFPDU{payLen: payLen}
 	p.placed[at] = e
+	heap.Push(&p.starts, at)
 	p.known[at+uint64(total)] = struct{}{}
 	p.mu.Unlock()
 
@@ -366,6 +381,7 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind bool)
 		s.PlacementCopies.Add(1)
 		s.PlacedBytes.Add(uint64(payLen))
 	}
+	return true
 }
 
 // learn records an FPDU start the placer found (the end of a checked FPDU).
@@ -381,24 +397,41 @@ func (p *segPlacer) learn(start uint64) {
 // starting at stream offset at, whose successor starts at next. It returns
 // the FPDU's record if it was placed from a segment (the receiver then
 // verifies instead of copying), nil otherwise. From now on the placer
-// leaves every FPDU before next to the receive path.
-func (p *segPlacer) claimInOrder(at, next uint64) *placedFPDU {
+// leaves every FPDU before next to the receive path. stale reports an FPDU
+// placed at a start the stream has passed without an FPDU beginning there:
+// the segment it came from was not what TCP delivered, and the bytes it
+// placed were never the stream's.
+func (p *segPlacer) claimInOrder(at, next uint64) (e *placedFPDU, stale bool) {
 	p.mu.Lock()
 	p.front = max(p.front, at+1)
+	for len(p.starts) > 0 && p.starts[0] < at {
+		heap.Pop(&p.starts)
+		stale = true
+	}
 	for {
-		e := p.placed[at]
+		e = p.placed[at]
 		if e == nil || e.done {
+			if e != nil {
+				heap.Pop(&p.starts) // at is the lowest now
+			}
 			delete(p.placed, at)
 			p.known[next] = struct{}{}
-			if len(p.known) > 64 {
+			if len(p.known)+len(p.after) > p.prune {
+				// Amortized: the bound doubles with what stays.
 				for k := range p.known {
 					if k < p.front {
 						delete(p.known, k)
 					}
 				}
+				for k := range p.after {
+					if k < p.front {
+						delete(p.after, k)
+					}
+				}
+				p.prune = max(256, 2*(len(p.known)+len(p.after)))
 			}
 			p.mu.Unlock()
-			return e
+			return e, stale
 		}
 		// A placement of this FPDU is under way (one copy of at most a
 		// segment): wait for it.
@@ -419,4 +452,18 @@ func (p *segPlacer) stop() {
 		p.mu.Lock()
 	}
 	p.mu.Unlock()
+}
+
+// startHeap is a min-heap of stream offsets (container/heap).
+type startHeap []uint64
+
+func (h startHeap) Len() int           { return len(h) }
+func (h startHeap) Less(i, j int) bool { return h[i] < h[j] }
+func (h startHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *startHeap) Push(x any)        { *h = append(*h, x.(uint64)) }
+func (h *startHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }

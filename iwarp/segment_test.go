@@ -1,0 +1,189 @@
+package iwarp
+
+import (
+	"bytes"
+	"encoding/binary"
+	"testing"
+)
+
+// segRig is a segment placer of a QP of PD 7 with one remote-writable
+// region between guard zones.
+type segRig struct {
+	p     *segPlacer
+	stats *Stats
+	mem   *MemTable
+	reg   *Region
+	guard []byte
+}
+
+func newSegRig(crc bool) *segRig {
+	g := make([]byte, 3*4096)
+	mem := NewMemTable()
+	reg := &Region{Buf: g[4096:8192], Base: 0x10000, Access: AccessLocalWrite | AccessRemoteWrite, PD: 7}
+	mem.Register(reg)
+	st := new(Stats)
+	qp := &QP{cfg: QPConfig{Mem: mem, PD: 7, Stats: st}}
+	return &segRig{p: newSegPlacer(qp, crc), stats: st, mem: mem, reg: reg, guard: g}
+}
+
+// writeFPDU frames a non-last RDMA Write segment of payload at TO.
+func (r *segRig) writeFPDU(stag uint32, to uint64, payload []byte, last bool) []byte {
+	return rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, STag: stag, TO: to, Last: last}, payload), r.p.crcOn)
+}
+
+func (r *segRig) guardsClean(t *testing.T) {
+	t.Helper()
+	for i, c := range append(append([]byte(nil), r.guard[:4096]...), r.guard[8192:]...) {
+		if c != 0 {
+			t.Fatalf("guard byte %d written", i)
+		}
+	}
+}
+
+// TestSegmentPlacerChecks: what the placer places and what it leaves to the
+// in-order path.
+func TestSegmentPlacerChecks(t *testing.T) {
+	payload := pattern(1024, 3)
+	t.Run("known start", func(t *testing.T) {
+		r := newSegRig(false)
+		r.p.place(0, [][]byte{r.writeFPDU(r.reg.STag(), 0x10000, payload, false)})
+		if !bytes.Equal(r.reg.Buf[:1024], payload) || r.p.stats.PlacedBytes.Load() != 1024 || r.p.stats.ByStream.Load() != 1 {
+			t.Fatalf("not placed: stats %+v", r.p.stats)
+		}
+		// The same segment again (a retransmission) is not placed twice.
+		clear(r.reg.Buf)
+		r.p.place(0, [][]byte{r.writeFPDU(r.reg.STag(), 0x10000, payload, false)})
+		if r.reg.Buf[0] != 0 || r.p.stats.Duplicates.Load() != 1024 {
+			t.Fatal("a duplicate was placed again")
+		}
+		r.guardsClean(t)
+	})
+	t.Run("unknown start without CRC", func(t *testing.T) {
+		// No marker, no CRC: a segment at a start nobody told is never
+		// trusted, however much it looks like an FPDU.
+		r := newSegRig(false)
+		r.p.place(4096, [][]byte{r.writeFPDU(r.reg.STag(), 0x10000, payload, false)})
+		if r.reg.Buf[0] != 0 || r.p.stats.Unframed.Load() != 1 {
+			t.Fatal("placed from a guessed header without CRC")
+		}
+	})
+	t.Run("aligned with CRC", func(t *testing.T) {
+		r := newSegRig(true)
+		seg := append(r.writeFPDU(r.reg.STag(), 0x10000, payload[:512], false), r.writeFPDU(r.reg.STag(), 0x10200, payload[512:], false)...)
+		r.p.place(4096, [][]byte{seg[:100], seg[100:]})
+		if !bytes.Equal(r.reg.Buf[:1024], payload) || r.p.stats.ByAlignment.Load() != 2 {
+			t.Fatalf("aligned FPDUs with good CRCs not placed: %+v", r.p.stats)
+		}
+	})
+	t.Run("bad CRC", func(t *testing.T) {
+		r := newSegRig(true)
+		fp := r.writeFPDU(r.reg.STag(), 0x10000, payload, false)
+		fp[len(fp)-1] ^= 1
+		r.p.place(0, [][]byte{fp})
+		fp = r.writeFPDU(r.reg.STag(), 0x10000, payload, false)
+		fp[100] ^= 1 // payload changed after the CRC
+		r.p.place(8192, [][]byte{fp})
+		if r.reg.Buf[0] != 0 || r.p.stats.RefusedCRC.Load() != 2 || r.p.stats.ByAlignment.Load() != 0 {
+			t.Fatalf("an FPDU with a bad CRC was placed: %+v", r.p.stats)
+		}
+	})
+	t.Run("checks", func(t *testing.T) {
+		r := newSegRig(false)
+		other := &Region{Buf: make([]byte, 4096), Base: 0x20000, Access: AccessRemoteWrite, PD: 8}
+		r.mem.Register(other)
+		ro := &Region{Buf: make([]byte, 4096), Base: 0x30000, Access: AccessLocalWrite, PD: 7}
+		r.mem.Register(ro)
+		var off uint64
+		for _, fp := range [][]byte{
+			r.writeFPDU(other.STag(), 0x20000, payload, false),      // another PD
+			r.writeFPDU(ro.STag(), 0x30000, payload, false),         // no remote write
+			r.writeFPDU(r.reg.STag(), 0x10000+3500, payload, false), // out of bounds
+			r.writeFPDU(r.reg.STag()^0xff, 0x10000, payload, false), // wrong key
+		} {
+			r.p.place(off, [][]byte{fp})
+			off += uint64(len(fp))
+		}
+		// The last FPDU of a message and untagged ones are left in order.
+		last := r.writeFPDU(r.reg.STag(), 0x10000, payload, true)
+		r.p.place(off, [][]byte{last})
+		off += uint64(len(last))
+		send := rawFPDU(rawULPDU(DDPFields{Opcode: OpSend, QN: QNSend, MSN: 1}, payload), false)
+		r.p.place(off, [][]byte{send})
+		if r.p.stats.RefusedSTag.Load() != 4 || r.p.stats.LeftInOrder.Load() != 2 || r.p.stats.PlacedBytes.Load() != 0 {
+			t.Fatalf("stats %+v", r.p.stats)
+		}
+		for _, b := range [][]byte{r.reg.Buf, other.Buf, ro.Buf} {
+			if bytes.IndexFunc(b, func(c rune) bool { return c != 0 }) >= 0 {
+				t.Fatal("a refused FPDU was placed")
+			}
+		}
+		r.guardsClean(t)
+	})
+	t.Run("in order first", func(t *testing.T) {
+		// An FPDU the in-order path has reached is its own.
+		r := newSegRig(false)
+		fp := r.writeFPDU(r.reg.STag(), 0x10000, payload, false)
+		if e, _ := r.p.claimInOrder(0, uint64(len(fp))); e != nil {
+			t.Fatal("claimed an FPDU nobody placed")
+		}
+		r.p.place(0, [][]byte{fp})
+		if r.reg.Buf[0] != 0 {
+			t.Fatal("placed an FPDU the in-order path had reached")
+		}
+		// Its successor's start is known now.
+		fp2 := r.writeFPDU(r.reg.STag(), 0x10400, payload[:64], false)
+		r.p.place(uint64(len(fp)), [][]byte{fp2})
+		e, stale := r.p.claimInOrder(uint64(len(fp)), uint64(len(fp)+len(fp2)))
+		if e == nil || stale || !e.done || e.payLen != 64 || !bytes.Equal(r.reg.Buf[1024:1088], payload[:64]) {
+			t.Fatalf("successor not placed early: %+v", e)
+		}
+	})
+	t.Run("stale", func(t *testing.T) {
+		// An FPDU placed at a start the stream then passes without an
+		// FPDU beginning there was never the stream's.
+		r := newSegRig(true)
+		r.p.place(64, [][]byte{r.writeFPDU(r.reg.STag(), 0x10000, payload, false)})
+		if r.p.stats.PlacedBytes.Load() == 0 {
+			t.Fatal("aligned FPDU not placed")
+		}
+		if _, stale := r.p.claimInOrder(0, 128); stale {
+			t.Fatal("stale before the stream passed it")
+		}
+		if _, stale := r.p.claimInOrder(128, 256); !stale {
+			t.Fatal("a placed FPDU the stream passed was not reported")
+		}
+	})
+}
+
+// FuzzSegmentPlacer feeds arbitrary segments at arbitrary offsets to the
+// segment placer: it never panics, never writes outside its region, and
+// without CRC places only from a start it was told.
+func FuzzSegmentPlacer(f *testing.F) {
+	r := newSegRig(true)
+	f.Add(r.writeFPDU(r.reg.STag(), 0x10000, pattern(100, 1), false), uint64(0), true, 7)
+	f.Add(r.writeFPDU(r.reg.STag(), 0x10ff0, pattern(100, 1), false), uint64(4), true, 1)
+	r = newSegRig(false)
+	f.Add(r.writeFPDU(r.reg.STag(), 0x10000, pattern(100, 1), false), uint64(0), false, 0)
+	f.Fuzz(func(t *testing.T, seg []byte, off uint64, crc bool, cut int) {
+		r := newSegRig(crc)
+		// Seeds name the region by its STag: keep the fuzzer's.
+		if len(seg) >= MPALengthSize+DDPTaggedHeaderSize {
+			h := DDPHeader(seg[MPALengthSize:])
+			if h.Tagged() && h.STag()&0xffffff00 == r.reg.STag()&0xffffff00 {
+				binary.BigEndian.PutUint32(seg[MPALengthSize+2:], r.reg.STag())
+			}
+		}
+		views := [][]byte{seg}
+		if cut > 0 && cut < len(seg) {
+			views = [][]byte{seg[:cut], seg[cut:]}
+		}
+		r.p.place(off, views)
+		r.guardsClean(t)
+		if !crc && off != 0 && r.p.stats.PlacedBytes.Load() != 0 {
+			t.Fatal("placed without CRC from a start nobody told")
+		}
+		if r.stats.PlacedBytes.Load() != r.p.stats.PlacedBytes.Load() {
+			t.Fatal("device and placer counts differ")
+		}
+	})
+}
