@@ -1,0 +1,306 @@
+package verbs_test
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"rdmatap/iwarp"
+	"rdmatap/netstack"
+	"rdmatap/verbs"
+)
+
+// BenchmarkPlacement compares segment placement with stream placement on
+// the in-memory link at MTU 1500 (no GSO unless RDMATAP_PLACEMENT_GSO=1:
+// every packet is one segment, as on the wire), with 1% loss and 1%
+// reordering of what the writer sends and without, in interleaved rounds:
+//
+//	go test -run XXX -bench Placement ./verbs/
+//
+// It reports the median over the rounds of each ratio segment/stream:
+// throughput of a stream of 1 MiB RDMA Writes (higher is better), p99
+// completion latency of 64 KiB Writes (each followed by a Send; the time
+// from posting to the receiver's completion; lower is better), and the
+// 64-byte Send ping-pong round trip without impairment (lower is better).
+func BenchmarkPlacement(b *testing.B) {
+	rounds := envInt("RDMATAP_BENCH_ROUNDS", 9)
+	only := os.Getenv("RDMATAP_BENCH_ONLY")
+	lossy := netstack.ImpairConfig{Seed: 17, LossRate: 0.01, ReorderRate: 0.01}
+	link := netstack.LinkConfig{MTU: 1500, NoGSO: os.Getenv("RDMATAP_PLACEMENT_GSO") != "1"}
+	type side struct {
+		bulk, lat, pp workload
+		p99           *[]float64
+	}
+	mk := func(pl iwarp.Placement, impair bool) *side {
+		icfg := netstack.ImpairConfig{}
+		if impair {
+			icfg = lossy
+		}
+		s := &side{}
+		p := impairedPairB(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl})
+		s.bulk = writeStream(b, p)
+		s.lat, s.p99 = latStream(b, impairedPairB(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl}))
+		if !impair {
+			s.pp = rdmaPingPongOn(b, impairedPairB(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl}))
+		}
+		return s
+	}
+	type cmp struct {
+		name   string
+		seg    *side
+		stream *side
+		vals   []float64
+		absSeg []float64
+		absStr []float64
+	}
+	var cmps []*cmp
+	for _, impair := range []bool{true, false} {
+		name := "clean"
+		if impair {
+			name = "lossy"
+		}
+		if !strings.Contains(name, only) {
+			continue
+		}
+		cmps = append(cmps, &cmp{name: name, seg: mk(iwarp.PlacementSegment, impair), stream: mk(iwarp.PlacementStream, impair)})
+	}
+	if len(cmps) == 0 {
+		b.Fatalf("RDMATAP_BENCH_ONLY=%q matches nothing", only)
+	}
+	timed := func(w workload, n int) float64 {
+		start := time.Now()
+		if err := w.do(n); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start).Seconds() / float64(n)
+	}
+	p99 := func(s *side, n int) float64 {
+		if err := s.lat.do(n); err != nil {
+			b.Fatal(err)
+		}
+		v := slices.Clone(*s.p99)
+		slices.Sort(v)
+		return v[len(v)*99/100]
+	}
+	const bulkN, latN, ppN = 48, 400, 2000
+	type figure struct {
+		thr, lat, pp []float64 // ratios segment/stream
+	}
+	figs := make([]figure, len(cmps))
+	for r := -1; r < rounds; r++ {
+		runtime.GC()
+		for i, c := range cmps {
+			order := []*side{c.seg, c.stream}
+			if r%2 == 1 {
+				order = []*side{c.stream, c.seg}
+			}
+			res := map[*side][3]float64{}
+			for _, s := range order {
+				var f [3]float64
+				f[0] = timed(s.bulk, bulkN)
+				f[1] = p99(s, latN)
+				if s.pp.do != nil {
+					f[2] = timed(s.pp, ppN)
+				}
+				res[s] = f
+			}
+			if r < 0 {
+				continue
+			}
+			sg, st := res[c.seg], res[c.stream]
+			figs[i].thr = append(figs[i].thr, st[0]/sg[0])
+			figs[i].lat = append(figs[i].lat, sg[1]/st[1])
+			if sg[2] > 0 {
+				figs[i].pp = append(figs[i].pp, sg[2]/st[2])
+			}
+			c.absSeg = append(c.absSeg, benchMsg/sg[0]/1e6, sg[1]*1e6)
+			c.absStr = append(c.absStr, benchMsg/st[0]/1e6, st[1]*1e6)
+		}
+	}
+	for i, c := range cmps {
+		f := figs[i]
+		b.Logf("%s: throughput segment/stream rounds %.3f", c.name, sorted(f.thr))
+		b.Logf("%s: p99 64 KiB completion segment/stream rounds %.3f", c.name, sorted(f.lat))
+		b.ReportMetric(median(f.thr), c.name+"-throughput-x")
+		b.ReportMetric(median(f.lat), c.name+"-p99lat-x")
+		if len(f.pp) > 0 {
+			b.Logf("%s: ping-pong segment/stream rounds %.3f", c.name, sorted(f.pp))
+			b.ReportMetric(median(f.pp), c.name+"-pingpong-x")
+		}
+		b.Logf("%s: medians segment %.0f MB/s, p99 %.0f µs; stream %.0f MB/s, p99 %.0f µs", c.name,
+			median(every(c.absSeg, 0)), median(every(c.absSeg, 1)), median(every(c.absStr, 0)), median(every(c.absStr, 1)))
+	}
+}
+
+func sorted(v []float64) []float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s
+}
+
+// every returns v[k], v[k+2], v[k+4], ...
+func every(v []float64, k int) []float64 {
+	var out []float64
+	for i := k; i < len(v); i += 2 {
+		out = append(out, v[i])
+	}
+	return out
+}
+
+// impairedPairB is impairedPair for benchmarks.
+func impairedPairB(b *testing.B, icfg netstack.ImpairConfig, lcfg netstack.LinkConfig, ca, cb verbs.DeviceConfig) *pair {
+	b.Helper()
+	la, lb := netstack.NewLinkPair(lcfg)
+	scfg := netstack.Config{MinRTO: 20 * time.Millisecond}
+	scfg.Link, scfg.Addrs = netstack.NewImpair(la, icfg), []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
+	na, err := netstack.New(scfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	scfg.Link, scfg.Addrs = lb, []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}
+	nb, err := netstack.New(scfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := verbs.Open(na, ca)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, err := verbs.Open(nb, cb)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		a.Close()
+		d.Close()
+		na.Close()
+		nb.Close()
+	})
+	return &pair{a: a, b: d, na: na, nb: nb}
+}
+
+// writeStream is a stream of 1 MiB RDMA Writes, 16 in flight, closed by a
+// Send that tells when the last one is placed.
+func writeStream(b *testing.B, p *pair) workload {
+	cl, sv := connect(b, p, 16*benchMsg, verbs.ConnParams{})
+	wc := make([]verbs.WC, 16)
+	return workload{bytes: benchMsg, do: func(n int) error {
+		inflight := 0
+		for i := 0; i < n; i++ {
+			slot := i % 16
+			wr := verbs.SendWR{ID: uint64(i), Op: verbs.OpWrite, SGL: []verbs.SGE{cl.mr.SGE(slot*benchMsg, benchMsg)},
+				RemoteAddr: cl.remote.Addr + uint64(slot*benchMsg), RKey: cl.remote.RKey}
+			if i%4 == 3 {
+				wr.Flags = verbs.Signaled
+				if inflight == 4 {
+					if err := drain(cl.scq, wc, 1); err != nil {
+						return err
+					}
+					inflight--
+				}
+				inflight++
+			}
+			if err := cl.qp.PostSend(wr); err != nil {
+				return err
+			}
+		}
+		if err := sv.qp.PostRecv(verbs.RecvWR{ID: 1}); err != nil {
+			return err
+		}
+		if err := cl.qp.PostSend(verbs.SendWR{ID: 1 << 40, Op: verbs.OpSend, Flags: verbs.Signaled}); err != nil {
+			return err
+		}
+		if err := drain(sv.rcq, wc, 1); err != nil {
+			return err
+		}
+		return drain(cl.scq, wc, inflight+1)
+	}}
+}
+
+// latStream is a stream of 64 KiB RDMA Writes, each followed by a Send, 8
+// messages in flight; it records each message's time from posting to the
+// receiver's completion of its Send into the returned slice (reset by each
+// run).
+func latStream(b *testing.B, p *pair) (workload, *[]float64) {
+	const size, depth = 64 << 10, 8
+	cl, sv := connect(b, p, depth*size, verbs.ConnParams{})
+	lat := make([]float64, 0, 4096)
+	w := workload{bytes: size}
+	w.do = func(n int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		lat = lat[:0]
+		posted := make([]time.Time, n)
+		var wc [depth]verbs.WC
+		sent, done := 0, 0
+		for done < n {
+			for sent < n && sent-done < depth {
+				if err := sv.qp.PostRecv(verbs.RecvWR{ID: uint64(sent)}); err != nil {
+					return err
+				}
+				slot := sent % depth
+				posted[sent] = time.Now()
+				send := verbs.SendWR{ID: uint64(sent), Op: verbs.OpSend}
+				if sent%depth == depth-1 {
+					send.Flags = verbs.Signaled
+				}
+				if err := cl.qp.PostSend(
+					verbs.SendWR{ID: uint64(sent), Op: verbs.OpWrite, SGL: []verbs.SGE{cl.mr.SGE(slot*size, size)},
+						RemoteAddr: cl.remote.Addr + uint64(slot*size), RKey: cl.remote.RKey}, send); err != nil {
+					return err
+				}
+				sent++
+			}
+			k, err := sv.rcq.Wait(ctx, wc[:])
+			if err != nil {
+				return err
+			}
+			now := time.Now()
+			for _, c := range wc[:k] {
+				if c.Status != verbs.StatusSuccess {
+					return c.Err()
+				}
+				lat = append(lat, now.Sub(posted[c.ID]).Seconds())
+				done++
+			}
+			for cl.scq.Poll(wc[:]) > 0 {
+			}
+		}
+		return nil
+	}
+	return w, &lat
+}
+
+// rdmaPingPongOn is rdmaPingPong on a given pair.
+func rdmaPingPongOn(b *testing.B, p *pair) workload {
+	cl, sv := connect(b, p, 4096, verbs.ConnParams{})
+	var wc [4]verbs.WC
+	return workload{do: func(n int) error {
+		for i := 0; i < n; i++ {
+			if err := sv.qp.PostRecv(verbs.RecvWR{ID: 1, SGL: []verbs.SGE{sv.mr.SGE(0, 64)}}); err != nil {
+				return err
+			}
+			if err := cl.qp.PostSend(verbs.SendWR{ID: 1, Op: verbs.OpSend, SGL: []verbs.SGE{cl.mr.SGE(0, 64)}}); err != nil {
+				return err
+			}
+			if err := drain(sv.rcq, wc[:], 1); err != nil {
+				return err
+			}
+			if err := cl.qp.PostRecv(verbs.RecvWR{ID: 2, SGL: []verbs.SGE{cl.mr.SGE(64, 64)}}); err != nil {
+				return err
+			}
+			if err := sv.qp.PostSend(verbs.SendWR{ID: 2, Op: verbs.OpSend, SGL: []verbs.SGE{sv.mr.SGE(0, 64)}}); err != nil {
+				return err
+			}
+			if err := drain(cl.rcq, wc[:], 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}}
+}
