@@ -355,6 +355,9 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 		return true
 	}
 	p.mu.Lock()
+	if next := at + uint64(total); next >= p.front {
+		p.known[next] = struct{}{}
+	}
 	if at < p.front || p.placed[at] != nil || p.removed {
 		p.mu.Unlock()
 		p.stats.Duplicates.Add(uint64(payLen))
@@ -363,7 +366,6 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 	e := &placedFPDU{payLen: payLen}
 	p.placed[at] = e
 	heap.Push(&p.starts, at)
-	p.known[at+uint64(total)] = struct{}{}
 	p.mu.Unlock()
 
 	crc := v.placeCRC(dst, pos+MPALengthSize+DDPTaggedHeaderSize, 0)
