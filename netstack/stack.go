@@ -37,7 +37,18 @@ type Config struct {
 	SndBufMax         int                // TCP send buffer max, default 8 MiB
 	NoSACK            bool               // SACK is on unless set
 	MinRTO            time.Duration      // optional TCPMinRTOOption
+	// PeerTimeout is how long a connection may go without hearing from its
+	// peer before it fails with ErrTimeout: keepalive probes start after
+	// half of it and a quarter of it apart, and data unacknowledged for
+	// that long ends the connection too (TCP user timeout). A peer whose
+	// process died leaves no kernel to reset its connections: without
+	// this, a connection waiting for it would wait forever. Default 30 s;
+	// negative: never.
+	PeerTimeout time.Duration
 }
+
+// DefaultPeerTimeout is Config.PeerTimeout's default.
+const DefaultPeerTimeout = 30 * time.Second
 
 // Stack is a gVisor network stack with one NIC (ID 1) and TCP over IPv4 and
 // IPv6. It tracks the connections and listeners it created so Close can tear
@@ -48,6 +59,8 @@ type Stack struct {
 	addrs []netip.Prefix
 	has4  bool
 	has6  bool
+
+	peerTimeout time.Duration
 
 	mu        sync.Mutex
 	closed    bool
@@ -187,14 +200,19 @@ func New(cfg Config) (*Stack, error) {
 	}
 	s.SetRouteTable(routes)
 
+	pt := cfg.PeerTimeout
+	if pt == 0 {
+		pt = DefaultPeerTimeout
+	}
 	return &Stack{
-		s:         s,
-		link:      cfg.Link,
-		addrs:     addrs,
-		has4:      has4,
-		has6:      has6,
-		conns:     make(map[*Conn]struct{}),
-		listeners: make(map[*Listener]struct{}),
+		s:           s,
+		peerTimeout: pt,
+		link:        cfg.Link,
+		addrs:       addrs,
+		has4:        has4,
+		has6:        has6,
+		conns:       make(map[*Conn]struct{}),
+		listeners:   make(map[*Listener]struct{}),
 	}, nil
 }
 
@@ -287,6 +305,22 @@ func (s *Stack) isClosed() bool {
 	return s.closed
 }
 
+// setPeerTimeout arms keepalive and the user timeout (Config.PeerTimeout).
+// These options cannot fail on a TCP endpoint.
+func (s *Stack) setPeerTimeout(ep tcpip.Endpoint) {
+	t := s.peerTimeout
+	if t <= 0 {
+		return
+	}
+	idle, interval := tcpip.KeepaliveIdleOption(t/2), tcpip.KeepaliveIntervalOption(t/4)
+	ut := tcpip.TCPUserTimeoutOption(t)
+	_ = ep.SetSockOpt(&idle)
+	_ = ep.SetSockOpt(&interval)
+	_ = ep.SetSockOptInt(tcpip.KeepaliveCountOption, 2)
+	_ = ep.SetSockOpt(&ut)
+	ep.SocketOptions().SetKeepAlive(true)
+}
+
 // Dial opens a TCP connection to raddr. ctx cancels the wait for the
 // handshake (the half-open endpoint is then closed and ctx.Err() returned).
 // The connection has Nagle's algorithm off. Errors: *OpError matching
@@ -309,6 +343,7 @@ func (s *Stack) Dial(ctx context.Context, raddr netip.AddrPort) (*Conn, error) {
 		return nil, opError("dial", raddr.String(), terr)
 	}
 	ep.SocketOptions().SetDelayOption(false)
+	s.setPeerTimeout(ep)
 	c := newConn(s, ep, wq)
 	if !s.trackConn(c) {
 		c.release()
@@ -445,6 +480,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		nep, nwq, terr := l.ep.Accept(nil)
 		if terr == nil {
 			nep.SocketOptions().SetDelayOption(false)
+			l.s.setPeerTimeout(nep)
 			c := newConn(l.s, nep, nwq)
 			if !l.s.trackConn(c) {
 				c.release()
