@@ -25,7 +25,12 @@ type MPAConfig struct {
 	// CRC asks for CRC32c on every FPDU (initiator) or requires it
 	// (responder); CRC is on when either end sets it.
 	CRC bool
-	// Markers are not supported; asking for them is an error.
+	// Markers enables MPA markers (RFC 5044 §5): this end asks the peer
+	// to insert them in what it sends (the M bit, which §7.1 makes a
+	// receiver's requirement) and honours a peer's M by inserting them in
+	// what it sends. Off by default: Linux siw rejects a Request with M
+	// and refuses a Reply with it, and markers cost 4 octets in 512. An
+	// end without Markers refuses a peer's M (ErrMarkersUnsupported).
 	Markers bool
 	// PeerToPeer makes an initiator ask for RFC 6581 peer-to-peer mode.
 	// A responder accepts peer-to-peer requests unless NoPeerToPeer.
@@ -49,9 +54,6 @@ func (c *MPAConfig) check() error {
 	if c.Revision != 1 && c.Revision != 2 {
 		return fmt.Errorf("%w: MPA revision %d", ErrMPANegotiation, c.Revision)
 	}
-	if c.Markers {
-		return ErrMarkersUnsupported
-	}
 	if c.IRD < 0 || c.IRD > MaxIRDORD || c.ORD < 0 || c.ORD > MaxIRDORD {
 		return fmt.Errorf("%w: IRD %d / ORD %d outside 0..%d", ErrMPANegotiation, c.IRD, c.ORD, MaxIRDORD)
 	}
@@ -68,7 +70,7 @@ func (c *MPAConfig) check() error {
 // Errors of connection setup.
 var (
 	ErrRejected           = errors.New("mpa: connection rejected by peer")
-	ErrMarkersUnsupported = errors.New("mpa: markers are not supported")
+	ErrMarkersUnsupported = errors.New("mpa: MPA markers not agreed")
 	ErrMPANegotiation     = errors.New("mpa: negotiation failed")
 	ErrNoMatchingRTR      = errors.New("mpa: no matching RTR option")
 	ErrInsufficientIRD    = errors.New("mpa: insufficient IRD resources")
@@ -76,14 +78,32 @@ var (
 
 // RejectedError is returned when the peer rejects the connection; it
 // carries the peer's private data.
-type RejectedError struct{ PrivateData []byte }
+type RejectedError struct {
+	PrivateData []byte
+	// Markers says the Request asked for MPA markers: the likely reason,
+	// as Linux siw and most iWARP peers reject any Request with M.
+	Markers bool
+}
 
 func (e *RejectedError) Error() string {
+	if e.Markers {
+		return fmt.Sprintf("mpa: connection rejected by peer (%d bytes of private data): the request asked for MPA markers, which Linux siw and most iWARP peers refuse; connect without markers", len(e.PrivateData))
+	}
 	return fmt.Sprintf("mpa: connection rejected by peer (%d bytes of private data)", len(e.PrivateData))
 }
 
-// Is makes errors.Is(err, ErrRejected) true.
-func (e *RejectedError) Is(target error) bool { return target == ErrRejected }
+// Is makes errors.Is(err, ErrRejected) true, and errors.Is(err,
+// ErrMarkersUnsupported) too when the Request asked for markers.
+func (e *RejectedError) Is(target error) bool {
+	return target == ErrRejected || e.Markers && target == ErrMarkersUnsupported
+}
+
+// MarkerDirs are the directions MPA markers were negotiated for (RFC 5044
+// §7.1: each end's M bit asks the other end to insert them).
+type MarkerDirs struct {
+	Tx bool // this end inserts markers: the peer's frame had M
+	Rx bool // the peer inserts markers: this end's frame had M
+}
 
 // readMPAFrame reads exactly one Request or Reply frame.
 func readMPAFrame(ctx context.Context, s Stream) (MPAFrame, error) {
@@ -122,11 +142,38 @@ func writeMPAFrame(ctx context.Context, s Stream, m *MPAFrameFields) error {
 
 // Initiate runs the initiator's side of MPA setup on a connected stream.
 // It returns the negotiated parameters and the responder's private data.
+// It cannot report markers: with cfg.Markers use InitiateMarkers.
 func Initiate(ctx context.Context, s Stream, cfg MPAConfig) (ConnParams, []byte, error) {
-	if err := cfg.check(); err != nil {
-		return ConnParams{}, nil, err
+	if cfg.Markers {
+		return ConnParams{}, nil, fmt.Errorf("%w: Initiate cannot report them; use InitiateMarkers", ErrMarkersUnsupported)
 	}
-	req := MPAFrameFields{Revision: cfg.Revision, CRC: cfg.CRC, PrivateData: cfg.PrivateData}
+	p, _, pd, err := InitiateMarkers(ctx, s, cfg)
+	return p, pd, err
+}
+
+// InitiateMarkers is Initiate that also returns the directions MPA
+// markers were negotiated for. With cfg.Markers the Request carries M and
+// the responder must insert markers (Rx); a Reply with M asks this end to
+// insert them (Tx), which needs cfg.Markers too.
+func InitiateMarkers(ctx context.Context, s Stream, cfg MPAConfig) (ConnParams, MarkerDirs, []byte, error) {
+	p, pd, err := initiate(ctx, s, &cfg)
+	if err != nil {
+		return ConnParams{}, MarkerDirs{}, nil, err
+	}
+	return p, MarkerDirs{Tx: cfg.Markers && pd.markers, Rx: cfg.Markers}, pd.data, nil
+}
+
+// replyData is what initiate keeps of the Reply besides ConnParams.
+type replyData struct {
+	data    []byte // the ULP's private data
+	markers bool   // M
+}
+
+func initiate(ctx context.Context, s Stream, cfg *MPAConfig) (ConnParams, replyData, error) {
+	if err := cfg.check(); err != nil {
+		return ConnParams{}, replyData{}, err
+	}
+	req := MPAFrameFields{Revision: cfg.Revision, CRC: cfg.CRC, Markers: cfg.Markers, PrivateData: cfg.PrivateData}
 	var offer MPAv2Params
 	if cfg.Revision == 2 {
 		offer = MPAv2Params{IRD: uint16(cfg.IRD), ORD: uint16(cfg.ORD)}
@@ -144,31 +191,33 @@ func Initiate(ctx context.Context, s Stream, cfg MPAConfig) (ConnParams, []byte,
 		req.V2 = &offer
 	}
 	if err := writeMPAFrame(ctx, s, &req); err != nil {
-		return ConnParams{}, nil, fmt.Errorf("mpa: sending request: %w", err)
+		return ConnParams{}, replyData{}, fmt.Errorf("mpa: sending request: %w", err)
 	}
 	rep, err := readMPAFrame(ctx, s)
 	if err != nil {
-		return ConnParams{}, nil, err
+		return ConnParams{}, replyData{}, err
 	}
 	if !rep.IsReply() {
-		return ConnParams{}, nil, fmt.Errorf("%w: expected a reply, got a request", ErrMPANegotiation)
+		return ConnParams{}, replyData{}, fmt.Errorf("%w: expected a reply, got a request", ErrMPANegotiation)
 	}
 	pd := append([]byte(nil), rep.ULPPrivateData()...)
 	if rep.Reject() {
-		return ConnParams{}, nil, &RejectedError{PrivateData: pd}
+		return ConnParams{}, replyData{}, &RejectedError{PrivateData: pd, Markers: cfg.Markers}
 	}
-	if rep.Markers() {
-		return ConnParams{}, nil, fmt.Errorf("%w: peer's reply asks for markers", ErrMarkersUnsupported)
+	if rep.Markers() && !cfg.Markers {
+		// The responder requires markers in what we send (§7.1);
+		// without MPAConfig.Markers this end will not insert them.
+		return ConnParams{}, replyData{}, fmt.Errorf("%w: the responder's reply asks for markers and MPAConfig.Markers is off", ErrMarkersUnsupported)
 	}
 	if rep.Revision() > cfg.Revision {
-		return ConnParams{}, nil, fmt.Errorf("%w: reply revision %d to a revision %d request", ErrMPANegotiation, rep.Revision(), cfg.Revision)
+		return ConnParams{}, replyData{}, fmt.Errorf("%w: reply revision %d to a revision %d request", ErrMPANegotiation, rep.Revision(), cfg.Revision)
 	}
 	p := ConnParams{Initiator: true, Revision: rep.Revision(), CRC: cfg.CRC || rep.CRC(), IRD: cfg.IRD, ORD: cfg.ORD}
 	if v, ok := rep.IRDORD(); ok && req.V2 != nil {
 		// The responder's ORD is what it may ask of our IRD; relaxed
 		// negotiation (as siw) grows our IRD to match, up to the limit.
 		if int(v.ORD) > MaxIRDORD {
-			return ConnParams{}, nil, fmt.Errorf("%w: responder ORD %d", ErrInsufficientIRD, v.ORD)
+			return ConnParams{}, replyData{}, fmt.Errorf("%w: responder ORD %d", ErrInsufficientIRD, v.ORD)
 		}
 		p.IRD = max(p.IRD, int(v.ORD))
 		p.ORD = min(int(offer.ORD), int(v.IRD))
@@ -180,7 +229,7 @@ func Initiate(ctx context.Context, s Stream, cfg MPAConfig) (ConnParams, []byte,
 			// WRITE"); any initiator can send a Write or Read RTR, so
 			// rdmatap follows the responder's choice.
 			if chosen == 0 || chosen&(chosen-1) != 0 || (chosen&offer.RTR == 0 && chosen == RTRSend) {
-				return ConnParams{}, nil, fmt.Errorf("%w: offered %v, responder chose %v", ErrNoMatchingRTR, offer.RTR, v.RTR)
+				return ConnParams{}, replyData{}, fmt.Errorf("%w: offered %v, responder chose %v", ErrNoMatchingRTR, offer.RTR, v.RTR)
 			}
 			p.PeerToPeer, p.RTR = true, chosen
 			if chosen == RTRRead {
@@ -188,7 +237,7 @@ func Initiate(ctx context.Context, s Stream, cfg MPAConfig) (ConnParams, []byte,
 			}
 		}
 	}
-	return p, pd, nil
+	return p, replyData{data: pd, markers: rep.Markers()}, nil
 }
 
 // MPARequest is a received MPA Request the application has to accept or
@@ -199,10 +248,15 @@ type MPARequest struct {
 	Enhanced    bool
 	V2          MPAv2Params // valid when Enhanced
 	PrivateData []byte      // the application's part
+	// Markers is M: the initiator requires markers in what this end
+	// sends. Accept refuses it unless MPAConfig.Markers.
+	Markers bool
 }
 
-// AwaitMPARequest reads the initiator's Request. A Request asking for
-// markers or with a bad revision is rejected on the wire and reported.
+// AwaitMPARequest reads the initiator's Request. A frame that is not a
+// well-formed Request is reported; a Request asking for markers is
+// returned, for Accept (which knows this end's MPAConfig) to take or
+// refuse.
 func AwaitMPARequest(ctx context.Context, s Stream) (*MPARequest, error) {
 	f, err := readMPAFrame(ctx, s)
 	if err != nil {
@@ -211,26 +265,41 @@ func AwaitMPARequest(ctx context.Context, s Stream) (*MPARequest, error) {
 	if !f.IsRequest() {
 		return nil, fmt.Errorf("%w: expected a request, got a reply", ErrMPANegotiation)
 	}
-	r := &MPARequest{Revision: f.Revision(), CRC: f.CRC(), PrivateData: append([]byte(nil), f.ULPPrivateData()...)}
+	r := &MPARequest{Revision: f.Revision(), CRC: f.CRC(), Markers: f.Markers(), PrivateData: append([]byte(nil), f.ULPPrivateData()...)}
 	if v, ok := f.IRDORD(); ok {
 		r.Enhanced, r.V2 = true, v
-	}
-	if f.Markers() {
-		_ = r.Reject(ctx, s, nil)
-		return nil, fmt.Errorf("%w: the initiator asked for them", ErrMarkersUnsupported)
 	}
 	return r, nil
 }
 
 // Accept sends the Reply and returns the negotiated parameters. The
 // reply echoes the request's revision (siw's initiator fails on anything
-// else).
+// else). It cannot report markers: with cfg.Markers use AcceptMarkers. A
+// Request with M is rejected on the wire, as siw does, and reported.
 func (r *MPARequest) Accept(ctx context.Context, s Stream, cfg MPAConfig) (ConnParams, error) {
+	if cfg.Markers {
+		return ConnParams{}, fmt.Errorf("%w: Accept cannot report them; use AcceptMarkers", ErrMarkersUnsupported)
+	}
+	p, _, err := r.AcceptMarkers(ctx, s, cfg)
+	return p, err
+}
+
+// AcceptMarkers is Accept that also returns the directions MPA markers
+// were negotiated for. With cfg.Markers the Reply carries M, so the
+// initiator must insert markers (Rx), and a Request with M is honoured
+// (Tx); without it a Request with M is rejected on the wire (M cleared
+// in the Reject, as siw does) and reported as ErrMarkersUnsupported.
+func (r *MPARequest) AcceptMarkers(ctx context.Context, s Stream, cfg MPAConfig) (ConnParams, MarkerDirs, error) {
 	cfg.Revision = r.Revision
 	if err := cfg.check(); err != nil {
-		return ConnParams{}, err
+		return ConnParams{}, MarkerDirs{}, err
 	}
-	rep := MPAFrameFields{Reply: true, Revision: r.Revision, CRC: cfg.CRC || r.CRC, PrivateData: cfg.PrivateData}
+	if r.Markers && !cfg.Markers {
+		_ = r.Reject(ctx, s, nil)
+		return ConnParams{}, MarkerDirs{}, fmt.Errorf("%w: the initiator asked for markers and MPAConfig.Markers is off (Linux siw refuses them too)", ErrMarkersUnsupported)
+	}
+	dirs := MarkerDirs{Tx: r.Markers, Rx: cfg.Markers}
+	rep := MPAFrameFields{Reply: true, Revision: r.Revision, CRC: cfg.CRC || r.CRC, Markers: cfg.Markers, PrivateData: cfg.PrivateData}
 	p := ConnParams{Revision: r.Revision, CRC: rep.CRC, IRD: cfg.IRD, ORD: cfg.ORD}
 	var v2 MPAv2Params
 	if r.Enhanced {
@@ -238,7 +307,7 @@ func (r *MPARequest) Accept(ctx context.Context, s Stream, cfg MPAConfig) (ConnP
 		// peer's IRD, raise our IRD to the peer's ORD.
 		if int(r.V2.ORD) > MaxIRDORD {
 			_ = r.reject(ctx, s, nil, true)
-			return ConnParams{}, fmt.Errorf("%w: initiator ORD %d", ErrInsufficientIRD, r.V2.ORD)
+			return ConnParams{}, MarkerDirs{}, fmt.Errorf("%w: initiator ORD %d", ErrInsufficientIRD, r.V2.ORD)
 		}
 		p.IRD = max(p.IRD, int(r.V2.ORD))
 		p.ORD = min(p.ORD, int(r.V2.IRD))
@@ -258,7 +327,7 @@ func (r *MPARequest) Accept(ctx context.Context, s Stream, cfg MPAConfig) (ConnP
 			}
 			if chosen == 0 {
 				_ = r.reject(ctx, s, nil, true)
-				return ConnParams{}, fmt.Errorf("%w: initiator offered %v", ErrNoMatchingRTR, r.V2.RTR)
+				return ConnParams{}, MarkerDirs{}, fmt.Errorf("%w: initiator offered %v", ErrNoMatchingRTR, r.V2.RTR)
 			}
 			if chosen == RTRRead {
 				p.IRD = max(p.IRD, 1)
@@ -270,9 +339,9 @@ func (r *MPARequest) Accept(ctx context.Context, s Stream, cfg MPAConfig) (ConnP
 		rep.V2 = &v2
 	}
 	if err := writeMPAFrame(ctx, s, &rep); err != nil {
-		return ConnParams{}, fmt.Errorf("mpa: sending reply: %w", err)
+		return ConnParams{}, MarkerDirs{}, fmt.Errorf("mpa: sending reply: %w", err)
 	}
-	return p, nil
+	return p, dirs, nil
 }
 
 // Reject sends a Reply with the R bit and the given private data.

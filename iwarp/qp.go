@@ -132,6 +132,10 @@ type ConnParams struct {
 	IRD, ORD   int
 	PeerToPeer bool
 	RTR        RTR // the one RTR type chosen, with PeerToPeer
+	// MPA markers (RFC 5044 §5), per direction (§7.1: each end's M bit
+	// asks the other to insert them): this end inserts them in what it
+	// sends (MarkersTx) or strips them from what it receives (MarkersRx).
+	MarkersTx, MarkersRx bool
 }
 
 // Stats are per-device counters (atomic).
@@ -341,6 +345,13 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	qp.rxDone = make(chan struct{})
 	qp.rx.init(p)
 	qp.tx.init(p)
+	if qp.cfg.Placement == PlacementSegment && p.MarkersRx {
+		qp.state = StateIdle
+		qp.mu.Unlock()
+		qp.txMu.Unlock()
+		qp.cancel()
+		return fmt.Errorf("%w: segment placement does not read MPA markers yet", ErrInvalidWR)
+	}
 	if qp.cfg.Placement == PlacementSegment {
 		src, ok := s.(SegmentSource)
 		if !ok {
@@ -787,7 +798,7 @@ func (qp *QP) Progress() {
 	if s == nil || !qp.rxMu.TryLock() {
 		return
 	}
-	_, err := s.TryReadTo(&qp.rx, 0)
+	_, err := s.TryReadTo(qp.rx.in, 0)
 	qp.rx.flushStats()
 	qp.rxMu.Unlock()
 	if err != nil {
@@ -814,7 +825,7 @@ func (qp *QP) WaitProgress(ctx context.Context) error {
 	// Closing the QP closes the stream first, which ends the read, so
 	// holding rxMu while blocked cannot hold up the flush.
 	qp.rxMu.Lock()
-	_, err := s.ReadTo(ctx, &qp.rx, 0)
+	_, err := s.ReadTo(ctx, qp.rx.in, 0)
 	qp.rx.flushStats()
 	qp.rxMu.Unlock()
 	if err != nil {

@@ -86,6 +86,11 @@ type receiver struct {
 	offset uint64 // TCP stream offset of the next byte
 	held   holds  // regions being placed into during this stream read
 
+	// MPA markers: in is what the stream feeds, the receiver itself or
+	// the stripper in front of it (which then checks the CRC).
+	in io.Writer
+	mk markerStripper
+
 	// Segment placement (nil: stream placement only).
 	seg   *segPlacer
 	start uint64      // stream offset of the current FPDU
@@ -127,7 +132,12 @@ func (r *receiver) flushStats() {
 }
 
 func (r *receiver) init(p ConnParams) {
-	r.crcOn = p.CRC
+	r.crcOn, r.in = p.CRC, r
+	if p.MarkersRx {
+		r.crcOn = false
+		r.mk.reset(r, p.CRC, r.markerError)
+		r.in = &r.mk
+	}
 	r.sendRTR = !p.Initiator && p.PeerToPeer && p.RTR == RTRSend
 	r.gateOpen = p.Initiator
 	r.stats = r.qp.cfg.Stats
@@ -155,7 +165,7 @@ func (r *receiver) run() {
 			return
 		}
 		qp.rxMu.Lock()
-		_, err := qp.stream.TryReadTo(r, 0)
+		_, err := qp.stream.TryReadTo(r.in, 0)
 		r.flushStats()
 		qp.rxMu.Unlock()
 		if err != nil {
@@ -302,6 +312,17 @@ func (r *receiver) sizeHeader() bool {
 	}
 	r.need = MPALengthSize + need
 	return true
+}
+
+// markerError terminates the stream on a bad marker or, with markers, a
+// bad CRC (the stripper checks the CRC over the FPDU with its markers).
+func (r *receiver) markerError(e *MarkerError) {
+	if e.Code.Code == CodeCRC {
+		r.n.crcErrors++
+	}
+	if r.state != rxDead {
+		r.fail(e.Code, r.have-MPALengthSize)
+	}
 }
 
 // mismatch ends the stream when TCP delivered other bytes than the segment

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"gvisor.dev/gvisor/pkg/tcpip"
 	"rdmatap/zerocopy"
 )
 
@@ -61,6 +62,8 @@ type transmitter struct {
 	inlineBuf []byte
 
 	fw   fpduWriter
+	mk   markerInserter // MPA markers: wraps fw (and computes the CRC)
+	mkOn bool
 	src  zerocopy.SGList
 	regs []*Region // the regions src lies in
 	wqe  sendWQE
@@ -71,6 +74,12 @@ type transmitter struct {
 
 func (t *transmitter) init(p ConnParams) {
 	t.crcOn = p.CRC
+	t.mkOn = p.MarkersTx
+	if t.mkOn {
+		// The inserter computes each CRC over the FPDU with its markers.
+		t.mk.reset(p.CRC)
+		t.crcOn = false
+	}
 	t.stats = t.qp.cfg.Stats
 	t.maxFPDU = t.qp.cfg.MaxFPDU
 	t.mpLeft = 0
@@ -446,13 +455,20 @@ func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, regs []*Region, n 
 	if mp := t.mp; max <= 0 || (mp > 0 && mp < max) {
 		max = mp
 	}
+	if t.mkOn {
+		max = MarkersMaxFPDU(max)
+	}
 	t.fw.reset(f, src, n, extra, max, t.crcOn, t.stats)
 	t.fw.regs = regs
-	sent, err := qp.stream.WritePayload(qp.ctx, &t.fw)
+	w0, d0 := t.mk.wire, t.mk.data
+	sent, err := qp.stream.WritePayload(qp.ctx, t.payload())
 	t.fw.regs = nil
 	if t.fw.cut {
 		// netstack dropped what it read in the call that hit the cut and
 		// kept the sent bytes before it, which may end inside an FPDU.
+		if t.mkOn {
+			sent = int64(t.mk.resync(w0+uint64(sent)) - d0)
+		}
 		t.fw.torn = !t.fw.fpduEnd(sent)
 		return false
 	}
@@ -466,6 +482,16 @@ func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, regs []*Region, n 
 		t.stats.TxBytes.Add(uint64(n))
 	}
 	return true
+}
+
+// payload is what netstack reads a message from: the FPDU writer, or the
+// marker inserter around it.
+func (t *transmitter) payload() tcpip.Payloader {
+	if t.mkOn {
+		t.mk.inner = &t.fw
+		return &t.mk
+	}
+	return &t.fw
 }
 
 // ErrCutOff reports a message cut off because memory it was sent from was
@@ -501,7 +527,7 @@ func (t *transmitter) sendTerminate() {
 	f := DDPFields{Opcode: OpTerminate, Last: true, QN: QNTerminate, MSN: 1}
 	t.fw.reset(&f, nil, 0, body[:n], 1<<16, t.crcOn, t.stats)
 	ok := true
-	if _, err := qp.stream.WritePayload(qp.ctx, &t.fw); err != nil {
+	if _, err := qp.stream.WritePayload(qp.ctx, t.payload()); err != nil {
 		ok = false
 	}
 	if ok && t.stats != nil {

@@ -41,6 +41,11 @@ type ConnParams struct {
 	MPARevision uint8
 	PeerToPeer  *bool
 	RTR         RTR
+	// Markers asks the peer for MPA markers and honours its request for
+	// them (see DeviceConfig.Markers). Linux siw rejects a connection
+	// that asks: Dial then fails with an error matching both ErrRejected
+	// and ErrMarkers.
+	Markers *bool
 }
 
 // Negotiated are what both ends agreed on.
@@ -50,12 +55,15 @@ type Negotiated struct {
 	IRD, ORD    int
 	PeerToPeer  bool
 	RTR         RTR
+	// MarkersTx: this end inserts MPA markers (the peer asked);
+	// MarkersRx: the peer inserts them (this end asked).
+	MarkersTx, MarkersRx bool
 }
 
 const defaultIRDORD = 16
 
 func (d *Device) mpaConfig(p ConnParams) iwarp.MPAConfig {
-	c := iwarp.MPAConfig{Revision: d.cfg.MPARevision, CRC: d.cfg.CRC, PeerToPeer: d.cfg.PeerToPeer, RTR: d.cfg.RTR,
+	c := iwarp.MPAConfig{Revision: d.cfg.MPARevision, CRC: d.cfg.CRC, Markers: d.cfg.Markers, PeerToPeer: d.cfg.PeerToPeer, RTR: d.cfg.RTR,
 		IRD: p.IRD, ORD: p.ORD, PrivateData: p.PrivateData}
 	if p.IRD == 0 {
 		c.IRD = defaultIRDORD
@@ -71,6 +79,9 @@ func (d *Device) mpaConfig(p ConnParams) iwarp.MPAConfig {
 	}
 	if p.CRC != nil {
 		c.CRC = *p.CRC
+	}
+	if p.Markers != nil {
+		c.Markers = *p.Markers
 	}
 	if p.MPARevision != 0 {
 		c.Revision = p.MPARevision
@@ -116,8 +127,9 @@ func (c *Conn) Disconnect(ctx context.Context) error { return c.qp.Disconnect(ct
 // Close aborts the connection and destroys the QP.
 func (c *Conn) Close() error { return c.qp.Close() }
 
-func negotiated(p iwarp.ConnParams) Negotiated {
-	return Negotiated{MPARevision: p.Revision, CRC: p.CRC, IRD: p.IRD, ORD: p.ORD, PeerToPeer: p.PeerToPeer, RTR: p.RTR}
+func negotiated(p iwarp.ConnParams, m iwarp.MarkerDirs) Negotiated {
+	return Negotiated{MPARevision: p.Revision, CRC: p.CRC, IRD: p.IRD, ORD: p.ORD, PeerToPeer: p.PeerToPeer, RTR: p.RTR,
+		MarkersTx: m.Tx, MarkersRx: m.Rx}
 }
 
 // Dial connects qp to a listener at raddr (rdma_connect): TCP connect,
@@ -134,16 +146,17 @@ func (d *Device) Dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnP
 	if err != nil {
 		return nil, fmt.Errorf("verbs: connect %v: %w", raddr, err)
 	}
-	params, pd, err := iwarp.Initiate(ctx, s, cfg)
+	params, mk, pd, err := iwarp.InitiateMarkers(ctx, s, cfg)
 	if err != nil {
 		s.Abort()
 		return nil, fmt.Errorf("verbs: connect %v: %w", raddr, err)
 	}
+	params.MarkersTx, params.MarkersRx = mk.Tx, mk.Rx
 	if err := qp.iw.Start(s, params); err != nil {
 		s.Abort()
 		return nil, err
 	}
-	return &Conn{qp: qp, stream: s, peerData: pd, neg: negotiated(params)}, nil
+	return &Conn{qp: qp, stream: s, peerData: pd, neg: negotiated(params, mk)}, nil
 }
 
 // Listener accepts connection requests.
@@ -217,6 +230,14 @@ func (l *Listener) acceptLoop() {
 			rcancel()
 			if err != nil {
 				s.Abort()
+				return
+			}
+			if req.Markers && !l.dev.cfg.Markers {
+				// A device without Markers refuses a Request with M at
+				// once, as siw does (R set, M cleared), before it
+				// reaches the application.
+				_ = req.Reject(ctx, s, nil)
+				s.Close()
 				return
 			}
 			r := &ConnRequest{l: l, stream: s, req: req}
@@ -303,6 +324,10 @@ func (r *ConnRequest) CRC() bool { return r.req.CRC }
 // and the RTR types it offered.
 func (r *ConnRequest) PeerToPeer() (bool, RTR) { return r.req.V2.PeerToPeer, r.req.V2.RTR }
 
+// Markers reports whether the initiator asked for MPA markers in what this
+// end sends (only a device with Markers passes such a request on).
+func (r *ConnRequest) Markers() bool { return r.req.Markers }
+
 // RemoteAddr returns the initiator's address.
 func (r *ConnRequest) RemoteAddr() netip.AddrPort { return r.stream.RemoteAddr() }
 
@@ -331,16 +356,18 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, 
 	if err := r.claim(); err != nil {
 		return nil, err
 	}
-	params, err := r.req.Accept(ctx, r.stream, r.l.dev.mpaConfig(p))
+	cfg := r.l.dev.mpaConfig(p)
+	params, mk, err := r.req.AcceptMarkers(ctx, r.stream, cfg)
 	if err != nil {
 		r.stream.Abort()
 		return nil, err
 	}
+	params.MarkersTx, params.MarkersRx = mk.Tx, mk.Rx
 	if err := qp.iw.Start(r.stream, params); err != nil {
 		r.stream.Abort()
 		return nil, err
 	}
-	return &Conn{qp: qp, stream: r.stream, peerData: r.req.PrivateData, neg: negotiated(params)}, nil
+	return &Conn{qp: qp, stream: r.stream, peerData: r.req.PrivateData, neg: negotiated(params, mk)}, nil
 }
 
 // Reject refuses the request with private data (rdma_reject).

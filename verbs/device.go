@@ -20,6 +20,12 @@ type DeviceConfig struct {
 	CRC         bool  // ask for CRC32c (siw's default is off)
 	PeerToPeer  bool  // RFC 6581 peer-to-peer mode (siw's default is off)
 	RTR         iwarp.RTR
+	// Markers enables MPA markers (RFC 5044 §5), off by default: a
+	// connection asks the peer to insert them (M bit) and honours a
+	// peer's request, and listeners pass requests for them on to the
+	// application instead of rejecting them at once. Linux siw rejects
+	// any request for markers.
+	Markers bool
 	// MaxFPDU caps FPDU size; 0 keeps one FPDU per TCP segment.
 	MaxFPDU int
 	// FirstFPDUDelay holds the first FPDU of a connection this device
