@@ -85,27 +85,8 @@ func (s *Stack) EnableConnTaps() {
 // HandlePacket implements stack.RawTransportEndpoint. It runs on the link's
 // delivery goroutine, before TCP sees the segment.
 func (t *connTaps) HandlePacket(pkt *stack.PacketBuffer) {
-	th := header.TCP(pkt.TransportHeader().Slice())
-	if len(th) < header.TCPMinimumSize {
-		return
-	}
-	var src, dst tcpip.Address
-	switch pkt.NetworkProtocolNumber {
-	case header.IPv4ProtocolNumber:
-		nh := pkt.NetworkHeader().Slice()
-		if len(nh) < header.IPv4MinimumSize {
-			return
-		}
-		h := header.IPv4(nh)
-		src, dst = h.SourceAddress(), h.DestinationAddress()
-	case header.IPv6ProtocolNumber:
-		nh := pkt.NetworkHeader().Slice()
-		if len(nh) < header.IPv6MinimumSize {
-			return
-		}
-		h := header.IPv6(nh)
-		src, dst = h.SourceAddress(), h.DestinationAddress()
-	default:
+	th, src, dst, ok := tcpHeaders(pkt)
+	if !ok {
 		return
 	}
 	k := connKey{

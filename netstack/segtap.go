@@ -50,29 +50,11 @@ func (p payloadCollector) Write(b []byte) (int, error) {
 
 // HandlePacket implements stack.RawTransportEndpoint.
 func (t *segTap) HandlePacket(pkt *stack.PacketBuffer) {
-	th := header.TCP(pkt.TransportHeader().Slice())
-	if len(th) < header.TCPMinimumSize {
+	th, srcA, dstA, ok := tcpHeaders(pkt)
+	if !ok {
 		return // not parsed (e.g. a fragment): nothing reliable to report
 	}
-	var src, dst netip.Addr
-	switch pkt.NetworkProtocolNumber {
-	case header.IPv4ProtocolNumber:
-		nh := pkt.NetworkHeader().Slice()
-		if len(nh) < header.IPv4MinimumSize {
-			return
-		}
-		h := header.IPv4(nh)
-		src, dst = fromTCPIPAddr(h.SourceAddress()), fromTCPIPAddr(h.DestinationAddress())
-	case header.IPv6ProtocolNumber:
-		nh := pkt.NetworkHeader().Slice()
-		if len(nh) < header.IPv6MinimumSize {
-			return
-		}
-		h := header.IPv6(nh)
-		src, dst = fromTCPIPAddr(h.SourceAddress()), fromTCPIPAddr(h.DestinationAddress())
-	default:
-		return
-	}
+	src, dst := fromTCPIPAddr(srcA), fromTCPIPAddr(dstA)
 	seg, _ := t.pool.Get().(*Segment)
 	if seg == nil {
 		seg = new(Segment)
@@ -95,6 +77,31 @@ func (t *segTap) HandlePacket(pkt *stack.PacketBuffer) {
 	}
 	seg.Payload = seg.Payload[:0]
 	t.pool.Put(seg)
+}
+
+// tcpHeaders returns a received packet's parsed TCP header and its IP
+// source and destination; ok is false when they were not parsed.
+func tcpHeaders(pkt *stack.PacketBuffer) (th header.TCP, src, dst tcpip.Address, ok bool) {
+	th = header.TCP(pkt.TransportHeader().Slice())
+	if len(th) < header.TCPMinimumSize {
+		return nil, src, dst, false
+	}
+	nh := pkt.NetworkHeader().Slice()
+	switch pkt.NetworkProtocolNumber {
+	case header.IPv4ProtocolNumber:
+		if len(nh) < header.IPv4MinimumSize {
+			return nil, src, dst, false
+		}
+		h := header.IPv4(nh)
+		return th, h.SourceAddress(), h.DestinationAddress(), true
+	case header.IPv6ProtocolNumber:
+		if len(nh) < header.IPv6MinimumSize {
+			return nil, src, dst, false
+		}
+		h := header.IPv6(nh)
+		return th, h.SourceAddress(), h.DestinationAddress(), true
+	}
+	return nil, src, dst, false
 }
 
 // TapSegments calls fn for every TCP segment the stack receives over IPv4

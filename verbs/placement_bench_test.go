@@ -2,7 +2,6 @@ package verbs_test
 
 import (
 	"context"
-	"net/netip"
 	"os"
 	"runtime"
 	"slices"
@@ -42,11 +41,11 @@ func BenchmarkPlacement(b *testing.B) {
 			icfg = lossy
 		}
 		s := &side{}
-		p := impairedPairB(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl})
+		p := impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl})
 		s.bulk = writeStream(b, p)
-		s.lat, s.p99 = latStream(b, impairedPairB(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl}))
+		s.lat, s.p99 = latStream(b, impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl}))
 		if !impair {
-			s.pp = rdmaPingPongOn(b, impairedPairB(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl}))
+			s.pp = rdmaPingPongOn(b, impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl}))
 		}
 		return s
 	}
@@ -150,38 +149,6 @@ func every(v []float64, k int) []float64 {
 		out = append(out, v[i])
 	}
 	return out
-}
-
-// impairedPairB is impairedPair for benchmarks.
-func impairedPairB(b *testing.B, icfg netstack.ImpairConfig, lcfg netstack.LinkConfig, ca, cb verbs.DeviceConfig) *pair {
-	b.Helper()
-	la, lb := netstack.NewLinkPair(lcfg)
-	scfg := netstack.Config{MinRTO: 20 * time.Millisecond}
-	scfg.Link, scfg.Addrs = netstack.NewImpair(la, icfg), []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
-	na, err := netstack.New(scfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	scfg.Link, scfg.Addrs = lb, []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}
-	nb, err := netstack.New(scfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	a, err := verbs.Open(na, ca)
-	if err != nil {
-		b.Fatal(err)
-	}
-	d, err := verbs.Open(nb, cb)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		a.Close()
-		d.Close()
-		na.Close()
-		nb.Close()
-	})
-	return &pair{a: a, b: d, na: na, nb: nb}
 }
 
 // writeStream is a stream of 1 MiB RDMA Writes, 16 in flight, closed by a

@@ -15,7 +15,7 @@ import (
 
 // impairedPair is a pair whose side A (the client) sends through an
 // impairment link: loss, reordering and duplication of what A sends.
-func impairedPair(t *testing.T, icfg netstack.ImpairConfig, lcfg netstack.LinkConfig, ca, cb verbs.DeviceConfig) *pair {
+func impairedPair(t testing.TB, icfg netstack.ImpairConfig, lcfg netstack.LinkConfig, ca, cb verbs.DeviceConfig) *pair {
 	t.Helper()
 	la, lb := netstack.NewLinkPair(lcfg)
 	scfg := netstack.Config{MinRTO: 20 * time.Millisecond}
