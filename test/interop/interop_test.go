@@ -160,10 +160,14 @@ func (v *vm) results() map[string]string {
 	return res
 }
 
-// ours runs rdmatap in the namespace on sitap0.
+// ours runs rdmatap in the namespace on sitap0, with the placement mode
+// RDMATAP_INTEROP_PLACEMENT names (stream or segment; default: rdmatap's).
 func (e *env) ours(ctx context.Context, args ...string) (string, error) {
 	full := append([]string{"netns", "exec", e.ns, e.bin}, args...)
 	full = append(full, "--tap", ourTap, "--addr", ourIP+"/24")
+	if pl := os.Getenv("RDMATAP_INTEROP_PLACEMENT"); pl != "" {
+		full = append(full, "--placement", pl)
+	}
 	out, err := exec.CommandContext(ctx, "ip", full...).CombinedOutput()
 	return string(out), err
 }
