@@ -2,6 +2,7 @@ package tap
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -246,6 +247,7 @@ func (d *Device) readLoopOffload() {
 		case unix.EAGAIN:
 			if _, err := unix.Poll(pfds, -1); err != nil && !errors.Is(err, unix.EINTR) {
 				d.st.rxErrors.Add(1)
+				d.loopErr = fmt.Errorf("tap: %s: poll: %w", d.name, err)
 				return
 			}
 			continue
@@ -254,6 +256,9 @@ func (d *Device) readLoopOffload() {
 		default:
 			// EBADFD etc.: the device was deleted under us.
 			d.st.rxErrors.Add(1)
+			if !d.closing.Load() {
+				d.loopErr = fmt.Errorf("tap: %s: read: %w (the device was deleted or went away)", d.name, errno)
+			}
 			return
 		}
 		if int(n) <= vnetHdrLen {
@@ -347,6 +352,7 @@ func (d *Device) readLoopPlain() {
 			if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
 				continue
 			}
+			d.loopErr = fmt.Errorf("tap: %s: read: %w (the device was deleted or went away)", d.name, err)
 			return
 		}
 		if n == 0 {

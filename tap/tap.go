@@ -105,6 +105,7 @@ type Device struct {
 	txMu     sync.RWMutex // R: writers; W: Close (fd teardown)
 	txClosed bool
 	loopDone chan struct{}
+	loopErr  error // why the read loop ended before Close (set before loopDone closes)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -428,6 +429,20 @@ func (d *Device) close() error {
 	d.fd = -1
 	d.closeFDs()
 	return errors.Join(errs...)
+}
+
+// Gone is closed when the device stops receiving: after Close, or when the
+// TAP was deleted or failed under a running endpoint (Err then says why).
+func (d *Device) Gone() <-chan struct{} { return d.loopDone }
+
+// Err returns why the device stopped receiving before Close, or nil.
+func (d *Device) Err() error {
+	select {
+	case <-d.loopDone:
+		return d.loopErr
+	default:
+		return nil
+	}
 }
 
 // closeFDs closes whatever is still open (also used on Open failure).

@@ -288,3 +288,35 @@ func TestPermissionDenied(t *testing.T) {
 		}
 	}
 }
+
+// TestDeletedUnderUs: a TAP deleted while the endpoint runs is reported
+// (Gone closes, Err says the device went away) instead of leaving the
+// endpoint up with no network; Close still works.
+func TestDeletedUnderUs(t *testing.T) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			ns := newNetns(t)
+			d := openIn(t, ns, Config{Name: tapName, NoOffload: !m.offload})
+			if d.Err() != nil {
+				t.Fatalf("Err before anything happened: %v", d.Err())
+			}
+			ns.mustRun(t, "ip", "link", "del", tapName)
+			select {
+			case <-d.Gone():
+			case <-time.After(5 * time.Second):
+				t.Fatal("the device was deleted, and Gone never closed")
+			}
+			if err := d.Err(); err == nil || !strings.Contains(err.Error(), tapName) {
+				t.Fatalf("Err after the deletion: %v", err)
+			}
+			t.Logf("reported: %v", d.Err())
+			done := make(chan struct{})
+			go func() { d.Close(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("Close hangs after the deletion")
+			}
+		})
+	}
+}

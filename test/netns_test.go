@@ -369,3 +369,20 @@ func TestErrorsAreOneLine(t *testing.T) {
 		check(t, out, err, "already")
 	})
 }
+
+// TestUpExitsWhenTAPDeleted: deleting the TAP under a running `rdmatap up`
+// ends it with a one-line error that names the TAP, instead of leaving an
+// endpoint up with no network.
+func TestUpExitsWhenTAPDeleted(t *testing.T) {
+	n := newNetns(t, 1500)
+	p := n.start(t, append([]string{"up", "--name", "rtdel", "--ctl", filepath.Join(t.TempDir(), "del.sock")}, n.endpointArgs(0)...)...)
+	n.ready(t, 0)
+	run(t, "ip", "netns", "exec", n.name, "ip", "link", "del", n.taps[0])
+	out, err := p.wait(t, 10*time.Second)
+	if err == nil {
+		t.Fatalf("up exited 0 after its TAP was deleted; output:\n%s", out)
+	}
+	if !strings.Contains(out, "TAP "+n.taps[0]+" is gone") {
+		t.Fatalf("up's output does not say the TAP is gone:\n%s", out)
+	}
+}

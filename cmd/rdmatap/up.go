@@ -202,6 +202,15 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 			return nil
 		case ev := <-e.Dev.Events():
 			logger.Print(formatEvent(ev))
+		case <-e.Tap.Gone():
+			// The TAP was deleted (or failed) under the endpoint: with
+			// no network left, exit with the reason rather than stay up.
+			err := e.Tap.Err()
+			if err == nil {
+				err = errors.New("the TAP device stopped")
+			}
+			logger.Printf("up: %v", err)
+			return fmt.Errorf("up: TAP %s is gone: %w", ef.tap, err)
 		}
 	}
 }
