@@ -345,13 +345,6 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	qp.rxDone = make(chan struct{})
 	qp.rx.init(p)
 	qp.tx.init(p)
-	if qp.cfg.Placement == PlacementSegment && p.MarkersRx {
-		qp.state = StateIdle
-		qp.mu.Unlock()
-		qp.txMu.Unlock()
-		qp.cancel()
-		return fmt.Errorf("%w: segment placement does not read MPA markers yet", ErrInvalidWR)
-	}
 	if qp.cfg.Placement == PlacementSegment {
 		src, ok := s.(SegmentSource)
 		if !ok {
@@ -361,7 +354,7 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 			qp.cancel()
 			return fmt.Errorf("%w: segment placement needs a stream that hands over its segments", ErrInvalidWR)
 		}
-		seg := newSegPlacer(qp, p.CRC)
+		seg := newSegPlacer(qp, p.CRC, p.MarkersRx)
 		untap, err := src.TapSegments(seg.place, &seg.stats.ConnTapStats)
 		if err != nil {
 			qp.state = StateIdle

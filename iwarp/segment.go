@@ -19,13 +19,15 @@ import (
 //  1. netstack's connection tap hands the segment over before TCP sees it:
 //     4-tuple, flags and TCP checksum checked, bytes already read trimmed,
 //     and its offset in the receive stream (Conn.TapSegments).
-//  2. Framing: the segment must begin with an FPDU, and each FPDU must lie
-//     wholly in it. An FPDU start is trusted when the in-order path or an
-//     earlier placed FPDU has told where it is (the boundary the stream
-//     knows); otherwise only under RFC 5044 Appendix A's rules for
-//     FPDU-aligned senders: the FPDUs' lengths tile the segment exactly
-//     and, since a guessed header is not proof, the MPA CRC (which must
-//     then be negotiated) verifies. Anything else is left to the stream.
+//  2. Framing: an FPDU is placed only if it lies wholly in the segment, and
+//     its start is trusted when an MPA marker in the segment points to it
+//     (RFC 5044 §5, when markers were negotiated: the markers are removed
+//     first, without a copy), when the in-order path or an earlier placed
+//     FPDU has told where it is (the boundary the stream knows), or under
+//     RFC 5044 Appendix A's rules for FPDU-aligned senders: the segment
+//     begins with an FPDU, the FPDUs' lengths tile it exactly and, since a
+//     guessed header is not proof, the MPA CRC (which must then be
+//     negotiated) verifies. Anything else is left to the stream.
 //  3. Checks: the MPA CRC (when negotiated) before a byte is placed; DDP
 //     and RDMAP versions; a tagged RDMA Write that is not its message's
 //     last FPDU (the last one is placed in order, which keeps the last-word
@@ -86,6 +88,7 @@ type SegmentStats struct {
 
 	PlacedBytes     atomic.Uint64 // payload bytes placed from segments, before TCP delivered them
 	OutOfOrderBytes atomic.Uint64 // ... of which beyond a hole in the stream
+	ByMarker        atomic.Uint64 // FPDUs located by an MPA marker
 	ByStream        atomic.Uint64 // FPDUs located by a boundary the stream knew
 	ByAlignment     atomic.Uint64 // FPDUs located by RFC 5044 Appendix A alignment
 	Unframed        atomic.Uint64 // segments whose FPDU boundaries could not be established
@@ -110,8 +113,16 @@ type placedFPDU struct {
 // goroutine (place), serialized per connection by netstack, and on the
 // receive path (claimInOrder); mu guards the state they share.
 type segPlacer struct {
-	qp    *QP
-	crcOn bool
+	qp      *QP
+	crcOn   bool
+	markers bool // the peer inserts MPA markers: the tap's offsets are the marked stream's
+	// The marked segment being placed (markers): its views, offset, size,
+	// and the views of its FPDU stream (the runs between the markers).
+	wv   segView
+	woff uint64
+	wn   int
+	dv   segView
+
 	stats *SegmentStats
 	held  holds
 	hdr   [MPALengthSize + DDPTaggedHeaderSize]byte
@@ -129,8 +140,8 @@ type segPlacer struct {
 	busy    int // place calls under way
 }
 
-func newSegPlacer(qp *QP, crcOn bool) *segPlacer {
-	p := &segPlacer{qp: qp, crcOn: crcOn, known: map[uint64]struct{}{0: {}}, placed: map[uint64]*placedFPDU{}, ahead: map[uint64]uint64{},
+func newSegPlacer(qp *QP, crcOn, markers bool) *segPlacer {
+	p := &segPlacer{qp: qp, crcOn: crcOn, markers: markers, known: map[uint64]struct{}{0: {}}, placed: map[uint64]*placedFPDU{}, ahead: map[uint64]uint64{},
 		after: map[uint64]uint64{}, prune: 256}
 	p.stats = qp.cfg.SegStats
 	if p.stats == nil {
@@ -206,6 +217,14 @@ func (v segView) size() int {
 func (p *segPlacer) place(off uint64, payload [][]byte) {
 	v := segView(payload)
 	n := v.size()
+	var mfirst uint64
+	var marked bool
+	if p.markers {
+		p.wv, p.woff, p.wn = v, off, n
+		off, mfirst, marked = p.demark(v, off, n)
+		v = p.dv
+		n = v.size()
+	}
 	if n < MPALengthSize+DDPTaggedHeaderSize {
 		return
 	}
@@ -219,7 +238,9 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 	// TSO, segments are cut anywhere, and an FPDU that began in an earlier
 	// segment told where the next one starts.
 	first, known := off, false
-	if _, ok := p.known[off]; ok {
+	if marked {
+		first, known = mfirst, true
+	} else if _, ok := p.known[off]; ok {
 		known = true
 	} else if k, ok := p.after[off]; ok && k < off+uint64(n) {
 		first, known = k, true
@@ -235,7 +256,7 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 	pos := 0
 	if known {
 		pos = int(first - off)
-	} else if !(p.crcOn && p.tiles(v, n)) {
+	} else if p.markers || !(p.crcOn && p.tiles(v, n)) {
 		p.stats.Unframed.Add(1)
 		return
 	}
@@ -253,11 +274,60 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 			p.mu.Unlock()
 			return
 		}
-		if !p.placeFPDU(v, off+uint64(pos), pos, total, behind, known) {
+		byMarker := marked && off+uint64(pos) == mfirst
+		if !p.placeFPDU(v, off+uint64(pos), pos, total, behind, known, byMarker) {
 			return
 		}
 		pos += total
 	}
+}
+
+// demark removes the markers from a marked segment at stream offset off
+// (n octets): p.dv gets its FPDU-stream octets (sub-slices, no copy), and
+// it returns their offset in the FPDU stream and the first FPDU start a
+// marker in the segment points to that lies in the segment (RFC 5044 §5:
+// a marker's FPDUPTR points back to the FPDU it is in, or, zero, to the
+// one right after it).
+func (p *segPlacer) demark(v segView, off uint64, n int) (doff, first uint64, ok bool) {
+	p.dv = p.dv[:0]
+	pos := off
+	for _, b := range v {
+		for len(b) > 0 {
+			r := pos % MPAMarkerInterval
+			k := uint64(len(b))
+			if r < MPAMarkerSize {
+				k = min(k, MPAMarkerSize-r) // marker octets: dropped
+			} else {
+				k = min(k, MPAMarkerInterval-r)
+				p.dv = append(p.dv, b[:k])
+			}
+			b, pos = b[k:], pos+k
+		}
+	}
+	end := off + uint64(n)
+	var mk [MPAMarkerSize]byte
+	for m := (off + MPAMarkerInterval - 1) / MPAMarkerInterval * MPAMarkerInterval; m+MPAMarkerSize <= end; m += MPAMarkerInterval {
+		v.copyOut(mk[:], int(m-off))
+		if s := MarkerFPDUStart(m, MPAMarker(mk[:])); s >= off && s < end && s%MPAMarkerInterval >= MPAMarkerSize {
+			return MarkerDataOffset(off), MarkerDataOffset(s), true
+		}
+	}
+	return MarkerDataOffset(off), 0, false
+}
+
+// wireCRC checks the CRC of the FPDU at FPDU-stream offset at (total
+// octets) in the marked segment: RFC 5044 computes it over the FPDU as it
+// travels, markers inside it included. It returns the CRC field.
+func (p *segPlacer) wireCRC(at uint64, total int) (uint32, bool) {
+	ws := MarkerWireOffset(at)
+	we := MarkerWireOffset(at+uint64(total)-1) + 1
+	if ws < p.woff || we > p.woff+uint64(p.wn) {
+		return 0, false
+	}
+	var c [MPACRCSize]byte
+	p.wv.copyOut(c[:], int(we-MPACRCSize-p.woff))
+	field := binary.LittleEndian.Uint32(c[:])
+	return field, p.wv.crc(0, int(ws-p.woff), int(we-MPACRCSize-ws)) == field
 }
 
 // seen records that the tap saw bytes [start, end) and reports whether a
@@ -310,23 +380,31 @@ func (p *segPlacer) tiles(v segView, n int) bool {
 //
 // An FPDU at a start nobody told (aligned) is believed only once its CRC
 // verifies; false stops the segment there.
-func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, known bool) bool {
+func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, known, byMarker bool) bool {
 	h := DDPHeader(p.hdr[MPALengthSize:])
 	ulpdu := int(binary.BigEndian.Uint16(p.hdr[:]))
 	payLen := ulpdu - DDPTaggedHeaderSize
 	write := h.Tagged() && h.Opcode() == OpWrite && !h.Last()
 	var fpduCRC uint32
 	if p.crcOn && (write || !known) {
-		var c [MPACRCSize]byte
-		v.copyOut(c[:], pos+total-MPACRCSize)
-		fpduCRC = binary.LittleEndian.Uint32(c[:])
-		if v.crc(0, pos, total-MPACRCSize) != fpduCRC {
+		var ok bool
+		if p.markers {
+			fpduCRC, ok = p.wireCRC(at, total)
+		} else {
+			var c [MPACRCSize]byte
+			v.copyOut(c[:], pos+total-MPACRCSize)
+			fpduCRC = binary.LittleEndian.Uint32(c[:])
+			ok = v.crc(0, pos, total-MPACRCSize) == fpduCRC
+		}
+		if !ok {
 			p.stats.Refused.Add(1)
 			p.stats.RefusedCRC.Add(1)
 			return false
 		}
 	}
-	if known {
+	if byMarker {
+		p.stats.ByMarker.Add(1)
+	} else if known {
 		p.stats.ByStream.Add(1)
 	} else {
 		p.stats.ByAlignment.Add(1)
@@ -369,7 +447,9 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 	p.mu.Unlock()
 
 	crc := v.placeCRC(dst, pos+MPALengthSize+DDPTaggedHeaderSize, 0)
-	if p.crcOn {
+	if p.crcOn && !p.markers {
+		// The receiver checks the FPDU's CRC field; with markers the
+		// stripper does that, and the receiver the payload's CRC32c.
 		crc = fpduCRC
 	}
 	p.mu.Lock()

@@ -3,6 +3,7 @@ package iwarp
 import (
 	"bytes"
 	"encoding/binary"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -23,7 +24,7 @@ func newSegRig(crc bool) *segRig {
 	mem.Register(reg)
 	st := new(Stats)
 	qp := &QP{cfg: QPConfig{Mem: mem, PD: 7, Stats: st}}
-	return &segRig{p: newSegPlacer(qp, crc), stats: st, mem: mem, reg: reg, guard: g}
+	return &segRig{p: newSegPlacer(qp, crc, false), stats: st, mem: mem, reg: reg, guard: g}
 }
 
 // writeFPDU frames a non-last RDMA Write segment of payload at TO.
@@ -156,16 +157,20 @@ func TestSegmentPlacerChecks(t *testing.T) {
 }
 
 // FuzzSegmentPlacer feeds arbitrary segments at arbitrary offsets to the
-// segment placer: it never panics, never writes outside its region, and
-// without CRC places only from a start it was told.
+// segment placer, with and without markers: it never panics, never writes
+// outside its region, and without CRC or markers places only from a start
+// it was told.
 func FuzzSegmentPlacer(f *testing.F) {
 	r := newSegRig(true)
-	f.Add(r.writeFPDU(r.reg.STag(), 0x10000, pattern(100, 1), false), uint64(0), true, 7)
-	f.Add(r.writeFPDU(r.reg.STag(), 0x10ff0, pattern(100, 1), false), uint64(4), true, 1)
+	f.Add(r.writeFPDU(r.reg.STag(), 0x10000, pattern(100, 1), false), uint64(0), true, 7, false)
+	f.Add(r.writeFPDU(r.reg.STag(), 0x10ff0, pattern(100, 1), false), uint64(4), true, 1, false)
+	f.Add(refMark(r.writeFPDU(r.reg.STag(), 0x10000, pattern(1000, 1), false), true).wire, uint64(0), true, 3, true)
 	r = newSegRig(false)
-	f.Add(r.writeFPDU(r.reg.STag(), 0x10000, pattern(100, 1), false), uint64(0), false, 0)
-	f.Fuzz(func(t *testing.T, seg []byte, off uint64, crc bool, cut int) {
+	f.Add(r.writeFPDU(r.reg.STag(), 0x10000, pattern(100, 1), false), uint64(0), false, 0, false)
+	f.Add(refMark(r.writeFPDU(r.reg.STag(), 0x10000, pattern(1000, 1), false), false).wire, uint64(0), false, 0, true)
+	f.Fuzz(func(t *testing.T, seg []byte, off uint64, crc bool, cut int, markers bool) {
 		r := newSegRig(crc)
+		r.p.markers = markers
 		// Seeds name the region by its STag: keep the fuzzer's.
 		if len(seg) >= MPALengthSize+DDPTaggedHeaderSize {
 			h := DDPHeader(seg[MPALengthSize:])
@@ -179,11 +184,61 @@ func FuzzSegmentPlacer(f *testing.F) {
 		}
 		r.p.place(off, views)
 		r.guardsClean(t)
-		if !crc && off != 0 && r.p.stats.PlacedBytes.Load() != 0 {
+		if !crc && !markers && off != 0 && r.p.stats.PlacedBytes.Load() != 0 {
 			t.Fatal("placed without CRC from a start nobody told")
 		}
 		if r.stats.PlacedBytes.Load() != r.p.stats.PlacedBytes.Load() {
 			t.Fatal("device and placer counts differ")
 		}
 	})
+}
+
+// TestSegmentPlacerMarkers: with markers, FPDUs are found by the markers in
+// segments cut anywhere and fed in any order; every RDMA Write FPDU wholly
+// in some segment is placed where it belongs (CRC off and on, the CRC over
+// the FPDU with its markers), nothing else is written.
+func TestSegmentPlacerMarkers(t *testing.T) {
+	for _, crc := range []bool{false, true} {
+		r := newSegRig(crc)
+		r.p.markers = true
+		rng := rand.New(rand.NewPCG(8, 9))
+		// 24 non-last Writes of 100 octets each, 128 octets apart.
+		var fpdus []byte
+		want := make([]byte, len(r.reg.Buf))
+		for i := 0; i < 24; i++ {
+			pl := pattern(100, byte(i))
+			to := uint64(0x10000 + 128*i)
+			copy(want[128*i:], pl)
+			fpdus = append(fpdus, rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, STag: r.reg.STag(), TO: to}, pl), false)...)
+		}
+		wire := refMark(fpdus, crc).wire
+		// Cut into segments of random sizes, fed last first.
+		var cuts []int
+		for pos := 0; pos < len(wire); pos += 300 + rng.IntN(700) {
+			cuts = append(cuts, pos)
+		}
+		cuts = append(cuts, len(wire))
+		for i := len(cuts) - 2; i >= 0; i-- {
+			seg := wire[cuts[i]:cuts[i+1]]
+			k := rng.IntN(len(seg) + 1)
+			r.p.place(uint64(cuts[i]), [][]byte{seg[:k], seg[k:]})
+		}
+		if r.p.stats.ByMarker.Load() == 0 || r.p.stats.PlacedBytes.Load() == 0 {
+			t.Fatalf("crc %v: nothing located by a marker: %+v", crc, r.p.stats)
+		}
+		for i := 0; i < 24; i++ {
+			got := r.reg.Buf[128*i : 128*i+100]
+			if !bytes.Equal(got, want[128*i:128*i+100]) && bytes.IndexFunc(got, func(c rune) bool { return c != 0 }) >= 0 {
+				t.Fatalf("crc %v: Write %d placed wrong", crc, i)
+			}
+			if rest := r.reg.Buf[128*i+100 : 128*i+128]; bytes.IndexFunc(rest, func(c rune) bool { return c != 0 }) >= 0 {
+				t.Fatalf("crc %v: bytes written between Writes", crc)
+			}
+		}
+		if r.p.stats.RefusedCRC.Load() != 0 {
+			t.Fatalf("crc %v: %d good FPDUs failed their CRC", crc, r.p.stats.RefusedCRC.Load())
+		}
+		t.Logf("crc %v: %d bytes placed, %d FPDUs by marker, %d chained", crc, r.p.stats.PlacedBytes.Load(), r.p.stats.ByMarker.Load(), r.p.stats.ByStream.Load())
+		r.guardsClean(t)
+	}
 }

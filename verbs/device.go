@@ -156,7 +156,7 @@ func (d *Device) Stats() Stats {
 	g := &d.seg
 	out.Segment = SegmentStats{
 		PlacedEarly: g.PlacedBytes.Load(), OutOfOrder: g.OutOfOrderBytes.Load(),
-		ByStream: g.ByStream.Load(), ByAlignment: g.ByAlignment.Load(), Unframed: g.Unframed.Load(),
+		ByMarker: g.ByMarker.Load(), ByStream: g.ByStream.Load(), ByAlignment: g.ByAlignment.Load(), Unframed: g.Unframed.Load(),
 		LeftInOrder: g.LeftInOrder.Load(),
 		Refused:     g.Refused.Load(), RefusedCRC: g.RefusedCRC.Load(), RefusedHeader: g.RefusedHeader.Load(), RefusedSTag: g.RefusedSTag.Load(),
 		BadChecksum: g.BadChecksum.Load(), OutOfWindow: g.OutOfWindow.Load(), BadFlags: g.BadFlags.Load(),
@@ -190,10 +190,10 @@ type Stats struct {
 type SegmentStats struct {
 	PlacedEarly uint64 // payload bytes placed from segments before TCP delivered them in order
 	OutOfOrder  uint64 // ... of which arrived beyond a hole in the stream
-	// FPDUs located by the boundary the stream knew, and by RFC 5044
-	// Appendix A alignment (with the MPA CRC); segments whose FPDU
-	// boundaries could not be established (left to the stream).
-	ByStream, ByAlignment, Unframed uint64
+	// FPDUs located by an MPA marker, by the boundary the stream knew,
+	// and by RFC 5044 Appendix A alignment (with the MPA CRC); segments
+	// whose FPDU boundaries could not be established (left to the stream).
+	ByMarker, ByStream, ByAlignment, Unframed uint64
 	// FPDUs left to the stream by design (Sends, Reads, a message's last
 	// FPDU), and by a failed check, in all and by reason.
 	LeftInOrder                                     uint64

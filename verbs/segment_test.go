@@ -56,17 +56,22 @@ func impairedPair(t testing.TB, icfg netstack.ImpairConfig, lcfg netstack.LinkCo
 // MPA CRC also beyond holes).
 func TestSegmentPlacementUnderImpairment(t *testing.T) {
 	for _, tc := range []struct {
-		crc, gso bool
-	}{{true, false}, {false, false}, {true, true}, {false, true}} {
+		crc, gso, markers bool
+	}{{true, false, false}, {false, false, false}, {true, true, false}, {false, true, false},
+		{false, false, true}, {true, false, true}, {false, true, true}, {true, true, true}} {
 		crc := tc.crc
-		t.Run(fmt.Sprintf("crc=%v,gso=%v", tc.crc, tc.gso), func(t *testing.T) {
+		t.Run(fmt.Sprintf("crc=%v,gso=%v,markers=%v", tc.crc, tc.gso, tc.markers), func(t *testing.T) {
 			icfg := netstack.ImpairConfig{Seed: 11, LossRate: 0.01, ReorderRate: 0.01, DupRate: 0.01}
 			// Without GSO every segment is one FPDU (aligned); with it,
 			// 64 KB segments cut FPDUs anywhere.
 			lcfg := netstack.LinkConfig{MTU: 1500, NoGSO: !tc.gso}
-			p := impairedPair(t, icfg, lcfg, verbs.DeviceConfig{CRC: crc}, verbs.DeviceConfig{CRC: crc, Placement: iwarp.PlacementSegment})
+			p := impairedPair(t, icfg, lcfg, verbs.DeviceConfig{CRC: crc, Markers: tc.markers},
+				verbs.DeviceConfig{CRC: crc, Markers: tc.markers, Placement: iwarp.PlacementSegment})
 			const size = 4 << 20
-			cl, sv := connect(t, p, size, verbs.ConnParams{})
+			cl, sv := connect(t, p, size, verbs.ConnParams{Markers: &tc.markers})
+			if n := sv.conn.Negotiated(); n.MarkersRx != tc.markers {
+				t.Fatalf("negotiated %+v", n)
+			}
 			rng := rand.New(rand.NewPCG(3, 4))
 			fill(cl.buf, 99)
 			want := make([]byte, size)
@@ -102,8 +107,8 @@ func TestSegmentPlacementUnderImpairment(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 			g := st.Segment
-			t.Logf("placed %d bytes (%d from segments early, %d beyond holes), received %d; FPDUs by stream %d, by alignment %d; unframed segments %d; left in order %d; refused %d (crc %d, header %d, STag %d); duplicates %d bytes; bad checksum %d, out of window %d",
-				st.PlacedBytes, g.PlacedEarly, g.OutOfOrder, st.RxBytes, g.ByStream, g.ByAlignment, g.Unframed, g.LeftInOrder, g.Refused, g.RefusedCRC, g.RefusedHeader, g.RefusedSTag, g.Duplicates, g.BadChecksum, g.OutOfWindow)
+			t.Logf("placed %d bytes (%d from segments early, %d beyond holes), received %d; FPDUs by marker %d, by stream %d, by alignment %d; unframed segments %d; left in order %d; refused %d (crc %d, header %d, STag %d); duplicates %d bytes; bad checksum %d, out of window %d",
+				st.PlacedBytes, g.PlacedEarly, g.OutOfOrder, st.RxBytes, g.ByMarker, g.ByStream, g.ByAlignment, g.Unframed, g.LeftInOrder, g.Refused, g.RefusedCRC, g.RefusedHeader, g.RefusedSTag, g.Duplicates, g.BadChecksum, g.OutOfWindow)
 			if st.PlacedBytes != total || st.RxBytes != total {
 				t.Fatalf("placed %d bytes, received %d, sent %d: not every byte exactly once", st.PlacedBytes, st.RxBytes, total)
 			}
@@ -113,8 +118,13 @@ func TestSegmentPlacementUnderImpairment(t *testing.T) {
 			if g.PlacedEarly == 0 {
 				t.Fatal("nothing was placed from segments")
 			}
-			if crc && !tc.gso && g.OutOfOrder == 0 {
+			// Beyond a hole, FPDUs are found by markers, or by alignment
+			// with the CRC on segments that are not cut (no GSO).
+			if (tc.markers || crc && !tc.gso) && g.OutOfOrder == 0 {
 				t.Fatal("nothing was placed beyond a hole")
+			}
+			if tc.markers && g.ByMarker == 0 {
+				t.Fatal("no FPDU was located by a marker")
 			}
 		})
 	}
