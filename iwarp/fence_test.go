@@ -303,3 +303,23 @@ func TestDeregisterBeforeReadRequestEnds(t *testing.T) {
 		t.Fatalf("terminate %v, want invalid STag", code)
 	}
 }
+
+// TestStatsCountSplitFPDU: an FPDU whose tail arrives in a read of its own
+// (no FPDU header in that read) still counts its bytes; such reads were
+// dropped from RxBytes and PlacedBytes.
+func TestStatsCountSplitFPDU(t *testing.T) {
+	v := newVictim(t, true, 0, 1)
+	payload := pattern(1000, 4)
+	fp := v.fpdu(DDPFields{Opcode: OpWrite, Last: true, STag: v.reg.STag(), TO: v.reg.Base}, payload)
+	v.send(t, fp[:100])
+	waitPlaced(t, v.buf[:100-MPALengthSize-DDPTaggedHeaderSize], payload[:100-MPALengthSize-DDPTaggedHeaderSize])
+	v.send(t, fp[100:])
+	waitPlaced(t, v.buf[:1000], payload)
+	deadline := time.Now().Add(5 * time.Second)
+	for v.stats.RxBytes.Load() != 1000 || v.stats.PlacedBytes.Load() != 1000 {
+		if time.Now().After(deadline) {
+			t.Fatalf("RxBytes %d, PlacedBytes %d; want 1000 each", v.stats.RxBytes.Load(), v.stats.PlacedBytes.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

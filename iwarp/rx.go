@@ -114,7 +114,9 @@ func (r *receiver) flushStats() {
 		return
 	}
 	n := &r.n
-	if n.fpdus != 0 {
+	// A read may finish an FPDU without starting one: its bytes count
+	// even when no FPDU header was in it.
+	if n.fpdus != 0 || n.bytes != 0 || n.placed != 0 || n.copies != 0 {
 		s.RxFPDUs.Add(n.fpdus)
 		s.RxBytes.Add(n.bytes)
 		s.PlacedBytes.Add(n.placed)
