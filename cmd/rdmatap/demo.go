@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"rdmatap/iwarp"
 	"rdmatap/netstack"
 	"rdmatap/verbs"
 )
@@ -47,10 +48,12 @@ func parseSize(s string) (int, error) {
 type demoOpts struct {
 	size, iters int
 	crc         bool
+	markers     bool
 	pcap        string
 	mtu         int
 	mpaRev      int
 	p2p         string
+	lab         labFlags
 }
 
 func demoCmd(args []string, stdout, stderr io.Writer) error {
@@ -60,10 +63,12 @@ func demoCmd(args []string, stdout, stderr io.Writer) error {
 	size := fs.String("size", "64K", "message size in bytes (K, M, G suffixes), 0 to 1G")
 	fs.IntVar(&o.iters, "iters", 1000, "iterations per operation")
 	fs.BoolVar(&o.crc, "crc", false, "negotiate MPA CRC32c")
+	fs.BoolVar(&o.markers, "markers", false, "negotiate MPA markers, both directions")
 	fs.StringVar(&o.pcap, "pcap", "", "write the link's frames to this pcap file")
 	fs.IntVar(&o.mtu, "mtu", 1500, "link MTU (the link carries 64 KB GSO super-segments)")
 	fs.IntVar(&o.mpaRev, "mpa-rev", 2, "MPA revision, 1 or 2")
 	fs.StringVar(&o.p2p, "p2p", "", "peer-to-peer mode with this RTR: write, read or send")
+	o.lab.register(fs, demoLabHelp)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stderr, "usage: rdmatap demo [flags]\n\nTwo endpoints in one process over an in-memory link; no root needed.\n\n")
@@ -104,6 +109,9 @@ func demoCmd(args []string, stdout, stderr io.Writer) error {
 	if rtr != 0 && o.mpaRev != 2 {
 		return fmt.Errorf("%w: --p2p needs --mpa-rev 2", errUsage)
 	}
+	if err := o.lab.check(); err != nil {
+		return err
+	}
 	return runDemo(o, rtr, stdout)
 }
 
@@ -126,7 +134,7 @@ type demoEnds struct {
 func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 	var capture *bufio.Writer
 	var pcapFile *os.File
-	pc := netstack.PairConfig{Link: netstack.LinkConfig{MTU: uint32(o.mtu)}}
+	var pcapA io.Writer
 	if o.pcap != "" {
 		f, err := os.Create(o.pcap)
 		if err != nil {
@@ -134,9 +142,9 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 		}
 		pcapFile = f
 		capture = bufio.NewWriterSize(f, 1<<20)
-		pc.PcapA = capture
+		pcapA = capture
 	}
-	na, nb, err := netstack.NewPair(pc)
+	na, nb, im, err := labPair(netstack.LinkConfig{MTU: uint32(o.mtu)}, pcapA, &o.lab)
 	if err != nil {
 		return err
 	}
@@ -148,12 +156,12 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 			pcapFile.Close()
 		}
 	}()
-	devA, err := verbs.Open(na, verbs.DeviceConfig{Name: "rt0"})
+	devA, err := verbs.Open(na, verbs.DeviceConfig{Name: "rt0", Markers: o.markers, Placement: o.lab.mode})
 	if err != nil {
 		return err
 	}
 	defer devA.Close()
-	devB, err := verbs.Open(nb, verbs.DeviceConfig{Name: "rt1"})
+	devB, err := verbs.Open(nb, verbs.DeviceConfig{Name: "rt1", Markers: o.markers, Placement: o.lab.mode})
 	if err != nil {
 		return err
 	}
@@ -205,6 +213,13 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 	defer cancel()
 	if err := e.qpA.Disconnect(ctx); err != nil {
 		return fmt.Errorf("disconnect: %w", err)
+	}
+	if im != nil {
+		fmt.Fprintln(stdout, impairReport(im, "A's transmit side", &o.lab))
+	}
+	fmt.Fprintln(stdout, placementReport(o.lab.mode, "endpoint B (receiver of Sends and Writes)", settledStats(devB)))
+	if o.lab.mode == iwarp.PlacementSegment && im != nil && !o.crc && !o.markers {
+		fmt.Fprintln(stdout, "  (FPDUs beyond a hole are framed by the MPA CRC or by markers: add --crc or --markers to place them out of order)")
 	}
 	if o.pcap != "" {
 		fmt.Fprintf(stdout, "capture written to %s\n", o.pcap)
@@ -281,7 +296,7 @@ func (e *demoEnds) setup(devA, devB *verbs.Device, o demoOpts, rtr verbs.RTR) er
 	defer l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	params := verbs.ConnParams{CRC: &o.crc, MPARevision: uint8(o.mpaRev)}
+	params := verbs.ConnParams{CRC: &o.crc, Markers: &o.markers, MPARevision: uint8(o.mpaRev)}
 	if rtr != 0 {
 		yes := true
 		params.PeerToPeer, params.RTR = &yes, rtr

@@ -23,11 +23,13 @@ type endpointFlags struct {
 	gw        string
 	mtu       int
 	crc       bool
+	markers   bool
 	mpaRev    int
 	p2p       string
 	pcap      string
 	noOffload bool
 	name      string
+	lab       labFlags
 }
 
 func (f *endpointFlags) register(fs *flag.FlagSet) {
@@ -36,11 +38,13 @@ func (f *endpointFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.gw, "gw", "", "default gateway")
 	fs.IntVar(&f.mtu, "mtu", 1500, "link MTU")
 	fs.BoolVar(&f.crc, "crc", false, "ask for MPA CRC32c")
+	fs.BoolVar(&f.markers, "markers", false, "ask for MPA markers and accept requests for them (Linux siw rejects them)")
 	fs.IntVar(&f.mpaRev, "mpa-rev", 2, "MPA revision, 1 or 2")
 	fs.StringVar(&f.p2p, "p2p", "", "RFC 6581 peer-to-peer mode with this RTR: write, read or send")
 	fs.StringVar(&f.pcap, "pcap", "", "capture the endpoint's frames to this pcap file")
 	fs.BoolVar(&f.noOffload, "no-offload", false, "plain TAP: no virtio-net header, no TSO/checksum offload")
 	fs.StringVar(&f.name, "name", "rt0", "RDMA device name")
+	f.lab.register(fs, tapLabHelp)
 }
 
 // check validates the flags without touching the system.
@@ -78,6 +82,9 @@ func (f *endpointFlags) check() (netip.Prefix, netip.Addr, verbs.RTR, error) {
 	if rtr != 0 && f.mpaRev != 2 {
 		return none, netip.Addr{}, 0, fmt.Errorf("%w: --p2p needs --mpa-rev 2", errUsage)
 	}
+	if err := f.lab.check(); err != nil {
+		return none, netip.Addr{}, 0, err
+	}
 	return pfx, gw, rtr, nil
 }
 
@@ -103,6 +110,9 @@ type endpoint struct {
 	Addr  netip.Addr
 	pcap  *os.File
 	pcapW *bufio.Writer
+	// impair is the impairment of the endpoint's transmit side (--loss,
+	// --reorder, --dup), nil without one.
+	impair *netstack.Impair
 }
 
 // open brings the endpoint up.
@@ -129,13 +139,15 @@ func (f *endpointFlags) open() (*endpoint, error) {
 		e.pcap, e.pcapW = pf, bufio.NewWriterSize(pf, 1<<20)
 		link = netstack.NewCapture(link, e.pcapW)
 	}
+	// Outside the capture, so that the capture shows what is on the wire.
+	link, e.impair = f.lab.wrap(link)
 	e.Net, err = netstack.New(netstack.Config{Link: link, Addrs: []netip.Prefix{pfx}, Gateway: gw, CongestionControl: "cubic"})
 	if err != nil {
 		e.Close()
 		return nil, err
 	}
-	e.Dev, err = verbs.Open(e.Net, verbs.DeviceConfig{Name: f.name, CRC: f.crc, MPARevision: uint8(f.mpaRev),
-		PeerToPeer: rtr != 0, RTR: rtr})
+	e.Dev, err = verbs.Open(e.Net, verbs.DeviceConfig{Name: f.name, CRC: f.crc, Markers: f.markers, MPARevision: uint8(f.mpaRev),
+		PeerToPeer: rtr != 0, RTR: rtr, Placement: f.lab.mode})
 	if err != nil {
 		e.Close()
 		return nil, err

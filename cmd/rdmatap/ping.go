@@ -710,6 +710,8 @@ func connectError(ctx, dctx context.Context, raddr netip.AddrPort, timeout time.
 		return errInterrupted
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return fmt.Errorf("rdma_connect: connection refused by %v (no rping server on port %d?)", raddr, raddr.Port())
+	case (errors.As(err, &rej) || errors.Is(err, verbs.ErrRejected)) && errors.Is(err, verbs.ErrMarkers):
+		return fmt.Errorf("rdma_connect: %v rejected the connection (cma event RDMA_CM_EVENT_REJECTED): it asked for MPA markers (--markers), which Linux siw and most iWARP peers refuse", raddr)
 	case errors.As(err, &rej) || errors.Is(err, verbs.ErrRejected):
 		return fmt.Errorf("rdma_connect: %v rejected the connection (cma event RDMA_CM_EVENT_REJECTED)", raddr)
 	case dctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):

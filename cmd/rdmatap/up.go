@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"rdmatap/iwarp"
+	"rdmatap/netstack"
 	"rdmatap/verbs"
 )
 
@@ -672,10 +673,11 @@ func getDevInfo(e *endpoint) devInfo {
 
 // statSet is what stat prints.
 type statSet struct {
-	Device string            `json:"device"`
-	Verbs  verbs.Stats       `json:"verbs"`
-	Link   any               `json:"link,omitempty"`
-	Ops    map[string]uint64 `json:"ops"`
+	Device string                `json:"device"`
+	Verbs  verbs.Stats           `json:"verbs"`
+	Link   any                   `json:"link,omitempty"`
+	Ops    map[string]uint64     `json:"ops"`
+	Impair *netstack.ImpairStats `json:"impair,omitempty"` // --loss, --reorder, --dup
 }
 
 func getStats(e *endpoint) statSet {
@@ -691,6 +693,10 @@ func getStats(e *endpoint) statSet {
 	}
 	if e.Tap != nil {
 		s.Link = e.Tap.Stats()
+	}
+	if e.impair != nil {
+		is := e.impair.Stats()
+		s.Impair = &is
 	}
 	return s
 }
@@ -803,8 +809,19 @@ func statCmd(args []string, stdout, stderr io.Writer) error {
 	} {
 		fmt.Fprintf(w, " %s %d", kv.k, kv.v)
 	}
+	// Segment placement, then copies per payload byte received (placed
+	// bytes over received bytes, 1.00 when every byte is copied once).
+	for _, kv := range segmentCounters(v) {
+		fmt.Fprintf(w, " %s %d", kv.k, kv.v)
+	}
+	fmt.Fprintf(w, " copies_per_byte %s", copiesPerByte(v))
 	for _, k := range sortedKeys(s.Ops) {
 		fmt.Fprintf(w, " %s %d", k, s.Ops[k])
+	}
+	if s.Impair != nil {
+		for _, kv := range impairCounters(*s.Impair) {
+			fmt.Fprintf(w, " %s %d", kv.k, kv.v)
+		}
 	}
 	if m, ok := s.Link.(map[string]any); ok {
 		for _, k := range sortedKeys(m) {

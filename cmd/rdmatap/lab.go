@@ -1,0 +1,187 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net/netip"
+	"strings"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"rdmatap/iwarp"
+	"rdmatap/netstack"
+	"rdmatap/verbs"
+)
+
+// labFlags are the placement lab's flags, shared by demo and every TAP
+// endpoint command: the device's placement mode and a deterministic
+// impairment of the endpoint's transmit side, so that placement under
+// loss can be watched without a special network.
+type labFlags struct {
+	placement          string
+	loss, reorder, dup float64
+	seed               int64
+
+	mode iwarp.Placement // parsed by check
+}
+
+// labHelp words the impairment flags' help for the side they impair.
+type labHelp struct {
+	side string // whose packets are impaired
+	why  string // what that shows
+}
+
+var (
+	tapLabHelp  = labHelp{side: "this endpoint sends (its transmit side)", why: "the peer receives them impaired"}
+	demoLabHelp = labHelp{side: "endpoint A sends", why: "A sends the Sends and Writes, so B receives and places them under loss and out of order"}
+)
+
+func (l *labFlags) register(fs *flag.FlagSet, h labHelp) {
+	fs.StringVar(&l.placement, "placement", "stream",
+		"placement of received RDMA Write payload: stream (from TCP's in-order stream) or segment (from TCP segments as they arrive, out of order too)")
+	fs.Float64Var(&l.loss, "loss", 0, "drop this fraction (0 to 1, e.g. 0.01) of the packets "+h.side+"; "+h.why)
+	fs.Float64Var(&l.reorder, "reorder", 0, "hold back this fraction (0 to 1) of the packets "+h.side+" and send each after the next one")
+	fs.Float64Var(&l.dup, "dup", 0, "send this fraction (0 to 1) of the packets "+h.side+" twice")
+	fs.Int64Var(&l.seed, "seed", 1, "seed of the impairment: the same seed makes the same decisions for the same sequence of packets")
+}
+
+// check validates the flags and parses --placement.
+func (l *labFlags) check() error {
+	mode, err := iwarp.ParsePlacement(l.placement)
+	if err != nil || l.placement == "" {
+		return fmt.Errorf("%w: --placement %q: want stream or segment", errUsage, l.placement)
+	}
+	l.mode = mode
+	for _, p := range []struct {
+		name string
+		v    float64
+	}{{"loss", l.loss}, {"reorder", l.reorder}, {"dup", l.dup}} {
+		if math.IsNaN(p.v) || p.v < 0 || p.v > 1 {
+			return fmt.Errorf("%w: --%s %v: want a probability from 0 to 1 (e.g. 0.01)", errUsage, p.name, p.v)
+		}
+	}
+	return nil
+}
+
+// impaired reports whether any impairment rate is set.
+func (l *labFlags) impaired() bool { return l.loss > 0 || l.reorder > 0 || l.dup > 0 }
+
+// wrap puts the impairment around link when a rate is set; im is nil
+// otherwise.
+func (l *labFlags) wrap(link stack.LinkEndpoint) (stack.LinkEndpoint, *netstack.Impair) {
+	if !l.impaired() {
+		return link, nil
+	}
+	ep := netstack.NewImpair(link, netstack.ImpairConfig{Seed: l.seed, LossRate: l.loss, ReorderRate: l.reorder, DupRate: l.dup})
+	im, _ := ep.(*netstack.Impair)
+	return ep, im
+}
+
+// labPair builds the demo's two stacks on an in-memory link: side A's link
+// is captured to pcapA (when set), as it is on the wire, and impaired per
+// the lab flags (what A sends). With impairment, TCP's minimum RTO is
+// 20 ms, so that a lost segment costs a short stall on the in-memory link
+// rather than the default 200 ms.
+func labPair(lc netstack.LinkConfig, pcapA io.Writer, lab *labFlags) (a, b *netstack.Stack, im *netstack.Impair, err error) {
+	la, lb := netstack.NewLinkPair(lc)
+	if pcapA != nil {
+		la = netstack.NewCapture(la, pcapA)
+	}
+	la, im = lab.wrap(la)
+	var sc netstack.Config
+	if im != nil {
+		sc.MinRTO = 20 * time.Millisecond
+	}
+	ca := sc
+	ca.Link, ca.Addrs = la, []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
+	if a, err = netstack.New(ca); err != nil {
+		la.Close()
+		lb.Close()
+		return nil, nil, nil, err
+	}
+	cb := sc
+	cb.Link, cb.Addrs = lb, []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}
+	if b, err = netstack.New(cb); err != nil {
+		a.Close()
+		lb.Close()
+		return nil, nil, nil, err
+	}
+	return a, b, im, nil
+}
+
+// statKV is one named counter.
+type statKV struct {
+	k string
+	v uint64
+}
+
+// segmentCounters are the segment placement counters under the names
+// rdmatap stat prints.
+func segmentCounters(v verbs.Stats) []statKV {
+	g := v.Segment
+	return []statKV{
+		{"seg_placed_early_bytes", g.PlacedEarly}, {"seg_out_of_order_bytes", g.OutOfOrder},
+		{"seg_fpdus_by_marker", g.ByMarker}, {"seg_fpdus_by_stream", g.ByStream}, {"seg_fpdus_by_alignment", g.ByAlignment},
+		{"seg_unframed_segments", g.Unframed}, {"seg_fpdus_left_in_order", g.LeftInOrder},
+		{"seg_refused", g.Refused}, {"seg_refused_crc", g.RefusedCRC}, {"seg_refused_header", g.RefusedHeader}, {"seg_refused_stag", g.RefusedSTag},
+		{"seg_bad_tcp_checksum", g.BadChecksum}, {"seg_out_of_window", g.OutOfWindow}, {"seg_bad_tcp_flags", g.BadFlags},
+		{"seg_duplicate_bytes", g.Duplicates}, {"seg_mismatches", g.Mismatches},
+	}
+}
+
+// impairCounters are an impairment's counters under the names rdmatap
+// stat prints.
+func impairCounters(s netstack.ImpairStats) []statKV {
+	return []statKV{{"impair_packets", s.Packets}, {"impair_dropped", s.Dropped},
+		{"impair_duplicated", s.Duplicated}, {"impair_reordered", s.Reordered}}
+}
+
+// copiesPerByte is how many times each received payload byte was copied
+// (placed), with two decimals: 1.00 when every byte is copied once.
+func copiesPerByte(v verbs.Stats) string {
+	if v.RxBytes == 0 {
+		return "0.00"
+	}
+	return fmt.Sprintf("%.2f", float64(v.PlacedBytes)/float64(v.RxBytes))
+}
+
+// placementReport says in words how a device placed what it received.
+func placementReport(mode iwarp.Placement, who string, v verbs.Stats) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "placement %v at %s: %d payload bytes received, %d placed, %s copies per payload byte received", mode, who, v.RxBytes, v.PlacedBytes, copiesPerByte(v))
+	if mode != iwarp.PlacementSegment {
+		return b.String()
+	}
+	g := v.Segment
+	fmt.Fprintf(&b, "\n  %d bytes placed before TCP delivered them, %d of them out of order (beyond a hole); %d duplicate bytes skipped", g.PlacedEarly, g.OutOfOrder, g.Duplicates)
+	fmt.Fprintf(&b, "\n  FPDUs located by marker %d, by alignment %d, by the stream %d; %d left in order; %d segments unframed", g.ByMarker, g.ByAlignment, g.ByStream, g.LeftInOrder, g.Unframed)
+	fmt.Fprintf(&b, "\n  refused by validation %d (CRC %d, header %d, STag %d); segments refused by TCP: bad checksum %d, out of window %d, bad flags %d; mismatches %d",
+		g.Refused, g.RefusedCRC, g.RefusedHeader, g.RefusedSTag, g.BadChecksum, g.OutOfWindow, g.BadFlags, g.Mismatches)
+	return b.String()
+}
+
+// impairReport says what an impairment did.
+func impairReport(im *netstack.Impair, who string, l *labFlags) string {
+	s := im.Stats()
+	return fmt.Sprintf("impairment of %s (loss %g, reorder %g, dup %g, seed %d): %d packets, %d dropped, %d duplicated, %d reordered",
+		who, l.loss, l.reorder, l.dup, l.seed, s.Packets, s.Dropped, s.Duplicated, s.Reordered)
+}
+
+// settledStats returns a device's counters once they stop changing: the
+// receive path adds its counters after each stream read, so the last ones
+// may land just after the completion that ended a run.
+func settledStats(d *verbs.Device) verbs.Stats {
+	st := d.Stats()
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		time.Sleep(2 * time.Millisecond)
+		next := d.Stats()
+		if next == st {
+			break
+		}
+		st = next
+	}
+	return st
+}
