@@ -122,6 +122,10 @@ type QPConfig struct {
 	Placement Placement
 	// SegStats counts segment placement; nil for none.
 	SegStats *SegmentStats
+	// TimeHoleFills installs the segment tap with stream placement too,
+	// only to time hole fills (SegmentStats.HoleFills), so that the two
+	// modes can be compared; it costs the tap's per-segment work.
+	TimeHoleFills bool
 }
 
 // ConnParams are the negotiated properties of an RDMAP stream.
@@ -345,7 +349,7 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	qp.rxDone = make(chan struct{})
 	qp.rx.init(p)
 	qp.tx.init(p)
-	if qp.cfg.Placement == PlacementSegment {
+	if qp.cfg.Placement == PlacementSegment || qp.cfg.TimeHoleFills {
 		src, ok := s.(SegmentSource)
 		if !ok {
 			qp.state = StateIdle
@@ -355,6 +359,7 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 			return fmt.Errorf("%w: segment placement needs a stream that hands over its segments", ErrInvalidWR)
 		}
 		seg := newSegPlacer(qp, p.CRC, p.MarkersRx)
+		seg.observe = qp.cfg.Placement != PlacementSegment
 		untap, err := src.TapSegments(seg.place, &seg.stats.ConnTapStats)
 		if err != nil {
 			qp.state = StateIdle

@@ -697,6 +697,9 @@ func (r *receiver) onTrailer() {
 	r.n.bytes += uint64(r.payLen)
 	if r.last {
 		r.n.ops[r.op]++
+		if r.seg != nil {
+			r.seg.messageDone()
+		}
 	}
 	h := DDPHeader(r.hdr[MPALengthSize:r.need])
 	r.state = rxHeader

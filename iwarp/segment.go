@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"rdmatap/netstack"
 	"rdmatap/zerocopy"
@@ -99,6 +100,11 @@ type SegmentStats struct {
 	RefusedSTag     atomic.Uint64 // ... STag, PD, access or bounds check failed
 	Duplicates      atomic.Uint64 // payload bytes of FPDUs placed already or reached in order
 	Mismatches      atomic.Uint64 // placed FPDUs whose in-order bytes differed (stream terminated)
+
+	// Hole fills: a segment that filled a hole in the stream, and the
+	// time from its arrival to the completion of the next message in
+	// order (the one the hole held back), in nanoseconds.
+	HoleFills, HoleFillNanos atomic.Uint64
 }
 
 // placedFPDU is an FPDU placed from a segment, waiting for the in-order
@@ -137,7 +143,9 @@ type segPlacer struct {
 	contig  uint64            // end of the contiguous data the tap has seen
 	ahead   map[uint64]uint64 // start -> end of segments seen beyond contig
 	removed bool
-	busy    int // place calls under way
+	busy    int       // place calls under way
+	observe bool      // place nothing: only time hole fills (QPConfig.TimeHoleFills)
+	fillAt  time.Time // arrival of the last segment that filled a hole, zero once timed
 }
 
 func newSegPlacer(qp *QP, crcOn, markers bool) *segPlacer {
@@ -246,6 +254,11 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 		first, known = k, true
 	}
 	behind := p.seen(off, off+uint64(n))
+	if p.observe {
+		p.busy--
+		p.mu.Unlock()
+		return
+	}
 	p.mu.Unlock()
 	defer func() {
 		p.held.drop()
@@ -339,6 +352,9 @@ func (p *segPlacer) seen(start, end uint64) (hole bool) {
 		}
 		p.ahead[start] = max(p.ahead[start], end)
 		return true
+	}
+	if len(p.ahead) > 0 && end > p.contig {
+		p.fillAt = time.Now() // the segment fills (part of) a hole
 	}
 	p.contig = max(p.contig, end)
 	for {
@@ -520,6 +536,19 @@ func (p *segPlacer) claimInOrder(at, next uint64) (e *placedFPDU, stale bool) {
 		p.mu.Unlock()
 		runtime.Gosched()
 		p.mu.Lock()
+	}
+}
+
+// messageDone is called by the receive path when a message completes in
+// order: the first completion after a hole was filled times the fill.
+func (p *segPlacer) messageDone() {
+	p.mu.Lock()
+	at := p.fillAt
+	p.fillAt = time.Time{}
+	p.mu.Unlock()
+	if !at.IsZero() {
+		p.stats.HoleFills.Add(1)
+		p.stats.HoleFillNanos.Add(uint64(time.Since(at)))
 	}
 }
 

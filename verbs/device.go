@@ -35,6 +35,11 @@ type DeviceConfig struct {
 	FirstFPDUDelay time.Duration
 	// EventQueue is the depth of the async event channel (default 256).
 	EventQueue int
+	// TimeHoleFills times, in either placement mode, how long a message
+	// takes to complete after the segment that filled a hole in its
+	// stream arrived (Stats.Segment.HoleFills, HoleFillTime); it installs
+	// the segment tap (its per-segment cost) with stream placement too.
+	TimeHoleFills bool
 	// Placement: iwarp.PlacementSegment also places RDMA Write payload
 	// from TCP segments as they arrive, out of order too (the netstack
 	// must not have connections yet); the default places from TCP's
@@ -94,6 +99,9 @@ func Open(ns *netstack.Stack, cfg DeviceConfig) (*Device, error) {
 		ns.EnableConnTaps()
 	default:
 		return nil, fmt.Errorf("%w: placement %v", ErrInvalidArgument, cfg.Placement)
+	}
+	if cfg.TimeHoleFills {
+		ns.EnableConnTaps()
 	}
 	d := &Device{cfg: cfg, ns: ns, mem: iwarp.NewMemTable(), events: make(chan AsyncEvent, cfg.EventQueue),
 		qps: map[uint32]*QP{}, listeners: map[*Listener]struct{}{}}
@@ -161,6 +169,7 @@ func (d *Device) Stats() Stats {
 		Refused:     g.Refused.Load(), RefusedCRC: g.RefusedCRC.Load(), RefusedHeader: g.RefusedHeader.Load(), RefusedSTag: g.RefusedSTag.Load(),
 		BadChecksum: g.BadChecksum.Load(), OutOfWindow: g.OutOfWindow.Load(), BadFlags: g.BadFlags.Load(),
 		Duplicates: g.Duplicates.Load(), Mismatches: g.Mismatches.Load(),
+		HoleFills: g.HoleFills.Load(), HoleFillTime: time.Duration(g.HoleFillNanos.Load()),
 	}
 	for i := range s.RxOps {
 		out.RxOps[i] = s.RxOps[i].Load()
@@ -203,6 +212,10 @@ type SegmentStats struct {
 	BadChecksum, OutOfWindow, BadFlags uint64
 	Duplicates                         uint64 // payload bytes not placed twice (retransmitted, duplicated, or reached in order)
 	Mismatches                         uint64 // placed FPDUs TCP delivered differently (stream terminated)
+	// Hole fills timed (DeviceConfig.TimeHoleFills) and their total time
+	// from the filling segment's arrival to the next message completed.
+	HoleFills    uint64
+	HoleFillTime time.Duration
 }
 
 // AsyncEventType is the kind of an asynchronous event.

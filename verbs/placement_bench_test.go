@@ -22,7 +22,10 @@ import (
 //	go test -run XXX -bench Placement ./verbs/
 //
 // It reports the median over the rounds of each ratio segment/stream:
-// throughput of a stream of 1 MiB RDMA Writes (higher is better), p99
+// throughput of a stream of 1 MiB RDMA Writes (higher is better), the mean
+// time from the arrival of a segment that fills a hole to the completion
+// of the Write it held back (lossy only; DeviceConfig.TimeHoleFills on
+// both sides, lower is better), p99
 // completion latency of 64 KiB Writes (each followed by a Send; the time
 // from posting to the receiver's completion; lower is better), and the
 // 64-byte Send ping-pong round trip without impairment (lower is better).
@@ -34,6 +37,7 @@ func BenchmarkPlacement(b *testing.B) {
 	type side struct {
 		bulk, lat, pp workload
 		p99           *[]float64
+		rx            *verbs.Device // the bulk stream's receiver
 	}
 	mk := func(pl iwarp.Placement, impair bool) *side {
 		icfg := netstack.ImpairConfig{}
@@ -41,8 +45,8 @@ func BenchmarkPlacement(b *testing.B) {
 			icfg = lossy
 		}
 		s := &side{}
-		p := impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl})
-		s.bulk = writeStream(b, p)
+		p := impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl, TimeHoleFills: impair})
+		s.bulk, s.rx = writeStream(b, p), p.b
 		s.lat, s.p99 = latStream(b, impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl}))
 		if !impair {
 			s.pp = rdmaPingPongOn(b, impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl}))
@@ -88,7 +92,8 @@ func BenchmarkPlacement(b *testing.B) {
 	}
 	const bulkN, latN, ppN = 48, 400, 2000
 	type figure struct {
-		thr, lat, pp []float64 // ratios segment/stream
+		thr, lat, pp, fill []float64 // ratios segment/stream
+		fillSeg, fillStr   []float64 // mean hole fill to completion, µs
 	}
 	figs := make([]figure, len(cmps))
 	for r := -1; r < rounds; r++ {
@@ -98,10 +103,14 @@ func BenchmarkPlacement(b *testing.B) {
 			if r%2 == 1 {
 				order = []*side{c.stream, c.seg}
 			}
-			res := map[*side][3]float64{}
+			res := map[*side][4]float64{}
 			for _, s := range order {
-				var f [3]float64
+				var f [4]float64
+				before := s.rx.Stats().Segment
 				f[0] = timed(s.bulk, bulkN)
+				if after := s.rx.Stats().Segment; after.HoleFills > before.HoleFills {
+					f[3] = (after.HoleFillTime - before.HoleFillTime).Seconds() / float64(after.HoleFills-before.HoleFills)
+				}
 				f[1] = p99(s, latN)
 				if s.pp.do != nil {
 					f[2] = timed(s.pp, ppN)
@@ -117,6 +126,11 @@ func BenchmarkPlacement(b *testing.B) {
 			if sg[2] > 0 {
 				figs[i].pp = append(figs[i].pp, sg[2]/st[2])
 			}
+			if sg[3] > 0 && st[3] > 0 {
+				figs[i].fill = append(figs[i].fill, sg[3]/st[3])
+				figs[i].fillSeg = append(figs[i].fillSeg, sg[3]*1e6)
+				figs[i].fillStr = append(figs[i].fillStr, st[3]*1e6)
+			}
 			c.absSeg = append(c.absSeg, benchMsg/sg[0]/1e6, sg[1]*1e6)
 			c.absStr = append(c.absStr, benchMsg/st[0]/1e6, st[1]*1e6)
 		}
@@ -127,6 +141,10 @@ func BenchmarkPlacement(b *testing.B) {
 		b.Logf("%s: p99 64 KiB completion segment/stream rounds %.3f", c.name, sorted(f.lat))
 		b.ReportMetric(median(f.thr), c.name+"-throughput-x")
 		b.ReportMetric(median(f.lat), c.name+"-p99lat-x")
+		if len(f.fill) > 0 {
+			b.Logf("%s: hole fill to completion segment/stream rounds %.3f (medians %.0f µs and %.0f µs)", c.name, sorted(f.fill), median(f.fillSeg), median(f.fillStr))
+			b.ReportMetric(median(f.fill), c.name+"-holefill-x")
+		}
 		if len(f.pp) > 0 {
 			b.Logf("%s: ping-pong segment/stream rounds %.3f", c.name, sorted(f.pp))
 			b.ReportMetric(median(f.pp), c.name+"-pingpong-x")

@@ -124,7 +124,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 		RQ: qp.rq, SharedRQ: cfg.SRQ != nil, MaxSendWR: cfg.MaxSendWR, MaxSendSGE: cfg.MaxSendSGE,
 		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU, ManualProgress: cfg.ManualProgress, FirstFPDUDelay: d.cfg.FirstFPDUDelay,
 		Stats: &d.stats, OnEvent: func(e iwarp.Event) { d.post(qpEvent(e)) },
-		Placement: d.cfg.Placement, SegStats: &d.seg,
+		Placement: d.cfg.Placement, SegStats: &d.seg, TimeHoleFills: d.cfg.TimeHoleFills,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
