@@ -24,16 +24,21 @@ func deregistered(t *testing.T, mem *MemTable, r *Region) {
 	}
 }
 
-// waitPlaced waits until the bytes at b read want: the receiver placed
-// them.
-func waitPlaced(t *testing.T, b, want []byte) {
+// waitPlaced waits until the receiver has counted n placed bytes (the
+// counters are flushed after each stream read, which orders the placement
+// before this goroutine's next look at the memory), then checks that b
+// reads want.
+func waitPlaced(t *testing.T, st *Stats, n uint64, b, want []byte) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for !bytes.Equal(b, want) {
+	for st.PlacedBytes.Load() < n {
 		if time.Now().After(deadline) {
-			t.Fatal("the first part of the FPDU was never placed")
+			t.Fatalf("%d bytes placed, waiting for %d", st.PlacedBytes.Load(), n)
 		}
 		time.Sleep(time.Millisecond)
+	}
+	if !bytes.Equal(b, want) {
+		t.Fatal("the placed bytes are not the FPDU's")
 	}
 }
 
@@ -47,7 +52,7 @@ func TestDeregisterMidWrite(t *testing.T) {
 		fp := v.fpdu(DDPFields{Opcode: OpWrite, Last: true, STag: v.reg.STag(), TO: v.reg.Base + 64}, payload)
 		cut := MPALengthSize + DDPTaggedHeaderSize + 512
 		v.send(t, fp[:cut])
-		waitPlaced(t, v.buf[64:64+512], payload[:512])
+		waitPlaced(t, &v.stats, 512, v.buf[64:64+512], payload[:512])
 		deregistered(t, v.mem, v.reg)
 		// The application takes the memory back: what it writes there
 		// now must stay.
@@ -77,7 +82,7 @@ func TestDeregisterMidSend(t *testing.T) {
 	fp := v.fpdu(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1}, payload)
 	cut := MPALengthSize + DDPUntaggedHeaderSize + 16
 	v.send(t, fp[:cut])
-	waitPlaced(t, v.buf[:16], payload[:16])
+	waitPlaced(t, &v.stats, 16, v.buf[:16], payload[:16])
 	deregistered(t, v.mem, v.reg)
 	for i := range v.buf {
 		v.buf[i] = 0xee
@@ -312,9 +317,9 @@ func TestStatsCountSplitFPDU(t *testing.T) {
 	payload := pattern(1000, 4)
 	fp := v.fpdu(DDPFields{Opcode: OpWrite, Last: true, STag: v.reg.STag(), TO: v.reg.Base}, payload)
 	v.send(t, fp[:100])
-	waitPlaced(t, v.buf[:100-MPALengthSize-DDPTaggedHeaderSize], payload[:100-MPALengthSize-DDPTaggedHeaderSize])
+	first := uint64(100 - MPALengthSize - DDPTaggedHeaderSize)
+	waitPlaced(t, &v.stats, first, v.buf[:first], payload[:first])
 	v.send(t, fp[100:])
-	waitPlaced(t, v.buf[:1000], payload)
 	deadline := time.Now().Add(5 * time.Second)
 	for v.stats.RxBytes.Load() != 1000 || v.stats.PlacedBytes.Load() != 1000 {
 		if time.Now().After(deadline) {

@@ -148,24 +148,28 @@ func killCycle(t *testing.T, killClient bool) time.Duration {
 	}
 	posted := 0
 	for i := 0; i < 4; i++ {
-		if err := survivor.qp.PostRecv(verbs.RecvWR{ID: uint64(100 + i), SGL: []verbs.SGE{survivor.mr.SGE(i*4096, 4096)}}); err != nil {
+		if err := survivor.qp.PostRecv(verbs.RecvWR{ID: uint64(100 + i), SGL: []verbs.SGE{survivor.mr.SGE(3<<20+i*4096, 4096)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// Memory is laid out so that no buffer is both read and written at
+	// once: the survivor writes from its first MiB into the victim's
+	// first, reads the victim's second MiB into its own second, and the
+	// victim writes from its upper half into the survivor's.
 	for i := 0; i < 6; i++ {
 		wr := verbs.SendWR{ID: uint64(i), Op: verbs.OpWrite, Flags: verbs.Signaled, SGL: []verbs.SGE{survivor.mr.SGE(0, 1<<20)},
-			RemoteAddr: survivor.remote.Addr + uint64(i%4)<<20, RKey: survivor.remote.RKey}
+			RemoteAddr: survivor.remote.Addr, RKey: survivor.remote.RKey}
 		if i == 3 {
 			wr = verbs.SendWR{ID: uint64(i), Op: verbs.OpRead, Flags: verbs.Signaled, SGL: []verbs.SGE{survivor.mr.SGE(1<<20, 1<<20)},
-				RemoteAddr: survivor.remote.Addr, RKey: survivor.remote.RKey}
+				RemoteAddr: survivor.remote.Addr + 1<<20, RKey: survivor.remote.RKey}
 		}
 		if err := survivor.qp.PostSend(wr); err != nil {
 			t.Fatal(err)
 		}
 		posted++
 	}
-	_ = victim.qp.PostSend(verbs.SendWR{ID: 9, Op: verbs.OpWrite, SGL: []verbs.SGE{victim.mr.SGE(0, 2<<20)},
-		RemoteAddr: victim.remote.Addr, RKey: victim.remote.RKey})
+	_ = victim.qp.PostSend(verbs.SendWR{ID: 9, Op: verbs.OpWrite, SGL: []verbs.SGE{victim.mr.SGE(2<<20, 2<<20)},
+		RemoteAddr: victim.remote.Addr + 2<<20, RKey: victim.remote.RKey})
 
 	// Kill: the victim's link goes silent both ways, then its process's
 	// stack and device vanish (closing them now sends nothing).
