@@ -221,7 +221,7 @@ func killCycle(t *testing.T, killClient bool) time.Duration {
 	return flushed
 }
 
-// TestLinkDropRecovers: the link goes dead for a while mid-transfer (less
+// TestLinkDropRecovers: the link goes dead for 3 s mid-transfer (less
 // than the peer timeout) and comes back: TCP retransmits, nothing fails,
 // and every byte of the Writes and Sends in flight arrives intact.
 func TestLinkDropRecovers(t *testing.T) {
@@ -267,7 +267,7 @@ func TestLinkDropRecovers(t *testing.T) {
 		if i == 1 {
 			ca.cut.Store(true)
 			cb.cut.Store(true)
-			time.Sleep(1500 * time.Millisecond)
+			time.Sleep(3 * time.Second)
 			ca.cut.Store(false)
 			cb.cut.Store(false)
 		}
