@@ -257,11 +257,15 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 	if p.observe {
 		p.busy--
 		p.mu.Unlock()
+		p.wv = nil
+		clear(p.dv)
 		return
 	}
 	p.mu.Unlock()
 	defer func() {
 		p.held.drop()
+		p.wv = nil
+		clear(p.dv) // packet memory: not to be held past the callback
 		p.mu.Lock()
 		p.busy--
 		p.mu.Unlock()
