@@ -69,7 +69,11 @@ func drain(cq *verbs.CQ, wc []verbs.WC, n int) error {
 // rdmaBulk keeps a window of 1 MiB RDMA Writes or Reads in flight between
 // two endpoints, rotating over 16 slots of the peer's MR.
 func rdmaBulk(b *testing.B, op verbs.Opcode, crc bool) workload {
-	p := newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	return rdmaBulkOn(b, newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{}), op, crc)
+}
+
+// rdmaBulkOn is rdmaBulk between the devices of p.
+func rdmaBulkOn(b *testing.B, p *pair, op verbs.Opcode, crc bool) workload {
 	cl, sv := connect(b, p, 16*benchMsg, verbs.ConnParams{CRC: &crc})
 	// Up to window WRs in flight; every mod-th is signaled (perftest's CQ
 	// moderation, -Q), so the poster wakes once per mod messages.

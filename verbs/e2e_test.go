@@ -43,6 +43,12 @@ func newPairLink(t testing.TB, link netstack.LinkConfig, ca, cb verbs.DeviceConf
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pairOn(t, na, nb, ca, cb)
+}
+
+// pairOn opens a device on each stack; the test's end closes them all.
+func pairOn(t testing.TB, na, nb *netstack.Stack, ca, cb verbs.DeviceConfig) *pair {
+	t.Helper()
 	a, err := verbs.Open(na, ca)
 	if err != nil {
 		t.Fatal(err)

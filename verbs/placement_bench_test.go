@@ -22,7 +22,7 @@ import (
 //	go test -run XXX -bench Placement ./verbs/
 //
 // It reports the median over the rounds of each ratio segment/stream:
-// throughput of a stream of 1 MiB RDMA Writes (higher is better), the mean
+// throughput of a stream of 1 MiB RDMA Writes (rdmaBulk's; higher is better), the mean
 // time from the arrival of a segment that fills a hole to the completion
 // of the Write it held back (lossy only; DeviceConfig.TimeHoleFills on
 // both sides, lower is better), p99
@@ -46,7 +46,7 @@ func BenchmarkPlacement(b *testing.B) {
 		}
 		s := &side{}
 		p := impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl, TimeHoleFills: impair})
-		s.bulk, s.rx = writeStream(b, p), p.b
+		s.bulk, s.rx = rdmaBulkOn(b, p, verbs.OpWrite, false), p.b
 		s.lat, s.p99 = latStream(b, impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl}))
 		if !impair {
 			s.pp = rdmaPingPongOn(b, impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl}))
@@ -167,44 +167,6 @@ func every(v []float64, k int) []float64 {
 		out = append(out, v[i])
 	}
 	return out
-}
-
-// writeStream is a stream of 1 MiB RDMA Writes, 16 in flight, closed by a
-// Send that tells when the last one is placed.
-func writeStream(b *testing.B, p *pair) workload {
-	cl, sv := connect(b, p, 16*benchMsg, verbs.ConnParams{})
-	wc := make([]verbs.WC, 16)
-	return workload{bytes: benchMsg, do: func(n int) error {
-		inflight := 0
-		for i := 0; i < n; i++ {
-			slot := i % 16
-			wr := verbs.SendWR{ID: uint64(i), Op: verbs.OpWrite, SGL: []verbs.SGE{cl.mr.SGE(slot*benchMsg, benchMsg)},
-				RemoteAddr: cl.remote.Addr + uint64(slot*benchMsg), RKey: cl.remote.RKey}
-			if i%4 == 3 {
-				wr.Flags = verbs.Signaled
-				if inflight == 4 {
-					if err := drain(cl.scq, wc, 1); err != nil {
-						return err
-					}
-					inflight--
-				}
-				inflight++
-			}
-			if err := cl.qp.PostSend(wr); err != nil {
-				return err
-			}
-		}
-		if err := sv.qp.PostRecv(verbs.RecvWR{ID: 1}); err != nil {
-			return err
-		}
-		if err := cl.qp.PostSend(verbs.SendWR{ID: 1 << 40, Op: verbs.OpSend, Flags: verbs.Signaled}); err != nil {
-			return err
-		}
-		if err := drain(sv.rcq, wc, 1); err != nil {
-			return err
-		}
-		return drain(cl.scq, wc, inflight+1)
-	}}
 }
 
 // latStream is a stream of 64 KiB RDMA Writes, each followed by a Send, 8

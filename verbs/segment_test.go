@@ -29,21 +29,7 @@ func impairedPair(t testing.TB, icfg netstack.ImpairConfig, lcfg netstack.LinkCo
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := verbs.Open(na, ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := verbs.Open(nb, cb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		a.Close()
-		b.Close()
-		na.Close()
-		nb.Close()
-	})
-	return &pair{a: a, b: b, na: na, nb: nb}
+	return pairOn(t, na, nb, ca, cb)
 }
 
 // TestSegmentPlacementUnderImpairment: with segment placement on the
