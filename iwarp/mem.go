@@ -171,7 +171,7 @@ func BufferAddr(b []byte) uint64 {
 // that siw puts in zero-length RTR Writes are never valid.
 //
 // STags are hard to predict and are not recycled while a stale one may
-// still be in use (RFC 5042 §5.1.2, §6.2): each registration draws its key
+// still be in use (RFC 5042, on STag exposure): each registration draws its key
 // at random (crypto/rand) among the keys its index has not had yet, so an
 // STag never names two registrations; an index that has had all 256 keys
 // is retired; and a freed index rests in a FIFO behind memQuarantine

@@ -627,7 +627,7 @@ func (r *receiver) holdDst() bool {
 
 // fenced terminates the stream when the destination of the FPDU being
 // placed was deregistered under it, as if the FPDU had named an invalid
-// STag from the start (RFC 5041 §7.2). A receive buffer deregistered
+// STag from the start (RFC 5041's tagged-buffer errors). A receive buffer deregistered
 // while posted is a local protection error on its completion.
 func (r *receiver) fenced() {
 	hl := r.need - MPALengthSize

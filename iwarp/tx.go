@@ -159,7 +159,7 @@ func (t *transmitter) drain(inline bool) bool {
 			ok := t.send(&f, t.src, t.regs, len(e.src), nil)
 			if !ok && t.fw.cut {
 				// The source was deregistered under the Read
-				// Response: the peer's Read fails (RFC 5040 §7.4.1
+				// Response: the peer's Read fails (RFC 5040
 				// would have refused its STag from the start).
 				t.cutOff(TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag})
 			}
