@@ -195,8 +195,9 @@ func (v segView) crc(crc uint32, off, n int) uint32 {
 	return crc
 }
 
-// placeCRC copies bytes [off, off+len(dst)) into dst with their CRC32c.
-func (v segView) placeCRC(dst []byte, off int, crc uint32) uint32 {
+// place copies bytes [off, off+len(dst)) into dst; with crc non-nil it
+// folds their CRC32c into *crc in the same pass.
+func (v segView) place(dst []byte, off int, crc *uint32) {
 	for _, b := range v {
 		if len(dst) == 0 {
 			break
@@ -206,11 +207,14 @@ func (v segView) placeCRC(dst []byte, off int, crc uint32) uint32 {
 			continue
 		}
 		c := min(len(b)-off, len(dst))
-		_, crc = zerocopy.PlaceCRC(dst[:c], b[off:off+c], crc)
+		if crc != nil {
+			_, *crc = zerocopy.PlaceCRC(dst[:c], b[off:off+c], *crc)
+		} else {
+			zerocopy.Place(dst[:c], b[off:off+c])
+		}
 		dst = dst[c:]
 		off = 0
 	}
-	return crc
 }
 
 func (v segView) size() int {
@@ -466,11 +470,17 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 	heap.Push(&p.starts, at)
 	p.mu.Unlock()
 
-	crc := v.placeCRC(dst, pos+MPALengthSize+DDPTaggedHeaderSize, 0)
+	// The receiver checks what TCP delivers against the FPDU's CRC field
+	// when it has one to check (CRC on, no markers: the CRC was verified
+	// above, so the copy need not compute it again); otherwise against
+	// the payload's CRC32c, computed in the copy.
+	payOff := pos + MPALengthSize + DDPTaggedHeaderSize
+	crc := fpduCRC
 	if p.crcOn && !p.markers {
-		// The receiver checks the FPDU's CRC field; with markers the
-		// stripper does that, and the receiver the payload's CRC32c.
-		crc = fpduCRC
+		v.place(dst, payOff, nil)
+	} else {
+		crc = 0
+		v.place(dst, payOff, &crc)
 	}
 	p.mu.Lock()
 	e.crc, e.done = crc, true
