@@ -557,6 +557,7 @@ type fpduWriter struct {
 	stats  *Stats
 
 	off    int // message payload bytes framed so far
+	size   int // bytes of the whole message's FPDUs
 	remain int // bytes left to produce
 	stage  int
 	buf    [MPALengthSize + DDPUntaggedHeaderSize + TerminateMaxSize]byte
@@ -606,6 +607,26 @@ func (w *fpduWriter) reset(f *DDPFields, src zerocopy.SGList, n int, extra []byt
 			w.remain += FPDULen(hs + r)
 		}
 	}
+	w.size = w.remain
+}
+
+// RecordRest implements netstack.RecordPayloader: the bytes left of the
+// FPDU being produced. Every FPDU of a message but the last has the same
+// length.
+func (w *fpduWriter) RecordRest() int {
+	if w.remain == 0 {
+		return 0
+	}
+	hs := DDPUntaggedHeaderSize
+	if w.f.Opcode.Tagged() {
+		hs = DDPTaggedHeaderSize
+	}
+	full := FPDULen(hs + w.maxPay)
+	done := w.size - w.remain
+	if k := w.total / w.maxPay; done < k*full {
+		return (full - done%full) % full
+	}
+	return w.remain
 }
 
 // Len implements tcpip.Payloader: the bytes still to produce.

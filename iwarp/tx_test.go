@@ -2,6 +2,7 @@ package iwarp
 
 import (
 	"bytes"
+	"encoding/binary"
 	"hash/crc32"
 	"io"
 	"math/rand/v2"
@@ -169,5 +170,36 @@ func TestFPDUWriterReadSizes(t *testing.T) {
 			t.Fatalf("case %d (%d bytes, %v, max FPDU %d, CRC %v): the streams differ with the read sizes", i, n, f.Opcode, maxFPDU, crcOn)
 		}
 		checkFPDUs(t, streams[0], f, msg, extra, maxFPDU, crcOn)
+	}
+}
+
+// TestFPDUWriterRecordRest: at every point of a message, RecordRest is
+// what is left of the FPDU being produced, so that a write cut there can
+// end exactly at the FPDU's end.
+func TestFPDUWriterRecordRest(t *testing.T) {
+	for _, n := range []int{0, 1, 1396, 1397, 3*1396 + 100, 5 * 1396} {
+		src := zerocopy.SGList{make([]byte, n)}
+		var w fpduWriter
+		w.reset(&DDPFields{Opcode: OpWrite, STag: 1}, src, n, nil, 1420, true, nil)
+		stream := make([]byte, w.Len())
+		for pos := 0; pos < len(stream); {
+			k := min(1+pos%977, len(stream)-pos)
+			if _, err := w.Read(stream[pos : pos+k]); err != nil {
+				t.Fatal(err)
+			}
+			pos += k
+			// The FPDU boundaries of what was produced: walk the lengths.
+			end := 0
+			for end < pos && pos-end >= MPALengthSize {
+				end += FPDULen(int(binary.BigEndian.Uint16(stream[end:])))
+			}
+			if end < pos {
+				continue // the FPDU's length is not out yet
+			}
+			want := end - pos
+			if got := w.RecordRest(); got != want {
+				t.Fatalf("message of %d bytes, %d produced: RecordRest %d, want %d", n, pos, got, want)
+			}
+		}
 	}
 }

@@ -313,8 +313,9 @@ func (c *Conn) ReadFull(ctx context.Context, p []byte) error {
 // payloadGuard records the error of a caller's Payloader (gVisor turns it
 // into ErrBadBuffer).
 type payloadGuard struct {
-	pl  tcpip.Payloader
-	err error
+	pl    tcpip.Payloader
+	err   error
+	limit int // > 0: offer at most this many bytes to the next write
 }
 
 func (g *payloadGuard) Read(p []byte) (int, error) {
@@ -325,7 +326,28 @@ func (g *payloadGuard) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (g *payloadGuard) Len() int { return g.pl.Len() }
+func (g *payloadGuard) Len() int {
+	if n := g.pl.Len(); g.limit <= 0 || n < g.limit {
+		return n
+	}
+	return g.limit
+}
+
+// RecordPayloader is a Payloader of records (MPA FPDUs) whose writes keep
+// the records aligned with TCP segments where the stack allows it. TCP cuts
+// each write into segments from the write's start, so records that each
+// fill a segment stay aligned as long as every write starts on a record
+// boundary; a write the stack cuts short (the send buffer filled) ends
+// inside a record, and WritePayload then writes only the rest of that
+// record next, which realigns what follows (RFC 5044 Appendix A's aligned
+// sender: a receiver can then find the records in segments that arrive
+// out of order).
+type RecordPayloader interface {
+	tcpip.Payloader
+	// RecordRest returns the bytes left of the record being produced
+	// (0 at a record boundary).
+	RecordRest() int
+}
 
 var readerPool = sync.Pool{New: func() any { return new(bytes.Reader) }}
 
@@ -362,9 +384,9 @@ func (c *Conn) WritePayload(ctx context.Context, pl tcpip.Payloader) (int64, err
 	// Pooled: one heap allocation per message showed up in the RDMA
 	// ping-pong (every FPDU batch is one WritePayload).
 	g := guardPool.Get().(*payloadGuard)
-	g.pl, g.err = pl, nil
+	g.pl, g.err, g.limit = pl, nil, 0
 	n, err := c.writePayload(ctx, g, g)
-	g.pl, g.err = nil, nil
+	g.pl, g.err, g.limit = nil, nil, 0
 	guardPool.Put(g)
 	return n, err
 }
@@ -406,12 +428,24 @@ func (c *Conn) writePayload(ctx context.Context, pl tcpip.Payloader, g *payloadG
 	var total int64
 	want := int64(pl.Len())
 	woke := false
+	var rp RecordPayloader
+	if g != nil {
+		rp, _ = g.pl.(RecordPayloader)
+	}
 	for pl.Len() > 0 {
 		if c.closed.Load() {
 			return total, closedError("write")
 		}
-		n, terr := c.ep.Write(pl, tcpip.WriteOptions{Atomic: pl.Len() <= atomicWriteMax})
+		offered := pl.Len()
+		n, terr := c.ep.Write(pl, tcpip.WriteOptions{Atomic: offered <= atomicWriteMax})
 		total += n
+		if rp != nil {
+			g.limit = 0
+			if n < int64(offered) {
+				// Cut short: the next write ends the record cut.
+				g.limit = rp.RecordRest()
+			}
+		}
 		if terr == nil {
 			if n == 0 {
 				// Nothing taken although data is left: the payloader
