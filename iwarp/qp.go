@@ -370,6 +370,13 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 		}
 		qp.seg, qp.segUntap = seg, untap
 		qp.rx.seg = seg
+		if !seg.observe && !p.MarkersRx {
+			// A segment that fills the hole the receiver waits at is
+			// fed to it from the tap; TCP's copy is then skipped.
+			seg.rx = &qp.rx
+			qp.rx.tcp = tcpFeed{r: &qp.rx, off: qp.rx.offset}
+			qp.rx.in = &qp.rx.tcp
+		}
 	}
 	if p.Initiator && qp.cfg.FirstFPDUDelay > 0 {
 		// Posts are queued while the gate is shut; nothing is sent.
@@ -797,7 +804,7 @@ func (qp *QP) Progress() {
 		return
 	}
 	_, err := s.TryReadTo(qp.rx.in, 0)
-	qp.rx.flushStats()
+	qp.rx.afterRead()
 	qp.rxMu.Unlock()
 	if err != nil {
 		qp.rx.streamErr(err)
@@ -824,7 +831,7 @@ func (qp *QP) WaitProgress(ctx context.Context) error {
 	// holding rxMu while blocked cannot hold up the flush.
 	qp.rxMu.Lock()
 	_, err := s.ReadTo(ctx, qp.rx.in, 0)
-	qp.rx.flushStats()
+	qp.rx.afterRead()
 	qp.rxMu.Unlock()
 	if err != nil {
 		if ctx.Err() != nil {

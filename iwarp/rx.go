@@ -96,6 +96,7 @@ type receiver struct {
 	start uint64      // stream offset of the current FPDU
 	early *placedFPDU // the current FPDU was placed from its segment
 	vcrc  uint32      // CRC32c of its payload as delivered (no MPA CRC)
+	tcp   tcpFeed     // the input from TCP, when the tap may feed too
 
 	// Counters, kept locally and added to the shared Stats after each
 	// read: atomics per FPDU would bounce a cache line between QPs.
@@ -168,13 +169,24 @@ func (r *receiver) run() {
 		}
 		qp.rxMu.Lock()
 		_, err := qp.stream.TryReadTo(r.in, 0)
-		r.flushStats()
+		r.afterRead()
 		qp.rxMu.Unlock()
 		if err != nil {
 			r.streamErr(err)
 			return
 		}
 	}
+}
+
+// afterRead ends a stream read: with segment placement, the FPDUs placed
+// from segments that now follow in order are delivered without waiting
+// for TCP to hand them over (see segPlacer.feed); then the counters are
+// added up.
+func (r *receiver) afterRead() {
+	if r.seg != nil && r.seg.rx != nil {
+		r.deliverPlaced()
+	}
+	r.flushStats()
 }
 
 // streamErr ends the QP when the stream reports an error or the peer's FIN.
@@ -569,11 +581,12 @@ func (r *receiver) checkSend(h DDPHeader) (TermCode, bool) {
 // checked; nothing was placed, and the stream is terminated.
 func (r *receiver) place(b []byte) bool {
 	if r.early != nil {
-		// Placed from its segment already: fold the delivered bytes
-		// into the check that they are the same.
-		if r.crcOn {
-			r.crc = zerocopy.UpdateCRC32C(r.crc, b)
-		} else {
+		// Placed from its segment already. With the MPA CRC, the tap
+		// verified the CRC of the bytes it placed, and the delivered
+		// FPDU's CRC field is compared with theirs (onTrailer): the
+		// bytes need no second pass. Without it, the delivered bytes'
+		// CRC32c is compared with that of the bytes placed.
+		if !r.crcOn {
 			r.vcrc = zerocopy.UpdateCRC32C(r.vcrc, b)
 		}
 		return true
@@ -657,13 +670,16 @@ func (r *receiver) placeBytes(d, b []byte) {
 // it sees the new word, Go's memory model orders every other byte of the
 // Write before its next reads, and the race detector agrees.
 func (r *receiver) lastWord(d []byte, n int) int {
-	if r.op != OpWrite || !r.last || r.payPos+n != r.payLen || n < 4 {
-		return 0
-	}
-	if (uintptr(unsafe.Pointer(unsafe.SliceData(d)))+uintptr(n))&3 != 0 {
+	if r.op != OpWrite || !r.last || r.payPos+n != r.payLen || !lastWordAligned(d, n) {
 		return 0
 	}
 	return 4
+}
+
+// lastWordAligned reports whether n bytes placed at d end with an aligned
+// 32-bit word.
+func lastWordAligned(d []byte, n int) bool {
+	return n >= 4 && (uintptr(unsafe.Pointer(unsafe.SliceData(d)))+uintptr(n))&3 == 0
 }
 
 // storeWord stores the 4 bytes of b at d with one atomic store; the bytes
@@ -675,7 +691,7 @@ func storeWord(d, b []byte) {
 // onTrailer checks pad and CRC and finishes the segment.
 func (r *receiver) onTrailer() {
 	pad := r.trNeed - MPACRCSize
-	if r.crcOn {
+	if r.crcOn && r.early == nil {
 		crc := zerocopy.UpdateCRC32C(r.crc, r.trail[:pad])
 		if got := binary.LittleEndian.Uint32(r.trail[pad:]); got != crc {
 			r.n.crcErrors++
@@ -693,12 +709,21 @@ func (r *receiver) onTrailer() {
 			return
 		}
 		r.early = nil
+		if e.hasWord {
+			storeWord(r.dst[r.payLen-4:], e.word[:])
+		}
 	}
+	r.endFPDU()
+}
+
+// endFPDU finishes an FPDU whose payload and trailer are done: counters,
+// and the end of its message.
+func (r *receiver) endFPDU() {
 	r.n.bytes += uint64(r.payLen)
 	if r.last {
 		r.n.ops[r.op]++
 		if r.seg != nil {
-			r.seg.messageDone()
+			r.seg.messageDone(r.start + uint64(FPDULen(r.ulpdu)))
 		}
 	}
 	h := DDPHeader(r.hdr[MPALengthSize:r.need])
@@ -717,6 +742,75 @@ func (r *receiver) onTrailer() {
 	default:
 		r.endSend(h)
 	}
+}
+
+// deliverPlaced delivers, in order, the FPDUs placed from segments that
+// follow the receiver's position, as if the stream had handed them over:
+// checks, the end of their messages and, for the short ones kept whole,
+// their processing. It stops at the first FPDU not placed, or one the
+// receiver stands inside. rxMu is held (the tap's feed).
+func (r *receiver) deliverPlaced() {
+	for r.state == rxHeader && r.have == 0 {
+		e := r.seg.placedAt(r.offset)
+		if e == nil {
+			return
+		}
+		if e.small != nil {
+			r.Write(e.small)
+			continue
+		}
+		at := r.offset
+		r.start = at
+		need := MPALengthSize + DDPTaggedHeaderSize
+		copy(r.hdr[:need], e.hdr[:])
+		r.have, r.need = need, need
+		r.ulpdu = int(binary.BigEndian.Uint16(e.hdr[:]))
+		r.op = DDPHeader(r.hdr[MPALengthSize:need]).Opcode()
+		r.offset += uint64(e.total)
+		r.onHeader() // finds e placed; checks it as the stream would
+		if r.state == rxDead {
+			return
+		}
+		if r.early != e {
+			// Not the FPDU it was placed as (onHeader has ended the stream).
+			return
+		}
+		r.early = nil
+		if e.hasWord {
+			storeWord(r.dst[r.payLen-4:], e.word[:])
+		}
+		r.payPos = r.payLen
+		r.endFPDU()
+		r.held.drop()
+	}
+}
+
+// tcpFeed is the receiver's input with segment placement: the bytes TCP
+// hands over, less those the tap fed the receiver first.
+type tcpFeed struct {
+	r   *receiver
+	off uint64 // stream offset of the next byte TCP hands over
+}
+
+// Write skips what the receiver has had already, then feeds it the rest.
+// The skipped bytes passed the tap's checks (the connection's, TCP's
+// checksum and window, and the MPA CRC when negotiated); TCP's copy of
+// them is the same segment's or its retransmission's.
+func (f *tcpFeed) Write(p []byte) (int, error) {
+	n := len(p)
+	off := f.off
+	f.off += uint64(n)
+	if done := f.r.offset; off < done {
+		k := min(uint64(n), done-off)
+		p = p[k:]
+	}
+	if len(p) > 0 {
+		f.r.Write(p)
+		// FPDUs the tap placed beyond a hole TCP has just filled are
+		// delivered now, ahead of TCP handing them over.
+		f.r.deliverPlaced()
+	}
+	return n, nil
 }
 
 func (r *receiver) endSend(h DDPHeader) {

@@ -100,6 +100,8 @@ type SegmentStats struct {
 	RefusedSTag     atomic.Uint64 // ... STag, PD, access or bounds check failed
 	Duplicates      atomic.Uint64 // payload bytes of FPDUs placed already or reached in order
 	Mismatches      atomic.Uint64 // placed FPDUs whose in-order bytes differed (stream terminated)
+	FedBytes        atomic.Uint64 // payload bytes of hole-filling segments the tap fed the receiver (counted in PlacedBytes too)
+	DeliveredEarly  atomic.Uint64 // FPDUs delivered in order by the tap, before TCP handed them over
 
 	// Hole fills: a segment that filled a hole in the stream, and the
 	// time from its arrival to the completion of the next message in
@@ -113,7 +115,24 @@ type placedFPDU struct {
 	done   bool   // placement finished (false: under way)
 	crc    uint32 // MPA CRC field with CRC negotiated, else the payload's CRC32c
 	payLen int
+	total  int // the whole FPDU's length
+
+	// The MPA length and tagged DDP header, for delivery without the
+	// stream's bytes (see receiver.deliverPlaced).
+	hdr [MPALengthSize + DDPTaggedHeaderSize]byte
+	// The last aligned word of a Write's last FPDU, placed only when the
+	// Write is delivered in order (see receiver.lastWord).
+	word    [4]byte
+	hasWord bool
+
+	// small holds a whole short FPDU that is not placed (a zero-length
+	// Send, a Read Request), kept so that the tap can deliver it in order
+	// behind placed FPDUs; the in-order path treats it as not placed.
+	small []byte
 }
+
+// smallFPDU is the longest FPDU kept whole for delivery from the tap.
+const smallFPDU = 64
 
 // segPlacer places one QP's segments. Its methods run on netstack's link
 // goroutine (place), serialized per connection by netstack, and on the
@@ -146,6 +165,15 @@ type segPlacer struct {
 	busy    int       // place calls under way
 	observe bool      // place nothing: only time hole fills (QPConfig.TimeHoleFills)
 	fillAt  time.Time // arrival of the last segment that filled a hole, zero once timed
+	fillEnd uint64    // the end of the contiguous data that segment made
+
+	// rx is the QP's receiver, fed from the tap when a segment fills the
+	// hole it waits at (nil: no delivery from the tap, as with markers).
+	rx *receiver
+	// eager places segments that arrive in order too, rather than leave
+	// them to the receiver (the unit tests of the framing rules, which
+	// have no receiver, use it).
+	eager bool
 }
 
 func newSegPlacer(qp *QP, crcOn, markers bool) *segPlacer {
@@ -257,8 +285,12 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 	} else if k, ok := p.after[off]; ok && k < off+uint64(n) {
 		first, known = k, true
 	}
-	behind := p.seen(off, off+uint64(n))
-	if p.observe {
+	arrival := p.seen(off, off+uint64(n))
+	behind := arrival == segAhead
+	if p.observe || (arrival == segInOrder || arrival == segOld) && !p.eager {
+		// In order, the stream places the segment as soon as the
+		// receiver reads it: placing it here would only move the copy
+		// onto the link's goroutine, ahead of TCP.
 		p.busy--
 		p.mu.Unlock()
 		p.wv = nil
@@ -274,6 +306,9 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 		p.busy--
 		p.mu.Unlock()
 	}()
+	if arrival == segFill && p.rx != nil && p.feed(v, off, n) {
+		return
+	}
 	pos := 0
 	if known {
 		pos = int(first - off)
@@ -351,18 +386,31 @@ func (p *segPlacer) wireCRC(at uint64, total int) (uint32, bool) {
 	return field, p.wv.crc(0, int(ws-p.woff), int(we-MPACRCSize-ws)) == field
 }
 
-// seen records that the tap saw bytes [start, end) and reports whether a
-// hole lies before them (bytes not seen yet); p.mu is held.
-func (p *segPlacer) seen(start, end uint64) (hole bool) {
+// How a segment arrived, relative to the contiguous data the tap has seen.
+const (
+	segInOrder = iota // it extends the contiguous data, and no hole lies beyond
+	segOld            // it holds nothing new
+	segFill           // it fills (part of) a hole: segments lie beyond it
+	segAhead          // a hole lies before it
+)
+
+// seen records that the tap saw bytes [start, end) and tells how they
+// arrived; p.mu is held.
+func (p *segPlacer) seen(start, end uint64) int {
 	if start > p.contig {
 		if len(p.ahead) >= 4096 {
 			clear(p.ahead) // forget: only the out-of-order count suffers
 		}
 		p.ahead[start] = max(p.ahead[start], end)
-		return true
+		return segAhead
 	}
-	if len(p.ahead) > 0 && end > p.contig {
+	if end <= p.contig {
+		return segOld
+	}
+	arrival := segInOrder
+	if len(p.ahead) > 0 {
 		p.fillAt = time.Now() // the segment fills (part of) a hole
+		arrival = segFill
 	}
 	p.contig = max(p.contig, end)
 	for {
@@ -379,7 +427,10 @@ func (p *segPlacer) seen(start, end uint64) (hole bool) {
 			delete(p.ahead, s)
 		}
 	}
-	return false
+	if arrival == segFill {
+		p.fillEnd = p.contig
+	}
+	return arrival
 }
 
 // tiles reports whether the segment holds whole FPDUs end to end (RFC 5044
@@ -408,7 +459,7 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 	h := DDPHeader(p.hdr[MPALengthSize:])
 	ulpdu := int(binary.BigEndian.Uint16(p.hdr[:]))
 	payLen := ulpdu - DDPTaggedHeaderSize
-	write := h.Tagged() && h.Opcode() == OpWrite && !h.Last()
+	write := h.Tagged() && h.Opcode() == OpWrite
 	var fpduCRC uint32
 	if p.crcOn && (write || !known) {
 		var ok bool
@@ -435,6 +486,16 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 	}
 	if !write {
 		p.stats.LeftInOrder.Add(1)
+		if total <= smallFPDU && p.rx != nil {
+			// Kept whole, so the tap can deliver it in order behind the
+			// placed FPDUs before it.
+			if e := p.claim(at, total, 0); e != nil {
+				e.small = make([]byte, total)
+				v.copyOut(e.small, pos)
+				p.finished(e, 0)
+			}
+			return true
+		}
 		p.learn(at + uint64(total))
 		return true
 	}
@@ -456,19 +517,18 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 		p.learn(at + uint64(total))
 		return true
 	}
-	p.mu.Lock()
-	if next := at + uint64(total); next >= p.front {
-		p.known[next] = struct{}{}
-	}
-	if at < p.front || p.placed[at] != nil || p.removed {
-		p.mu.Unlock()
+	e := p.claim(at, total, payLen)
+	if e == nil {
 		p.stats.Duplicates.Add(uint64(payLen))
 		return true
 	}
-	e := &placedFPDU{payLen: payLen}
-	p.placed[at] = e
-	heap.Push(&p.starts, at)
-	p.mu.Unlock()
+	e.hdr = p.hdr
+	if h.Last() && lastWordAligned(dst, payLen) {
+		// The Write's last word waits for its in-order delivery.
+		dst = dst[:payLen-4]
+		v.copyOut(e.word[:], pos+total-FPDUPad(ulpdu)-MPACRCSize-4)
+		e.hasWord = true
+	}
 
 	// The receiver checks what TCP delivers against the FPDU's CRC field
 	// when it has one to check (CRC on, no markers: the CRC was verified
@@ -481,10 +541,11 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 	} else {
 		crc = 0
 		v.place(dst, payOff, &crc)
+		if e.hasWord {
+			crc = zerocopy.UpdateCRC32C(crc, e.word[:])
+		}
 	}
-	p.mu.Lock()
-	e.crc, e.done = crc, true
-	p.mu.Unlock()
+	p.finished(e, crc)
 	p.stats.PlacedBytes.Add(uint64(payLen))
 	if behind {
 		p.stats.OutOfOrderBytes.Add(uint64(payLen))
@@ -494,6 +555,85 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 		s.PlacedBytes.Add(uint64(payLen))
 	}
 	return true
+}
+
+// claim records the FPDU at stream offset at (total octets, payLen of
+// payload) as being placed; nil if the in-order path has reached it or it
+// was placed already (a duplicate or retransmission).
+func (p *segPlacer) claim(at uint64, total, payLen int) *placedFPDU {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if next := at + uint64(total); next >= p.front {
+		p.known[next] = struct{}{}
+	}
+	if at < p.front || p.placed[at] != nil || p.removed {
+		return nil
+	}
+	e := &placedFPDU{payLen: payLen, total: total}
+	p.placed[at] = e
+	heap.Push(&p.starts, at)
+	return e
+}
+
+// finished marks a claimed FPDU placed.
+func (p *segPlacer) finished(e *placedFPDU, crc uint32) {
+	p.mu.Lock()
+	e.crc, e.done = crc, true
+	p.mu.Unlock()
+}
+
+// feed hands a segment that fills the hole the receiver waits at straight
+// to the receiver, then delivers the FPDUs placed beyond it that now lie in
+// order: their messages complete now, not when TCP has handed the stream
+// over. It reports false, having done nothing, when the receiver is busy
+// (it will read the segment from TCP) or stands elsewhere.
+func (p *segPlacer) feed(v segView, off uint64, n int) bool {
+	qp := p.qp
+	if !qp.rxMu.TryLock() {
+		return false
+	}
+	defer qp.rxMu.Unlock()
+	r := p.rx
+	if r.offset < off && r.state != rxDead {
+		// The receiver has not read all TCP holds before the hole yet
+		// (TCP gets this segment only after the tap): read it now.
+		if _, err := qp.stream.TryReadTo(r.in, 0); err != nil {
+			r.flushStats()
+			return false // the receiver's goroutine sees the error too
+		}
+	}
+	at := r.offset
+	if at < off || at >= off+uint64(n) || r.state == rxDead {
+		return false
+	}
+	skip := int(at - off)
+	placed, fpdus := r.n.placed, r.n.fpdus
+	for _, b := range v {
+		if skip >= len(b) {
+			skip -= len(b)
+			continue
+		}
+		r.Write(b[skip:])
+		skip = 0
+	}
+	fed := r.n.placed - placed
+	p.stats.FedBytes.Add(fed)
+	p.stats.PlacedBytes.Add(fed)
+	r.deliverPlaced()
+	p.stats.DeliveredEarly.Add(r.n.fpdus - fpdus)
+	r.flushStats()
+	return true
+}
+
+// placedAt returns the placement record of the FPDU at stream offset at, if
+// it is complete.
+func (p *segPlacer) placedAt(at uint64) *placedFPDU {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e := p.placed[at]; e != nil && e.done {
+		return e
+	}
+	return nil
 }
 
 // learn records an FPDU start the placer found (the end of a checked FPDU).
@@ -525,6 +665,9 @@ func (p *segPlacer) claimInOrder(at, next uint64) (e *placedFPDU, stale bool) {
 		if e == nil || e.done {
 			if e != nil {
 				heap.Pop(&p.starts) // at is the lowest now
+				if e.small != nil {
+					e = nil // kept, not placed
+				}
 			}
 			delete(p.placed, at)
 			p.known[next] = struct{}{}
@@ -553,14 +696,18 @@ func (p *segPlacer) claimInOrder(at, next uint64) (e *placedFPDU, stale bool) {
 	}
 }
 
-// messageDone is called by the receive path when a message completes in
-// order: the first completion after a hole was filled times the fill.
-func (p *segPlacer) messageDone() {
+// messageDone is called by the receive path when a message whose last
+// FPDU ends at stream offset end completes in order. The first completion
+// after a hole was filled times the fill, if the message had arrived whole
+// by then (the hole was all that held it back; a message still arriving
+// when the hole filled waited for its bytes, not for the fill).
+func (p *segPlacer) messageDone(end uint64) {
 	p.mu.Lock()
 	at := p.fillAt
+	whole := end <= p.fillEnd
 	p.fillAt = time.Time{}
 	p.mu.Unlock()
-	if !at.IsZero() {
+	if !at.IsZero() && whole {
 		p.stats.HoleFills.Add(1)
 		p.stats.HoleFillNanos.Add(uint64(time.Since(at)))
 	}

@@ -24,7 +24,9 @@ func newSegRig(crc bool) *segRig {
 	mem.Register(reg)
 	st := new(Stats)
 	qp := &QP{cfg: QPConfig{Mem: mem, PD: 7, Stats: st}}
-	return &segRig{p: newSegPlacer(qp, crc, false), stats: st, mem: mem, reg: reg, guard: g}
+	p := newSegPlacer(qp, crc, false)
+	p.eager = true // no receiver: every segment is the placer's
+	return &segRig{p: p, stats: st, mem: mem, reg: reg, guard: g}
 }
 
 // writeFPDU frames a non-last RDMA Write segment of payload at TO.
@@ -104,16 +106,26 @@ func TestSegmentPlacerChecks(t *testing.T) {
 			r.p.place(off, [][]byte{fp})
 			off += uint64(len(fp))
 		}
-		// The last FPDU of a message and untagged ones are left in order.
+		for _, b := range [][]byte{r.reg.Buf, other.Buf, ro.Buf} {
+			if bytes.IndexFunc(b, func(c rune) bool { return c != 0 }) >= 0 {
+				t.Fatal("a refused FPDU was placed")
+			}
+		}
+		// The last FPDU of a Write is placed but for its last aligned
+		// word, which waits for the Write's delivery in order; a Send
+		// is left in order.
 		last := r.writeFPDU(r.reg.STag(), 0x10000, payload, true)
 		r.p.place(off, [][]byte{last})
 		off += uint64(len(last))
 		send := rawFPDU(rawULPDU(DDPFields{Opcode: OpSend, QN: QNSend, MSN: 1}, payload), false)
 		r.p.place(off, [][]byte{send})
-		if r.p.stats.RefusedSTag.Load() != 4 || r.p.stats.LeftInOrder.Load() != 2 || r.p.stats.PlacedBytes.Load() != 0 {
+		if r.p.stats.RefusedSTag.Load() != 4 || r.p.stats.LeftInOrder.Load() != 1 || r.p.stats.PlacedBytes.Load() != 1024 {
 			t.Fatalf("stats %+v", r.p.stats)
 		}
-		for _, b := range [][]byte{r.reg.Buf, other.Buf, ro.Buf} {
+		if !bytes.Equal(r.reg.Buf[:1020], payload[:1020]) || !bytes.Equal(r.reg.Buf[1020:1024], make([]byte, 4)) {
+			t.Fatal("the last FPDU was not placed up to its last word")
+		}
+		for _, b := range [][]byte{other.Buf, ro.Buf} {
 			if bytes.IndexFunc(b, func(c rune) bool { return c != 0 }) >= 0 {
 				t.Fatal("a refused FPDU was placed")
 			}

@@ -169,6 +169,7 @@ func (d *Device) Stats() Stats {
 		Refused:     g.Refused.Load(), RefusedCRC: g.RefusedCRC.Load(), RefusedHeader: g.RefusedHeader.Load(), RefusedSTag: g.RefusedSTag.Load(),
 		BadChecksum: g.BadChecksum.Load(), OutOfWindow: g.OutOfWindow.Load(), BadFlags: g.BadFlags.Load(),
 		Duplicates: g.Duplicates.Load(), Mismatches: g.Mismatches.Load(),
+		Fed: g.FedBytes.Load(), DeliveredEarly: g.DeliveredEarly.Load(),
 		HoleFills: g.HoleFills.Load(), HoleFillTime: time.Duration(g.HoleFillNanos.Load()),
 	}
 	for i := range s.RxOps {
@@ -203,8 +204,9 @@ type SegmentStats struct {
 	// and by RFC 5044 Appendix A alignment (with the MPA CRC); segments
 	// whose FPDU boundaries could not be established (left to the stream).
 	ByMarker, ByStream, ByAlignment, Unframed uint64
-	// FPDUs left to the stream by design (Sends, Reads, a message's last
-	// FPDU), and by a failed check, in all and by reason.
+	// FPDUs left to the stream by design (untagged ones but short ones
+	// kept for delivery, Read Responses), and by a failed check, in all
+	// and by reason.
 	LeftInOrder                                     uint64
 	Refused, RefusedCRC, RefusedHeader, RefusedSTag uint64
 	// Segments refused before DDP saw them: TCP checksum, outside the
@@ -212,6 +214,11 @@ type SegmentStats struct {
 	BadChecksum, OutOfWindow, BadFlags uint64
 	Duplicates                         uint64 // payload bytes not placed twice (retransmitted, duplicated, or reached in order)
 	Mismatches                         uint64 // placed FPDUs TCP delivered differently (stream terminated)
+	// Payload bytes of segments that filled the hole the receiver waited
+	// at, fed to it by the tap (counted in PlacedEarly too), and FPDUs the
+	// tap delivered in order before TCP handed them over (the fed ones and
+	// those placed beyond the hole): their messages completed then.
+	Fed, DeliveredEarly uint64
 	// Hole fills timed (DeviceConfig.TimeHoleFills) and their total time
 	// from the filling segment's arrival to the next message completed.
 	HoleFills    uint64
