@@ -153,7 +153,8 @@ type segPlacer struct {
 	hdr   [MPALengthSize + DDPTaggedHeaderSize]byte
 
 	mu      sync.Mutex
-	front   uint64              // FPDUs starting before front belong to the in-order path
+	front   atomic.Uint64       // FPDUs starting before front belong to the in-order path (written by it)
+	nrec    atomic.Int64        // records in placed (the in-order path skips the lock while there are none)
 	known   map[uint64]struct{} // FPDU starts the stream or placed FPDUs told
 	after   map[uint64]uint64   // segment end -> the FPDU start its cut FPDU told
 	prune   int                 // prune known and after beyond this size
@@ -265,9 +266,8 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 		v = p.dv
 		n = v.size()
 	}
-	if n < MPALengthSize+DDPTaggedHeaderSize {
-		return
-	}
+	// Every segment counts for the contiguous data the tap has seen, a
+	// short one too (a hole left by it would never fill).
 	p.mu.Lock()
 	if p.removed {
 		p.mu.Unlock()
@@ -324,8 +324,9 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 			// header tells where the next FPDU starts. (Trusted as
 			// far as the start it was read at: known, or verified.)
 			p.mu.Lock()
-			if end := off + uint64(n); end >= p.front {
+			if end := off + uint64(n); end >= p.front.Load() {
 				p.after[end] = off + uint64(pos+total)
+				p.bound()
 			}
 			p.mu.Unlock()
 			return
@@ -563,10 +564,17 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 func (p *segPlacer) claim(at uint64, total, payLen int) *placedFPDU {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if next := at + uint64(total); next >= p.front {
+	// Counted first, then front read: the in-order path stores front,
+	// then reads the count (claimInOrder), so one of the two sees the
+	// other (sequentially consistent atomics).
+	p.nrec.Add(1)
+	front := p.front.Load()
+	if next := at + uint64(total); next >= front {
 		p.known[next] = struct{}{}
+		p.bound()
 	}
-	if at < p.front || p.placed[at] != nil || p.removed {
+	if at < front || p.placed[at] != nil || p.removed {
+		p.nrec.Add(-1)
 		return nil
 	}
 	e := &placedFPDU{payLen: payLen, total: total}
@@ -628,6 +636,9 @@ func (p *segPlacer) feed(v segView, off uint64, n int) bool {
 // placedAt returns the placement record of the FPDU at stream offset at, if
 // it is complete.
 func (p *segPlacer) placedAt(at uint64) *placedFPDU {
+	if p.nrec.Load() == 0 {
+		return nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if e := p.placed[at]; e != nil && e.done {
@@ -639,8 +650,9 @@ func (p *segPlacer) placedAt(at uint64) *placedFPDU {
 // learn records an FPDU start the placer found (the end of a checked FPDU).
 func (p *segPlacer) learn(start uint64) {
 	p.mu.Lock()
-	if start >= p.front {
+	if start >= p.front.Load() {
 		p.known[start] = struct{}{}
+		p.bound()
 	}
 	p.mu.Unlock()
 }
@@ -654,8 +666,14 @@ func (p *segPlacer) learn(start uint64) {
 // the segment it came from was not what TCP delivered, and the bytes it
 // placed were never the stream's.
 func (p *segPlacer) claimInOrder(at, next uint64) (e *placedFPDU, stale bool) {
+	if at+1 > p.front.Load() {
+		p.front.Store(at + 1) // only the in-order path (rxMu held) writes it
+	}
+	if p.nrec.Load() == 0 {
+		// Nothing placed from segments, nothing to claim (see claim).
+		return nil, false
+	}
 	p.mu.Lock()
-	p.front = max(p.front, at+1)
 	for len(p.starts) > 0 && p.starts[0] < at {
 		heap.Pop(&p.starts)
 		stale = true
@@ -669,22 +687,12 @@ func (p *segPlacer) claimInOrder(at, next uint64) (e *placedFPDU, stale bool) {
 					e = nil // kept, not placed
 				}
 			}
-			delete(p.placed, at)
-			p.known[next] = struct{}{}
-			if len(p.known)+len(p.after) > p.prune {
-				// Amortized: the bound doubles with what stays.
-				for k := range p.known {
-					if k < p.front {
-						delete(p.known, k)
-					}
-				}
-				for k := range p.after {
-					if k < p.front {
-						delete(p.after, k)
-					}
-				}
-				p.prune = max(256, 2*(len(p.known)+len(p.after)))
+			if _, ok := p.placed[at]; ok {
+				delete(p.placed, at)
+				p.nrec.Add(-1)
 			}
+			p.known[next] = struct{}{}
+			p.bound()
 			p.mu.Unlock()
 			return e, stale
 		}
@@ -694,6 +702,27 @@ func (p *segPlacer) claimInOrder(at, next uint64) (e *placedFPDU, stale bool) {
 		runtime.Gosched()
 		p.mu.Lock()
 	}
+}
+
+// bound drops the FPDU starts behind the in-order path once known and after
+// have grown past the bound, which then doubles with what stays
+// (amortized); p.mu is held.
+func (p *segPlacer) bound() {
+	if len(p.known)+len(p.after) <= p.prune {
+		return
+	}
+	front := p.front.Load()
+	for k := range p.known {
+		if k < front {
+			delete(p.known, k)
+		}
+	}
+	for k := range p.after {
+		if k < front {
+			delete(p.after, k)
+		}
+	}
+	p.prune = max(256, 2*(len(p.known)+len(p.after)))
 }
 
 // messageDone is called by the receive path when a message whose last
