@@ -951,7 +951,7 @@ func (r *receiver) endReadRequest(h DDPHeader) {
 		return
 	}
 	e := &qp.irq[(qp.irqHead+qp.irqN)%len(qp.irq)]
-	e.sinkSTag, e.sinkTO, e.src, e.srcReg = rr.SinkSTag(), rr.SinkTO(), src, reg
+	*e = irqEntry{sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO(), src: src, srcReg: reg}
 	qp.irqN++
 	qp.mu.Unlock()
 	qp.wake()
