@@ -30,8 +30,9 @@ type DeviceConfig struct {
 	// and Send with Immediate cannot be posted, a peer's atomic and
 	// Immediate Data messages are answered with a Terminate (RDMAP Remote
 	// Operation / Unexpected OpCode) as Linux siw does, and atomic_cap
-	// reads ATOMIC_NONE. RFC 7306 has no negotiation: with them on (the
-	// default), an application learns out of band that its peer has them.
+	// reads ATOMIC_NONE. Nothing negotiates them on the wire: with them
+	// on (the default), an application learns out of band that its peer
+	// has them.
 	NoExtensions bool
 	// MaxFPDU caps FPDU size; 0 keeps one FPDU per TCP segment.
 	MaxFPDU int
