@@ -310,3 +310,19 @@ func TestAtomicPostChecks(t *testing.T) {
 		t.Fatalf("inline atomic: %v", err)
 	}
 }
+
+// TestAtomicWithIRDZero: with IRD 0 granted, an Atomic Request, even as
+// the stream's first FPDU (where a zero-length Read Request may be a Read
+// RTR), exceeds it.
+func TestAtomicWithIRDZero(t *testing.T) {
+	v := newVictimWith(t, false, 2, MPAConfig{IRD: 0, ORD: 1}, MPAConfig{IRD: 1, ORD: 0})
+	if p := v.qp.Params(); p.IRD != 0 {
+		t.Fatalf("victim IRD %d", p.IRD)
+	}
+	v.send(t, v.atomicReq(1, AtomicRequestFields{Op: AtomicFetchAdd, RemoteSTag: v.atReg.STag(), RemoteTO: v.atReg.Base, AddSwapData: 1}))
+	want := TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCatastrophicStream}
+	if got := readTerminate(t, v.peer, false); got != want {
+		t.Fatalf("Terminate %v, want %v", got, want)
+	}
+	v.checkAftermath(t, want, []Status{StatusWRFlush, StatusWRFlush})
+}

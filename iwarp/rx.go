@@ -510,7 +510,7 @@ func (r *receiver) checkReadRequest(h DDPHeader) (TermCode, bool) {
 	if h.MO() != 0 || !h.Last() || r.payLen != 0 {
 		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidMO}, true
 	}
-	if r.irqFull() {
+	if r.irqFull(true) {
 		// More Reads in flight than the IRD we granted.
 		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCatastrophicStream}, true
 	}
@@ -538,12 +538,13 @@ func (r *receiver) checkReadRequest(h DDPHeader) (TermCode, bool) {
 }
 
 // irqFull reports whether a Read or Atomic Request now would exceed the
-// IRD we granted (a Read RTR is let through with IRD 0).
-func (r *receiver) irqFull() bool {
+// IRD we granted. rtr lets the first FPDU through with IRD 0: a Read RTR
+// (RFC 6581), which a zero-length Read Request may be and an atomic never.
+func (r *receiver) irqFull(rtr bool) bool {
 	qp := r.qp
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	return qp.irqN >= qp.params.IRD && !(qp.params.IRD == 0 && qp.irqN == 0 && !r.gateOpen)
+	return qp.irqN >= qp.params.IRD && !(rtr && qp.params.IRD == 0 && qp.irqN == 0 && !r.gateOpen)
 }
 
 // checkAtomicRequest checks an Atomic Request (RFC 7306) on queue 1: the
@@ -560,7 +561,7 @@ func (r *receiver) checkAtomicRequest(h DDPHeader) (TermCode, bool) {
 	if h.MO() != 0 || !h.Last() || r.payLen != 0 {
 		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidMO}, true
 	}
-	if r.irqFull() {
+	if r.irqFull(false) {
 		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCatastrophicStream}, true
 	}
 	ar := AtomicRequest(h.Payload())
