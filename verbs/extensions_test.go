@@ -591,3 +591,67 @@ func TestExtensionPostsAllocateNothing(t *testing.T) {
 		t.Fatalf("%v allocations per post", allocs)
 	}
 }
+
+// TestExtensionsAcrossModes: atomics and immediate data with the MPA CRC,
+// with MPA markers, and with segment placement (its tap sees the new
+// messages go by).
+func TestExtensionsAcrossModes(t *testing.T) {
+	yes := true
+	for _, tc := range []struct {
+		name string
+		dc   verbs.DeviceConfig
+	}{
+		{"crc", verbs.DeviceConfig{CRC: true}},
+		{"markers", verbs.DeviceConfig{Markers: true}},
+		{"markers-crc", verbs.DeviceConfig{Markers: true, CRC: true}},
+		{"segment", verbs.DeviceConfig{Placement: iwarp.PlacementSegment}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPair(t, tc.dc, tc.dc)
+			params := verbs.ConnParams{}
+			if tc.dc.Markers {
+				params.Markers = &yes
+			}
+			cl, sv := connect(t, p, 1<<14, params)
+			if tc.dc.Markers && !cl.conn.Negotiated().MarkersRx {
+				t.Fatal("no markers negotiated")
+			}
+			target := atomicTarget(t, sv.pd, 64)
+			atomic.StoreUint64(word(target.Bytes(), 8), 41)
+			postAtomic(t, cl, 1, verbs.OpAtomicFetchAdd, 0, target, 8, 1, 0)
+			mustOK(t, wait1(t, cl.scq), verbs.WCFetchAdd, 8)
+			postAtomic(t, cl, 2, verbs.OpAtomicCmpSwap, 8, target, 8, 42, 7)
+			mustOK(t, wait1(t, cl.scq), verbs.WCCompSwap, 8)
+			if result(cl, 0) != 41 || result(cl, 8) != 42 || atomic.LoadUint64(word(target.Bytes(), 8)) != 7 {
+				t.Fatalf("originals %d %d, target %d", result(cl, 0), result(cl, 8), atomic.LoadUint64(word(target.Bytes(), 8)))
+			}
+			for i := 0; i < 2; i++ {
+				if err := sv.qp.PostRecv(verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{sv.mr.SGE(8192, 8192)}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fill(cl.buf[16:], 5)
+			if err := cl.qp.PostSend(
+				verbs.SendWR{ID: 3, Op: verbs.OpWriteImm, Flags: verbs.Signaled, Imm: 0x1234, SGL: []verbs.SGE{cl.mr.SGE(16, 5000)},
+					RemoteAddr: sv.mr.Addr(), RKey: sv.mr.RKey()},
+				verbs.SendWR{ID: 4, Op: verbs.OpSendImm, Flags: verbs.Signaled | verbs.Solicited, Imm: 0x5678, SGL: []verbs.SGE{cl.mr.SGE(16, 3000)}},
+			); err != nil {
+				t.Fatal(err)
+			}
+			mustOK(t, wait1(t, cl.scq), verbs.WCWrite, 5000)
+			mustOK(t, wait1(t, cl.scq), verbs.WCSend, 3000)
+			wc := wait1(t, sv.rcq)
+			mustOK(t, wc, verbs.WCRecvRDMAWithImm, 0)
+			if wc.ID != 0 || wc.Imm != 0x1234 || wc.Flags&verbs.WCWithImm == 0 {
+				t.Fatalf("write imm completion %+v", wc)
+			}
+			samePlaced(t, "write with imm", sv.buf[:5000], cl.buf[16:5016])
+			wc = wait1(t, sv.rcq)
+			mustOK(t, wc, verbs.WCRecv, 3000)
+			if wc.ID != 1 || wc.Imm != 0x5678 || wc.Flags&(verbs.WCWithImm|verbs.WCSolicited) != verbs.WCWithImm|verbs.WCSolicited {
+				t.Fatalf("send imm completion %+v", wc)
+			}
+			samePlaced(t, "send with imm", sv.buf[8192:8192+3000], cl.buf[16:3016])
+		})
+	}
+}
