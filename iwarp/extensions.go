@@ -15,7 +15,10 @@ import (
 // atomics are answered in the order they were asked and share the IRD and
 // ORD limits; an Atomic Response goes on queue 3 (QNAtomicResp), with MSNs
 // of its own; Immediate Data goes on queue 0, the Send queue, and takes
-// the next Send MSN (it consumes a receive, as a Send does).
+// the next Send MSN (it consumes a receive, as a Send does). urdma, the
+// other software iWARP with RFC 7306 atomics, uses the same queues; the
+// header layouts and Atomic Operation Codes are those Wireshark's iWARP
+// dissector decodes.
 
 // QNAtomicResp is the untagged queue of Atomic Responses (RFC 7306).
 const QNAtomicResp = 3
