@@ -52,7 +52,8 @@ const (
 	QNSend      = 0 // Send and its variants
 	QNReadReq   = 1 // RDMA Read Request
 	QNTerminate = 2 // Terminate
-	numQN       = 3
+	// QNAtomicResp (3, RFC 7306) is in extensions.go.
+	numQN = 4
 )
 
 // Opcode is the RDMAP opcode (RFC 5040 §4.2, RFC 7306 §8).
@@ -68,7 +69,7 @@ const (
 	OpSendSE         Opcode = 0x5
 	OpSendSEInval    Opcode = 0x6
 	OpTerminate      Opcode = 0x7
-	// RFC 7306 extensions; recognised on the wire, not yet executed.
+	// RFC 7306 extensions (extensions.go).
 	OpImmediate     Opcode = 0x8
 	OpImmediateSE   Opcode = 0x9
 	OpAtomicRequest Opcode = 0xa

@@ -120,6 +120,11 @@ type QPConfig struct {
 	// Placement: PlacementSegment also places RDMA Write payload from TCP
 	// segments as they arrive (the stream must be a SegmentSource).
 	Placement Placement
+	// NoExtensions turns the RFC 7306 extensions (atomics, Immediate
+	// Data) off: posting them fails, and the peer's atomic and Immediate
+	// Data messages are answered with a Terminate (RDMAP Remote Operation
+	// / Unexpected OpCode), as Linux siw does.
+	NoExtensions bool
 	// SegStats counts segment placement; nil for none.
 	SegStats *SegmentStats
 	// TimeHoleFills installs the segment tap with stream placement too,
@@ -185,11 +190,16 @@ type sendWQE struct {
 	signaled bool
 }
 
-// orqEntry is an outstanding RDMA Read we issued (bounded by ORD).
+// orqEntry is an outstanding RDMA Read or atomic we issued (bounded by
+// ORD: RFC 7306 counts atomics against the same limit).
 type orqEntry struct {
 	id       uint64
 	signaled bool
 	rtr      bool // the zero-length Read of an RTR: no completion
+	op       WROp // WRRead or an atomic
+	reqID    uint32
+	// For a Read, the sink of the Read Response; for an atomic, the 8
+	// bytes that receive the original value.
 	sinkSTag uint32
 	sinkTO   uint64
 	size     uint32
@@ -198,12 +208,17 @@ type orqEntry struct {
 	sinkReg  *Region // the region sink lies in
 }
 
-// irqEntry is an inbound RDMA Read we must answer (bounded by IRD).
+// irqEntry is an inbound RDMA Read or atomic we must answer (bounded by
+// IRD), in the order they arrived.
 type irqEntry struct {
 	sinkSTag uint32
 	sinkTO   uint64
 	src      []byte
 	srcReg   *Region // the region src lies in
+	// An executed atomic: the Atomic Response to send.
+	atomic   bool
+	reqID    uint32
+	original uint64
 }
 
 // QP is one RDMAP stream's protocol engine: the send queue and its TX
@@ -238,6 +253,7 @@ type QP struct {
 	termErr   *TerminateError
 	closing   bool // graceful close requested
 	txSendMSN [numQN]uint32
+	atomicID  uint32 // Request Identifier of the last atomic issued
 
 	kick   chan struct{}
 	done   chan struct{}
@@ -456,7 +472,7 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 		e.wr.SGL = nil
 		e.signaled = qp.cfg.SignalAll || wr.Flags&FlagSignaled != 0
 		e.inlined = false
-		if wr.Flags&FlagInline != 0 && wr.Op != WRRead {
+		if wr.Flags&FlagInline != 0 && !wr.Op.usesORQ() {
 			n, err := qp.gatherInline(e)
 			if err != nil {
 				qp.mu.Unlock()
@@ -483,8 +499,19 @@ func (qp *QP) checkSendWR(wr *SendWR) error {
 	if len(wr.SGL) > qp.cfg.MaxSendSGE {
 		return ErrTooManySGE
 	}
+	if wr.Op.extension() && qp.cfg.NoExtensions {
+		return fmt.Errorf("%w: %v needs the RFC 7306 extensions, which are off", ErrInvalidWR, wr.Op)
+	}
 	switch wr.Op {
-	case WRSend, WRSendInvalidate, WRWrite:
+	case WRSend, WRSendInvalidate, WRWrite, WRWriteImm, WRSendImm:
+	case WRAtomicCmpSwap, WRAtomicFetchAdd:
+		// The original value lands in one 8-byte SGE, as libibverbs asks.
+		if len(wr.SGL) != 1 || wr.SGL[0].Length != AtomicTargetSize {
+			return fmt.Errorf("%w: %v takes one 8-byte SGE", ErrInvalidWR, wr.Op)
+		}
+		if wr.Flags&FlagInline != 0 {
+			return fmt.Errorf("%w: %v cannot be inline", ErrInvalidWR, wr.Op)
+		}
 	case WRRead:
 		// The Read Response lands at one sink STag and TO: one SGE, as
 		// siw's max_sge_rd.
@@ -681,8 +708,9 @@ func (qp *QP) flush() {
 		term = qp.termErr
 	}
 	var out []Completion
-	// Outstanding Reads: the one the peer's Terminate answers gets the
-	// remote error, the rest are flushed.
+	// Outstanding Reads and atomics: the oldest, which the peer's
+	// Terminate answers (they are answered in order), gets the remote
+	// error, the rest are flushed.
 	for qp.orqN > 0 {
 		o := &qp.orq[qp.orqHead]
 		qp.orqHead = (qp.orqHead + 1) % len(qp.orq)
@@ -690,7 +718,7 @@ func (qp *QP) flush() {
 		if o.rtr {
 			continue
 		}
-		c := Completion{ID: o.id, Status: StatusWRFlush, Op: CompRead}
+		c := Completion{ID: o.id, Status: StatusWRFlush, Op: wrCompOp(o.op)}
 		if term != nil {
 			c.Status = statusForTerminate(term.Code)
 			c.Term = term.Code
@@ -725,7 +753,7 @@ func (qp *QP) flush() {
 }
 
 // statusForTerminate maps a received Terminate to the status of the Read
-// it answers.
+// or atomic it answers.
 func statusForTerminate(c TermCode) Status {
 	switch {
 	case c.Layer == LayerRDMAP && c.EType == ETypeRemoteProtection:
@@ -742,10 +770,14 @@ func statusForTerminate(c TermCode) Status {
 
 func wrCompOp(op WROp) CompletionOp {
 	switch op {
-	case WRWrite:
+	case WRWrite, WRWriteImm:
 		return CompWrite
 	case WRRead:
 		return CompRead
+	case WRAtomicCmpSwap:
+		return CompCmpSwap
+	case WRAtomicFetchAdd:
+		return CompFetchAdd
 	}
 	return CompSend
 }

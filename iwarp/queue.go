@@ -23,7 +23,24 @@ const (
 	WRSendInvalidate
 	WRWrite
 	WRRead
+	// RFC 7306. An RDMA Write with Immediate is an RDMA Write followed by
+	// an Immediate Data message; a Send with Immediate is an Immediate
+	// Data message (see ImmediateData) followed by the Send.
+	WRWriteImm
+	WRSendImm
+	WRAtomicCmpSwap
+	WRAtomicFetchAdd
 )
+
+// IsAtomic reports whether o is an atomic operation.
+func (o WROp) IsAtomic() bool { return o == WRAtomicCmpSwap || o == WRAtomicFetchAdd }
+
+// usesORQ reports whether o waits for a response, holding an ORQ entry
+// (an outstanding RDMA Read or atomic, bounded by ORD).
+func (o WROp) usesORQ() bool { return o == WRRead || o.IsAtomic() }
+
+// extension reports whether o needs the RFC 7306 extensions.
+func (o WROp) extension() bool { return o >= WRWriteImm && o <= WRAtomicFetchAdd }
 
 func (o WROp) String() string {
 	switch o {
@@ -35,6 +52,14 @@ func (o WROp) String() string {
 		return "RDMA_WRITE"
 	case WRRead:
 		return "RDMA_READ"
+	case WRWriteImm:
+		return "RDMA_WRITE_WITH_IMM"
+	case WRSendImm:
+		return "SEND_WITH_IMM"
+	case WRAtomicCmpSwap:
+		return "ATOMIC_CMP_AND_SWP"
+	case WRAtomicFetchAdd:
+		return "ATOMIC_FETCH_AND_ADD"
 	}
 	return fmt.Sprintf("WROp(%d)", uint8(o))
 }
@@ -46,7 +71,7 @@ type SendFlags uint8
 const (
 	FlagSignaled  SendFlags = 1 << iota // generate a completion
 	FlagInline                          // copy the data at post time
-	FlagSolicited                       // Send with Solicited Event
+	FlagSolicited                       // Send (or Immediate Data) with Solicited Event
 	FlagFence                           // wait for outstanding RDMA Reads first
 )
 
@@ -61,6 +86,15 @@ type SendWR struct {
 	RKey       uint32
 	// Send with Invalidate: the remote STag to invalidate.
 	InvalidateRKey uint32
+	// Write and Send with Immediate: the 32-bit immediate data the peer's
+	// receive completion carries (libibverbs' imm_data).
+	Imm uint32
+	// Atomics (RemoteAddr and RKey name the 8-byte aligned target; the SGL
+	// is one 8-byte SGE that receives the target's original value, in host
+	// byte order): FetchAdd adds CompareAdd; CmpSwap writes Swap if the
+	// target equals CompareAdd (libibverbs' wr.atomic.compare_add, swap).
+	CompareAdd uint64
+	Swap       uint64
 }
 
 // Status is a work completion status; the values and strings are
@@ -133,7 +167,14 @@ const (
 	CompSend  CompletionOp = 0
 	CompWrite CompletionOp = 1
 	CompRead  CompletionOp = 2
-	CompRecv  CompletionOp = 128
+	// CompCmpSwap and CompFetchAdd complete atomics (IBV_WC_COMP_SWAP,
+	// IBV_WC_FETCH_ADD).
+	CompCmpSwap  CompletionOp = 3
+	CompFetchAdd CompletionOp = 4
+	CompRecv     CompletionOp = 128
+	// CompRecvRDMAWithImm is the receive an RDMA Write with Immediate
+	// consumes (IBV_WC_RECV_RDMA_WITH_IMM).
+	CompRecvRDMAWithImm CompletionOp = 129
 )
 
 func (o CompletionOp) String() string {
@@ -144,8 +185,14 @@ func (o CompletionOp) String() string {
 		return "RDMA_WRITE"
 	case CompRead:
 		return "RDMA_READ"
+	case CompCmpSwap:
+		return "COMP_SWAP"
+	case CompFetchAdd:
+		return "FETCH_ADD"
 	case CompRecv:
 		return "RECV"
+	case CompRecvRDMAWithImm:
+		return "RECV_RDMA_WITH_IMM"
 	}
 	return fmt.Sprintf("CompletionOp(%d)", uint8(o))
 }
@@ -157,6 +204,7 @@ type CompletionFlags uint8
 const (
 	CompWithInvalidate CompletionFlags = 1 << iota // InvalidatedRKey is valid
 	CompSolicited                                  // the Send asked for a solicited event
+	CompWithImm                                    // Imm is valid (IBV_WC_WITH_IMM)
 )
 
 // Completion is a work completion.
@@ -168,6 +216,8 @@ type Completion struct {
 	ByteLen         uint32
 	QPNum           uint32
 	InvalidatedRKey uint32
+	// Imm is the immediate data of a receive with CompWithImm.
+	Imm uint32
 	// Term is the Terminate that caused an error status, when one did.
 	Term TermCode
 }

@@ -31,7 +31,10 @@ import (
 //  6. Trailer: pad and CRC are checked (when negotiated).
 //  7. Completion: the last segment of a Send completes the receive; the last
 //     Read Response segment completes the Read; a Read Request goes to the
-//     IRQ for the TX goroutine; a Terminate ends the stream.
+//     IRQ for the TX goroutine; an Atomic Request (RFC 7306) is executed and
+//     its response queued in the IRQ behind earlier Read Responses; an
+//     Atomic Response completes the atomic; Immediate Data completes a
+//     receive (or rides on the Send behind it); a Terminate ends the stream.
 //
 // The parser consumes (stream offset, bytes) in order and knows nothing of
 // TCP, so a segment-level feed can drive it unchanged.
@@ -83,6 +86,9 @@ type receiver struct {
 
 	expect [numQN]uint32
 	cur    rxMsg
+	// A Send with Immediate's Immediate Data, waiting for its Send.
+	imm    uint32
+	hasImm bool
 	offset uint64 // TCP stream offset of the next byte
 	held   holds  // regions being placed into during this stream read
 
@@ -149,6 +155,7 @@ func (r *receiver) init(p ConnParams) {
 	for i := range r.expect {
 		r.expect[i] = 1
 	}
+	r.hasImm = false
 	if r.cur.wqe.sgl == nil {
 		r.cur.wqe.sgl = make([]SGE, 0, r.qp.cfg.RQ.MaxSGE())
 		r.cur.dst = make(zerocopy.SGList, 0, r.qp.cfg.RQ.MaxSGE())
@@ -268,8 +275,9 @@ func (r *receiver) Write(p []byte) (int, error) {
 // as the byte-wise path above (onHeader, place, onTrailer), only without
 // gathering the FPDU piece by piece. It returns 0, having consumed
 // nothing, for an FPDU that p cuts, for a ULPDU shorter than its header
-// (the byte-wise path raises the framing error), and for Read Requests and
-// Terminates, whose headers are longer.
+// (the byte-wise path raises the framing error), and for Read and Atomic
+// Requests, Atomic Responses, Immediate Data and Terminates, whose headers
+// are longer.
 func (r *receiver) whole(p []byte) int {
 	if len(p) < MPALengthSize+DDPUntaggedHeaderSize {
 		return 0
@@ -281,7 +289,7 @@ func (r *receiver) whole(p []byte) int {
 	}
 	h := DDPHeader(p[MPALengthSize:])
 	hs, op := h.HeaderSize(), h.Opcode()
-	if ulpdu < hs || !h.Tagged() && (op == OpReadRequest || op == OpTerminate) {
+	if ulpdu < hs || !h.Tagged() && (extHeaderSize(op) > 0 || op == OpTerminate) {
 		return 0
 	}
 	need := MPALengthSize + hs
@@ -312,10 +320,10 @@ func (r *receiver) sizeHeader() bool {
 	need := hs
 	if !h.Tagged() {
 		switch r.op {
-		case OpReadRequest:
-			need += ReadRequestSize
 		case OpTerminate:
 			need = min(max(r.ulpdu, hs+termCtrlLen), hs+TerminateMaxSize)
+		default:
+			need += extHeaderSize(r.op)
 		}
 	}
 	if r.ulpdu < need {
@@ -412,7 +420,7 @@ func (r *receiver) check(h DDPHeader) (code TermCode, bad bool) {
 	if h.RDMAPVersion() != RDMAPVersion {
 		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeInvalidRDMAPVersion}, true
 	}
-	if tagged != r.op.Tagged() || r.op > OpTerminate {
+	if tagged != r.op.Tagged() || r.op > OpAtomicResp || r.op > OpTerminate && r.qp.cfg.NoExtensions {
 		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
 	}
 	if !tagged {
@@ -422,10 +430,12 @@ func (r *receiver) check(h DDPHeader) (code TermCode, bad bool) {
 		}
 		want := uint32(QNSend)
 		switch r.op {
-		case OpReadRequest:
+		case OpReadRequest, OpAtomicRequest:
 			want = QNReadReq
 		case OpTerminate:
 			want = QNTerminate
+		case OpAtomicResp:
+			want = QNAtomicResp
 		}
 		if qn != want {
 			return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidQN}, true
@@ -438,6 +448,12 @@ func (r *receiver) check(h DDPHeader) (code TermCode, bad bool) {
 		return r.checkReadResponse(h)
 	case OpReadRequest:
 		return r.checkReadRequest(h)
+	case OpAtomicRequest:
+		return r.checkAtomicRequest(h)
+	case OpAtomicResp:
+		return r.checkAtomicResponse(h)
+	case OpImmediate, OpImmediateSE:
+		return r.checkImmediate(h)
 	case OpTerminate:
 		if err := Terminate(h.Payload()).Validate(); err != nil {
 			return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnspecified}, true
@@ -484,6 +500,10 @@ func (r *receiver) checkReadResponse(h DDPHeader) (TermCode, bool) {
 		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
 	}
 	o := &qp.orq[qp.orqHead]
+	if o.op != WRRead {
+		// Responses come in the order of the requests: an atomic's is due.
+		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
+	}
 	if h.STag() != o.sinkSTag {
 		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPInvalidSTag}, true
 	}
@@ -502,10 +522,7 @@ func (r *receiver) checkReadRequest(h DDPHeader) (TermCode, bool) {
 	if h.MO() != 0 || !h.Last() || r.payLen != 0 {
 		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidMO}, true
 	}
-	qp.mu.Lock()
-	full := qp.irqN >= qp.params.IRD && !(qp.params.IRD == 0 && qp.irqN == 0 && !r.gateOpen)
-	qp.mu.Unlock()
-	if full {
+	if r.irqFull(true) {
 		// More Reads in flight than the IRD we granted.
 		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCatastrophicStream}, true
 	}
@@ -529,6 +546,116 @@ func (r *receiver) checkReadRequest(h DDPHeader) (TermCode, bool) {
 	if _, ok := reg.Slice(to, uint64(rr.Size())); !ok {
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeBaseBounds}, true
 	}
+	return TermCode{}, false
+}
+
+// irqFull reports whether a Read or Atomic Request now would exceed the
+// IRD we granted. rtr lets the first FPDU through with IRD 0: a Read RTR
+// (RFC 6581), which a zero-length Read Request may be and an atomic never.
+func (r *receiver) irqFull(rtr bool) bool {
+	qp := r.qp
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.irqN >= qp.params.IRD && !(rtr && qp.params.IRD == 0 && qp.irqN == 0 && !r.gateOpen)
+}
+
+// checkAtomicRequest checks an Atomic Request (RFC 7306) on queue 1: the
+// queue's MSN, one whole segment, room in the IRQ (atomics count against
+// IRD, as Reads do), the operation, and the target: a valid STag of this
+// PD with remote atomic access, and 8 bytes inside the region at an
+// 8-byte aligned address. The operation runs only once the whole FPDU
+// has passed its CRC (endAtomicRequest).
+func (r *receiver) checkAtomicRequest(h DDPHeader) (TermCode, bool) {
+	qp := r.qp
+	if h.MSN() != r.expect[QNReadReq] {
+		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMSNRange}, true
+	}
+	if h.MO() != 0 || !h.Last() || r.payLen != 0 {
+		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidMO}, true
+	}
+	if r.irqFull(false) {
+		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCatastrophicStream}, true
+	}
+	ar := AtomicRequest(h.Payload())
+	if op := ar.Op(); op != AtomicFetchAdd && op != AtomicSwap && op != AtomicCmpSwap {
+		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
+	}
+	reg := qp.cfg.Mem.Lookup(ar.RemoteSTag())
+	switch {
+	case reg == nil:
+		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag}, true
+	case reg.PD != qp.cfg.PD:
+		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeSTagNotAssociated}, true
+	case reg.Access&AccessRemoteAtomic == 0:
+		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeAccessRights}, true
+	}
+	to := ar.RemoteTO()
+	if to+AtomicTargetSize < to {
+		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeTOWrap}, true
+	}
+	word, ok := reg.Slice(to, AtomicTargetSize)
+	if !ok {
+		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeBaseBounds}, true
+	}
+	if !aligned8(word) {
+		// The target must be a naturally aligned 64-bit word: only
+		// that can be updated atomically (and with sync/atomic).
+		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnspecified}, true
+	}
+	return TermCode{}, false
+}
+
+// checkAtomicResponse checks an Atomic Response (RFC 7306) on queue 3: the
+// queue's MSN, one whole segment, and that it answers the oldest
+// outstanding request, which must be an atomic with its Request
+// Identifier.
+func (r *receiver) checkAtomicResponse(h DDPHeader) (TermCode, bool) {
+	qp := r.qp
+	if h.MSN() != r.expect[QNAtomicResp] {
+		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMSNRange}, true
+	}
+	if h.MO() != 0 || !h.Last() || r.payLen != 0 {
+		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidMO}, true
+	}
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.orqN == 0 {
+		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
+	}
+	o := &qp.orq[qp.orqHead]
+	if !o.op.IsAtomic() || o.reqID != AtomicResponse(h.Payload()).RequestID() {
+		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
+	}
+	return TermCode{}, false
+}
+
+// checkImmediate checks an Immediate Data message (RFC 7306) on queue 0:
+// the Send MSN, one whole segment, and a posted receive to consume,
+// except for one that goes with the Send behind it (see ImmediateData).
+func (r *receiver) checkImmediate(h DDPHeader) (TermCode, bool) {
+	qp := r.qp
+	m := &r.cur
+	if m.active || h.MSN() != r.expect[QNSend] {
+		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMSNRange}, true
+	}
+	if h.MO() != 0 || !h.Last() || r.payLen != 0 {
+		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidMO}, true
+	}
+	if ImmediateData(h.Payload()).ForSend() {
+		if r.hasImm {
+			// Two Immediate Data messages for one Send.
+			return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
+		}
+		return TermCode{}, false
+	}
+	if r.hasImm {
+		// The Send that was to carry the last one never came.
+		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
+	}
+	if !qp.cfg.RQ.take(&m.wqe) {
+		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeNoBuffer}, true
+	}
+	m.active, m.msn, m.placed, m.size = true, h.MSN(), 0, 0
 	return TermCode{}, false
 }
 
@@ -735,6 +862,12 @@ func (r *receiver) endFPDU() {
 		r.endReadResponse(h)
 	case OpReadRequest:
 		r.endReadRequest(h)
+	case OpAtomicRequest:
+		r.endAtomicRequest(h)
+	case OpAtomicResp:
+		r.endAtomicResponse(h)
+	case OpImmediate, OpImmediateSE:
+		r.endImmediate(h)
 	case OpTerminate:
 		code, _ := DecodeTerminateLenient(Terminate(h.Payload()))
 		r.state = rxDead
@@ -829,6 +962,11 @@ func (r *receiver) endSend(h DDPHeader) {
 	if r.op.Solicited() {
 		c.Flags |= CompSolicited
 	}
+	if r.hasImm {
+		// Send with Immediate: the Immediate Data came first.
+		c.Flags |= CompWithImm
+		c.Imm, r.hasImm = r.imm, false
+	}
 	m.active = false
 	r.expect[QNSend]++
 	if r.op.Invalidates() {
@@ -908,10 +1046,151 @@ func (r *receiver) endReadRequest(h DDPHeader) {
 		return
 	}
 	e := &qp.irq[(qp.irqHead+qp.irqN)%len(qp.irq)]
-	e.sinkSTag, e.sinkTO, e.src, e.srcReg = rr.SinkSTag(), rr.SinkTO(), src, reg
+	*e = irqEntry{sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO(), src: src, srcReg: reg}
 	qp.irqN++
 	qp.mu.Unlock()
 	qp.wake()
+}
+
+// endImmediate delivers an Immediate Data message: with the receive it
+// took (the receive of an RDMA Write with Immediate), or, for a Send with
+// Immediate, with the Send that follows.
+func (r *receiver) endImmediate(h DDPHeader) {
+	qp := r.qp
+	d := ImmediateData(h.Payload())
+	r.expect[QNSend]++
+	if d.ForSend() {
+		r.imm, r.hasImm = d.Imm(), true
+		return
+	}
+	m := &r.cur
+	c := Completion{ID: m.wqe.id, Op: CompRecvRDMAWithImm, Flags: CompWithImm, Imm: d.Imm()}
+	if r.op == OpImmediateSE {
+		c.Flags |= CompSolicited
+	}
+	m.active = false
+	qp.complete(qp.cfg.RecvCQ, c)
+}
+
+// endAtomicRequest executes an Atomic Request that passed its checks and
+// its CRC, and queues its Atomic Response behind the Read Responses
+// already due. The target is the host's 64-bit word at the (8-byte
+// aligned) address: it is read and written with sync/atomic in the host's
+// byte order, so the operation is atomic against every other atomic of
+// this device (whichever QP it came on) and against the host program's
+// own sync/atomic operations on the word. The operands and the original
+// value travel in network byte order, as RFC 7306's fields do.
+func (r *receiver) endAtomicRequest(h DDPHeader) {
+	qp := r.qp
+	ar := AtomicRequest(h.Payload())
+	r.expect[QNReadReq]++
+	qp.mu.Lock()
+	full := qp.irqN == len(qp.irq)
+	qp.mu.Unlock()
+	if full {
+		r.fail(TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCatastrophicStream}, len(h))
+		return
+	}
+	// Checked in checkAtomicRequest; the region may have been
+	// deregistered since, which the lookup and the hold catch.
+	reg := qp.cfg.Mem.Lookup(ar.RemoteSTag())
+	var word []byte
+	ok := false
+	if reg != nil {
+		word, ok = reg.Slice(ar.RemoteTO(), AtomicTargetSize)
+	}
+	if !ok || !r.held.hold(reg) {
+		r.fail(TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag}, len(h))
+		return
+	}
+	orig := executeAtomic((*uint64)(unsafe.Pointer(unsafe.SliceData(word))), ar)
+	qp.mu.Lock()
+	e := &qp.irq[(qp.irqHead+qp.irqN)%len(qp.irq)]
+	*e = irqEntry{atomic: true, reqID: ar.RequestID(), original: orig}
+	qp.irqN++
+	qp.mu.Unlock()
+	qp.wake()
+}
+
+// executeAtomic runs the request's operation on *p and returns the value
+// *p had before it. Masks: CmpSwap compares the bits set in the Compare
+// Mask and replaces those set in the Swap Mask; Swap replaces the bits set
+// in the Swap Mask; FetchAdd's Add Mask marks field ends, past which no
+// carry goes (0: one 64-bit add). libibverbs' operations (all-ones masks,
+// Add Mask 0) take one atomic instruction; other masks a compare-and-swap
+// loop.
+func executeAtomic(p *uint64, ar AtomicRequest) uint64 {
+	data, mask := ar.AddSwapData(), ar.AddSwapMask()
+	switch ar.Op() {
+	case AtomicFetchAdd:
+		if mask == 0 {
+			return atomic.AddUint64(p, data) - data
+		}
+		for {
+			old := atomic.LoadUint64(p)
+			if atomic.CompareAndSwapUint64(p, old, maskedAdd(old, data, mask)) {
+				return old
+			}
+		}
+	case AtomicSwap:
+		if mask == ^uint64(0) {
+			return atomic.SwapUint64(p, data)
+		}
+		for {
+			old := atomic.LoadUint64(p)
+			if atomic.CompareAndSwapUint64(p, old, old&^mask|data&mask) {
+				return old
+			}
+		}
+	default: // AtomicCmpSwap; checkAtomicRequest refused the rest
+		cmp, cmpMask := ar.CompareData(), ar.CompareMask()
+		for {
+			old := atomic.LoadUint64(p)
+			if (old^cmp)&cmpMask != 0 {
+				return old // the comparison failed at this load
+			}
+			if atomic.CompareAndSwapUint64(p, old, old&^mask|data&mask) {
+				return old
+			}
+		}
+	}
+}
+
+// endAtomicResponse completes the atomic at the head of the ORQ: the
+// original value goes to its 8-byte SGE in host byte order.
+func (r *receiver) endAtomicResponse(h DDPHeader) {
+	qp := r.qp
+	r.expect[QNAtomicResp]++
+	qp.mu.Lock()
+	o := qp.orq[qp.orqHead]
+	qp.orq[qp.orqHead] = orqEntry{}
+	qp.orqHead = (qp.orqHead + 1) % len(qp.orq)
+	qp.orqN--
+	qp.mu.Unlock()
+	c := Completion{ID: o.id, Op: wrCompOp(o.op), ByteLen: AtomicTargetSize}
+	if !r.held.hold(o.sinkReg) {
+		// Deregistered since the WR was posted.
+		c.Status = StatusLocalProtection
+		qp.complete(qp.cfg.SendCQ, c)
+		r.fail(TermCode{LayerRDMAP, ETypeRDMAPCatastrophic, CodeUnspecified}, len(h))
+		return
+	}
+	v := AtomicResponse(h.Payload()).OriginalValue()
+	if aligned8(o.sink) {
+		atomic.StoreUint64((*uint64)(unsafe.Pointer(unsafe.SliceData(o.sink))), v)
+	} else {
+		binary.NativeEndian.PutUint64(o.sink, v)
+	}
+	r.n.placed += AtomicTargetSize
+	if o.signaled {
+		qp.complete(qp.cfg.SendCQ, c)
+	}
+	qp.wake() // an ORQ slot is free again
+}
+
+// aligned8 reports whether b starts at an 8-byte aligned address.
+func aligned8(b []byte) bool {
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))&7 == 0
 }
 
 // openGate lets a responder's TX start: the initiator has spoken first.

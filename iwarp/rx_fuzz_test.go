@@ -49,7 +49,7 @@ func (s *nullStream) Close() error      { return nil }
 // fuzzer) can name it: its STag is fuzzSTag.
 func fuzzMem(guard []byte) (*MemTable, *Region) {
 	mem := NewMemTable()
-	reg := &Region{Buf: guard[4096:8192], Base: 0x10000, Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead, PD: 1}
+	reg := &Region{Buf: guard[4096:8192], Base: 0x10000, Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic, PD: 1}
 	mem.Register(reg)
 	reg.stag = reg.stag&^0xff | 0x5c
 	return mem, reg
@@ -71,6 +71,10 @@ func FuzzReceiver(f *testing.F) {
 		rawFPDU(rawULPDU(DDPFields{Opcode: OpTerminate, Last: true, QN: QNTerminate, MSN: 1}, []byte{0x20, 2, 0, 0}), false),
 		{0, 0, 0, 0},
 		{0xff, 0xff, 0x41, 0x43},
+	}
+	seeds = append(seeds, extensionStream(false))
+	for _, b := range extensionFPDUs(false) {
+		seeds = append(seeds, b)
 	}
 	for _, s := range seeds {
 		f.Add(s, false)
@@ -193,6 +197,8 @@ func FuzzReceiverSplits(f *testing.F) {
 	f.Add(bad, true)
 	f.Add(rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, Last: true, STag: 0x999, TO: 0x10000}, make([]byte, 40)), false), false)
 	f.Add(rawFPDU(rawULPDU(DDPFields{Opcode: OpReadRequest, Last: true, QN: QNReadReq, MSN: 1}, make([]byte, ReadRequestSize)), false), false)
+	f.Add(extensionStream(false), false)
+	f.Add(extensionStream(true), true)
 	f.Fuzz(func(t *testing.T, data []byte, crc bool) {
 		if len(data) > 1<<14 {
 			return
@@ -214,4 +220,39 @@ func FuzzReceiverSplits(f *testing.F) {
 			t.Fatalf("completions: %+v in one piece, %+v byte by byte", a.comps, b.comps)
 		}
 	})
+}
+
+// extensionFPDUs are RFC 7306 messages aimed at the fuzzers' region: a
+// FetchAdd and a CmpSwap (queue 1, after nothing else), an Atomic
+// Response nobody asked for, an Immediate Data, and a Send with Immediate.
+func extensionFPDUs(crc bool) [][]byte {
+	ar := func(msn uint32, f AtomicRequestFields) []byte {
+		b := make([]byte, AtomicRequestSize)
+		AtomicRequest(b).Encode(&f)
+		return rawFPDU(rawULPDU(DDPFields{Opcode: OpAtomicRequest, Last: true, QN: QNReadReq, MSN: msn}, b), crc)
+	}
+	imm := func(op Opcode, msn uint32, v uint64) []byte {
+		b := make([]byte, ImmediateDataSize)
+		ImmediateData(b).Encode(v)
+		return rawFPDU(rawULPDU(DDPFields{Opcode: op, Last: true, QN: QNSend, MSN: msn}, b), crc)
+	}
+	rsp := make([]byte, AtomicResponseSize)
+	AtomicResponse(rsp).Encode(1, 2)
+	return [][]byte{
+		ar(1, AtomicRequestFields{Op: AtomicFetchAdd, RemoteSTag: fuzzSTag, RemoteTO: 0x10008, AddSwapData: 3}),
+		ar(2, AtomicRequestFields{Op: AtomicCmpSwap, RemoteSTag: fuzzSTag, RemoteTO: 0x10008, AddSwapData: 9, AddSwapMask: ^uint64(0), CompareData: 3, CompareMask: ^uint64(0)}),
+		imm(OpImmediateSE, 1, 0xabc),
+		imm(OpImmediate, 2, ImmFlagForSend|5),
+		rawFPDU(rawULPDU(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 3}, []byte("imm")), crc),
+		rawFPDU(rawULPDU(DDPFields{Opcode: OpAtomicResp, Last: true, QN: QNAtomicResp, MSN: 1}, rsp), crc),
+	}
+}
+
+// extensionStream is extensionFPDUs back to back.
+func extensionStream(crc bool) []byte {
+	var s []byte
+	for _, b := range extensionFPDUs(crc) {
+		s = append(s, b...)
+	}
+	return s
 }

@@ -83,6 +83,8 @@ type victim struct {
 	guard    []byte // whole allocation: guard | MR | guard
 	roReg    *Region
 	otherPD  *Region
+	atReg    *Region // remote atomic access, 8-byte aligned
+	noExt    bool
 	peer     *connStream
 	peerCRC  bool
 	recvSize int
@@ -92,10 +94,23 @@ const guardSize = 4096
 
 func newVictim(t *testing.T, crc bool, recvs int, ird int) *victim {
 	t.Helper()
+	return newVictimExt(t, crc, recvs, ird, false)
+}
+
+// newVictimExt is newVictim with the RFC 7306 extensions off (noExt).
+func newVictimExt(t *testing.T, crc bool, recvs int, ird int, noExt bool) *victim {
+	t.Helper()
+	return newVictimWith(t, noExt, recvs, MPAConfig{IRD: ird, ORD: 1}, MPAConfig{CRC: crc, IRD: 1, ORD: 1})
+}
+
+// newVictimWith negotiates the victim's MPA with mine and the raw peer's
+// with peer.
+func newVictimWith(t *testing.T, noExt bool, recvs int, mine, peer MPAConfig) *victim {
+	t.Helper()
 	e := &testEnd{scq: newTestCQ(), rcq: newTestCQ(), mem: NewMemTable(), events: make(chan Event, 64)}
 	rq, _ := NewRecvQueue(16, 2)
 	var err error
-	e.qp, err = NewQP(QPConfig{Num: 9, PD: 7, Mem: e.mem, SendCQ: e.scq, RecvCQ: e.rcq, RQ: rq, Stats: &e.stats,
+	e.qp, err = NewQP(QPConfig{Num: 9, PD: 7, Mem: e.mem, SendCQ: e.scq, RecvCQ: e.rcq, RQ: rq, Stats: &e.stats, NoExtensions: noExt,
 		OnEvent: func(ev Event) {
 			select {
 			case e.events <- ev:
@@ -106,12 +121,13 @@ func newVictim(t *testing.T, crc bool, recvs int, ird int) *victim {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.qp.Close() })
-	v := &victim{testEnd: e, guard: make([]byte, 3*guardSize), recvSize: 64}
+	v := &victim{testEnd: e, guard: make([]byte, 3*guardSize), recvSize: 64, noExt: noExt}
 	e.buf = v.guard[guardSize : 2*guardSize]
 	e.reg = &Region{Buf: e.buf, Base: 0x100000, Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead, PD: 7}
 	v.roReg = &Region{Buf: make([]byte, 4096), Base: 0x200000, Access: AccessLocalWrite, PD: 7}
-	v.otherPD = &Region{Buf: make([]byte, 4096), Base: 0x300000, Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead, PD: 8}
-	for _, r := range []*Region{e.reg, v.roReg, v.otherPD} {
+	v.otherPD = &Region{Buf: make([]byte, 4096), Base: 0x300000, Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic, PD: 8}
+	v.atReg = &Region{Buf: make([]byte, 4096), Base: 0x400000, Access: AccessLocalWrite | AccessRemoteAtomic, PD: 7}
+	for _, r := range []*Region{e.reg, v.roReg, v.otherPD, v.atReg} {
 		if _, err := e.mem.Register(r); err != nil {
 			t.Fatal(err)
 		}
@@ -132,13 +148,13 @@ func newVictim(t *testing.T, crc bool, recvs int, ird int) *victim {
 			done <- err
 			return
 		}
-		p, err := req.Accept(ctx, sb, MPAConfig{IRD: ird, ORD: 1})
+		p, err := req.Accept(ctx, sb, mine)
 		if err == nil {
 			err = e.qp.Start(sb, p)
 		}
 		done <- err
 	}()
-	p, _, err := Initiate(ctx, sa, MPAConfig{CRC: crc, IRD: 1, ORD: 1})
+	p, _, err := Initiate(ctx, sa, peer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,6 +178,20 @@ func (v *victim) send(t *testing.T, fpdus ...[]byte) {
 
 func (v *victim) fpdu(f DDPFields, payload []byte) []byte {
 	return rawFPDU(rawULPDU(f, payload), v.peerCRC)
+}
+
+// atomicReq frames an Atomic Request on queue 1 with the given MSN.
+func (v *victim) atomicReq(msn uint32, f AtomicRequestFields) []byte {
+	ar := make([]byte, AtomicRequestSize)
+	AtomicRequest(ar).Encode(&f)
+	return v.fpdu(DDPFields{Opcode: OpAtomicRequest, Last: true, QN: QNReadReq, MSN: msn}, ar)
+}
+
+// immediate frames an Immediate Data message on queue 0.
+func (v *victim) immediate(op Opcode, msn uint32, value uint64) []byte {
+	d := make([]byte, ImmediateDataSize)
+	ImmediateData(d).Encode(value)
+	return v.fpdu(DDPFields{Opcode: op, Last: true, QN: QNSend, MSN: msn}, d)
 }
 
 func (v *victim) readReq(f ReadRequestFields) []byte {
@@ -196,7 +226,7 @@ func (v *victim) checkAftermath(t *testing.T, code TermCode, recvStatus []Status
 			t.Fatalf("guard byte %d after the MR changed", i)
 		}
 	}
-	for _, r := range []*Region{v.roReg, v.otherPD} {
+	for _, r := range []*Region{v.roReg, v.otherPD, v.atReg} {
 		for i, c := range r.Buf {
 			if c != 0 {
 				t.Fatalf("byte %d of a region the peer may not write changed", i)
@@ -225,6 +255,8 @@ func TestTerminateCauses(t *testing.T) {
 		code   TermCode
 		status []Status
 	}
+	// Cases whose victim has the RFC 7306 extensions off.
+	noExt := map[string]bool{"atomic-unsupported": true, "atomic-unsupported-qn1": true, "immediate-unsupported": true}
 	payload := make([]byte, 100)
 	for i := range payload {
 		payload[i] = 0xee
@@ -292,8 +324,102 @@ func TestTerminateCauses(t *testing.T) {
 		{"bad-opcode", false, 2, func(v *victim) [][]byte {
 			return [][]byte{v.fpdu(DDPFields{Opcode: 0xc, Last: true, QN: QNSend, MSN: 1}, payload[:10])}
 		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, flush2},
+		// With the RFC 7306 extensions off, their opcodes are refused
+		// before anything else is looked at, as Linux siw refuses them.
 		{"atomic-unsupported", false, 2, func(v *victim) [][]byte {
 			return [][]byte{v.fpdu(DDPFields{Opcode: OpAtomicRequest, Last: true, QN: 3, MSN: 1}, payload[:52])}
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, flush2},
+		{"atomic-unsupported-qn1", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.atomicReq(1, AtomicRequestFields{Op: AtomicFetchAdd, RemoteSTag: v.atReg.STag(), RemoteTO: v.atReg.Base, AddSwapData: 1})}
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, flush2},
+		{"immediate-unsupported", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.immediate(OpImmediate, 1, 7)}
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, flush2},
+		// With them on (the default): Atomic Requests belong on queue 1.
+		{"atomic-request-on-qn3", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpAtomicRequest, Last: true, QN: 3, MSN: 1}, payload[:52])}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidQN}, flush2},
+		{"atomic-invalid-stag", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.atomicReq(1, AtomicRequestFields{Op: AtomicFetchAdd, RemoteSTag: v.atReg.STag() ^ 0x100, RemoteTO: v.atReg.Base, AddSwapData: 1})}
+		}, TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag}, flush2},
+		{"atomic-no-atomic-access", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.atomicReq(1, AtomicRequestFields{Op: AtomicFetchAdd, RemoteSTag: v.reg.STag(), RemoteTO: v.reg.Base, AddSwapData: 1})}
+		}, TermCode{LayerRDMAP, ETypeRemoteProtection, CodeAccessRights}, flush2},
+		{"atomic-other-pd", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.atomicReq(1, AtomicRequestFields{Op: AtomicFetchAdd, RemoteSTag: v.otherPD.STag(), RemoteTO: v.otherPD.Base, AddSwapData: 1})}
+		}, TermCode{LayerRDMAP, ETypeRemoteProtection, CodeSTagNotAssociated}, flush2},
+		{"atomic-past-end", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.atomicReq(1, AtomicRequestFields{Op: AtomicCmpSwap, RemoteSTag: v.atReg.STag(), RemoteTO: v.atReg.Base + 4096, AddSwapData: 1, AddSwapMask: ^uint64(0), CompareMask: ^uint64(0)})}
+		}, TermCode{LayerRDMAP, ETypeRemoteProtection, CodeBaseBounds}, flush2},
+		{"atomic-straddles-end", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.atomicReq(1, AtomicRequestFields{Op: AtomicFetchAdd, RemoteSTag: v.atReg.STag(), RemoteTO: v.atReg.Base + 4092, AddSwapData: 1})}
+		}, TermCode{LayerRDMAP, ETypeRemoteProtection, CodeBaseBounds}, flush2},
+		{"atomic-before-start", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.atomicReq(1, AtomicRequestFields{Op: AtomicFetchAdd, RemoteSTag: v.atReg.STag(), RemoteTO: v.atReg.Base - 8, AddSwapData: 1})}
+		}, TermCode{LayerRDMAP, ETypeRemoteProtection, CodeBaseBounds}, flush2},
+		{"atomic-to-wrap", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.atomicReq(1, AtomicRequestFields{Op: AtomicFetchAdd, RemoteSTag: v.atReg.STag(), RemoteTO: ^uint64(0) - 3, AddSwapData: 1})}
+		}, TermCode{LayerRDMAP, ETypeRemoteProtection, CodeTOWrap}, flush2},
+		{"atomic-misaligned", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.atomicReq(1, AtomicRequestFields{Op: AtomicFetchAdd, RemoteSTag: v.atReg.STag(), RemoteTO: v.atReg.Base + 4, AddSwapData: 1})}
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnspecified}, flush2},
+		{"atomic-unknown-op", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.atomicReq(1, AtomicRequestFields{Op: 3, RemoteSTag: v.atReg.STag(), RemoteTO: v.atReg.Base, AddSwapData: 1})}
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, flush2},
+		{"atomic-msn-out-of-range", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.atomicReq(2, AtomicRequestFields{Op: AtomicFetchAdd, RemoteSTag: v.atReg.STag(), RemoteTO: v.atReg.Base, AddSwapData: 1})}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMSNRange}, flush2},
+		{"atomic-not-last", false, 2, func(v *victim) [][]byte {
+			ar := make([]byte, AtomicRequestSize)
+			AtomicRequest(ar).Encode(&AtomicRequestFields{Op: AtomicFetchAdd, RemoteSTag: v.atReg.STag(), RemoteTO: v.atReg.Base, AddSwapData: 1})
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpAtomicRequest, QN: QNReadReq, MSN: 1}, ar)}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidMO}, flush2},
+		{"atomic-short-header", false, 2, func(v *victim) [][]byte {
+			// A ULPDU shorter than DDP header + Atomic Request header.
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpAtomicRequest, Last: true, QN: QNReadReq, MSN: 1}, payload[:40])}
+		}, TermCode{LayerLLP, ETypeMPA, CodeFPDUStart}, flush2},
+		{"ird-exceeded-atomics", false, 2, func(v *victim) [][]byte {
+			var out [][]byte
+			for i := 0; i < 256; i++ {
+				out = append(out, v.atomicReq(uint32(i+1), AtomicRequestFields{Op: AtomicFetchAdd, RequestID: uint32(i), RemoteSTag: v.atReg.STag(), RemoteTO: v.atReg.Base + 4088}))
+			}
+			return out
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCatastrophicStream}, flush2},
+		{"unsolicited-atomic-response", false, 2, func(v *victim) [][]byte {
+			rsp := make([]byte, AtomicResponseSize)
+			AtomicResponse(rsp).Encode(1, 42)
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpAtomicResp, Last: true, QN: QNAtomicResp, MSN: 1}, rsp)}
+		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, flush2},
+		{"atomic-response-on-qn1", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpAtomicResp, Last: true, QN: QNReadReq, MSN: 1}, payload[:AtomicResponseSize])}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidQN}, flush2},
+		{"immediate-no-receive-posted", false, 0, func(v *victim) [][]byte {
+			return [][]byte{v.immediate(OpImmediate, 1, 7)}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeNoBuffer}, nil},
+		{"immediate-se-no-receive-posted", false, 0, func(v *victim) [][]byte {
+			return [][]byte{v.immediate(OpImmediateSE, 1, 7)}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeNoBuffer}, nil},
+		{"send-with-immediate-no-receive-posted", false, 0, func(v *victim) [][]byte {
+			return [][]byte{v.immediate(OpImmediate, 1, ImmFlagForSend|7), v.fpdu(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 2}, payload[:10])}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeNoBuffer}, nil},
+		{"immediate-msn-out-of-range", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.immediate(OpImmediate, 3, 7)}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMSNRange}, flush2},
+		{"immediate-on-qn1", false, 2, func(v *victim) [][]byte {
+			d := make([]byte, ImmediateDataSize)
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpImmediate, Last: true, QN: QNReadReq, MSN: 1}, d)}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidQN}, flush2},
+		{"immediate-with-payload", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.fpdu(DDPFields{Opcode: OpImmediate, Last: true, QN: QNSend, MSN: 1}, payload[:16])}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeInvalidMO}, flush2},
+		{"immediate-inside-send", false, 2, func(v *victim) [][]byte {
+			return [][]byte{
+				v.fpdu(DDPFields{Opcode: OpSend, QN: QNSend, MSN: 1}, payload[:8]),
+				v.immediate(OpImmediate, 2, 7),
+			}
+		}, TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMSNRange}, []Status{StatusWRFlush, StatusWRFlush}},
+		{"two-immediates-for-one-send", false, 2, func(v *victim) [][]byte {
+			return [][]byte{v.immediate(OpImmediate, 1, ImmFlagForSend|7), v.immediate(OpImmediate, 2, ImmFlagForSend|8)}
 		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, flush2},
 		{"unsolicited-read-response", false, 2, func(v *victim) [][]byte {
 			return [][]byte{v.fpdu(DDPFields{Opcode: OpReadResponse, Last: true, STag: v.reg.STag(), TO: v.reg.Base}, payload[:10])}
@@ -334,7 +460,7 @@ func TestTerminateCauses(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			v := newVictim(t, c.crc, c.recvs, 1)
+			v := newVictimExt(t, c.crc, c.recvs, 1, noExt[c.name])
 			v.send(t, c.build(v)...)
 			if got := readTerminate(t, v.peer, v.peerCRC); got != c.code {
 				t.Fatalf("Terminate %v, want %v", got, c.code)

@@ -15,12 +15,13 @@ import (
 //
 //  1. Work: the TX goroutine picks, under the QP lock, the next thing to
 //     send: a queued Terminate first, then the RTR of a peer-to-peer
-//     initiator, then inbound Read Requests (Read Responses, in order, at
-//     most four in a row while sends wait) and the send queue in order.
+//     initiator, then inbound Read and Atomic Requests (their responses,
+//     in order, at most four in a row while sends wait) and the send
+//     queue in order.
 //     A responder sends nothing until the initiator's first FPDU arrived.
 //  2. Resolution: the work request's SGL is resolved to slices of
-//     registered memory (STag, PD, bounds), and an RDMA Read gets its ORQ
-//     entry before its request can reach the wire.
+//     registered memory (STag, PD, bounds), and an RDMA Read or atomic gets
+//     its ORQ entry before its request can reach the wire.
 //  3. Framing: the message is cut into FPDUs no larger than the
 //     connection's current maximum segment payload, so every FPDU fits a
 //     TCP segment.
@@ -31,8 +32,9 @@ import (
 //     The source regions are held during each of netstack's reads, never
 //     while it waits for send-buffer space; one deregistered meanwhile
 //     cuts the message off (see fpduWriter.Read).
-//  5. Completion: a Send or Write completes once TCP has the bytes; a Read
-//     completes when its last Read Response segment has been placed.
+//  5. Completion: a Send or Write (with Immediate too) completes once TCP
+//     has the bytes; a Read completes when its last Read Response segment
+//     has been placed, an atomic when its Atomic Response has arrived.
 
 const irqBurst = 4 // Read Responses served in a row while sends wait
 
@@ -69,7 +71,13 @@ type transmitter struct {
 	wqe  sendWQE
 	irq  irqEntry
 	rr   [ReadRequestSize]byte
-	buf  [rxHdrMax + 8]byte
+	ar   [AtomicRequestSize]byte
+	imm  [ImmediateDataSize]byte
+	arsp [AtomicResponseSize]byte
+	// atomicID is the Request Identifier claimORQ gave the atomic being
+	// sent.
+	atomicID uint32
+	buf      [rxHdrMax + 8]byte
 }
 
 func (t *transmitter) init(p ConnParams) {
@@ -150,6 +158,15 @@ func (t *transmitter) drain(inline bool) bool {
 			}
 		case jobReadResp:
 			e := &t.irq
+			if e.atomic {
+				// The atomic was executed when its request arrived.
+				AtomicResponse(t.arsp[:]).Encode(e.reqID, e.original)
+				f := DDPFields{Opcode: OpAtomicResp, QN: QNAtomicResp, MSN: t.nextMSN(QNAtomicResp)}
+				if !t.send(&f, nil, nil, 0, t.arsp[:]) {
+					return true
+				}
+				continue
+			}
 			f := DDPFields{Opcode: OpReadResponse, STag: e.sinkSTag, TO: e.sinkTO}
 			t.src = append(t.src[:0], e.src)
 			t.regs = append(t.regs[:0], e.srcReg)
@@ -202,7 +219,7 @@ func (qp *QP) postInline() {
 // a Terminate), and it is a small Send or Write. qp.mu is held.
 func (qp *QP) directOK(wr *SendWR) bool {
 	if qp.state != StateRTS || qp.txGate || qp.sqN > 0 || qp.irqN > 0 || qp.term != nil ||
-		wr.Op == WRRead || wr.Flags&FlagFence != 0 && qp.orqN > 0 {
+		wr.Op.usesORQ() || wr.Flags&FlagFence != 0 && qp.orqN > 0 {
 		return false
 	}
 	n := 0
@@ -272,7 +289,7 @@ func (t *transmitter) pick(inline bool) txJob {
 			return jobNone
 		}
 		e := &qp.sq[qp.sqHead]
-		if e.wr.Op == WRRead && qp.orqN == len(qp.orq) || wqeBytes(e) > inlineTXMax {
+		if e.wr.Op.usesORQ() && qp.orqN == len(qp.orq) || wqeBytes(e) > inlineTXMax {
 			return jobNone
 		}
 	}
@@ -287,8 +304,9 @@ func (t *transmitter) pick(inline bool) txJob {
 	t.burst = 0
 	if qp.sqN > 0 {
 		e := &qp.sq[qp.sqHead]
-		if (e.wr.Op == WRRead && qp.orqN == len(qp.orq)) || (e.wr.Flags&FlagFence != 0 && qp.orqN > 0) {
-			// Wait for a Read Response to free an ORQ slot.
+		if (e.wr.Op.usesORQ() && qp.orqN == len(qp.orq)) || (e.wr.Flags&FlagFence != 0 && qp.orqN > 0) {
+			// Wait for a Read or Atomic Response to free an ORQ slot
+			// (ORD bounds Reads and atomics together, RFC 7306).
 			return jobNone
 		}
 		t.wqe.wr = e.wr
@@ -297,7 +315,7 @@ func (t *transmitter) pick(inline bool) txJob {
 		t.wqe.sgl = append(t.wqe.sgl[:0], e.sgl...)
 		// The slot may be reposted as soon as it is released: keep a copy.
 		t.wqe.inline = append(t.inlineBuf[:0], e.inline...)
-		if e.wr.Op == WRRead {
+		if e.wr.Op.usesORQ() {
 			t.readOK = t.claimORQ()
 		}
 		qp.sqHead = (qp.sqHead + 1) % len(qp.sq)
@@ -310,7 +328,8 @@ func (t *transmitter) pick(inline bool) txJob {
 	return jobNone
 }
 
-// claimORQ resolves a Read's sink and reserves its ORQ entry; qp.mu held.
+// claimORQ resolves the sink of a Read (or the 8 bytes that receive an
+// atomic's original value) and reserves its ORQ entry; qp.mu held.
 func (t *transmitter) claimORQ() bool {
 	qp := t.qp
 	w := &t.wqe
@@ -325,8 +344,15 @@ func (t *transmitter) claimORQ() bool {
 		}
 		sink, reg, stag, to = b, r, w.sgl[0].LKey, w.sgl[0].Addr
 	}
+	var id uint32
+	if w.wr.Op.IsAtomic() {
+		qp.atomicID++
+		id = qp.atomicID
+		t.atomicID = id
+	}
 	o := &qp.orq[(qp.orqHead+qp.orqN)%len(qp.orq)]
-	*o = orqEntry{id: w.wr.ID, signaled: w.signaled, sinkSTag: stag, sinkTO: to, size: uint32(len(sink)), sink: sink, sinkReg: reg}
+	*o = orqEntry{id: w.wr.ID, signaled: w.signaled, op: w.wr.Op, reqID: id,
+		sinkSTag: stag, sinkTO: to, size: uint32(len(sink)), sink: sink, sinkReg: reg}
 	qp.orqN++
 	return true
 }
@@ -350,6 +376,11 @@ func (t *transmitter) sendWQE() bool {
 		})
 		f := DDPFields{Opcode: OpReadRequest, QN: QNReadReq, MSN: t.nextMSN(QNReadReq)}
 		return t.send(&f, nil, nil, 0, t.rr[:])
+	case WRAtomicCmpSwap, WRAtomicFetchAdd:
+		if !t.readOK {
+			return t.localError(w, StatusLocalProtection)
+		}
+		return t.sendAtomic(w)
 	}
 	var src zerocopy.SGList
 	var regs []*Region
@@ -366,12 +397,15 @@ func (t *transmitter) sendWQE() bool {
 		}
 	}
 	var f DDPFields
-	op := CompSend
+	op := wrCompOp(w.wr.Op)
 	switch w.wr.Op {
-	case WRWrite:
+	case WRWrite, WRWriteImm:
 		f = DDPFields{Opcode: OpWrite, STag: w.wr.RKey, TO: w.wr.RemoteAddr}
-		op = CompWrite
-	case WRSend, WRSendInvalidate:
+	case WRSend, WRSendInvalidate, WRSendImm:
+		if w.wr.Op == WRSendImm && !t.sendImmediate(w, ImmFlagForSend) {
+			qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
+			return false
+		}
 		f = DDPFields{Opcode: OpSend, QN: QNSend, MSN: t.nextMSN(QNSend)}
 		if w.wr.Op == WRSendInvalidate {
 			f.Opcode = OpSendInvalidate
@@ -391,10 +425,44 @@ func (t *transmitter) sendWQE() bool {
 		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
 		return false
 	}
+	if w.wr.Op == WRWriteImm && !t.sendImmediate(w, 0) {
+		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
+		return false
+	}
 	if w.signaled {
 		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Op: op, ByteLen: uint32(n)})
 	}
 	return true
+}
+
+// sendAtomic sends an atomic's request; its ORQ entry is claimed. The
+// WR completes when the Atomic Response arrives. libibverbs' CmpSwap
+// compares and swaps all 64 bits (both masks all ones); its FetchAdd is
+// one 64-bit add (no field boundaries: Add Mask 0).
+func (t *transmitter) sendAtomic(w *sendWQE) bool {
+	f := AtomicRequestFields{RequestID: t.atomicID, RemoteSTag: w.wr.RKey, RemoteTO: w.wr.RemoteAddr}
+	if w.wr.Op == WRAtomicFetchAdd {
+		f.Op, f.AddSwapData = AtomicFetchAdd, w.wr.CompareAdd
+	} else {
+		f.Op, f.AddSwapData, f.AddSwapMask = AtomicCmpSwap, w.wr.Swap, ^uint64(0)
+		f.CompareData, f.CompareMask = w.wr.CompareAdd, ^uint64(0)
+	}
+	AtomicRequest(t.ar[:]).Encode(&f)
+	d := DDPFields{Opcode: OpAtomicRequest, QN: QNReadReq, MSN: t.nextMSN(QNReadReq)}
+	return t.send(&d, nil, nil, 0, t.ar[:])
+}
+
+// sendImmediate sends the Immediate Data message of a Write or Send with
+// Immediate; flags are rdmatap's upper 32 bits (see ImmediateData). The
+// Immediate Data of a Write carries the WR's solicited event; that of a
+// Send leaves it to the Send.
+func (t *transmitter) sendImmediate(w *sendWQE, flags uint64) bool {
+	ImmediateData(t.imm[:]).Encode(flags | uint64(w.wr.Imm))
+	f := DDPFields{Opcode: OpImmediate, QN: QNSend, MSN: t.nextMSN(QNSend)}
+	if w.wr.Flags&FlagSolicited != 0 && w.wr.Op == WRWriteImm {
+		f.Opcode = OpImmediateSE
+	}
+	return t.send(&f, nil, nil, 0, t.imm[:])
 }
 
 // localError completes a WR whose local buffers are invalid and takes the
@@ -427,7 +495,7 @@ func (t *transmitter) sendRTR() bool {
 		return t.send(&f, nil, nil, 0, nil)
 	case t.rtr&RTRRead != 0:
 		qp.mu.Lock()
-		qp.orq[qp.orqHead] = orqEntry{rtr: true}
+		qp.orq[qp.orqHead] = orqEntry{rtr: true, op: WRRead}
 		qp.orqN = 1
 		qp.mu.Unlock()
 		ReadRequest(t.rr[:]).Encode(&ReadRequestFields{SourceSTag: 1})

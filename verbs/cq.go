@@ -36,18 +36,24 @@ const (
 	WCWrite = iwarp.CompWrite
 	WCRead  = iwarp.CompRead
 	WCRecv  = iwarp.CompRecv
+	// RFC 7306 operations.
+	WCCompSwap        = iwarp.CompCmpSwap         // IBV_WC_COMP_SWAP
+	WCFetchAdd        = iwarp.CompFetchAdd        // IBV_WC_FETCH_ADD
+	WCRecvRDMAWithImm = iwarp.CompRecvRDMAWithImm // IBV_WC_RECV_RDMA_WITH_IMM
 )
 
 // WC flags.
 const (
 	WCWithInvalidate = iwarp.CompWithInvalidate
 	WCSolicited      = iwarp.CompSolicited
+	WCWithImm        = iwarp.CompWithImm // Imm is valid (IBV_WC_WITH_IMM)
 )
 
 // WC is a work completion (ibv_wc): ID is the wr_id, ByteLen the bytes
 // received (receives) or transferred, InvalidatedRKey the STag a Send
-// with Invalidate invalidated (Flags has WCWithInvalidate). Term names
-// the Terminate behind an error status, when there was one.
+// with Invalidate invalidated (Flags has WCWithInvalidate), Imm the
+// immediate data of a Write or Send with Immediate (Flags has WCWithImm).
+// Term names the Terminate behind an error status, when there was one.
 type WC iwarp.Completion
 
 // Err returns nil for a successful completion and a *CompletionError

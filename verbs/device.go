@@ -26,6 +26,14 @@ type DeviceConfig struct {
 	// application instead of rejecting them at once. Linux siw rejects
 	// any request for markers.
 	Markers bool
+	// NoExtensions turns the RFC 7306 extensions off: atomics and Write
+	// and Send with Immediate cannot be posted, a peer's atomic and
+	// Immediate Data messages are answered with a Terminate (RDMAP Remote
+	// Operation / Unexpected OpCode) as Linux siw does, and atomic_cap
+	// reads ATOMIC_NONE. Nothing negotiates them on the wire: with them
+	// on (the default), an application learns out of band that its peer
+	// has them.
+	NoExtensions bool
 	// MaxFPDU caps FPDU size; 0 keeps one FPDU per TCP segment.
 	MaxFPDU int
 	// FirstFPDUDelay holds the first FPDU of a connection this device
@@ -140,14 +148,29 @@ type DeviceAttr struct {
 	VendorPartID uint32 `json:"vendor_part_id"`
 }
 
+// Atomic capabilities (ibv_atomic_cap).
+const (
+	AtomicNone = "ATOMIC_NONE" // IBV_ATOMIC_NONE (0)
+	AtomicHCA  = "ATOMIC_HCA"  // IBV_ATOMIC_HCA (1)
+	// AtomicGlob (IBV_ATOMIC_GLOB, 2): a peer's atomic is atomic against
+	// every other atomic of the device and against the host program's
+	// sync/atomic operations on the same word (rdmatap runs it with
+	// sync/atomic on the registered memory).
+	AtomicGlob = "ATOMIC_GLOB"
+)
+
 // Query returns the device's limits.
 func (d *Device) Query() DeviceAttr {
+	atomicCap := AtomicGlob
+	if d.cfg.NoExtensions {
+		atomicCap = AtomicNone
+	}
 	return DeviceAttr{
 		Transport: "iWARP", MaxQP: 1 << 16, MaxQPWR: 1 << 20, MaxSGE: 64, MaxSGERd: 1,
 		MaxCQ: 1 << 16, MaxCQE: 1 << 22, MaxMR: iwarp.MaxRegions, MaxMRSize: 1 << 40, MaxPD: 1 << 16,
 		MaxQPRdAtom: iwarp.MaxIRDORD, MaxQPInitRd: iwarp.MaxIRDORD, MaxSRQ: 1 << 16, MaxSRQWR: 1 << 20,
 		MaxSRQSGE: 64, MaxInline: 4096, MaxPrivData: iwarp.MPAMaxPrivateData - iwarp.MPAv2PrefixSize,
-		MaxMsgSize: 1<<32 - 1, AtomicCap: "ATOMIC_NONE", PageSizeCap: 4096,
+		MaxMsgSize: 1<<32 - 1, AtomicCap: atomicCap, PageSizeCap: 4096,
 	}
 }
 

@@ -18,6 +18,9 @@ const (
 	AccessLocalWrite  = iwarp.AccessLocalWrite
 	AccessRemoteWrite = iwarp.AccessRemoteWrite
 	AccessRemoteRead  = iwarp.AccessRemoteRead
+	// AccessRemoteAtomic lets peers run RFC 7306 atomics on the MR's
+	// 8-byte aligned words (IBV_ACCESS_REMOTE_ATOMIC).
+	AccessRemoteAtomic = iwarp.AccessRemoteAtomic
 	// AccessZeroBased makes the region's remote addresses start at 0.
 	AccessZeroBased = iwarp.AccessZeroBased
 )
@@ -49,12 +52,16 @@ func (pd *PD) ID() uint32 { return pd.id }
 // Go memory does not move, so no pinning is needed; memory from
 // zerocopy.Alloc is page-aligned and can be shared between processes.
 func (pd *PD) RegMR(buf []byte, acc Access) (*MR, error) {
-	if acc&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessZeroBased) != 0 {
+	if acc&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic|AccessZeroBased) != 0 {
 		return nil, fmt.Errorf("%w: access flags %#x not supported", ErrInvalidArgument, uint32(acc))
 	}
 	if acc&AccessRemoteWrite != 0 && acc&AccessLocalWrite == 0 {
 		// ibv_reg_mr: remote write requires local write.
 		return nil, fmt.Errorf("%w: remote write requires local write", ErrInvalidArgument)
+	}
+	if acc&AccessRemoteAtomic != 0 && acc&AccessLocalWrite == 0 {
+		// ibv_reg_mr: remote atomic requires local write too.
+		return nil, fmt.Errorf("%w: remote atomic requires local write", ErrInvalidArgument)
 	}
 	pd.mu.Lock()
 	defer pd.mu.Unlock()

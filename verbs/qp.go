@@ -21,6 +21,11 @@ const (
 	OpSendInvalidate = iwarp.WRSendInvalidate
 	OpWrite          = iwarp.WRWrite
 	OpRead           = iwarp.WRRead
+	// RFC 7306 (between rdmatap endpoints; see DeviceConfig.NoExtensions).
+	OpWriteImm       = iwarp.WRWriteImm       // IBV_WR_RDMA_WRITE_WITH_IMM
+	OpSendImm        = iwarp.WRSendImm        // IBV_WR_SEND_WITH_IMM
+	OpAtomicCmpSwap  = iwarp.WRAtomicCmpSwap  // IBV_WR_ATOMIC_CMP_AND_SWP
+	OpAtomicFetchAdd = iwarp.WRAtomicFetchAdd // IBV_WR_ATOMIC_FETCH_AND_ADD
 )
 
 // SendFlags are ibv_send_flags.
@@ -38,6 +43,17 @@ const (
 // and Read name the remote buffer with RemoteAddr and RKey; Send with
 // Invalidate names the peer's STag in InvalidateRKey. The SGL is read
 // during PostSend only.
+//
+// OpWriteImm and OpSendImm carry Imm (imm_data) to the peer's receive
+// completion, which consumes a posted receive (WCRecvRDMAWithImm with
+// ByteLen 0 for a Write, WCRecv for a Send; Flags has WCWithImm). The
+// atomics (OpAtomicFetchAdd, OpAtomicCmpSwap) act on the 8-byte aligned
+// word at RemoteAddr of the peer's MR RKey, which needs AccessRemoteAtomic:
+// FetchAdd adds CompareAdd; CmpSwap stores Swap if the word equals
+// CompareAdd. The SGL is one 8-byte SGE (with local write access) that
+// receives the word's original value in host byte order; the WR completes
+// (WCFetchAdd, WCCompSwap) when the peer's response arrives. Atomics count
+// against ORD, as RDMA Reads do.
 type SendWR = iwarp.SendWR
 
 // RecvWR is a receive work request.
@@ -124,7 +140,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 		RQ: qp.rq, SharedRQ: cfg.SRQ != nil, MaxSendWR: cfg.MaxSendWR, MaxSendSGE: cfg.MaxSendSGE,
 		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU, ManualProgress: cfg.ManualProgress, FirstFPDUDelay: d.cfg.FirstFPDUDelay,
 		Stats: &d.stats, OnEvent: func(e iwarp.Event) { d.post(qpEvent(e)) },
-		Placement: d.cfg.Placement, SegStats: &d.seg, TimeHoleFills: d.cfg.TimeHoleFills,
+		Placement: d.cfg.Placement, SegStats: &d.seg, TimeHoleFills: d.cfg.TimeHoleFills, NoExtensions: d.cfg.NoExtensions,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)

@@ -25,10 +25,10 @@ import (
 // test connection per QP to the same port. See perf_exchange.go.
 
 func init() {
-	register(command{"bw", "perftest-style bandwidth test: rdmatap bw write|read|send [flags] [SERVER]\n" +
-		"            (ib_write_bw/ib_read_bw/ib_send_bw -R flags and output)", func(a []string, o, e io.Writer) error { return perfCmd(perfBW, a, o, e) }})
-	register(command{"lat", "perftest-style latency test: rdmatap lat write|read|send [flags] [SERVER]\n" +
-		"            (ib_write_lat/ib_read_lat/ib_send_lat -R flags and output)", func(a []string, o, e io.Writer) error { return perfCmd(perfLat, a, o, e) }})
+	register(command{"bw", "perftest-style bandwidth test: rdmatap bw write|read|send|atomic [flags] [SERVER]\n" +
+		"            (ib_write_bw/ib_read_bw/ib_send_bw/ib_atomic_bw -R flags and output)", func(a []string, o, e io.Writer) error { return perfCmd(perfBW, a, o, e) }})
+	register(command{"lat", "perftest-style latency test: rdmatap lat write|read|send|atomic [flags] [SERVER]\n" +
+		"            (ib_write_lat/ib_read_lat/ib_send_lat/ib_atomic_lat -R flags and output)", func(a []string, o, e io.Writer) error { return perfCmd(perfLat, a, o, e) }})
 }
 
 type perfTestKind int
@@ -44,10 +44,30 @@ const (
 	perfSend perfVerb = iota
 	perfWrite
 	perfRead
+	perfAtomic // RFC 7306 atomics, between rdmatap endpoints (ib_atomic_*)
 )
 
 // testsStr of perftest_parameters.c, indexed by verb.
-var perfVerbStr = [...]string{"Send", "RDMA_Write", "RDMA_Read"}
+var perfVerbStr = [...]string{"Send", "RDMA_Write", "RDMA_Read", "Atomic"}
+
+// perfAtomicType is perftest's -A: the atomic operation of atomic tests.
+type perfAtomicType int
+
+const (
+	perfCmpSwap  perfAtomicType = iota // CMP_AND_SWAP
+	perfFetchAdd                       // FETCH_AND_ADD (perftest's default)
+)
+
+// atomicTypesStr of perftest_parameters.c.
+var perfAtomicStr = [...]string{"CMP_AND_SWAP", "FETCH_AND_ADD"}
+
+// oneSided reports whether the client's WRs wait for the server's
+// response (Reads and atomics): the server only serves, and the client's
+// outstanding requests are bounded by -o (ORD).
+func (o *perfOpts) oneSided() bool { return o.verb == perfRead || o.verb == perfAtomic }
+
+// perfAtomicSize is the message size of atomic tests (perftest forces 8).
+const perfAtomicSize = 8
 
 // perftest constants (perftest_parameters.h, perftest_communication.h).
 const (
@@ -101,6 +121,7 @@ type perfOpts struct {
 	gbits   bool
 	json    bool
 	verify  bool
+	atomic  perfAtomicType // -A, atomic tests
 	devName string
 	timeout time.Duration
 
@@ -112,7 +133,7 @@ type perfOpts struct {
 
 func (o *perfOpts) client() bool { return o.server.IsValid() }
 
-const perfSummaryFmt = "usage: rdmatap %s write|read|send [flags] [SERVER]\n" +
+const perfSummaryFmt = "usage: rdmatap %s write|read|send|atomic [flags] [SERVER]\n" +
 	"Server: rdmatap %[1]s VERB [flags]; client: the same with the server's address.\n" +
 	"As perftest: the SAME flags must be given to both sides. Connections are\n" +
 	"always rdma_cm-style (perftest -R); -F and -R are accepted. The endpoint\n" +
@@ -153,7 +174,7 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 	var (
 		size, iters, dur, margin, qps, port, tx, rx, cqmod, inline, outs int
 		all, gbits, cpuFreq, rdmaCM, noPeak                              bool
-		bind                                                             string
+		bind, atomicType                                                 string
 	)
 	intVar := func(p *int, short, long string, def int, usage string) {
 		fs.IntVar(p, short, def, usage)
@@ -179,7 +200,9 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 	intVar(&rx, "r", "rx-depth", -1, "receive queue depth (send tests, default 512)")
 	intVar(&cqmod, "Q", "cq-mod", -1, "generate a completion every N sends (default 100)")
 	intVar(&inline, "I", "inline_size", -1, "max size of inline messages (default 0)")
-	intVar(&outs, "o", "outs", -1, "outstanding reads (read tests, default the device's max)")
+	intVar(&outs, "o", "outs", -1, "outstanding reads or atomics (read and atomic tests, default the device's max)")
+	fs.StringVar(&atomicType, "A", "FETCH_AND_ADD", "atomic tests: FETCH_AND_ADD or CMP_AND_SWAP")
+	fs.StringVar(&atomicType, "atomic_type", "FETCH_AND_ADD", "atomic tests: FETCH_AND_ADD or CMP_AND_SWAP")
 	boolVar(&all, "a", "all", "run sizes from 2 to 2^23")
 	boolVar(&gbits, "", "report_gbits", "report Gb/sec instead of MB/sec")
 	boolVar(&cpuFreq, "F", "CPU-freq", "accepted: no CPU frequency warning")
@@ -210,7 +233,7 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 		rest = fs.Args()[1:]
 	}
 	if len(pos) == 0 {
-		return o, nil, fmt.Errorf("%w: missing verb: rdmatap %s write|read|send [flags] [SERVER]", errUsage, name)
+		return o, nil, fmt.Errorf("%w: missing verb: rdmatap %s write|read|send|atomic [flags] [SERVER]", errUsage, name)
 	}
 	switch pos[0] {
 	case "write":
@@ -219,8 +242,18 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 		o.verb = perfRead
 	case "send":
 		o.verb = perfSend
+	case "atomic":
+		o.verb = perfAtomic
 	default:
-		return o, nil, fmt.Errorf("%w: unknown verb %q (want write, read or send)", errUsage, pos[0])
+		return o, nil, fmt.Errorf("%w: unknown verb %q (want write, read, send or atomic)", errUsage, pos[0])
+	}
+	switch atomicType {
+	case "FETCH_AND_ADD":
+		o.atomic = perfFetchAdd
+	case "CMP_AND_SWAP":
+		o.atomic = perfCmpSwap
+	default:
+		return o, nil, fmt.Errorf("%w: -A %q (want FETCH_AND_ADD or CMP_AND_SWAP)", errUsage, atomicType)
 	}
 	if len(pos) > 2 {
 		return o, nil, fmt.Errorf("%w: unexpected argument %q", errUsage, pos[2])
@@ -256,6 +289,16 @@ func (o *perfOpts) setDefaults(size, iters, dur, margin, qps, port, tx, rx, cqmo
 	}
 	o.port = uint16(port)
 	o.gbits, o.noPeak, o.all = gbits, noPeak, all
+	if o.verb == perfAtomic {
+		// ib_atomic_*: the message is the 8-byte word.
+		if size != -1 && size != perfAtomicSize {
+			return bad("-s %d: atomic tests move 8 bytes", size)
+		}
+		if all {
+			return bad("-a: atomic tests have one size (8 bytes)")
+		}
+		size = perfAtomicSize
+	}
 	switch {
 	case size == -1 && o.test == perfBW:
 		o.size = perfDefSizeBW
@@ -349,15 +392,15 @@ func (o *perfOpts) setDefaults(size, iters, dur, margin, qps, port, tx, rx, cqmo
 		// The receiver answers with a credit every rx_depth/3 receives.
 		o.cqMod = min(o.cqMod, max(1, o.rxDepth/3))
 	}
-	if inline == -1 || o.verb == perfRead {
+	if inline == -1 || o.oneSided() {
 		inline = 0
 	}
 	if inline < 0 || inline > 4096 {
 		return bad("-I %d: inline size must be 0 to 4096", inline)
 	}
 	o.inline = inline
-	if o.verb == perfRead && outs != -1 && (outs < 1 || outs > 128) {
-		return bad("-o %d: outstanding reads must be 1 to 128", outs)
+	if o.oneSided() && outs != -1 && (outs < 1 || outs > 128) {
+		return bad("-o %d: outstanding reads or atomics must be 1 to 128", outs)
 	}
 	o.outs = outs
 	if all {
@@ -413,6 +456,9 @@ func (o *perfOpts) printBanner(w io.Writer) {
 	var b strings.Builder
 	b.WriteString(perfResultLine)
 	b.WriteString("                    " + perfVerbStr[o.verb] + " ")
+	if o.verb == perfAtomic {
+		b.WriteString(perfAtomicStr[o.atomic] + " ")
+	}
 	if o.test == perfBW {
 		b.WriteString("BW ")
 	} else {
@@ -436,7 +482,7 @@ func (o *perfOpts) printBanner(w io.Writer) {
 	fmt.Fprintf(&b, " Mtu             : %d[B]\n", perfMTU)
 	b.WriteString(" Link type       : Ethernet\n")
 	b.WriteString(" GID index       : 0\n")
-	if o.verb != perfRead {
+	if !o.oneSided() {
 		fmt.Fprintf(&b, " Max inline data : %d[B]\n", o.inline)
 	} else {
 		fmt.Fprintf(&b, " Outstand reads  : %d\n", o.outs)
@@ -552,7 +598,10 @@ func (o *perfOpts) testInfo() map[string]any {
 	if o.test == perfBW {
 		m["CQ_Moderation"] = o.cqMod
 	}
-	if o.verb == perfRead {
+	if o.verb == perfAtomic {
+		m["Atomic_type"] = perfAtomicStr[o.atomic]
+	}
+	if o.oneSided() {
 		m["Outstand_reads"] = o.outs
 	} else {
 		m["Max_inline_data"] = o.inline
@@ -595,7 +644,7 @@ func runPerf(ctx context.Context, dev *verbs.Device, o perfOpts, stdout io.Write
 	if o.devName == "" {
 		o.devName = dev.Name()
 	}
-	if o.verb == perfRead && o.outs == -1 {
+	if o.oneSided() && o.outs == -1 {
 		o.outs = min(dev.Query().MaxQPInitRd, 128)
 	}
 	if o.outs == -1 {

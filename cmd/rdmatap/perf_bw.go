@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -142,10 +143,19 @@ func (s *perfSession) runBWClient(ctx context.Context, stdout io.Writer) error {
 }
 
 // verifyRemote checks the data where it landed: after Writes it reads the
-// server's region back; after Reads it checks the local sink.
+// server's region back; after Reads it checks the local sink; after
+// atomics it reads the server's word back (FetchAdd: one per atomic
+// posted; CmpSwap, which compares with 0 and swaps in 0: still 0) and
+// checks the last original value received.
 func (s *perfSession) verifyRemote(ctx context.Context, size uint64) error {
 	n := int(size)
 	for qi, q := range s.qps {
+		if s.o.verb == perfAtomic {
+			if err := s.verifyAtomic(ctx, qi, q); err != nil {
+				return err
+			}
+			continue
+		}
 		if s.o.verb == perfRead {
 			if err := checkPattern(q.buf[:n], qi, "data read from the server"); err != nil {
 				return err
@@ -166,6 +176,41 @@ func (s *perfSession) verifyRemote(ctx context.Context, size uint64) error {
 		}
 	}
 	return nil
+}
+
+func (s *perfSession) verifyAtomic(ctx context.Context, qi int, q *perfQP) error {
+	var want, last uint64
+	if s.o.atomic == perfFetchAdd {
+		want = s.atomicPosts[qi]
+		last = want - 1
+	}
+	if got := binary.NativeEndian.Uint64(q.buf[:8]); got != last {
+		return fmt.Errorf("--verify: QP %d: the last atomic returned %d, want %d", qi, got, last)
+	}
+	scratch := q.buf[s.bufSize : s.bufSize+8]
+	clear(scratch)
+	if err := q.qp.PostSend(verbs.SendWR{ID: 1 << 62, Op: verbs.OpRead, Flags: verbs.Signaled,
+		SGL: []verbs.SGE{q.mr.SGE(s.bufSize, 8)}, RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey}); err != nil {
+		return err
+	}
+	if err := s.waitOne(ctx, s.scq); err != nil {
+		return err
+	}
+	if got := binary.NativeEndian.Uint64(scratch); got != want {
+		return fmt.Errorf("--verify: QP %d: the server's word is %d after the run, want %d", qi, got, want)
+	}
+	return nil
+}
+
+// atomicWR is the work request of an atomic test (-A): FetchAdd adds 1;
+// CmpSwap compares with 0 and swaps in 0, as both perftest's values are.
+func (o *perfOpts) atomicWR(q *perfQP) verbs.SendWR {
+	wr := verbs.SendWR{Op: verbs.OpAtomicFetchAdd, SGL: []verbs.SGE{q.mr.SGE(0, perfAtomicSize)},
+		RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey, CompareAdd: 1}
+	if o.atomic == perfCmpSwap {
+		wr.Op, wr.CompareAdd = verbs.OpAtomicCmpSwap, 0
+	}
+	return wr
 }
 
 func (s *perfSession) waitOne(ctx context.Context, cq *verbs.CQ) error {
@@ -217,8 +262,17 @@ func (s *perfSession) bwClientSize(ctx context.Context, size int) (*bwRun, error
 	wrs := make([]verbs.SendWR, nq)
 	for qi, q := range s.qps {
 		wrs[qi] = verbs.SendWR{Op: op, SGL: []verbs.SGE{q.mr.SGE(0, size)}, RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey}
+		if o.verb == perfAtomic {
+			wrs[qi] = o.atomicWR(q)
+			op = wrs[qi].Op
+		}
 	}
 	scnt := make([]uint64, nq)
+	defer func() {
+		if o.verb == perfAtomic {
+			s.atomicPosts = append(s.atomicPosts[:0], scnt...)
+		}
+	}()
 	ccnt := make([]uint64, nq)
 	var totS, totC uint64
 	wc := make([]verbs.WC, 64)

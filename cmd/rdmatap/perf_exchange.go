@@ -317,6 +317,9 @@ type perfSession struct {
 	stdout   io.Writer    // the human output (banner, table)
 	jsonOut  io.Writer    // -j: the JSON document goes here
 	lastTick atomic.Int64 // watchdog: time of the last progress
+	// atomicPosts counts the atomics the last size posted, per QP
+	// (--verify of atomic tests).
+	atomicPosts []uint64
 }
 
 func (s *perfSession) close() {
@@ -348,7 +351,8 @@ func (s *perfSession) close() {
 }
 
 func (s *perfSession) connParams() verbs.ConnParams {
-	if s.o.verb == perfRead {
+	if s.o.oneSided() {
+		// Atomics count against IRD/ORD as Reads do (RFC 7306).
 		return verbs.ConnParams{IRD: s.o.outs, ORD: s.o.outs}
 	}
 	if s.o.verify && s.o.verb == perfWrite {
@@ -372,7 +376,7 @@ func perfSetup(ctx context.Context, dev *verbs.Device, o *perfOpts, stdout io.Wr
 	}
 	// Latency tests poll memory and drive the receive path themselves, as
 	// ib_write_lat spins on its buffer (the read lat server only serves).
-	s.manual = o.test == perfLat && (o.client() || o.verb != perfRead)
+	s.manual = o.test == perfLat && (o.client() || !o.oneSided())
 	if s.x, err = newXchg(s.pd, o.client(), o.timeout); err != nil {
 		return s, err
 	}
@@ -450,7 +454,11 @@ func (s *perfSession) connectQPs(ctx context.Context, raddr netip.AddrPort) erro
 			// its first Read can come as soon as the connection is up.
 			fillPattern(q.buf[s.bufSize:], i)
 		}
-		if q.mr, err = s.pd.RegMR(q.buf, perfAccess); err != nil {
+		acc := perfAccess
+		if o.verb == perfAtomic {
+			acc |= verbs.AccessRemoteAtomic
+		}
+		if q.mr, err = s.pd.RegMR(q.buf, acc); err != nil {
 			return err
 		}
 		cfg := verbs.QPConfig{SendCQ: s.scq, RecvCQ: s.rcq, MaxSendWR: max(o.txDepth, 16) + 8, MaxRecvWR: o.rxDepth + 8,
@@ -496,7 +504,7 @@ func (s *perfSession) connectQPs(ctx context.Context, raddr netip.AddrPort) erro
 func (s *perfSession) exchangeDests(ctx context.Context) error {
 	o := s.o
 	outReads := uint32(1)
-	if o.verb == perfRead {
+	if o.oneSided() {
 		outReads = uint32(o.outs)
 	}
 	for _, q := range s.qps {

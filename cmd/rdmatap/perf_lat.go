@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,7 +26,7 @@ import (
 
 func (s *perfSession) runLat(ctx context.Context, stdout io.Writer) error {
 	o := s.o
-	if o.verb == perfRead && !o.client() {
+	if o.oneSided() && !o.client() {
 		extra := o.dur + time.Duration(len(o.sizes()))*o.timeout
 		if _, err := s.x.handShake(ctx, s.qps[0].my, extra); err != nil {
 			return err
@@ -143,7 +144,7 @@ func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 		deadline = time.Now().Add(o.dur)
 	}
 	flags := verbs.Signaled
-	if size <= o.inline && o.verb != perfRead {
+	if size <= o.inline && !o.oneSided() {
 		flags |= verbs.Inline
 	}
 	var wr verbs.SendWR
@@ -154,6 +155,9 @@ func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 		wr = verbs.SendWR{Op: verbs.OpSend, Flags: flags, SGL: []verbs.SGE{q.mr.SGE(0, size)}}
 	case perfRead:
 		wr = verbs.SendWR{Op: verbs.OpRead, Flags: flags, SGL: []verbs.SGE{q.mr.SGE(0, size)}, RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey}
+	case perfAtomic:
+		wr = o.atomicWR(q)
+		wr.Flags = flags
 	}
 	rcnt := 0
 	// wait receives iteration i from the peer.
@@ -203,7 +207,7 @@ func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 	// post sends iteration i's message and reaps send completions (a Read
 	// is waited for: its completion is the end of the iteration).
 	post := func(i int) error {
-		if o.verb != perfRead {
+		if !o.oneSided() {
 			latFill(src, i, o.verify)
 		} else if o.verify {
 			clear(src)
@@ -220,7 +224,7 @@ func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 				return err
 			}
 		}
-		if o.verb == perfRead {
+		if o.oneSided() {
 			for {
 				if k := s.scq.Poll(wc[:1]); k > 0 {
 					if err := wc[0].Err(); err != nil {
@@ -231,6 +235,17 @@ func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 				if err := q.qp.WaitProgress(rctx); err != nil {
 					return err
 				}
+			}
+			if o.verify && o.verb == perfAtomic {
+				// FetchAdd 1 from 0: iteration i sees i-1; CmpSwap 0 for 0: 0.
+				want := uint64(0)
+				if o.atomic == perfFetchAdd {
+					want = uint64(i - 1)
+				}
+				if got := binary.NativeEndian.Uint64(src); got != want {
+					return fmt.Errorf("--verify: atomic %d returned %d, want %d", i, got, want)
+				}
+				return nil
 			}
 			if o.verify {
 				return checkPattern(src, 0, fmt.Sprintf("read %d", i))
@@ -273,7 +288,7 @@ func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 		if err := post(i); err != nil {
 			return nil, stallErr(rctx, err)
 		}
-		if client && o.verb != perfRead {
+		if client && !o.oneSided() {
 			if err := wait(i); err != nil {
 				return nil, stallErr(rctx, err)
 			}
@@ -301,7 +316,7 @@ func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 // latReport is print_report_lat (and _duration) on post stamps in ns.
 func latReport(size int, stamps []int64, verb perfVerb, duration bool) (perfLatReport, error) {
 	rtt := 2.0
-	if verb == perfRead {
+	if verb == perfRead || verb == perfAtomic {
 		rtt = 1
 	}
 	rep := perfLatReport{Size: uint64(size)}

@@ -392,3 +392,36 @@ func TestPerfSendVerifyMemoryBound(t *testing.T) {
 		t.Fatalf("server error %v (client %v), want a one-line error about --rx-depth", serr, cerr)
 	}
 }
+
+// TestPerfAtomic: bw and lat atomic (ib_atomic_bw/lat) with both -A types
+// and --verify, between rdmatap endpoints; two QPs for bw.
+func TestPerfAtomic(t *testing.T) {
+	for _, typ := range []string{"FETCH_AND_ADD", "CMP_AND_SWAP"} {
+		t.Run(typ, func(t *testing.T) {
+			cli, srv := perfRun(t, perfBW, "atomic", "-A", typ, "-n", "300", "-q", "2", "-o", "4", "--verify")
+			title := "Atomic " + typ + " BW Test"
+			checkBanner(t, cli, title, true)
+			checkBanner(t, srv, title, false)
+			if !strings.Contains(cli, " Outstand reads  : 4\n") {
+				t.Errorf("no outstanding-reads line:\n%s", cli)
+			}
+			for _, out := range []string{cli, srv} {
+				r := tableRows(t, out, perfResultFmt, bwRowRE)
+				if len(r) != 1 || r[0][0] != 8 || r[0][1] != 600 || r[0][4] <= 0 {
+					t.Errorf("rows %v: want 8 bytes, 600 iterations", r)
+				}
+			}
+			cli, srv = perfRun(t, perfLat, "atomic", "-A", typ, "-n", "200", "--verify")
+			checkBanner(t, cli, "Atomic "+typ+" Latency Test", true)
+			checkBanner(t, srv, "Atomic "+typ+" Latency Test", false)
+			if r := tableRows(t, cli, perfResultLat, latRowRE); len(r) != 1 || r[0][0] != 8 || r[0][1] != 200 {
+				t.Errorf("lat rows %v", r)
+			}
+		})
+	}
+	for _, args := range [][]string{{"atomic", "-s", "16"}, {"atomic", "-a"}, {"atomic", "-A", "SWAP"}} {
+		if _, _, err := parsePerfFlags(perfBW, args, io.Discard); !errors.Is(err, errUsage) {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}

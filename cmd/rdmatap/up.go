@@ -761,7 +761,7 @@ func devinfoCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(w, "\tmax_pd:\t\t\t\t%d\n", a.MaxPD)
 		fmt.Fprintf(w, "\tmax_qp_rd_atom:\t\t\t%d\n", a.MaxQPRdAtom)
 		fmt.Fprintf(w, "\tmax_qp_init_rd_atom:\t\t%d\n", a.MaxQPInitRd)
-		fmt.Fprintf(w, "\tatomic_cap:\t\t\t%s (0)\n", a.AtomicCap)
+		fmt.Fprintf(w, "\tatomic_cap:\t\t\t%s (%d)\n", a.AtomicCap, atomicCapValue(a.AtomicCap))
 		fmt.Fprintf(w, "\tmax_srq:\t\t\t%d\n", a.MaxSRQ)
 		fmt.Fprintf(w, "\tmax_srq_wr:\t\t\t%d\n", a.MaxSRQWR)
 		fmt.Fprintf(w, "\tmax_srq_sge:\t\t\t%d\n", a.MaxSRQSGE)
@@ -843,4 +843,15 @@ func sortedKeys[V any](m map[string]V) []string {
 		}
 	}
 	return keys
+}
+
+// atomicCapValue is ibv_atomic_cap's number for the name ibv_devinfo prints.
+func atomicCapValue(s string) int {
+	switch s {
+	case verbs.AtomicHCA:
+		return 1
+	case verbs.AtomicGlob:
+		return 2
+	}
+	return 0
 }
