@@ -390,6 +390,8 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 			// A segment that fills the hole the receiver waits at is
 			// fed to it from the tap; TCP's copy is then skipped.
 			seg.rx = &qp.rx
+			seg.rxNext = qp.rx.expect[QNSend]
+			qp.rx.pubActive, qp.rx.pubExpect = false, qp.rx.expect[QNSend]
 			qp.rx.tcp = tcpFeed{r: &qp.rx, off: qp.rx.offset}
 			qp.rx.in = &qp.rx.tcp
 		}

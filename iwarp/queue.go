@@ -312,6 +312,18 @@ func (q *RecvQueue) take(dst *recvWQE) bool {
 	return true
 }
 
+// peek copies the SGL of the oldest receive into sgl and returns it with
+// the receive's ID, leaving the receive posted.
+func (q *RecvQueue) peek(sgl []SGE) ([]SGE, uint64, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n == 0 {
+		return sgl, 0, false
+	}
+	e := &q.ring[q.head]
+	return append(sgl, e.sgl...), e.id, true
+}
+
 // flush removes every posted receive, calling fn for each.
 func (q *RecvQueue) flush(fn func(id uint64)) {
 	q.mu.Lock()

@@ -103,6 +103,9 @@ type receiver struct {
 	early *placedFPDU // the current FPDU was placed from its segment
 	vcrc  uint32      // CRC32c of its payload as delivered (no MPA CRC)
 	tcp   tcpFeed     // the input from TCP, when the tap may feed too
+	// The Send state last told the placer (publishSends).
+	pubActive bool
+	pubExpect uint32
 
 	// Counters, kept locally and added to the shared Stats after each
 	// read: atomics per FPDU would bounce a cache line between QPs.
@@ -391,7 +394,7 @@ func (r *receiver) onHeader() {
 		r.fail(code, hl)
 		return
 	}
-	if r.early != nil && (r.dst == nil || r.op != OpWrite || r.early.payLen != r.payLen) {
+	if e := r.early; e != nil && (e.payLen != r.payLen || !r.placedHere(e)) {
 		// Placed from its segment as another FPDU than TCP delivers.
 		r.mismatch(hl)
 		return
@@ -405,6 +408,18 @@ func (r *receiver) onHeader() {
 	} else {
 		r.state = rxPayload
 	}
+}
+
+// placedHere reports whether the current FPDU's destination, as checked,
+// is where the placer put its payload.
+func (r *receiver) placedHere(e *placedFPDU) bool {
+	switch {
+	case r.dst != nil:
+		return r.op.Tagged() && e.addr == unsafe.Pointer(unsafe.SliceData(r.dst))
+	case r.sgl != nil:
+		return r.op.IsSend() && e.wqe == r.cur.wqe.id && e.addr == sglAddr(r.sgl, r.sglOff)
+	}
+	return false
 }
 
 // check validates the headers and sets the destination; bad reports an
@@ -633,7 +648,6 @@ func (r *receiver) checkAtomicResponse(h DDPHeader) (TermCode, bool) {
 // the Send MSN, one whole segment, and a posted receive to consume,
 // except for one that goes with the Send behind it (see ImmediateData).
 func (r *receiver) checkImmediate(h DDPHeader) (TermCode, bool) {
-	qp := r.qp
 	m := &r.cur
 	if m.active || h.MSN() != r.expect[QNSend] {
 		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeMSNRange}, true
@@ -652,7 +666,7 @@ func (r *receiver) checkImmediate(h DDPHeader) (TermCode, bool) {
 		// The Send that was to carry the last one never came.
 		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
 	}
-	if !qp.cfg.RQ.take(&m.wqe) {
+	if !r.takeRecv(h.MSN()) {
 		return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeNoBuffer}, true
 	}
 	m.active, m.msn, m.placed, m.size = true, h.MSN(), 0, 0
@@ -674,7 +688,7 @@ func (r *receiver) checkSend(h DDPHeader) (TermCode, bool) {
 			// RFC 6581 zero-length Send RTR: consumes an MSN, not a buffer.
 			return TermCode{}, false
 		}
-		if !qp.cfg.RQ.take(&m.wqe) {
+		if !r.takeRecv(msn) {
 			return TermCode{LayerDDP, ETypeUntaggedBuffer, CodeNoBuffer}, true
 		}
 		dst, regs, size, st := qp.resolveSGL(m.dst, m.regs, m.wqe.sgl, AccessLocalWrite)
@@ -868,13 +882,55 @@ func (r *receiver) endFPDU() {
 		r.endAtomicResponse(h)
 	case OpImmediate, OpImmediateSE:
 		r.endImmediate(h)
+		r.publishSends()
 	case OpTerminate:
 		code, _ := DecodeTerminateLenient(Terminate(h.Payload()))
 		r.state = rxDead
 		r.qp.terminated(code)
 	default:
 		r.endSend(h)
+		r.publishSends()
 	}
+}
+
+// takeRecv takes the receive of the untagged message msn. With segment
+// placement, the take and what it tells the placer happen together, under
+// the placer's lock: the placer places a Send beyond a hole into the
+// receive it will take (segPlacer.sendDst), and must not see the queue's
+// head move without knowing.
+func (r *receiver) takeRecv(msn uint32) bool {
+	qp, p, m := r.qp, r.seg, &r.cur
+	if p == nil || p.rx == nil || qp.cfg.SharedRQ {
+		return qp.cfg.RQ.take(&m.wqe)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !qp.cfg.RQ.take(&m.wqe) {
+		return false
+	}
+	p.rxCur, p.rxCurMSN, p.rxCurID = true, msn, m.wqe.id
+	p.rxCurSGL = append(p.rxCurSGL[:0], m.wqe.sgl...)
+	p.rxNext = msn + 1
+	r.pubActive, r.pubExpect = true, r.expect[QNSend]
+	return true
+}
+
+// publishSends tells the segment placer, when it changed, the Send state
+// takeRecv did not: a message ended, or an MSN passed without a receive.
+func (r *receiver) publishSends() {
+	p, m := r.seg, &r.cur
+	if p == nil || p.rx == nil || r.pubActive == m.active && r.pubExpect == r.expect[QNSend] {
+		return
+	}
+	r.pubActive, r.pubExpect = m.active, r.expect[QNSend]
+	p.mu.Lock()
+	p.rxCur = m.active
+	if m.active {
+		p.rxNext = m.msn + 1
+	} else {
+		p.rxNext = r.expect[QNSend]
+	}
+	p.mu.Unlock()
 }
 
 // deliverPlaced delivers, in order, the FPDUs placed from segments that
@@ -894,8 +950,8 @@ func (r *receiver) deliverPlaced() {
 		}
 		at := r.offset
 		r.start = at
-		need := MPALengthSize + DDPTaggedHeaderSize
-		copy(r.hdr[:need], e.hdr[:])
+		need := MPALengthSize + DDPHeader(e.hdr[MPALengthSize:]).HeaderSize()
+		copy(r.hdr[:need], e.hdr[:need])
 		r.have, r.need = need, need
 		r.ulpdu = int(binary.BigEndian.Uint16(e.hdr[:]))
 		r.op = DDPHeader(r.hdr[MPALengthSize:need]).Opcode()

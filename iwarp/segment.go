@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"rdmatap/netstack"
 	"rdmatap/zerocopy"
@@ -89,6 +90,8 @@ type SegmentStats struct {
 
 	PlacedBytes     atomic.Uint64 // payload bytes placed from segments, before TCP delivered them
 	OutOfOrderBytes atomic.Uint64 // ... of which beyond a hole in the stream
+	SendBytes       atomic.Uint64 // ... of which Send payload (the rest: RDMA Writes and Read Responses)
+	ReadRespBytes   atomic.Uint64 // ... of which Read Response payload
 	ByMarker        atomic.Uint64 // FPDUs located by an MPA marker
 	ByStream        atomic.Uint64 // FPDUs located by a boundary the stream knew
 	ByAlignment     atomic.Uint64 // FPDUs located by RFC 5044 Appendix A alignment
@@ -117,9 +120,14 @@ type placedFPDU struct {
 	payLen int
 	total  int // the whole FPDU's length
 
-	// The MPA length and tagged DDP header, for delivery without the
-	// stream's bytes (see receiver.deliverPlaced).
-	hdr [MPALengthSize + DDPTaggedHeaderSize]byte
+	// The MPA length and DDP header, for delivery without the stream's
+	// bytes (see receiver.deliverPlaced).
+	hdr [MPALengthSize + DDPUntaggedHeaderSize]byte
+	// Where the payload went (its first byte), and for a Send the
+	// receive's ID: the in-order path checks that it would have placed
+	// the FPDU there.
+	addr unsafe.Pointer
+	wqe  uint64
 	// The last aligned word of a Write's last FPDU, placed only when the
 	// Write is delivered in order (see receiver.lastWord).
 	word    [4]byte
@@ -150,7 +158,11 @@ type segPlacer struct {
 
 	stats *SegmentStats
 	held  holds
-	hdr   [MPALengthSize + DDPTaggedHeaderSize]byte
+	hdr   [MPALengthSize + DDPUntaggedHeaderSize]byte
+	// A Send's destination being resolved (sendDst).
+	ssge  []SGE
+	sdst  zerocopy.SGList
+	sregs []*Region
 
 	mu      sync.Mutex
 	front   atomic.Uint64       // FPDUs starting before front belong to the in-order path (written by it)
@@ -171,6 +183,13 @@ type segPlacer struct {
 	// rx is the QP's receiver, fed from the tap when a segment fills the
 	// hole it waits at (nil: no delivery from the tap, as with markers).
 	rx *receiver
+	// The receiver's Send state (see sendDst): the message under way and
+	// its receive, and the MSN of the next untagged message.
+	rxCur    bool
+	rxCurMSN uint32
+	rxCurID  uint64
+	rxCurSGL []SGE
+	rxNext   uint32
 	// eager places segments that arrive in order too, rather than leave
 	// them to the receiver (the unit tests of the framing rules, which
 	// have no receiver, use it).
@@ -459,10 +478,16 @@ func (p *segPlacer) tiles(v segView, n int) bool {
 func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, known, byMarker bool) bool {
 	h := DDPHeader(p.hdr[MPALengthSize:])
 	ulpdu := int(binary.BigEndian.Uint16(p.hdr[:]))
-	payLen := ulpdu - DDPTaggedHeaderSize
-	write := h.Tagged() && h.Opcode() == OpWrite
+	op := h.Opcode()
+	hs := h.HeaderSize()
+	payLen := ulpdu - hs
+	// What is placed: tagged payload by STag and TO (RDMA Write, Read
+	// Response); a Send's payload into the receive its MSN selects, when
+	// that receive is known (see sendDst).
+	placing := payLen > 0 && (h.Tagged() && (op == OpWrite || op == OpReadResponse) ||
+		!h.Tagged() && op.IsSend() && h.QN() == QNSend && p.rx != nil && !p.qp.cfg.SharedRQ)
 	var fpduCRC uint32
-	if p.crcOn && (write || !known) {
+	if p.crcOn && (placing || !known) {
 		var ok bool
 		if p.markers {
 			fpduCRC, ok = p.wireCRC(at, total)
@@ -485,7 +510,7 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 	} else {
 		p.stats.ByAlignment.Add(1)
 	}
-	if !write {
+	if !placing {
 		p.stats.LeftInOrder.Add(1)
 		if total <= smallFPDU && p.rx != nil {
 			// Kept whole, so the tap can deliver it in order behind the
@@ -500,19 +525,30 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 		p.learn(at + uint64(total))
 		return true
 	}
-	if payLen <= 0 || h.DDPVersion() != DDPVersion || h.RDMAPVersion() != RDMAPVersion {
+	if h.DDPVersion() != DDPVersion || h.RDMAPVersion() != RDMAPVersion {
 		p.stats.Refused.Add(1)
 		p.stats.RefusedHeader.Add(1)
 		return false
 	}
-	qp := p.qp
-	reg := qp.cfg.Mem.Lookup(h.STag())
 	var dst []byte
-	ok := reg != nil && reg.PD == qp.cfg.PD && reg.Access&AccessRemoteWrite != 0 && h.TO()+uint64(payLen) >= h.TO()
-	if ok {
-		dst, ok = reg.Slice(h.TO(), uint64(payLen))
+	var sgl zerocopy.SGList
+	var wqe uint64
+	var ok bool
+	switch {
+	case op == OpWrite:
+		dst, ok = p.writeDst(h, payLen)
+	case op == OpReadResponse:
+		dst, ok = p.readResponseDst(h, payLen)
+	default:
+		sgl, wqe, ok = p.sendDst(h, payLen)
+		if !ok {
+			// No receive known for it yet: the stream places it.
+			p.stats.LeftInOrder.Add(1)
+			p.learn(at + uint64(total))
+			return true
+		}
 	}
-	if !ok || !p.held.hold(reg) {
+	if !ok {
 		p.stats.Refused.Add(1)
 		p.stats.RefusedSTag.Add(1)
 		p.learn(at + uint64(total))
@@ -523,8 +559,14 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 		p.stats.Duplicates.Add(uint64(payLen))
 		return true
 	}
-	e.hdr = p.hdr
-	if h.Last() && lastWordAligned(dst, payLen) {
+	copy(e.hdr[:], p.hdr[:MPALengthSize+hs])
+	e.wqe = wqe
+	if dst != nil {
+		e.addr = unsafe.Pointer(unsafe.SliceData(dst))
+	} else {
+		e.addr = sglAddr(sgl, int(h.MO()))
+	}
+	if op == OpWrite && h.Last() && lastWordAligned(dst, payLen) {
 		// The Write's last word waits for its in-order delivery.
 		dst = dst[:payLen-4]
 		v.copyOut(e.word[:], pos+total-FPDUPad(ulpdu)-MPACRCSize-4)
@@ -535,27 +577,141 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 	// when it has one to check (CRC on, no markers: the CRC was verified
 	// above, so the copy need not compute it again); otherwise against
 	// the payload's CRC32c, computed in the copy.
-	payOff := pos + MPALengthSize + DDPTaggedHeaderSize
+	payOff := pos + MPALengthSize + hs
+	withCRC := !(p.crcOn && !p.markers)
 	crc := fpduCRC
-	if p.crcOn && !p.markers {
-		v.place(dst, payOff, nil)
-	} else {
+	if withCRC {
 		crc = 0
-		v.place(dst, payOff, &crc)
-		if e.hasWord {
-			crc = zerocopy.UpdateCRC32C(crc, e.word[:])
+	}
+	if dst != nil {
+		if withCRC {
+			v.place(dst, payOff, &crc)
+		} else {
+			v.place(dst, payOff, nil)
 		}
+	} else {
+		crc = v.scatter(sgl, int(h.MO()), payOff, payLen, withCRC, crc)
+	}
+	if e.hasWord && withCRC {
+		crc = zerocopy.UpdateCRC32C(crc, e.word[:])
 	}
 	p.finished(e, crc)
 	p.stats.PlacedBytes.Add(uint64(payLen))
+	switch {
+	case op == OpReadResponse:
+		p.stats.ReadRespBytes.Add(uint64(payLen))
+	case op != OpWrite:
+		p.stats.SendBytes.Add(uint64(payLen))
+	}
 	if behind {
 		p.stats.OutOfOrderBytes.Add(uint64(payLen))
 	}
-	if s := qp.cfg.Stats; s != nil {
+	if s := p.qp.cfg.Stats; s != nil {
 		s.PlacementCopies.Add(1)
 		s.PlacedBytes.Add(uint64(payLen))
 	}
 	return true
+}
+
+// writeDst is where an RDMA Write's payload goes, checked as the in-order
+// path checks it (STag, PD, access, bounds), with its region held.
+func (p *segPlacer) writeDst(h DDPHeader, payLen int) ([]byte, bool) {
+	qp := p.qp
+	reg := qp.cfg.Mem.Lookup(h.STag())
+	if reg == nil || reg.PD != qp.cfg.PD || reg.Access&AccessRemoteWrite == 0 || h.TO()+uint64(payLen) < h.TO() {
+		return nil, false
+	}
+	dst, ok := reg.Slice(h.TO(), uint64(payLen))
+	return dst, ok && p.held.hold(reg)
+}
+
+// readResponseDst is where a Read Response's payload goes: the sink of the
+// outstanding Read whose STag it names, at its TO (RFC 5040: a Read
+// Response is tagged by the Read's sink STag and TO), with the sink's
+// region held. The in-order path checks the response against the oldest
+// outstanding Read, as ever.
+func (p *segPlacer) readResponseDst(h DDPHeader, payLen int) ([]byte, bool) {
+	qp := p.qp
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	for i := 0; i < qp.orqN; i++ {
+		o := &qp.orq[(qp.orqHead+i)%len(qp.orq)]
+		if o.op != WRRead || o.rtr || o.sinkSTag != h.STag() || h.TO() < o.sinkTO {
+			continue
+		}
+		off := h.TO() - o.sinkTO
+		if off+uint64(payLen) > uint64(o.size) || o.sinkReg == nil {
+			return nil, false
+		}
+		dst := o.sink[off : off+uint64(payLen)]
+		return dst, p.held.hold(o.sinkReg)
+	}
+	return nil, false
+}
+
+// sendDst is where a Send's payload goes: the receive its MSN selects,
+// when the placer knows which one that is. The receiver publishes its
+// Send state (publishSends, takeRecv): the receive of the message under
+// way, and the MSN of the next untagged message, whose receive is then the
+// one at the head of the queue. A Send further ahead waits for the stream:
+// which receive it takes depends on the messages before it (an Immediate
+// Data may take one, or none), which a hole can hide.
+func (p *segPlacer) sendDst(h DDPHeader, payLen int) (zerocopy.SGList, uint64, bool) {
+	qp := p.qp
+	msn := h.MSN()
+	p.mu.Lock()
+	var id uint64
+	var found bool
+	switch {
+	case p.rxCur && msn == p.rxCurMSN:
+		id, found = p.rxCurID, true
+		p.ssge = append(p.ssge[:0], p.rxCurSGL...)
+	case msn == p.rxNext:
+		p.ssge, id, found = qp.cfg.RQ.peek(p.ssge[:0])
+	}
+	p.mu.Unlock()
+	if !found {
+		return nil, 0, false
+	}
+	dst, regs, size, st := qp.resolveSGL(p.sdst, p.sregs, p.ssge, AccessLocalWrite)
+	p.sdst, p.sregs = dst, regs
+	if st != StatusSuccess || uint64(h.MO())+uint64(payLen) > uint64(size) || !p.held.holdAll(regs) {
+		return nil, 0, false
+	}
+	return dst, id, true
+}
+
+// sglAddr is the address of byte off of l (nil beyond it).
+func sglAddr(l zerocopy.SGList, off int) unsafe.Pointer {
+	for _, b := range l {
+		if off < len(b) {
+			return unsafe.Pointer(&b[off])
+		}
+		off -= len(b)
+	}
+	return nil
+}
+
+// scatter places bytes [from, from+n) of the views at offset off of l; with
+// withCRC it folds their CRC32c into crc and returns it.
+func (v segView) scatter(l zerocopy.SGList, off, from, n int, withCRC bool, crc uint32) uint32 {
+	for _, b := range v {
+		if n == 0 {
+			break
+		}
+		if from >= len(b) {
+			from -= len(b)
+			continue
+		}
+		c := min(len(b)-from, n)
+		if withCRC {
+			_, crc = l.PlaceFromCRC(off, b[from:from+c], crc)
+		} else {
+			l.PlaceFrom(off, b[from:from+c])
+		}
+		off, n, from = off+c, n-c, 0
+	}
+	return crc
 }
 
 // claim records the FPDU at stream offset at (total octets, payLen of

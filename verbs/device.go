@@ -187,6 +187,7 @@ func (d *Device) Stats() Stats {
 	g := &d.seg
 	out.Segment = SegmentStats{
 		PlacedEarly: g.PlacedBytes.Load(), OutOfOrder: g.OutOfOrderBytes.Load(),
+		EarlySends: g.SendBytes.Load(), EarlyReadResponses: g.ReadRespBytes.Load(),
 		ByMarker: g.ByMarker.Load(), ByStream: g.ByStream.Load(), ByAlignment: g.ByAlignment.Load(), Unframed: g.Unframed.Load(),
 		LeftInOrder: g.LeftInOrder.Load(),
 		Refused:     g.Refused.Load(), RefusedCRC: g.RefusedCRC.Load(), RefusedHeader: g.RefusedHeader.Load(), RefusedSTag: g.RefusedSTag.Load(),
@@ -223,6 +224,9 @@ type Stats struct {
 type SegmentStats struct {
 	PlacedEarly uint64 // payload bytes placed from segments before TCP delivered them in order
 	OutOfOrder  uint64 // ... of which arrived beyond a hole in the stream
+	// ... of which Send and Read Response payload (the rest is RDMA
+	// Writes'; bytes fed with a hole-filling segment are not split up).
+	EarlySends, EarlyReadResponses uint64
 	// FPDUs located by an MPA marker, by the boundary the stream knew,
 	// and by RFC 5044 Appendix A alignment (with the MPA CRC); segments
 	// whose FPDU boundaries could not be established (left to the stream).

@@ -124,6 +124,7 @@ func segmentCounters(v verbs.Stats) []statKV {
 	g := v.Segment
 	return []statKV{
 		{"seg_placed_early_bytes", g.PlacedEarly}, {"seg_out_of_order_bytes", g.OutOfOrder},
+		{"seg_placed_early_send_bytes", g.EarlySends}, {"seg_placed_early_read_response_bytes", g.EarlyReadResponses},
 		{"seg_fpdus_by_marker", g.ByMarker}, {"seg_fpdus_by_stream", g.ByStream}, {"seg_fpdus_by_alignment", g.ByAlignment},
 		{"seg_unframed_segments", g.Unframed}, {"seg_fpdus_left_in_order", g.LeftInOrder},
 		{"seg_refused", g.Refused}, {"seg_refused_crc", g.RefusedCRC}, {"seg_refused_header", g.RefusedHeader}, {"seg_refused_stag", g.RefusedSTag},
