@@ -140,6 +140,10 @@ type ConnParams struct {
 	// asks the other to insert them): this end inserts them in what it
 	// sends (MarkersTx) or strips them from what it receives (MarkersRx).
 	MarkersTx, MarkersRx bool
+	// EarlyFPDUOK: the responder answered the initiator's query
+	// (MPAFlagEarlyFPDUQuery): it takes FPDUs right behind its Reply, so
+	// the initiator does not hold its first FPDU (FirstFPDUDelay).
+	EarlyFPDUOK bool
 }
 
 // Stats are per-device counters (atomic).
@@ -226,13 +230,18 @@ type QP struct {
 	sqHead int
 	sqN    int
 	// outstanding reads (we are requester) and inbound reads (responder)
-	orq       []orqEntry
-	orqHead   int
-	orqN      int
-	irq       []irqEntry
-	irqHead   int
-	irqN      int
-	txGate    bool // responder: TX waits for the first inbound FPDU
+	orq     []orqEntry
+	orqHead int
+	orqN    int
+	irq     []irqEntry
+	irqHead int
+	irqN    int
+	txGate  bool // responder: TX waits for the first inbound FPDU
+	// held: an initiator's TX waits out FirstFPDUDelay after the MPA
+	// Reply (holdTimer ends it); posts meanwhile queue, nothing is sent.
+	held      bool
+	holdTimer *time.Timer
+	rtrDue    bool // a peer-to-peer initiator's RTR is still to go, before anything else
 	term      *TerminateFields
 	termBuf   [TerminateMaxSize]byte
 	termErr   *TerminateError
@@ -316,11 +325,12 @@ func (qp *QP) Err() error {
 func (qp *QP) Done() <-chan struct{} { return qp.done }
 
 // Start moves the QP to RTS on an established, MPA-negotiated stream and
-// starts its TX and RX goroutines (one of each per QP).
+// starts its TX and RX goroutines (one of each per QP). It never waits:
+// an initiator's first-FPDU hold (FirstFPDUDelay) runs on a timer, and
+// the RTR of peer-to-peer mode goes out from the transmitter.
 func (qp *QP) Start(s Stream, p ConnParams) error {
-	// TX is held until the RTR (if any) is out: a poster in another
-	// goroutine that sees RTS meanwhile queues its WR rather than
-	// transmitting it itself ahead of the RTR.
+	// The transmitter is set up under txMu, so that no poster transmits
+	// meanwhile.
 	qp.txMu.Lock()
 	qp.mu.Lock()
 	if qp.state != StateIdle {
@@ -371,28 +381,19 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 		qp.seg, qp.segUntap = seg, untap
 		qp.rx.seg = seg
 	}
-	if p.Initiator && qp.cfg.FirstFPDUDelay > 0 {
-		// Posts are queued while the gate is shut; nothing is sent.
-		qp.txGate = true
+	// RFC 6581: a peer-to-peer initiator's first FPDU is the RTR. The
+	// transmitter sends it before anything else (pick), and no poster
+	// transmits past it (directOK).
+	qp.rtrDue = qp.tx.rtr != 0
+	if p.Initiator && qp.cfg.FirstFPDUDelay > 0 && !p.EarlyFPDUOK {
+		// The siw accept-race guard: hold the first FPDU without
+		// blocking anyone. Posts queue meanwhile; the timer opens the
+		// gate and wakes the TX goroutine, which sends the RTR (if any)
+		// and then the queue in order.
+		qp.held = true
+		qp.holdTimer = time.AfterFunc(qp.cfg.FirstFPDUDelay, qp.endHold)
 	}
 	qp.mu.Unlock()
-	if p.Initiator && qp.cfg.FirstFPDUDelay > 0 {
-		time.Sleep(qp.cfg.FirstFPDUDelay)
-		qp.mu.Lock()
-		qp.txGate = false
-		qp.mu.Unlock()
-	}
-	// RFC 6581: a peer-to-peer initiator's first FPDU is the RTR. Send it
-	// before Start returns, so that nothing the application posts (which
-	// posters may transmit themselves) can overtake it.
-	if qp.tx.rtr != 0 && !qp.tx.sendRTR() {
-		qp.txMu.Unlock()
-		// The goroutines will not run: let the flush that the failure
-		// started finish without them.
-		close(qp.txDone)
-		close(qp.rxDone)
-		return fmt.Errorf("iwarp: sending the RTR: %w", qp.Err())
-	}
 	qp.txMu.Unlock()
 	go qp.tx.run()
 	if p := qp.cfg.ManualProgress; !p {
@@ -405,6 +406,23 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	}
 	return nil
 }
+
+// endHold ends an initiator's first-FPDU hold (the timer's function).
+func (qp *QP) endHold() {
+	qp.mu.Lock()
+	if !qp.held {
+		qp.mu.Unlock()
+		return
+	}
+	qp.held = false
+	qp.mu.Unlock()
+	qp.wake()
+}
+
+// txHeld reports whether the QP may not transmit yet: a responder waiting
+// for the initiator's first FPDU, or an initiator holding its own. qp.mu
+// is held.
+func (qp *QP) txHeld() bool { return qp.txGate || qp.held }
 
 func (qp *QP) event(e Event) {
 	e.QPNum = qp.cfg.Num
@@ -462,7 +480,7 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 		}
 		qp.sqN++
 	}
-	started := qp.state == StateRTS && !qp.txGate
+	started := qp.state == StateRTS && !qp.txHeld()
 	qp.mu.Unlock()
 	if started {
 		qp.postInline()
@@ -637,6 +655,12 @@ func (qp *QP) fail(err error, abort bool) {
 	}
 	s := qp.stream
 	cancel := qp.cancel
+	if qp.holdTimer != nil {
+		// A QP destroyed during its first-FPDU hold sends nothing; the
+		// timer must not keep it alive either.
+		qp.holdTimer.Stop()
+		qp.held = false
+	}
 	qp.mu.Unlock()
 	if qp.segUntap != nil {
 		qp.segUntap()

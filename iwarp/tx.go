@@ -17,7 +17,9 @@ import (
 //     send: a queued Terminate first, then the RTR of a peer-to-peer
 //     initiator, then inbound Read Requests (Read Responses, in order, at
 //     most four in a row while sends wait) and the send queue in order.
-//     A responder sends nothing until the initiator's first FPDU arrived.
+//     A responder sends nothing until the initiator's first FPDU arrived;
+//     an initiator facing a peer that may be siw holds its first FPDU
+//     for FirstFPDUDelay after the MPA Reply (a timer, see QP.Start).
 //  2. Resolution: the work request's SGL is resolved to slices of
 //     registered memory (STag, PD, bounds), and an RDMA Read gets its ORQ
 //     entry before its request can reach the wire.
@@ -41,6 +43,7 @@ type txJob uint8
 const (
 	jobNone txJob = iota
 	jobSQ
+	jobRTR
 	jobReadResp
 	jobTerminate
 	jobFIN
@@ -167,6 +170,10 @@ func (t *transmitter) drain(inline bool) bool {
 			if !ok {
 				return true
 			}
+		case jobRTR:
+			if !t.sendRTR() {
+				return true
+			}
 		case jobSQ:
 			if !t.sendWQE() {
 				return true
@@ -201,7 +208,7 @@ func (qp *QP) postInline() {
 // transmitting, nothing is queued before it (send queue, Read Responses,
 // a Terminate), and it is a small Send or Write. qp.mu is held.
 func (qp *QP) directOK(wr *SendWR) bool {
-	if qp.state != StateRTS || qp.txGate || qp.sqN > 0 || qp.irqN > 0 || qp.term != nil ||
+	if qp.state != StateRTS || qp.txHeld() || qp.rtrDue || qp.sqN > 0 || qp.irqN > 0 || qp.term != nil ||
 		wr.Op == WRRead || wr.Flags&FlagFence != 0 && qp.orqN > 0 {
 		return false
 	}
@@ -262,8 +269,12 @@ func (t *transmitter) pick(inline bool) txJob {
 		}
 		return jobExit
 	}
-	if qp.txGate || t.finSent {
+	if qp.txHeld() || t.finSent {
 		return jobNone
+	}
+	if qp.rtrDue {
+		qp.rtrDue = false
+		return jobRTR
 	}
 	if inline {
 		// Posters send small WRs only; Read Responses, the FIN and large
@@ -426,9 +437,11 @@ func (t *transmitter) sendRTR() bool {
 		f := DDPFields{Opcode: OpWrite, STag: 1}
 		return t.send(&f, nil, nil, 0, nil)
 	case t.rtr&RTRRead != 0:
+		// The RTR goes before any Read of the send queue claims an
+		// ORQ entry, so it takes the first.
 		qp.mu.Lock()
-		qp.orq[qp.orqHead] = orqEntry{rtr: true}
-		qp.orqN = 1
+		qp.orq[(qp.orqHead+qp.orqN)%len(qp.orq)] = orqEntry{rtr: true}
+		qp.orqN++
 		qp.mu.Unlock()
 		ReadRequest(t.rr[:]).Encode(&ReadRequestFields{SourceSTag: 1})
 		f := DDPFields{Opcode: OpReadRequest, QN: QNReadReq, MSN: t.nextMSN(QNReadReq)}

@@ -61,6 +61,10 @@ type Device struct {
 	nextQPN atomic.Uint32
 	nextPD  atomic.Uint32
 
+	// siwReply: the device's Replies leave an initiator's early-FPDU
+	// query unanswered, as Linux siw's do (tests and benchmarks).
+	siwReply bool
+
 	mu        sync.Mutex
 	closed    bool
 	qps       map[uint32]*QP
