@@ -276,25 +276,41 @@ func NewQP(cfg QPConfig) (*QP, error) {
 	if cfg.MaxSendWR > 1<<20 || cfg.MaxSendSGE > 64 || cfg.MaxInline < 0 || cfg.MaxInline > 4096 {
 		return nil, fmt.Errorf("%w: send queue %d WRs, %d SGEs, %d inline", ErrInvalidWR, cfg.MaxSendWR, cfg.MaxSendSGE, cfg.MaxInline)
 	}
+	// The send queue's slots are allocated as posts first need them
+	// (growSQ), like the receive queue's.
 	qp := &QP{cfg: cfg, kick: make(chan struct{}, 1), done: make(chan struct{})}
-	qp.sq = make([]sendWQE, cfg.MaxSendWR)
-	slab := make([]SGE, cfg.MaxSendWR*cfg.MaxSendSGE)
-	var inl []byte
-	if cfg.MaxInline > 0 {
-		inl = make([]byte, cfg.MaxSendWR*cfg.MaxInline)
-	}
-	for i := range qp.sq {
-		qp.sq[i].sgl = slab[i*cfg.MaxSendSGE : i*cfg.MaxSendSGE : (i+1)*cfg.MaxSendSGE]
-		if inl != nil {
-			qp.sq[i].inline = inl[i*cfg.MaxInline : (i+1)*cfg.MaxInline]
-		}
-	}
 	qp.rx.qp = qp
 	qp.tx.qp = qp
 	for i := range qp.txSendMSN {
 		qp.txSendMSN[i] = 1
 	}
 	return qp, nil
+}
+
+// growSQ doubles the full send queue ring (up to MaxSendWR), keeping the
+// queued WRs in order; qp.mu is held. Once the queue has grown to its
+// working depth, posting allocates nothing.
+func (qp *QP) growSQ() {
+	old := len(qp.sq)
+	n := min(max(2*old, queueGrowth), qp.cfg.MaxSendWR)
+	sq := make([]sendWQE, n)
+	for i := range qp.sqN {
+		sq[i] = qp.sq[(qp.sqHead+i)%old]
+	}
+	sge, inl := qp.cfg.MaxSendSGE, qp.cfg.MaxInline
+	slab := make([]SGE, (n-old)*sge)
+	var inlines []byte
+	if inl > 0 {
+		inlines = make([]byte, (n-old)*inl)
+	}
+	for i := old; i < n; i++ {
+		j := i - old
+		sq[i].sgl = slab[j*sge : j*sge : (j+1)*sge]
+		if inlines != nil {
+			sq[i].inline = inlines[j*inl : (j+1)*inl]
+		}
+	}
+	qp.sq, qp.sqHead = sq, 0
 }
 
 // Num returns the QP number.
@@ -458,8 +474,11 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 			return i, err
 		}
 		if qp.sqN == len(qp.sq) {
-			qp.mu.Unlock()
-			return i, ErrQueueFull
+			if qp.sqN == qp.cfg.MaxSendWR {
+				qp.mu.Unlock()
+				return i, ErrQueueFull
+			}
+			qp.growSQ()
 		}
 		e := &qp.sq[(qp.sqHead+qp.sqN)%len(qp.sq)]
 		e.wr = *wr

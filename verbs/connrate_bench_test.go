@@ -178,13 +178,14 @@ func BenchmarkConnRate(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "conns/s")
 }
 
-// memNow is the heap in use plus goroutine stacks, after a GC.
-func memNow() (bytes uint64, goroutines int) {
+// memNow returns the heap in use and the goroutine stacks, after a GC,
+// and the goroutines.
+func memNow() (heap, stacks uint64, goroutines int) {
 	runtime.GC()
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return ms.HeapInuse + ms.StackInuse, runtime.NumGoroutine()
+	return ms.HeapInuse, ms.StackInuse, runtime.NumGoroutine()
 }
 
 // BenchmarkIdleQPMemory connects RDMATAP_IDLE_QPS QPs (default 1,000)
@@ -202,7 +203,7 @@ func BenchmarkIdleQPMemory(b *testing.B) {
 		// listener sets up once is in the baseline.
 		cl0, _ := c.dial(b)
 		c.exchange(b, cl0, 0)
-		before, g0 := memNow()
+		h0, s0, g0 := memNow()
 		start := time.Now()
 		cls := make([]*verbs.Conn, n)
 		svs := make([]*verbs.Conn, n)
@@ -210,8 +211,10 @@ func BenchmarkIdleQPMemory(b *testing.B) {
 			cls[i], svs[i] = c.dial(b)
 		}
 		setup := time.Since(start)
-		after, g1 := memNow()
+		h1, s1, g1 := memNow()
+		before, after := h0+s0, h1+s1
 		perQP := float64(after-before) / float64(2*n)
+		stackPerQP := float64(s1-s0) / float64(2*n)
 		gPerQP := float64(g1-g0) / float64(2*n)
 		b.ReportMetric(perQP, "B/idle-QP")
 		b.ReportMetric(gPerQP, "goroutines/QP")
@@ -229,8 +232,8 @@ func BenchmarkIdleQPMemory(b *testing.B) {
 		if err := drain(c.sv.rcq, wc, n); err != nil {
 			b.Fatalf("receive completions: %v", err)
 		}
-		b.Logf("%d connected QP pairs in %v (%.0f/s): %.0f bytes and %.2f goroutines per idle QP (heap+stacks %.1f -> %.1f MiB, goroutines %d -> %d); a Send on each arrived",
-			n, setup.Round(time.Millisecond), float64(n)/setup.Seconds(), perQP, gPerQP,
+		b.Logf("%d connected QP pairs in %v (%.0f/s): %.0f bytes (%.0f of them goroutine stacks) and %.2f goroutines per idle QP (heap+stacks %.1f -> %.1f MiB, goroutines %d -> %d); a Send on each arrived",
+			n, setup.Round(time.Millisecond), float64(n)/setup.Seconds(), perQP, stackPerQP, gPerQP,
 			float64(before)/(1<<20), float64(after)/(1<<20), g0, g1)
 		for i := range cls {
 			cls[i].Close()
