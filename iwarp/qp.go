@@ -106,7 +106,10 @@ type QPConfig struct {
 	// first message) for this long after the MPA Reply. Linux siw (all
 	// builds without the accept-race fix) stops reading a connection whose
 	// first FPDU arrives while it is still switching the socket from
-	// connection setup to the QP: a few milliseconds avoid it. 0: none.
+	// connection setup to the QP: a few milliseconds avoid it. The hold is
+	// a timer: Start and posters do not wait, posts queue until it ends.
+	// It is skipped when the responder answered the early-FPDU query
+	// (ConnParams.EarlyFPDUOK). 0: none.
 	FirstFPDUDelay time.Duration
 	// ManualProgress starts no receive goroutine: the application drives
 	// the receive path with Progress or WaitProgress (libfabric's manual
