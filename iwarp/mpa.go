@@ -61,6 +61,19 @@ const (
 	// MPAFlagGSOExp is siw's private, non-standard "FPDUs may exceed the
 	// MSS" bit. rdmatap never sets it and ignores it on receipt.
 	MPAFlagGSOExp = 0x08
+	// MPAFlagEarlyFPDUQuery and MPAFlagEarlyFPDUOK are rdmatap's own
+	// reserved bits, in the manner of siw's MPAFlagGSOExp. An initiator
+	// sets the query in its Request: "may my first FPDU follow your Reply
+	// at once?". A responder that can take FPDUs right behind its Reply
+	// (rdmatap) answers with OK in the Reply; the initiator then skips
+	// its first-FPDU hold (QPConfig.FirstFPDUDelay). The answer is a
+	// different bit from the question because Linux siw builds its Reply
+	// from the Request's header and so echoes every reserved bit it was
+	// sent: a siw Reply carries the query back, never OK (siw itself sets
+	// only MPAFlagGSOExp among the reserved bits), and an RFC 5044 peer
+	// sends reserved bits as zero.
+	MPAFlagEarlyFPDUQuery = 0x01
+	MPAFlagEarlyFPDUOK    = 0x02
 )
 
 // IRD/ORD word control bits (RFC 6581 §5).
@@ -139,6 +152,12 @@ func (f MPAFrame) Reject() bool { return f[mpaFlags]&MPAFlagReject != 0 }
 // revision 2 with the enhanced flag, so the private data starts with the
 // IRD/ORD word.
 func (f MPAFrame) Enhanced() bool { return f.Revision() == 2 && f[mpaFlags]&MPAFlagEnhanced != 0 }
+
+// EarlyFPDUQuery returns rdmatap's query bit (see MPAFlagEarlyFPDUQuery).
+func (f MPAFrame) EarlyFPDUQuery() bool { return f[mpaFlags]&MPAFlagEarlyFPDUQuery != 0 }
+
+// EarlyFPDUOK returns rdmatap's answer bit (see MPAFlagEarlyFPDUQuery).
+func (f MPAFrame) EarlyFPDUOK() bool { return f[mpaFlags]&MPAFlagEarlyFPDUOK != 0 }
 
 // Revision returns the Rev field.
 func (f MPAFrame) Revision() uint8 { return f[mpaRev] }
@@ -247,6 +266,9 @@ type MPAFrameFields struct {
 	// carries the enhanced flag and the word before PrivateData.
 	V2          *MPAv2Params
 	PrivateData []byte // ULP private data
+	// rdmatap's reserved bits (MPAFlagEarlyFPDUQuery): the Request's
+	// query, the Reply's answer.
+	EarlyFPDUQuery, EarlyFPDUOK bool
 }
 
 // Len returns the encoded size of the frame.
@@ -279,6 +301,12 @@ func (f MPAFrame) Encode(m *MPAFrameFields) error {
 	}
 	if m.Reject {
 		flags |= MPAFlagReject
+	}
+	if m.EarlyFPDUQuery {
+		flags |= MPAFlagEarlyFPDUQuery
+	}
+	if m.EarlyFPDUOK {
+		flags |= MPAFlagEarlyFPDUOK
 	}
 	pd := f[mpaPrivData:]
 	if m.V2 != nil && m.Revision == 2 {

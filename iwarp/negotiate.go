@@ -45,6 +45,10 @@ type MPAConfig struct {
 	// PrivateData for the application (up to 508 bytes with revision 2,
 	// 512 with revision 1; Linux siw accepts 256 bytes in all).
 	PrivateData []byte
+	// EarlyFPDUQuery makes an initiator ask whether its first FPDU may
+	// follow the Reply at once (MPAFlagEarlyFPDUQuery); ConnParams.EarlyFPDUOK
+	// reports the answer. A responder always answers a query.
+	EarlyFPDUQuery bool
 }
 
 func (c *MPAConfig) check() error {
@@ -173,7 +177,7 @@ func initiate(ctx context.Context, s Stream, cfg *MPAConfig) (ConnParams, replyD
 	if err := cfg.check(); err != nil {
 		return ConnParams{}, replyData{}, err
 	}
-	req := MPAFrameFields{Revision: cfg.Revision, CRC: cfg.CRC, Markers: cfg.Markers, PrivateData: cfg.PrivateData}
+	req := MPAFrameFields{Revision: cfg.Revision, CRC: cfg.CRC, Markers: cfg.Markers, PrivateData: cfg.PrivateData, EarlyFPDUQuery: cfg.EarlyFPDUQuery}
 	var offer MPAv2Params
 	if cfg.Revision == 2 {
 		offer = MPAv2Params{IRD: uint16(cfg.IRD), ORD: uint16(cfg.ORD)}
@@ -212,7 +216,9 @@ func initiate(ctx context.Context, s Stream, cfg *MPAConfig) (ConnParams, replyD
 	if rep.Revision() > cfg.Revision {
 		return ConnParams{}, replyData{}, fmt.Errorf("%w: reply revision %d to a revision %d request", ErrMPANegotiation, rep.Revision(), cfg.Revision)
 	}
-	p := ConnParams{Initiator: true, Revision: rep.Revision(), CRC: cfg.CRC || rep.CRC(), IRD: cfg.IRD, ORD: cfg.ORD}
+	p := ConnParams{Initiator: true, Revision: rep.Revision(), CRC: cfg.CRC || rep.CRC(), IRD: cfg.IRD, ORD: cfg.ORD,
+		// Only an answer to our own query counts.
+		EarlyFPDUOK: cfg.EarlyFPDUQuery && rep.EarlyFPDUOK()}
 	if v, ok := rep.IRDORD(); ok && req.V2 != nil {
 		// The responder's ORD is what it may ask of our IRD; relaxed
 		// negotiation (as siw) grows our IRD to match, up to the limit.
@@ -251,6 +257,10 @@ type MPARequest struct {
 	// Markers is M: the initiator requires markers in what this end
 	// sends. Accept refuses it unless MPAConfig.Markers.
 	Markers bool
+	// EarlyFPDUQuery: the initiator asked whether its first FPDU may
+	// follow the Reply at once; Accept answers yes (MPAFlagEarlyFPDUOK),
+	// as rdmatap's receive path reads whatever follows the Reply.
+	EarlyFPDUQuery bool
 }
 
 // AwaitMPARequest reads the initiator's Request. A frame that is not a
@@ -265,7 +275,8 @@ func AwaitMPARequest(ctx context.Context, s Stream) (*MPARequest, error) {
 	if !f.IsRequest() {
 		return nil, fmt.Errorf("%w: expected a request, got a reply", ErrMPANegotiation)
 	}
-	r := &MPARequest{Revision: f.Revision(), CRC: f.CRC(), Markers: f.Markers(), PrivateData: append([]byte(nil), f.ULPPrivateData()...)}
+	r := &MPARequest{Revision: f.Revision(), CRC: f.CRC(), Markers: f.Markers(), EarlyFPDUQuery: f.EarlyFPDUQuery(),
+		PrivateData: append([]byte(nil), f.ULPPrivateData()...)}
 	if v, ok := f.IRDORD(); ok {
 		r.Enhanced, r.V2 = true, v
 	}
@@ -299,7 +310,8 @@ func (r *MPARequest) AcceptMarkers(ctx context.Context, s Stream, cfg MPAConfig)
 		return ConnParams{}, MarkerDirs{}, fmt.Errorf("%w: the initiator asked for markers and MPAConfig.Markers is off (Linux siw refuses them too)", ErrMarkersUnsupported)
 	}
 	dirs := MarkerDirs{Tx: r.Markers, Rx: cfg.Markers}
-	rep := MPAFrameFields{Reply: true, Revision: r.Revision, CRC: cfg.CRC || r.CRC, Markers: cfg.Markers, PrivateData: cfg.PrivateData}
+	rep := MPAFrameFields{Reply: true, Revision: r.Revision, CRC: cfg.CRC || r.CRC, Markers: cfg.Markers, PrivateData: cfg.PrivateData,
+		EarlyFPDUOK: r.EarlyFPDUQuery}
 	p := ConnParams{Revision: r.Revision, CRC: rep.CRC, IRD: cfg.IRD, ORD: cfg.ORD}
 	var v2 MPAv2Params
 	if r.Enhanced {

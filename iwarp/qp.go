@@ -106,7 +106,10 @@ type QPConfig struct {
 	// first message) for this long after the MPA Reply. Linux siw (all
 	// builds without the accept-race fix) stops reading a connection whose
 	// first FPDU arrives while it is still switching the socket from
-	// connection setup to the QP: a few milliseconds avoid it. 0: none.
+	// connection setup to the QP: a few milliseconds avoid it. The hold is
+	// a timer: Start and posters do not wait, posts queue until it ends.
+	// It is skipped when the responder answered the early-FPDU query
+	// (ConnParams.EarlyFPDUOK). 0: none.
 	FirstFPDUDelay time.Duration
 	// ManualProgress starts no receive goroutine: the application drives
 	// the receive path with Progress or WaitProgress (libfabric's manual
@@ -145,6 +148,10 @@ type ConnParams struct {
 	// asks the other to insert them): this end inserts them in what it
 	// sends (MarkersTx) or strips them from what it receives (MarkersRx).
 	MarkersTx, MarkersRx bool
+	// EarlyFPDUOK: the responder answered the initiator's query
+	// (MPAFlagEarlyFPDUQuery): it takes FPDUs right behind its Reply, so
+	// the initiator does not hold its first FPDU (FirstFPDUDelay).
+	EarlyFPDUOK bool
 }
 
 // Stats are per-device counters (atomic).
@@ -241,13 +248,18 @@ type QP struct {
 	sqHead int
 	sqN    int
 	// outstanding reads (we are requester) and inbound reads (responder)
-	orq       []orqEntry
-	orqHead   int
-	orqN      int
-	irq       []irqEntry
-	irqHead   int
-	irqN      int
-	txGate    bool // responder: TX waits for the first inbound FPDU
+	orq     []orqEntry
+	orqHead int
+	orqN    int
+	irq     []irqEntry
+	irqHead int
+	irqN    int
+	txGate  bool // responder: TX waits for the first inbound FPDU
+	// held: an initiator's TX waits out FirstFPDUDelay after the MPA
+	// Reply (holdTimer ends it); posts meanwhile queue, nothing is sent.
+	held      bool
+	holdTimer *time.Timer
+	rtrDue    bool // a peer-to-peer initiator's RTR is still to go, before anything else
 	term      *TerminateFields
 	termBuf   [TerminateMaxSize]byte
 	termErr   *TerminateError
@@ -283,25 +295,41 @@ func NewQP(cfg QPConfig) (*QP, error) {
 	if cfg.MaxSendWR > 1<<20 || cfg.MaxSendSGE > 64 || cfg.MaxInline < 0 || cfg.MaxInline > 4096 {
 		return nil, fmt.Errorf("%w: send queue %d WRs, %d SGEs, %d inline", ErrInvalidWR, cfg.MaxSendWR, cfg.MaxSendSGE, cfg.MaxInline)
 	}
+	// The send queue's slots are allocated as posts first need them
+	// (growSQ), like the receive queue's.
 	qp := &QP{cfg: cfg, kick: make(chan struct{}, 1), done: make(chan struct{})}
-	qp.sq = make([]sendWQE, cfg.MaxSendWR)
-	slab := make([]SGE, cfg.MaxSendWR*cfg.MaxSendSGE)
-	var inl []byte
-	if cfg.MaxInline > 0 {
-		inl = make([]byte, cfg.MaxSendWR*cfg.MaxInline)
-	}
-	for i := range qp.sq {
-		qp.sq[i].sgl = slab[i*cfg.MaxSendSGE : i*cfg.MaxSendSGE : (i+1)*cfg.MaxSendSGE]
-		if inl != nil {
-			qp.sq[i].inline = inl[i*cfg.MaxInline : (i+1)*cfg.MaxInline]
-		}
-	}
 	qp.rx.qp = qp
 	qp.tx.qp = qp
 	for i := range qp.txSendMSN {
 		qp.txSendMSN[i] = 1
 	}
 	return qp, nil
+}
+
+// growSQ doubles the full send queue ring (up to MaxSendWR), keeping the
+// queued WRs in order; qp.mu is held. Once the queue has grown to its
+// working depth, posting allocates nothing.
+func (qp *QP) growSQ() {
+	old := len(qp.sq)
+	n := min(max(2*old, queueGrowth), qp.cfg.MaxSendWR)
+	sq := make([]sendWQE, n)
+	for i := range qp.sqN {
+		sq[i] = qp.sq[(qp.sqHead+i)%old]
+	}
+	sge, inl := qp.cfg.MaxSendSGE, qp.cfg.MaxInline
+	slab := make([]SGE, (n-old)*sge)
+	var inlines []byte
+	if inl > 0 {
+		inlines = make([]byte, (n-old)*inl)
+	}
+	for i := old; i < n; i++ {
+		j := i - old
+		sq[i].sgl = slab[j*sge : j*sge : (j+1)*sge]
+		if inlines != nil {
+			sq[i].inline = inlines[j*inl : (j+1)*inl]
+		}
+	}
+	qp.sq, qp.sqHead = sq, 0
 }
 
 // Num returns the QP number.
@@ -332,11 +360,12 @@ func (qp *QP) Err() error {
 func (qp *QP) Done() <-chan struct{} { return qp.done }
 
 // Start moves the QP to RTS on an established, MPA-negotiated stream and
-// starts its TX and RX goroutines (one of each per QP).
+// starts its TX and RX goroutines (one of each per QP). It never waits:
+// an initiator's first-FPDU hold (FirstFPDUDelay) runs on a timer, and
+// the RTR of peer-to-peer mode goes out from the transmitter.
 func (qp *QP) Start(s Stream, p ConnParams) error {
-	// TX is held until the RTR (if any) is out: a poster in another
-	// goroutine that sees RTS meanwhile queues its WR rather than
-	// transmitting it itself ahead of the RTR.
+	// The transmitter is set up under txMu, so that no poster transmits
+	// meanwhile.
 	qp.txMu.Lock()
 	qp.mu.Lock()
 	if qp.state != StateIdle {
@@ -396,28 +425,19 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 			qp.rx.in = &qp.rx.tcp
 		}
 	}
-	if p.Initiator && qp.cfg.FirstFPDUDelay > 0 {
-		// Posts are queued while the gate is shut; nothing is sent.
-		qp.txGate = true
+	// RFC 6581: a peer-to-peer initiator's first FPDU is the RTR. The
+	// transmitter sends it before anything else (pick), and no poster
+	// transmits past it (directOK).
+	qp.rtrDue = qp.tx.rtr != 0
+	if p.Initiator && qp.cfg.FirstFPDUDelay > 0 && !p.EarlyFPDUOK {
+		// The siw accept-race guard: hold the first FPDU without
+		// blocking anyone. Posts queue meanwhile; the timer opens the
+		// gate and wakes the TX goroutine, which sends the RTR (if any)
+		// and then the queue in order.
+		qp.held = true
+		qp.holdTimer = time.AfterFunc(qp.cfg.FirstFPDUDelay, qp.endHold)
 	}
 	qp.mu.Unlock()
-	if p.Initiator && qp.cfg.FirstFPDUDelay > 0 {
-		time.Sleep(qp.cfg.FirstFPDUDelay)
-		qp.mu.Lock()
-		qp.txGate = false
-		qp.mu.Unlock()
-	}
-	// RFC 6581: a peer-to-peer initiator's first FPDU is the RTR. Send it
-	// before Start returns, so that nothing the application posts (which
-	// posters may transmit themselves) can overtake it.
-	if qp.tx.rtr != 0 && !qp.tx.sendRTR() {
-		qp.txMu.Unlock()
-		// The goroutines will not run: let the flush that the failure
-		// started finish without them.
-		close(qp.txDone)
-		close(qp.rxDone)
-		return fmt.Errorf("iwarp: sending the RTR: %w", qp.Err())
-	}
 	qp.txMu.Unlock()
 	go qp.tx.run()
 	if p := qp.cfg.ManualProgress; !p {
@@ -430,6 +450,23 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	}
 	return nil
 }
+
+// endHold ends an initiator's first-FPDU hold (the timer's function).
+func (qp *QP) endHold() {
+	qp.mu.Lock()
+	if !qp.held {
+		qp.mu.Unlock()
+		return
+	}
+	qp.held = false
+	qp.mu.Unlock()
+	qp.wake()
+}
+
+// txHeld reports whether the QP may not transmit yet: a responder waiting
+// for the initiator's first FPDU, or an initiator holding its own. qp.mu
+// is held.
+func (qp *QP) txHeld() bool { return qp.txGate || qp.held }
 
 func (qp *QP) event(e Event) {
 	e.QPNum = qp.cfg.Num
@@ -465,8 +502,11 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 			return i, err
 		}
 		if qp.sqN == len(qp.sq) {
-			qp.mu.Unlock()
-			return i, ErrQueueFull
+			if qp.sqN == qp.cfg.MaxSendWR {
+				qp.mu.Unlock()
+				return i, ErrQueueFull
+			}
+			qp.growSQ()
 		}
 		e := &qp.sq[(qp.sqHead+qp.sqN)%len(qp.sq)]
 		e.wr = *wr
@@ -487,7 +527,7 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 		}
 		qp.sqN++
 	}
-	started := qp.state == StateRTS && !qp.txGate
+	started := qp.state == StateRTS && !qp.txHeld()
 	qp.mu.Unlock()
 	if started {
 		qp.postInline()
@@ -673,6 +713,12 @@ func (qp *QP) fail(err error, abort bool) {
 	}
 	s := qp.stream
 	cancel := qp.cancel
+	if qp.holdTimer != nil {
+		// A QP destroyed during its first-FPDU hold sends nothing; the
+		// timer must not keep it alive either.
+		qp.holdTimer.Stop()
+		qp.held = false
+	}
 	qp.mu.Unlock()
 	if qp.segUntap != nil {
 		qp.segUntap()

@@ -247,12 +247,16 @@ type recvWQE struct {
 
 // RecvQueue is a receive queue: a QP's own RQ, or a shared receive queue
 // (SRQ) that several QPs take buffers from. It is safe for concurrent use.
+//
+// Its slots are allocated as they are first needed, doubling up to the
+// depth: an idle connection holds none, and once a queue has grown to its
+// working depth, posting allocates nothing.
 type RecvQueue struct {
 	mu     sync.Mutex
-	slab   []SGE
 	ring   []recvWQE
 	head   int
 	n      int
+	depth  int
 	maxSGE int
 	// limit is the SRQ limit: when the number of posted receives drops
 	// below it, onLimit runs once and the limit disarms (ibv_modify_srq).
@@ -265,11 +269,27 @@ func NewRecvQueue(depth, maxSGE int) (*RecvQueue, error) {
 	if depth <= 0 || maxSGE <= 0 || depth > 1<<20 || maxSGE > 64 {
 		return nil, fmt.Errorf("%w: receive queue depth %d, max SGE %d", ErrInvalidWR, depth, maxSGE)
 	}
-	q := &RecvQueue{slab: make([]SGE, depth*maxSGE), ring: make([]recvWQE, depth), maxSGE: maxSGE}
-	for i := range q.ring {
-		q.ring[i].sgl = q.slab[i*maxSGE : i*maxSGE : (i+1)*maxSGE]
+	return &RecvQueue{depth: depth, maxSGE: maxSGE}, nil
+}
+
+// queueGrowth is the first size of a lazily allocated work queue.
+const queueGrowth = 4
+
+// grow doubles the full ring (up to the depth), keeping the receives in
+// order; q.mu is held.
+func (q *RecvQueue) grow() {
+	old := len(q.ring)
+	n := min(max(2*old, queueGrowth), q.depth)
+	ring := make([]recvWQE, n)
+	for i := range q.n {
+		ring[i] = q.ring[(q.head+i)%old]
 	}
-	return q, nil
+	slab := make([]SGE, (n-old)*q.maxSGE)
+	for i := old; i < n; i++ {
+		j := i - old
+		ring[i].sgl = slab[j*q.maxSGE : j*q.maxSGE : (j+1)*q.maxSGE]
+	}
+	q.ring, q.head = ring, 0
 }
 
 // Post adds a receive. The SGL is copied; the caller may reuse it.
@@ -280,7 +300,10 @@ func (q *RecvQueue) Post(id uint64, sgl []SGE) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.n == len(q.ring) {
-		return ErrQueueFull
+		if q.n == q.depth {
+			return ErrQueueFull
+		}
+		q.grow()
 	}
 	e := &q.ring[(q.head+q.n)%len(q.ring)]
 	e.id = id
@@ -347,7 +370,7 @@ func (q *RecvQueue) Len() int {
 }
 
 // Cap returns the queue depth.
-func (q *RecvQueue) Cap() int { return len(q.ring) }
+func (q *RecvQueue) Cap() int { return q.depth }
 
 // MaxSGE returns the most SGEs a receive may have.
 func (q *RecvQueue) MaxSGE() int { return q.maxSGE }

@@ -18,7 +18,9 @@ import (
 //     initiator, then inbound Read and Atomic Requests (their responses,
 //     in order, at most four in a row while sends wait) and the send
 //     queue in order.
-//     A responder sends nothing until the initiator's first FPDU arrived.
+//     A responder sends nothing until the initiator's first FPDU arrived;
+//     an initiator facing a peer that may be siw holds its first FPDU
+//     for FirstFPDUDelay after the MPA Reply (a timer, see QP.Start).
 //  2. Resolution: the work request's SGL is resolved to slices of
 //     registered memory (STag, PD, bounds), and an RDMA Read or atomic gets
 //     its ORQ entry before its request can reach the wire.
@@ -43,6 +45,7 @@ type txJob uint8
 const (
 	jobNone txJob = iota
 	jobSQ
+	jobRTR
 	jobReadResp
 	jobTerminate
 	jobFIN
@@ -184,6 +187,10 @@ func (t *transmitter) drain(inline bool) bool {
 			if !ok {
 				return true
 			}
+		case jobRTR:
+			if !t.sendRTR() {
+				return true
+			}
 		case jobSQ:
 			if !t.sendWQE() {
 				return true
@@ -218,7 +225,7 @@ func (qp *QP) postInline() {
 // transmitting, nothing is queued before it (send queue, Read Responses,
 // a Terminate), and it is a small Send or Write. qp.mu is held.
 func (qp *QP) directOK(wr *SendWR) bool {
-	if qp.state != StateRTS || qp.txGate || qp.sqN > 0 || qp.irqN > 0 || qp.term != nil ||
+	if qp.state != StateRTS || qp.txHeld() || qp.rtrDue || qp.sqN > 0 || qp.irqN > 0 || qp.term != nil ||
 		wr.Op.usesORQ() || wr.Flags&FlagFence != 0 && qp.orqN > 0 {
 		return false
 	}
@@ -279,8 +286,12 @@ func (t *transmitter) pick(inline bool) txJob {
 		}
 		return jobExit
 	}
-	if qp.txGate || t.finSent {
+	if qp.txHeld() || t.finSent {
 		return jobNone
+	}
+	if qp.rtrDue {
+		qp.rtrDue = false
+		return jobRTR
 	}
 	if inline {
 		// Posters send small WRs only; Read Responses, the FIN and large
@@ -494,9 +505,11 @@ func (t *transmitter) sendRTR() bool {
 		f := DDPFields{Opcode: OpWrite, STag: 1}
 		return t.send(&f, nil, nil, 0, nil)
 	case t.rtr&RTRRead != 0:
+		// The RTR goes before any Read of the send queue claims an
+		// ORQ entry, so it takes the first.
 		qp.mu.Lock()
-		qp.orq[qp.orqHead] = orqEntry{rtr: true, op: WRRead}
-		qp.orqN = 1
+		qp.orq[(qp.orqHead+qp.orqN)%len(qp.orq)] = orqEntry{rtr: true, op: WRRead}
+		qp.orqN++
 		qp.mu.Unlock()
 		ReadRequest(t.rr[:]).Encode(&ReadRequestFields{SourceSTag: 1})
 		f := DDPFields{Opcode: OpReadRequest, QN: QNReadReq, MSN: t.nextMSN(QNReadReq)}

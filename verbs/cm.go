@@ -64,7 +64,10 @@ const defaultIRDORD = 16
 
 func (d *Device) mpaConfig(p ConnParams) iwarp.MPAConfig {
 	c := iwarp.MPAConfig{Revision: d.cfg.MPARevision, CRC: d.cfg.CRC, Markers: d.cfg.Markers, PeerToPeer: d.cfg.PeerToPeer, RTR: d.cfg.RTR,
-		IRD: p.IRD, ORD: p.ORD, PrivateData: p.PrivateData}
+		IRD: p.IRD, ORD: p.ORD, PrivateData: p.PrivateData,
+		// With a first-FPDU hold to skip, ask the responder whether it
+		// may be skipped (iwarp.MPAFlagEarlyFPDUQuery).
+		EarlyFPDUQuery: d.cfg.FirstFPDUDelay > 0}
 	if p.IRD == 0 {
 		c.IRD = defaultIRDORD
 	}
@@ -357,6 +360,9 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, 
 		return nil, err
 	}
 	cfg := r.l.dev.mpaConfig(p)
+	if r.l.dev.siwReply {
+		r.req.EarlyFPDUQuery = false
+	}
 	params, mk, err := r.req.AcceptMarkers(ctx, r.stream, cfg)
 	if err != nil {
 		r.stream.Abort()

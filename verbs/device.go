@@ -39,7 +39,11 @@ type DeviceConfig struct {
 	// FirstFPDUDelay holds the first FPDU of a connection this device
 	// initiates for this long after the MPA Reply (default 10 ms, negative
 	// for none): unpatched Linux siw stalls a connection whose first FPDU
-	// arrives in the instant after its Reply (its accept race).
+	// arrives in the instant after its Reply (its accept race). Dial does
+	// not wait for it (work posted meanwhile queues), and there is no hold
+	// when the responder says it needs none: with a hold configured, the
+	// MPA Request asks (reserved bit 0x01) and an rdmatap responder
+	// answers (0x02), which siw never does.
 	FirstFPDUDelay time.Duration
 	// EventQueue is the depth of the async event channel (default 256).
 	EventQueue int
@@ -68,6 +72,10 @@ type Device struct {
 
 	nextQPN atomic.Uint32
 	nextPD  atomic.Uint32
+
+	// siwReply: the device's Replies leave an initiator's early-FPDU
+	// query unanswered, as Linux siw's do (tests and benchmarks).
+	siwReply bool
 
 	mu        sync.Mutex
 	closed    bool

@@ -1,0 +1,6 @@
+package verbs
+
+// SetSiwReply makes d answer MPA Requests as Linux siw does as far as the
+// first-FPDU hold goes: the initiator's early-FPDU query is left
+// unanswered, so an rdmatap initiator holds its first FPDU.
+func SetSiwReply(d *Device, on bool) { d.siwReply = on }
