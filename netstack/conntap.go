@@ -6,20 +6,17 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
-	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 )
 
 // Connection segment taps: a connection's received TCP segments, handed to
 // its owner before TCP reassembles them, each placed in the connection's
 // receive stream. This is what lets DDP place out-of-order payload.
 //
-//  1. EnableConnTaps registers one raw TCP endpoint with the stack. From
-//     then on it sees every TCP segment before TCP does (stack-wide).
+//  1. EnableConnTaps turns on the taps in the NIC's link endpoint (the
+//     stack's own wrapper of the configured link, tapLink). From then on
+//     they see every inbound TCP segment before IP and TCP do, without a
+//     copy of the packet (stack-wide).
 //  2. It remembers the initial sequence number the peer chose in each SYN
 //     and SYN-ACK it sees, which is how a stream offset is later told from
 //     a sequence number (TCP's own RCV.NXT is not exported).
@@ -75,27 +72,21 @@ func (s *Stack) EnableConnTaps() {
 		return
 	}
 	t := &connTaps{isn: make(map[connKey]uint32)}
-	for _, proto := range []tcpip.NetworkProtocolNumber{ipv4.ProtocolNumber, ipv6.ProtocolNumber} {
-		// Only fails for protocols the stack lacks; New registers both.
-		_ = s.s.RegisterRawTransportEndpoint(proto, tcp.ProtocolNumber, t)
-	}
 	s.ctaps = t
+	s.nic.taps.Store(t)
 }
 
-// HandlePacket implements stack.RawTransportEndpoint. It runs on the link's
-// delivery goroutine, before TCP sees the segment.
-func (t *connTaps) HandlePacket(pkt *stack.PacketBuffer) {
-	th, src, dst, ok := tcpHeaders(pkt)
-	if !ok {
-		return
-	}
+// segment handles one inbound TCP segment (tapLink.inspect). It runs on
+// the link's delivery goroutine, before IP and TCP see the packet.
+func (t *connTaps) segment(seg *tapSegment) {
+	th := seg.th
 	k := connKey{
-		local:  netip.AddrPortFrom(fromTCPIPAddr(dst), th.DestinationPort()),
-		remote: netip.AddrPortFrom(fromTCPIPAddr(src), th.SourcePort()),
+		local:  netip.AddrPortFrom(fromTCPIPAddr(seg.dst), th.DestinationPort()),
+		remote: netip.AddrPortFrom(fromTCPIPAddr(seg.src), th.SourcePort()),
 	}
 	flags := th.Flags()
 	if flags&header.TCPFlagSyn != 0 {
-		if flags&header.TCPFlagRst == 0 && tcpValid(th, pkt, src, dst) {
+		if flags&header.TCPFlagRst == 0 && seg.valid() {
 			t.mu.Lock()
 			if len(t.isn) >= maxISNs {
 				for old := range t.isn {
@@ -108,8 +99,11 @@ func (t *connTaps) HandlePacket(pkt *stack.PacketBuffer) {
 		}
 		return
 	}
+	if seg.size == 0 {
+		return
+	}
 	v, ok := t.taps.Load(k)
-	if !ok || pkt.Data().Size() == 0 {
+	if !ok {
 		return
 	}
 	ct := v.(*connTap)
@@ -119,28 +113,21 @@ func (t *connTaps) HandlePacket(pkt *stack.PacketBuffer) {
 		ct.stats.BadFlags.Add(1)
 		return
 	}
-	if !tcpValid(th, pkt, src, dst) {
+	if !seg.valid() {
 		ct.stats.BadChecksum.Add(1)
 		return
 	}
-	ct.deliver(th.SequenceNumber(), pkt)
-}
-
-// tcpValid checks the header's length and, unless the link verified it,
-// the TCP checksum, as TCP itself will.
-func tcpValid(th header.TCP, pkt *stack.PacketBuffer, src, dst tcpip.Address) bool {
-	_, csumOK, ok := header.TCPValid(th, func() uint16 { return pkt.Data().Checksum() }, uint16(pkt.Data().Size()), src, dst, pkt.RXChecksumValidated)
-	return ok && csumOK
+	ct.deliver(th.SequenceNumber(), seg)
 }
 
 // deliver hands the part of the segment TCP may still take to the handler.
 // The views are the packet's own memory (no copy), valid during the call.
-func (ct *connTap) deliver(seq uint32, pkt *stack.PacketBuffer) {
+func (ct *connTap) deliver(seq uint32, seg *tapSegment) {
 	read := ct.c.readBytes.Load()
 	// The sequence number of the next byte the application reads.
 	next := ct.isn + 1 + uint32(read)
 	delta := int64(int32(seq - next))
-	size := int64(pkt.Data().Size())
+	size := int64(seg.size)
 	skip := int64(0)
 	if delta < 0 {
 		skip = -delta // already read: TCP has it
@@ -150,21 +137,10 @@ func (ct *connTap) deliver(seq uint32, pkt *stack.PacketBuffer) {
 		ct.stats.OutOfWindow.Add(1)
 		return
 	}
-	ct.views = ct.views[:0]
-	pkt.Data().ReadTo(viewCollector{ct: ct}, true)
+	ct.views = append(ct.views[:0], seg.views...)
 	views := trimViews(ct.views, int(skip), int(min(size, limit-delta)))
 	ct.fn(read-ct.origin+uint64(delta+skip), views)
 	clear(ct.views)
-}
-
-// viewCollector gathers a packet's payload views without copying.
-type viewCollector struct{ ct *connTap }
-
-func (v viewCollector) Write(b []byte) (int, error) {
-	if len(b) > 0 {
-		v.ct.views = append(v.ct.views, b)
-	}
-	return len(b), nil
 }
 
 // trimViews returns the bytes [from, to) of the concatenated views,

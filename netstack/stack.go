@@ -65,6 +65,7 @@ type Stack struct {
 	mu        sync.Mutex
 	closed    bool
 	ctaps     *connTaps // EnableConnTaps
+	nic       *tapLink  // the NIC's link: cfg.Link, watched by the taps
 	conns     map[*Conn]struct{}
 	listeners map[*Listener]struct{}
 	closeOnce sync.Once
@@ -172,7 +173,8 @@ func New(cfg Config) (*Stack, error) {
 		}
 	}
 
-	if terr := s.CreateNIC(nicID, cfg.Link); terr != nil {
+	nic := newTapLink(cfg.Link)
+	if terr := s.CreateNIC(nicID, nic); terr != nil {
 		return fail("create NIC", terr)
 	}
 	var routes []tcpip.Route
@@ -208,6 +210,7 @@ func New(cfg Config) (*Stack, error) {
 		s:           s,
 		peerTimeout: pt,
 		link:        cfg.Link,
+		nic:         nic,
 		addrs:       addrs,
 		has4:        has4,
 		has6:        has6,

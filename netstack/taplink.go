@@ -1,0 +1,179 @@
+package netstack
+
+import (
+	"sync/atomic"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+// tapLink is the NIC's link endpoint as the stack sees it: the configured
+// link, with the connection taps (EnableConnTaps) looking at each inbound
+// packet on its way up. Watching here, at the link we own, rather than
+// through a raw transport endpoint costs no copy of the packet (gVisor
+// clones every packet for each raw endpoint) and nothing at all while no
+// tap is enabled. The packet is only read: its headers are parsed here
+// again, as IP and TCP will parse them.
+type tapLink struct {
+	stack.LinkEndpoint
+	d    atomic.Pointer[stack.NetworkDispatcher]
+	taps atomic.Pointer[connTaps]
+	// views gathers a packet's views (one packet at a time: a link
+	// delivers from one goroutine; the taps serialize per connection).
+	views [][]byte
+}
+
+func newTapLink(l stack.LinkEndpoint) *tapLink { return &tapLink{LinkEndpoint: l} }
+
+// Attach implements stack.LinkEndpoint: the link delivers to tapLink,
+// which delivers to the stack.
+func (l *tapLink) Attach(d stack.NetworkDispatcher) {
+	if d == nil {
+		l.d.Store(nil)
+		l.LinkEndpoint.Attach(nil)
+		return
+	}
+	l.d.Store(&d)
+	l.LinkEndpoint.Attach(l)
+}
+
+// IsAttached implements stack.LinkEndpoint.
+func (l *tapLink) IsAttached() bool { return l.d.Load() != nil }
+
+// DeliverNetworkPacket implements stack.NetworkDispatcher.
+func (l *tapLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	if t := l.taps.Load(); t != nil {
+		l.inspect(t, proto, pkt)
+	}
+	if d := l.d.Load(); d != nil {
+		(*d).DeliverNetworkPacket(proto, pkt)
+	}
+}
+
+// DeliverLinkPacket implements stack.NetworkDispatcher.
+func (l *tapLink) DeliverLinkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	if d := l.d.Load(); d != nil {
+		(*d).DeliverLinkPacket(proto, pkt)
+	}
+}
+
+// inspect parses an inbound IP packet as far as the taps need it and hands
+// a TCP segment to them. What IP would drop (a bad header, a fragment,
+// IPv6 extension headers, a short packet) is left alone.
+func (l *tapLink) inspect(t *connTaps, proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	l.views = l.views[:0]
+	pkt.Data().ReadTo(linkCollector{l}, true)
+	defer clear(l.views)
+	var hb [header.IPv4MaximumHeaderSize + 60]byte // the largest IP and TCP headers
+	hdr := headBytes(hb[:], l.views)
+	validated := pkt.RXChecksumValidated || l.Capabilities()&stack.CapabilityRXChecksumOffload != 0
+	var src, dst tcpip.Address
+	var ipLen, total int
+	switch proto {
+	case ipv4.ProtocolNumber:
+		h := header.IPv4(hdr)
+		if len(hdr) < header.IPv4MinimumSize || h.HeaderLength() < header.IPv4MinimumSize || len(hdr) < int(h.HeaderLength()) {
+			return
+		}
+		if h.Protocol() != uint8(header.TCPProtocolNumber) || h.More() || h.FragmentOffset() != 0 {
+			return
+		}
+		if !validated && !h.IsChecksumValid() {
+			return
+		}
+		ipLen, total = int(h.HeaderLength()), int(h.TotalLength())
+		src, dst = h.SourceAddress(), h.DestinationAddress()
+	case ipv6.ProtocolNumber:
+		h := header.IPv6(hdr)
+		if len(hdr) < header.IPv6MinimumSize || h.TransportProtocol() != header.TCPProtocolNumber {
+			return
+		}
+		ipLen, total = header.IPv6MinimumSize, header.IPv6MinimumSize+int(h.PayloadLength())
+		src, dst = h.SourceAddress(), h.DestinationAddress()
+	default:
+		return
+	}
+	size := pkt.Data().Size()
+	if total > size || total < ipLen+header.TCPMinimumSize {
+		return
+	}
+	th := header.TCP(hdr[ipLen:])
+	off := int(th.DataOffset())
+	if off < header.TCPMinimumSize || len(th) < off || ipLen+off > total {
+		return
+	}
+	seg := tapSegment{th: th[:off], src: src, dst: dst, validated: validated,
+		views: trimViews(l.views, ipLen+off, total), size: total - ipLen - off}
+	t.segment(&seg)
+}
+
+// tapSegment is an inbound TCP segment as the taps see it: its header, its
+// addresses, and its payload in packet memory (valid during the call).
+type tapSegment struct {
+	th        header.TCP
+	src, dst  tcpip.Address
+	views     [][]byte
+	size      int
+	validated bool // the link verified the checksums
+}
+
+// valid checks the header's length and, unless the link verified it, the
+// TCP checksum, as TCP itself will.
+func (s *tapSegment) valid() bool {
+	_, csumOK, ok := header.TCPValid(s.th, s.payloadChecksum, uint16(s.size), s.src, s.dst, s.validated)
+	return ok && csumOK
+}
+
+func (s *tapSegment) payloadChecksum() uint16 {
+	var c checksum.Checksumer
+	for _, b := range s.views {
+		c.Add(b)
+	}
+	return c.Checksum()
+}
+
+// headBytes returns the packet's first bytes (up to len(buf)): the first
+// view itself when it holds them, else a copy into buf.
+func headBytes(buf []byte, views [][]byte) []byte {
+	if len(views) > 0 && len(views[0]) >= len(buf) {
+		return views[0][:len(buf)]
+	}
+	n := 0
+	for _, v := range views {
+		n += copy(buf[n:], v)
+		if n == len(buf) {
+			break
+		}
+	}
+	return buf[:n]
+}
+
+// linkCollector gathers a packet's views without copying.
+type linkCollector struct{ l *tapLink }
+
+func (c linkCollector) Write(b []byte) (int, error) {
+	if len(b) > 0 {
+		c.l.views = append(c.l.views, b)
+	}
+	return len(b), nil
+}
+
+// GSOMaxSize implements stack.GSOEndpoint for a link that has it.
+func (l *tapLink) GSOMaxSize() uint32 {
+	if g, ok := l.LinkEndpoint.(stack.GSOEndpoint); ok {
+		return g.GSOMaxSize()
+	}
+	return 0
+}
+
+// SupportedGSO implements stack.GSOEndpoint for a link that has it.
+func (l *tapLink) SupportedGSO() stack.SupportedGSO {
+	if g, ok := l.LinkEndpoint.(stack.GSOEndpoint); ok {
+		return g.SupportedGSO()
+	}
+	return stack.GSONotSupported
+}
