@@ -4,19 +4,28 @@ import (
 	"bytes"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
 // svgDoc is what the tests read from a plot: the text of every <text>
-// element and the style of every <path>.
+// element, every element with its attributes, and the root's attributes.
 type svgDoc struct {
-	texts  []string
-	styles []string
+	texts []string
+	elems []svgElem
+	root  map[string]string
+}
+
+type svgElem struct {
+	name  string
+	attrs map[string]string
 }
 
 // parseSVG parses b strictly with encoding/xml: one <svg> root in the SVG
@@ -39,21 +48,20 @@ func parseSVG(t *testing.T, b []byte) svgDoc {
 		}
 		switch tok := tok.(type) {
 		case xml.StartElement:
+			e := svgElem{name: tok.Name.Local, attrs: map[string]string{}}
+			for _, a := range tok.Attr {
+				e.attrs[a.Name.Local] = a.Value
+			}
 			if len(stack) == 0 {
 				roots++
 				if tok.Name.Local != "svg" || tok.Name.Space != "http://www.w3.org/2000/svg" {
 					t.Fatalf("root element %v, want svg in the SVG namespace", tok.Name)
 				}
+				doc.root = e.attrs
 			}
+			doc.elems = append(doc.elems, e)
 			stack = append(stack, tok.Name.Local)
 			text.Reset()
-			if tok.Name.Local == "path" {
-				for _, a := range tok.Attr {
-					if a.Name.Local == "style" {
-						doc.styles = append(doc.styles, a.Value)
-					}
-				}
-			}
 		case xml.CharData:
 			text.Write(tok)
 		case xml.EndElement:
@@ -78,19 +86,62 @@ func (d svgDoc) hasText(s string) bool {
 	return false
 }
 
-// glyphs counts the filled paths of color c (#RRGGBB): the points of a
-// series drawn with a filled glyph, and its legend entry.
-func (d svgDoc) glyphs(c string) int {
+// count counts the elements called name whose attribute attr is val.
+func (d svgDoc) count(name, attr, val string) int {
 	n := 0
-	for _, s := range d.styles {
-		if strings.Contains(s, "fill:"+c) {
+	for _, e := range d.elems {
+		if e.name == name && e.attrs[attr] == val {
 			n++
 		}
 	}
 	return n
 }
 
-const plotMainFill = "#1F77B4" // plotColorMain as vgsvg writes it
+// glyphs counts the filled circles of color c: the points of the line
+// series, and its legend entry.
+func (d svgDoc) glyphs(c string) int { return d.count("circle", "fill", c) }
+
+// inLegend counts the elements called name with attr val whose position
+// (a circle's centre, a path's first point) lies in the legend's box.
+func (d svgDoc) inLegend(name, attr, val string) int {
+	f := func(e svgElem, a string) float64 { v, _ := strconv.ParseFloat(e.attrs[a], 64); return v }
+	var x0, y0, x1, y1 float64
+	for _, e := range d.elems {
+		if e.name == "rect" && e.attrs["stroke"] == "#999999" {
+			x0, y0 = f(e, "x"), f(e, "y")
+			x1, y1 = x0+f(e, "width"), y0+f(e, "height")
+		}
+	}
+	n := 0
+	for _, e := range d.elems {
+		if e.name != name || e.attrs[attr] != val {
+			continue
+		}
+		var x, y float64
+		if name == "circle" {
+			x, y = f(e, "cx"), f(e, "cy")
+		} else if _, err := fmt.Sscanf(e.attrs["d"], "M%g %g", &x, &y); err != nil {
+			continue
+		}
+		if x >= x0 && x <= x1 && y >= y0 && y <= y1 {
+			n++
+		}
+	}
+	return n
+}
+
+// linePoints is the number of points of each polyline.
+func (d svgDoc) linePoints() []int {
+	var n []int
+	for _, e := range d.elems {
+		if e.name == "polyline" {
+			n = append(n, len(strings.Fields(e.attrs["points"])))
+		}
+	}
+	return n
+}
+
+const plotMainFill = plotColorMain
 
 func syntheticSweep(maxExp int) ([]perfBWReport, []perfLatReport) {
 	var bw []perfBWReport
@@ -125,9 +176,20 @@ func TestPlotSweepSVG(t *testing.T) {
 			t.Errorf("bw plot: no text %q in %q", want, doc.texts)
 		}
 	}
-	// One circle per size, and the legend's.
+	// One circle per size, and the legend's; one line through them; a
+	// marker per size for the peak, and the legend's.
 	if n := doc.glyphs(plotMainFill); n != len(bw)+1 {
 		t.Errorf("bw plot: %d points of BW average, want %d sizes + 1 in the legend", n, len(bw))
+	}
+	if n := doc.linePoints(); len(n) != 1 || n[0] != len(bw) {
+		t.Errorf("bw plot: polylines of %v points, want one of %d", n, len(bw))
+	}
+	if n := doc.count("path", "stroke", plotColorPeak); n != len(bw)+1 {
+		t.Errorf("bw plot: %d BW peak markers, want %d sizes + 1 in the legend", n, len(bw))
+	}
+	// A generic font, nothing embedded.
+	if f := doc.root["font-family"]; f != "sans-serif" || doc.count("style", "", "") > 0 || doc.count("font", "", "") > 0 {
+		t.Errorf("bw plot: font-family %q", f)
 	}
 
 	pi := plotTestInfo
@@ -154,6 +216,21 @@ func TestPlotSweepSVG(t *testing.T) {
 	if n := doc.glyphs(plotMainFill); n != len(lat)+1 {
 		t.Errorf("lat plot: %d points of t_typical, want %d sizes + 1 in the legend", n, len(lat))
 	}
+	for _, c := range []string{plotColorMin, plotColorP99, plotColorPeak} {
+		if n := doc.count("path", "stroke", c); n != len(lat)+1 {
+			t.Errorf("lat plot: %d markers of %s, want %d sizes + 1 in the legend", n, c, len(lat))
+		}
+	}
+
+	// Text is escaped.
+	pi.local = `<dev&"0">`
+	b, err = plotLat(pi, lat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if doc := parseSVG(t, b); !doc.hasText(`<dev&"0"> to 10.77.0.3:18515, 2026-11-23 11:00 UTC`) {
+		t.Errorf("escaped title: %q", doc.texts)
+	}
 }
 
 // TestPlotEdgeCases: sweeps that a log axis cannot take whole are drawn
@@ -177,6 +254,23 @@ func TestPlotEdgeCases(t *testing.T) {
 	} else if doc := parseSVG(t, b); doc.glyphs(plotMainFill) != 2 {
 		t.Errorf("one-size plot: %d points", doc.glyphs(plotMainFill))
 	}
+	// A flat sweep has points in every corner: the legend still covers
+	// none (only its own samples lie in its box).
+	_, flat := syntheticSweep(8)
+	b, err = plotLat(plotTestInfo, flat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := parseSVG(t, b)
+	if n := doc.inLegend("circle", "fill", plotColorMain); n != 1 {
+		t.Errorf("flat sweep: %d t_typical points in the legend's box, want its sample only", n)
+	}
+	for _, c := range []string{plotColorMin, plotColorP99, plotColorPeak} {
+		if n := doc.inLegend("path", "stroke", c); n != 1 {
+			t.Errorf("flat sweep: %d markers of %s in the legend's box, want its sample only", n, c)
+		}
+	}
+
 	// Nothing above zero: an error.
 	for i := range bw {
 		bw[i].Avg = 0
@@ -195,25 +289,80 @@ func TestPlotSizeLabels(t *testing.T) {
 			t.Errorf("sizeLabel(%d) = %q, want %q", e, got, want)
 		}
 	}
-	// A full sweep labels every other power of two, both ends included.
-	var labels []string
-	for _, tk := range (sizeTicks{}).Ticks(2/1.3, (1<<23)*1.3) {
-		if tk.Label != "" {
-			labels = append(labels, tk.Label)
-		}
+	// A full sweep marks every power of two and labels every other one,
+	// both ends included.
+	ticks := sizeTicks(2/1.3, (1<<23)*1.3)
+	if len(ticks) != 23 || ticks[0].value != 2 || ticks[22].value != 1<<23 {
+		t.Errorf("%d size ticks, %v", len(ticks), ticks)
 	}
-	if got := strings.Join(labels, " "); got != "2 8 32 128 512 2K 8K 32K 128K 512K 2M 8M" {
+	if got := tickLabels(ticks); got != "2 8 32 128 512 2K 8K 32K 128K 512K 2M 8M" {
 		t.Errorf("size labels %q", got)
 	}
-	// A latency range within a decade still gets labels.
-	n := 0
-	for _, tk := range (logValueTicks{}).Ticks(21, 29) {
-		if tk.Label != "" {
-			n++
+	// A short sweep labels every size.
+	if got := tickLabels(sizeTicks(2/1.3, 64*1.3)); got != "2 4 8 16 32 64" {
+		t.Errorf("2..64: size labels %q", got)
+	}
+}
+
+func tickLabels(ticks []axisTick) string {
+	var l []string
+	for _, tk := range ticks {
+		if tk.label != "" {
+			l = append(l, tk.label)
 		}
 	}
-	if n < 2 {
-		t.Errorf("21..29: %d labelled ticks", n)
+	return strings.Join(l, " ")
+}
+
+// TestPlotValueTicks: the y axis marks 1..9 of each decade and labels
+// the decades; a range of less than two decades is labelled at 1, 2 and
+// 5 too, a narrower one at every tick or, with no two ticks, its ends.
+func TestPlotValueTicks(t *testing.T) {
+	for _, c := range []struct {
+		lo, hi float64
+		ticks  int
+		labels string
+	}{
+		{1, 10000, 37, "1 10 100 1000 10000"},
+		{2, 7000, 8 + 18 + 7, "10 100 1000"},
+		{0.2, 3e6, 8 + 6*9 + 3, "1 10 100 1000 10000 100000 1000000"},
+		{0.002, 0.05, 8 + 5, "0.002 0.005 0.01 0.02 0.05"}, // Gb/sec of small messages
+		{15, 60, 5, "20 50"},
+		{25, 45, 2, "30 40"},
+		{21, 29, 2, "21 29"}, // no tick inside: the ends
+		{9.5, 11, 3, "9.5 10 11"},
+	} {
+		ticks := logTicks(c.lo, c.hi)
+		if len(ticks) != c.ticks || tickLabels(ticks) != c.labels {
+			t.Errorf("logTicks(%g, %g): %d ticks labelled %q, want %d labelled %q",
+				c.lo, c.hi, len(ticks), tickLabels(ticks), c.ticks, c.labels)
+		}
+		for _, tk := range ticks {
+			if tk.value < c.lo*(1-1e-9) || tk.value > c.hi*(1+1e-9) {
+				t.Errorf("logTicks(%g, %g): tick %g outside", c.lo, c.hi, tk.value)
+			}
+		}
+	}
+	// The axis range: a margin, ends rounded out to ticks, so a flat or
+	// one-point series gets at least two labelled ticks.
+	for _, c := range []struct{ lo, hi, wantLo, wantHi float64 }{
+		{3.2, 5400, 2, 7000},
+		{21, 29, 10, 40},
+		{25, 25, 20, 30},
+		{0.004, 0.04, 0.003, 0.05},
+	} {
+		lo, hi := valueRange(c.lo, c.hi)
+		if math.Abs(lo/c.wantLo-1) > 1e-9 || math.Abs(hi/c.wantHi-1) > 1e-9 {
+			t.Errorf("valueRange(%g, %g) = %g, %g, want %g, %g", c.lo, c.hi, lo, hi, c.wantLo, c.wantHi)
+		}
+		if n := len(strings.Fields(tickLabels(logTicks(lo, hi)))); n < 2 {
+			t.Errorf("valueRange(%g, %g): %d labels", c.lo, c.hi, n)
+		}
+	}
+	for v, want := range map[float64]string{1e6: "1000000", 0.1 * 3: "0.3", 1234.5678: "1234.57"} {
+		if got := valueLabel(v, 6); got != want {
+			t.Errorf("valueLabel(%v) = %q, want %q", v, got, want)
+		}
 	}
 }
 
