@@ -124,6 +124,7 @@ type perfOpts struct {
 	atomic  perfAtomicType // -A, atomic tests
 	devName string
 	timeout time.Duration
+	plot    string // --plot: the client draws the -a sweep into this SVG file
 
 	// progress receives the terminal progress line (nil: none).
 	progress io.Writer
@@ -146,6 +147,9 @@ func perfCmd(test perfTestKind, args []string, stdout, stderr io.Writer) error {
 	}
 	if _, _, _, err := ef.check(); err != nil {
 		return err
+	}
+	if err := checkPlotFile(o.plot); err != nil {
+		return err // before the TAP opens: a sweep must not run for nothing
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -213,6 +217,7 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 	fs.StringVar(&o.devName, "d", "", "RDMA device name shown in the banner (default the endpoint's)")
 	fs.StringVar(&bind, "bind", "", "server: address to listen on (default any)")
 	fs.DurationVar(&o.timeout, "timeout", 20*time.Second, "give up on a peer that does not answer for this long")
+	fs.StringVar(&o.plot, "plot", "", "client, with -a: draw message size against bandwidth or latency (log axes) into this SVG `file`")
 
 	var pos []string
 	rest := args
@@ -275,6 +280,9 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 	_ = cpuFreq
 	_ = rdmaCM
 	if err := o.setDefaults(size, iters, dur, margin, qps, port, tx, rx, cqmod, inline, outs, all, gbits, noPeak); err != nil {
+		return o, nil, err
+	}
+	if err := o.checkPlotFlag(); err != nil {
 		return o, nil, err
 	}
 	return o, ef, nil
@@ -650,6 +658,9 @@ func runPerf(ctx context.Context, dev *verbs.Device, o perfOpts, stdout io.Write
 	if o.outs == -1 {
 		o.outs = 0
 	}
+	if err := checkPlotFile(o.plot); err != nil {
+		return err
+	}
 	human := stdout
 	if o.json {
 		human = io.Discard
@@ -666,6 +677,26 @@ func runPerf(ctx context.Context, dev *verbs.Device, o perfOpts, stdout io.Write
 		return s.runBW(ctx, human)
 	}
 	return s.runLat(ctx, human)
+}
+
+// plotSweep draws the client's sweep into --plot's file (no flag: nothing).
+func (s *perfSession) plotSweep(bw []perfBWReport, lat []perfLatReport) error {
+	o := s.o
+	if o.plot == "" || !o.client() {
+		return nil
+	}
+	pi := o.plotInfo(time.Now())
+	var svg []byte
+	var err error
+	if o.test == perfBW {
+		svg, err = plotBW(pi, bw)
+	} else {
+		svg, err = plotLat(pi, lat)
+	}
+	if err != nil {
+		return err
+	}
+	return writePlot(o.plot, svg)
 }
 
 // isTTY reports whether f is a terminal.

@@ -139,7 +139,7 @@ func (s *perfSession) runBWClient(ctx context.Context, stdout io.Writer) error {
 		return err
 	}
 	s.emitBW(stdout, reps)
-	return nil
+	return s.plotSweep(reps, nil)
 }
 
 // verifyRemote checks the data where it landed: after Writes it reads the
@@ -436,7 +436,7 @@ func (s *perfSession) runSendBW(ctx context.Context, stdout io.Writer) error {
 		}
 	}
 	s.emitBW(stdout, reps)
-	return nil
+	return s.plotSweep(reps, nil)
 }
 
 // sendClientSize is run_iter_bw with send credits.

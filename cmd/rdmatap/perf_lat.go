@@ -70,7 +70,7 @@ func (s *perfSession) runLat(ctx context.Context, stdout io.Writer) error {
 		b, _ := json.MarshalIndent(perfJSON{TestInfo: o.testInfo(), Results: res}, "", "  ")
 		fmt.Fprintf(s.jsonOut, "%s\n", b)
 	}
-	return nil
+	return s.plotSweep(nil, reps)
 }
 
 func (s *perfSession) postLatRecvs(size int) error {

@@ -31,17 +31,24 @@ func perfRun(t *testing.T, test perfTestKind, args ...string) (cli, srv string) 
 
 func perfRunErr(t *testing.T, test perfTestKind, args ...string) (cli, srv string, cerr, serr error) {
 	t.Helper()
+	return perfRunSides(t, test, args, args)
+}
+
+// perfRunSides is perfRunErr with flags of each side's own (the client's
+// get the server's address appended).
+func perfRunSides(t *testing.T, test perfTestKind, srvArgs, cliArgs []string) (cli, srv string, cerr, serr error) {
+	t.Helper()
 	a, b, err := embeddedPair(verbs.DeviceConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
 	defer b.Close()
-	so, _, err := parsePerfFlags(test, args, io.Discard)
+	so, _, err := parsePerfFlags(test, srvArgs, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	co, _, err := parsePerfFlags(test, append(append([]string(nil), args...), b.Addr.String()), io.Discard)
+	co, _, err := parsePerfFlags(test, append(append([]string(nil), cliArgs...), b.Addr.String()), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
