@@ -92,9 +92,13 @@ type Device struct {
 	mac     net.HardwareAddr
 	mtu     int
 
-	fd    int // the /dev/net/tun fd (non-blocking); on the plain path owned by wif
-	evfd  int // offload path: eventfd that wakes the read loop on Close
-	ctlfd int // AF_INET datagram socket in the TAP's netns for SIOC* ioctls
+	fd   int // the /dev/net/tun fd (non-blocking); on the plain path owned by wif
+	evfd int // offload path: eventfd that wakes the read loop on Close (poll(2) fallback)
+	// Offload path: the duplicate fd the read loop waits on in the
+	// netpoller; Close closes it to end the wait.
+	pollMu   sync.Mutex
+	pollFile *os.File
+	ctlfd    int // AF_INET datagram socket in the TAP's netns for SIOC* ioctls
 
 	wif  *water.Interface // plain path (d.fd is then its fd, owned by wif)
 	file *os.File         // plain path: wif's file
@@ -395,6 +399,11 @@ func (d *Device) close() error {
 	if d.offload {
 		var one = [8]byte{1}
 		unix.Write(d.evfd, one[:])
+		d.pollMu.Lock()
+		if d.pollFile != nil {
+			d.pollFile.Close()
+		}
+		d.pollMu.Unlock()
 	} else {
 		// Closing the *os.File unblocks the pending Read (netpoller).
 		d.txMu.Lock()
