@@ -233,15 +233,18 @@ type irqEntry struct {
 type QP struct {
 	cfg QPConfig
 
-	mu     sync.Mutex
-	txMu   sync.Mutex // held while transmitting: by the TX goroutine or a poster
-	rxMu   sync.Mutex // held while receiving: by the RX goroutine or a poller
-	state  QPState
-	params ConnParams
-	stream Stream
-	live   atomic.Value // the Stream, for lock-free Progress
-	ctx    context.Context
-	cancel context.CancelFunc
+	mu   sync.Mutex
+	txMu sync.Mutex // held while transmitting: by the TX goroutine or a poster
+	rxMu sync.Mutex // held while receiving: by the RX goroutine or a poller
+	// termTimer fails the QP if its Terminate cannot go out (terminate);
+	// stopped once the QP is done.
+	termTimer *time.Timer
+	state     QPState
+	params    ConnParams
+	stream    Stream
+	live      atomic.Value // the Stream, for lock-free Progress
+	ctx       context.Context
+	cancel    context.CancelFunc
 
 	// send queue (ring of posted, not yet transmitted WRs)
 	sq     []sendWQE
@@ -668,13 +671,16 @@ func (qp *QP) terminate(code TermCode, offending []byte, segLen int) {
 	qp.wake()
 	// A TX blocked on a peer that no longer reads must not hold the
 	// Terminate forever.
-	time.AfterFunc(2*time.Second, func() {
+	t := time.AfterFunc(2*time.Second, func() {
 		select {
 		case <-qp.done:
 		default:
 			qp.fail(qp.termErr, true)
 		}
 	})
+	qp.mu.Lock()
+	qp.termTimer = t
+	qp.mu.Unlock()
 }
 
 // terminated handles a Terminate from the peer.
@@ -797,6 +803,14 @@ func (qp *QP) flush() {
 		})
 	}
 	qp.event(Event{Type: EventDisconnected, Err: qp.Err()})
+	qp.mu.Lock()
+	if qp.termTimer != nil {
+		// Done already: the timer would only keep the QP (and what it
+		// references) alive for its two seconds.
+		qp.termTimer.Stop()
+		qp.termTimer = nil
+	}
+	qp.mu.Unlock()
 	close(qp.done)
 }
 

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime"
+	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -171,9 +173,9 @@ type segPlacer struct {
 	after   map[uint64]uint64   // segment end -> the FPDU start its cut FPDU told
 	prune   int                 // prune known and after beyond this size
 	placed  map[uint64]*placedFPDU
-	starts  startHeap         // of placed, lowest first
-	contig  uint64            // end of the contiguous data the tap has seen
-	ahead   map[uint64]uint64 // start -> end of segments seen beyond contig
+	starts  startHeap // of placed, lowest first
+	contig  uint64    // end of the contiguous data the tap has seen
+	ahead   spans     // the ranges of segments seen beyond contig
 	removed bool
 	busy    int       // place calls under way
 	observe bool      // place nothing: only time hole fills (QPConfig.TimeHoleFills)
@@ -197,7 +199,7 @@ type segPlacer struct {
 }
 
 func newSegPlacer(qp *QP, crcOn, markers bool) *segPlacer {
-	p := &segPlacer{qp: qp, crcOn: crcOn, markers: markers, known: map[uint64]struct{}{0: {}}, placed: map[uint64]*placedFPDU{}, ahead: map[uint64]uint64{},
+	p := &segPlacer{qp: qp, crcOn: crcOn, markers: markers, known: map[uint64]struct{}{0: {}}, placed: map[uint64]*placedFPDU{},
 		after: map[uint64]uint64{}, prune: 256}
 	p.stats = qp.cfg.SegStats
 	if p.stats == nil {
@@ -418,10 +420,7 @@ const (
 // arrived; p.mu is held.
 func (p *segPlacer) seen(start, end uint64) int {
 	if start > p.contig {
-		if len(p.ahead) >= 4096 {
-			clear(p.ahead) // forget: only the out-of-order count suffers
-		}
-		p.ahead[start] = max(p.ahead[start], end)
+		p.ahead.add(start, end)
 		return segAhead
 	}
 	if end <= p.contig {
@@ -432,25 +431,56 @@ func (p *segPlacer) seen(start, end uint64) int {
 		p.fillAt = time.Now() // the segment fills (part of) a hole
 		arrival = segFill
 	}
-	p.contig = max(p.contig, end)
-	for {
-		e, ok := p.ahead[p.contig]
-		if !ok {
-			break
-		}
-		delete(p.ahead, p.contig)
-		p.contig = max(p.contig, e)
-	}
-	for s := range p.ahead {
-		if s < p.contig {
-			p.contig = max(p.contig, p.ahead[s])
-			delete(p.ahead, s)
-		}
-	}
+	p.contig = p.ahead.advance(max(p.contig, end))
 	if arrival == segFill {
 		p.fillEnd = p.contig
 	}
 	return arrival
+}
+
+// spans are the byte ranges seen beyond the contiguous data: sorted,
+// disjoint and not adjacent (merged as they come).
+type spans [][2]uint64
+
+// maxSpans bounds the ranges kept (a peer's scattered segments may not
+// grow it without bound): the farthest are forgotten, which only costs
+// their bytes' count as out of order and a later hole fill's timing.
+const maxSpans = 4096
+
+// add records [start, end).
+func (s *spans) add(start, end uint64) {
+	v := *s
+	// The first range that ends at or after start.
+	i := sort.Search(len(v), func(i int) bool { return v[i][1] >= start })
+	j := i
+	for j < len(v) && v[j][0] <= end {
+		start, end = min(start, v[j][0]), max(end, v[j][1])
+		j++
+	}
+	switch {
+	case i == j:
+		v = slices.Insert(v, i, [2]uint64{start, end})
+	default:
+		v[i] = [2]uint64{start, end}
+		v = slices.Delete(v, i+1, j)
+	}
+	if len(v) > maxSpans {
+		v = v[:maxSpans]
+	}
+	*s = v
+}
+
+// advance returns how far the contiguous data reaches from contig with the
+// ranges that join it, and drops those.
+func (s *spans) advance(contig uint64) uint64 {
+	v := *s
+	k := 0
+	for k < len(v) && v[k][0] <= contig {
+		contig = max(contig, v[k][1])
+		k++
+	}
+	*s = slices.Delete(v, 0, k)
+	return contig
 }
 
 // tiles reports whether the segment holds whole FPDUs end to end (RFC 5044

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -252,5 +253,34 @@ func TestSegmentPlacerMarkers(t *testing.T) {
 		}
 		t.Logf("crc %v: %d bytes placed, %d FPDUs by marker, %d chained", crc, r.p.stats.PlacedBytes.Load(), r.p.stats.ByMarker.Load(), r.p.stats.ByStream.Load())
 		r.guardsClean(t)
+	}
+}
+
+// TestSpans: the ranges seen beyond the contiguous data merge as they
+// come, and the contiguous data takes up those that join it.
+func TestSpans(t *testing.T) {
+	var s spans
+	s.add(10, 20)
+	s.add(30, 40)
+	s.add(20, 25) // adjacent to the first
+	s.add(50, 60)
+	s.add(35, 52) // bridges two
+	if want := (spans{{10, 25}, {30, 60}}); !slices.Equal(s, want) {
+		t.Fatalf("spans %v, want %v", s, want)
+	}
+	if c := s.advance(5); c != 5 || len(s) != 2 {
+		t.Fatalf("advance(5) = %d, %v", c, s)
+	}
+	if c := s.advance(10); c != 25 || len(s) != 1 {
+		t.Fatalf("advance(10) = %d, %v", c, s)
+	}
+	if c := s.advance(40); c != 60 || len(s) != 0 {
+		t.Fatalf("advance(40) = %d, %v", c, s)
+	}
+	for i := 0; i < 2*maxSpans; i++ {
+		s.add(uint64(100+10*i), uint64(105+10*i))
+	}
+	if len(s) != maxSpans || s[0][0] != 100 {
+		t.Fatalf("%d spans from %v: want the nearest %d", len(s), s[0], maxSpans)
 	}
 }
