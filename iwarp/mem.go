@@ -58,9 +58,10 @@ type Region struct {
 	Access Access
 	PD     uint32
 	Kind   RegionKind
-	// QP, when not 0, is the only QP whose peer may use the STag: a type 2
-	// memory window is associated with the QP that bound it.
-	QP uint32
+	// QP, with QPOnly, is the only QP whose peer may use the STag: a type
+	// 2 memory window is associated with the QP that bound it.
+	QP     uint32
+	QPOnly bool
 	// MWType is a window's type (KindMW only).
 	MWType MWType
 
@@ -77,7 +78,7 @@ type Region struct {
 // may use the region: same PD, and for a type 2 window, the QP it is bound
 // to (RFC 5040's "STag not associated with RDMAP Stream" otherwise).
 func (r *Region) Associated(pd, num uint32) bool {
-	return r.PD == pd && (r.QP == 0 || r.QP == num)
+	return r.PD == pd && (!r.QPOnly || r.QP == num)
 }
 
 // STag returns the region's Steering Tag (24-bit index, 8-bit key).

@@ -77,16 +77,16 @@ func TestWindowHoldsItsMR(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qp := &QP{cfg: QPConfig{PD: 7, Num: 20, Mem: mem}}
+	qp := &QP{cfg: QPConfig{PD: 7, Num: 0, Mem: mem}} // QP number 0 binds it too
 	b := MWBind{MR: mr.STag(), Addr: 16, Length: 32, Access: AccessRemoteWrite | AccessZeroBased}
 	if err := w.bind(qp, &b, w.STag()+1); err != nil {
 		t.Fatal(err)
 	}
 	win := w.Current()
-	if !win.Valid() || win.Base != 0 || len(win.Buf) != 32 || &win.Buf[0] != &mr.Buf[16] || win.QP != 20 {
+	if !win.Valid() || win.Base != 0 || len(win.Buf) != 32 || &win.Buf[0] != &mr.Buf[16] || !win.QPOnly {
 		t.Fatalf("window %+v", win)
 	}
-	if win.Associated(7, 21) || !win.Associated(7, 20) {
+	if win.Associated(7, 21) || !win.Associated(7, 0) || win.Associated(8, 0) {
 		t.Fatal("a type 2 window is associated with its QP only")
 	}
 	if mem.DeregisterUnbound(mr) || mem.invalidateUnbound(mr) || !mr.Valid() {

@@ -122,10 +122,9 @@ func (qp *QP) invalidationTarget(stag uint32) (*Region, error) {
 		return nil, fmt.Errorf("%w: STag %#x names nothing", ErrInvalidWR, stag)
 	case !r.Associated(qp.cfg.PD, qp.cfg.Num):
 		return nil, fmt.Errorf("%w: STag %#x is not of this QP", ErrInvalidWR, stag)
-	case r.Kind == KindMW && r.MWType == MWType1:
-		return nil, fmt.Errorf("%w: a type 1 window cannot be invalidated", ErrInvalidWR)
-	case r.Kind == KindMW && r.QP == 0:
-		return nil, fmt.Errorf("%w: window STag %#x is not bound", ErrInvalidWR, stag)
+	case r.Kind == KindMW && r.MWType != MWType2:
+		// A type 1 window, or a window never bound.
+		return nil, fmt.Errorf("%w: window STag %#x cannot be invalidated (type 1, or never bound)", ErrInvalidWR, stag)
 	}
 	return r, nil
 }

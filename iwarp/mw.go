@@ -111,7 +111,7 @@ func (w *Window) bind(qp *QP, b *MWBind, stag uint32) error {
 		r.Base = 0
 	}
 	if w.typ == MWType2 {
-		r.QP = qp.cfg.Num
+		r.QP, r.QPOnly = qp.cfg.Num, true
 	}
 	old, err := t.rebind(&w.memObject, r, stag, w.typ == MWType1)
 	if err != nil {
