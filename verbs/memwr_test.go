@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"rdmatap/iwarp"
+	"rdmatap/netstack"
 	"rdmatap/verbs"
 )
 
@@ -898,5 +899,54 @@ func TestMemoryWRsAllocateNothingToPost(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per post", allocs)
+	}
+}
+
+// TestMemoryWindowsUnderSegmentPlacement: with segment placement and a
+// lossy, reordering link, a type 2 window and a fast-register MR take
+// Writes placed from segments as they arrive; the peer of another QP,
+// whose segments the placer sees too, places nothing into the window and
+// is refused (DDP STag not associated).
+func TestMemoryWindowsUnderSegmentPlacement(t *testing.T) {
+	icfg := netstack.ImpairConfig{Seed: 5, LossRate: 0.02, ReorderRate: 0.02}
+	p := impairedPair(t, icfg, netstack.LinkConfig{MTU: 1500, NoGSO: true}, verbs.DeviceConfig{},
+		verbs.DeviceConfig{Placement: iwarp.PlacementSegment})
+	const size = 512 << 10
+	cl, sv := connect(t, p, size, verbs.ConnParams{})
+	cl3, _ := connectSamePD(t, p, sv)
+	buf := make([]byte, size)
+	mr, err := sv.pd.RegMR(buf, remoteRW|verbs.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw := bindType2(t, sv, mr, mr.Addr(), size/2, verbs.AccessRemoteWrite|verbs.AccessZeroBased)
+	frmr, err := sv.pd.AllocMR(size / 2 / 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fastReg(t, sv, frmr, pages(buf[size/2:], 4096), 0, size/2, remoteRW)
+
+	msg := make([]byte, size/2)
+	fill(msg, 42)
+	writeAndSync(t, cl, sv, msg, mw.Remote())
+	fill(msg, 43)
+	writeAndSync(t, cl, sv, msg, frmr.Remote())
+	want := append([]byte(nil), buf...)
+	fill(msg, 42)
+	if !bytes.Equal(want[:size/2], msg) {
+		t.Fatal("the Write through the window placed other bytes")
+	}
+	fill(msg, 43)
+	if !bytes.Equal(want[size/2:], msg) {
+		t.Fatal("the Write through the fast-register MR placed other bytes")
+	}
+	t.Logf("placed from segments: %d bytes", p.b.Stats().Segment.PlacedEarly)
+
+	// The other connection's peer writes the window: refused, nothing placed.
+	fill(cl3.buf, 44)
+	post(t, cl3, verbs.SendWR{ID: 1, Op: verbs.OpWrite, SGL: []verbs.SGE{cl3.mr.SGE(0, 4096)}, RemoteAddr: 0, RKey: mw.RKey()})
+	expectTerminate(t, p.b, cl3, termNotAssociated)
+	if !bytes.Equal(buf, want) {
+		t.Fatal("the other QP's Write changed the window's memory")
 	}
 }
