@@ -30,7 +30,7 @@ type FastRegMR struct {
 // NewFastRegMR allocates a fast-register MR of protection domain pd that
 // may map up to maxPages pages.
 func NewFastRegMR(t *MemTable, pd uint32, maxPages int) (*FastRegMR, error) {
-	if maxPages <= 0 || maxPages > 1<<20 {
+	if maxPages <= 0 || maxPages > MaxFastRegPages {
 		return nil, fmt.Errorf("%w: fast-register MR of %d pages", ErrInvalidWR, maxPages)
 	}
 	m := &FastRegMR{maxPages: maxPages}
@@ -49,6 +49,9 @@ func (m *FastRegMR) MaxPages() int { return m.maxPages }
 // Release invalidates the MR and frees its STag index (see
 // MemTable.Deregister); false: windows are bound to it, nothing was done.
 func (m *FastRegMR) Release() bool { return m.mem.release(&m.memObject) }
+
+// MaxFastRegPages is the most pages a fast-register MR maps.
+const MaxFastRegPages = 1 << 20
 
 // MinPageSize and MaxPageSize bound a fast-register MR's page size (a
 // power of two).
