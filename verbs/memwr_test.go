@@ -950,3 +950,46 @@ func TestMemoryWindowsUnderSegmentPlacement(t *testing.T) {
 		t.Fatal("the other QP's Write changed the window's memory")
 	}
 }
+
+// TestLocalInvalidateFences: a Local Invalidate issued while the peer's
+// Writes stream into a fast-register MR completes only once no placement
+// into it is in progress: from its completion on, the memory never
+// changes again (and -race sees no write after the snapshot); the peer is
+// refused with DDP invalid STag (a Write posted after the invalidation
+// makes sure there is one).
+func TestLocalInvalidateFences(t *testing.T) {
+	cut := 0
+	const rounds = 8
+	for round := 0; round < rounds; round++ {
+		p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+		cl, sv := connect(t, p, 1<<20, verbs.ConnParams{})
+		frmr, err := sv.pd.AllocMR(256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool := make([]byte, 1<<20)
+		fastReg(t, sv, frmr, pages(pool, 4096), 0, len(pool), remoteRW)
+		r := frmr.Remote()
+		fill(cl.buf, uint64(round))
+		final := make([]byte, len(pool)) // the pool once every Write is placed
+		for i := 0; i < 200; i++ {
+			off, src := (i%16)*(64<<10), (i*4096)%(len(cl.buf)-64<<10)
+			copy(final[off:off+64<<10], cl.buf[src:])
+			post(t, cl, verbs.SendWR{ID: uint64(i), Op: verbs.OpWrite, SGL: []verbs.SGE{cl.mr.SGE(src, 64<<10)}, RemoteAddr: r.Addr + uint64(off), RKey: r.RKey})
+		}
+		time.Sleep(time.Duration(round) * 300 * time.Microsecond)
+		post(t, sv, verbs.SendWR{ID: 100, Op: verbs.OpLocalInv, Flags: verbs.Signaled, InvalidateRKey: r.RKey})
+		mustOK(t, wait1(t, sv.scq), verbs.WCLocalInv, 0)
+		snap := append([]byte(nil), pool...)
+		if !bytes.Equal(snap, final) {
+			cut++
+		}
+		// Refused already, or refused now.
+		_ = cl.qp.PostSend(verbs.SendWR{ID: 101, Op: verbs.OpWrite, SGL: []verbs.SGE{cl.mr.SGE(0, 64)}, RemoteAddr: r.Addr, RKey: r.RKey})
+		expectTerminate(t, p.b, cl, termInvalidSTag)
+		if !bytes.Equal(pool, snap) {
+			t.Fatalf("round %d: the memory changed after the Local Invalidate completed", round)
+		}
+	}
+	t.Logf("%d of %d rounds invalidated while the Writes were still being placed", cut, rounds)
+}
