@@ -155,3 +155,35 @@ func (r *receiver) readInvalidate(reg *Region) bool {
 	r.held.drop()
 	return r.qp.cfg.Mem.invalidateUnbound(reg)
 }
+
+// trackWindow records a type 2 window binding made on qp, so that the QP's
+// end invalidates it (a type 2 window lives with its QP, as in the verbs:
+// nothing else may use it, and its MR must not stay held). Bindings
+// already invalid are dropped as the list grows.
+func (qp *QP) trackWindow(r *Region) {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if len(qp.windows) == cap(qp.windows) {
+		live := qp.windows[:0]
+		for _, w := range qp.windows {
+			if w.Valid() {
+				live = append(live, w)
+			}
+		}
+		clear(qp.windows[len(live):])
+		qp.windows = live
+	}
+	qp.windows = append(qp.windows, r)
+}
+
+// unbindWindows invalidates the type 2 windows bound on qp, once it is in
+// ERROR and its goroutines have stopped.
+func (qp *QP) unbindWindows() {
+	qp.mu.Lock()
+	ws := qp.windows
+	qp.windows = nil
+	qp.mu.Unlock()
+	for _, w := range ws {
+		w.Invalidate()
+	}
+}

@@ -118,6 +118,9 @@ func (w *Window) bind(qp *QP, b *MWBind, stag uint32) error {
 		return err
 	}
 	old.fence()
+	if w.typ == MWType2 {
+		qp.trackWindow(r)
+	}
 	return nil
 }
 

@@ -270,6 +270,8 @@ type QP struct {
 	txSendMSN [numQN]uint32
 	atomicID  uint32 // Request Identifier of the last atomic issued
 
+	windows []*Region // type 2 window bindings made on this QP (memwr.go)
+
 	kick   chan struct{}
 	done   chan struct{}
 	txDone chan struct{}
@@ -802,6 +804,7 @@ func (qp *QP) flush() {
 			qp.complete(qp.cfg.RecvCQ, Completion{ID: id, Status: StatusWRFlush, Op: CompRecv})
 		})
 	}
+	qp.unbindWindows()
 	qp.event(Event{Type: EventDisconnected, Err: qp.Err()})
 	close(qp.done)
 }

@@ -194,7 +194,8 @@ func (b BindInfo) iwarp() iwarp.MWBind {
 // type 2 window mw under rkey (mw's STag with a new key:
 // IncRKey(mw.RKey())). The window must be unbound (invalid) when it
 // executes; once bound, only the QP it was posted to may use it, until a
-// Local Invalidate or a Send with Invalidate on that QP invalidates it.
+// Local Invalidate or a Send with Invalidate on that QP, or the QP's end,
+// invalidates it.
 func (mw *MW) BindWR(id uint64, flags SendFlags, rkey STag, b BindInfo) SendWR {
 	return SendWR{ID: id, Op: OpBindMW, Flags: flags, MW: mw.w, RKey: rkey, Bind: b.iwarp()}
 }

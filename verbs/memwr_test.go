@@ -993,3 +993,39 @@ func TestLocalInvalidateFences(t *testing.T) {
 	}
 	t.Logf("%d of %d rounds invalidated while the Writes were still being placed", cut, rounds)
 }
+
+// TestType2WindowEndsWithQP: closing the QP a type 2 window is bound to
+// invalidates the window, which releases its MR; a type 1 window outlives
+// the QP that bound it.
+func TestType2WindowEndsWithQP(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	_, sv := connect(t, p, 4096, verbs.ConnParams{})
+	_, sv2 := connectSamePD(t, p, sv)
+	mr, err := sv.pd.RegMR(make([]byte, 4096), remoteRW|verbs.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw2 := bindType2(t, sv2, mr, mr.Addr(), 64, verbs.AccessRemoteRead)
+	mw1, err := sv.pd.AllocMW(verbs.MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sv2.qp.BindMW(mw1, 1, verbs.Signaled, verbs.BindInfo{MR: mr, Addr: mr.Addr() + 64, Length: 64, Access: verbs.AccessRemoteRead}); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, wait1(t, sv2.scq), verbs.WCBindMW, 0)
+	if err := sv2.qp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if mw2.Valid() || !mw1.Valid() {
+		t.Fatalf("after the QP closed: type 2 window valid %v, type 1 window valid %v", mw2.Valid(), mw1.Valid())
+	}
+	if err := mr.Dereg(); !errors.Is(err, verbs.ErrBusy) {
+		t.Fatalf("Dereg with the type 1 window bound: %v", err)
+	}
+	mw1.Dealloc()
+	mw2.Dealloc()
+	if err := mr.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+}
