@@ -1029,3 +1029,46 @@ func TestType2WindowEndsWithQP(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestMemoryWRLocalErrors: a Read with local invalidate naming an STag
+// that cannot be invalidated completes with StatusMWBind, and a window's
+// STag used as an lkey with StatusLocalProtection; both take the QP down
+// with a Terminate (RDMAP, local catastrophic error) on the wire.
+func TestMemoryWRLocalErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status verbs.Status
+		wr     func(cl *end, mw *verbs.MW) verbs.SendWR
+	}{
+		{"read-invalidating-type1-window", verbs.StatusMWBind, func(cl *end, mw *verbs.MW) verbs.SendWR {
+			return verbs.SendWR{ID: 9, Op: verbs.OpReadInv, Flags: verbs.Signaled, SGL: []verbs.SGE{cl.mr.SGE(0, 8)},
+				RemoteAddr: cl.remote.Addr, RKey: cl.remote.RKey, InvalidateRKey: mw.RKey()}
+		}},
+		{"window-as-lkey", verbs.StatusLocalProtection, func(cl *end, mw *verbs.MW) verbs.SendWR {
+			r := mw.Remote()
+			return verbs.SendWR{ID: 9, Op: verbs.OpSend, Flags: verbs.Signaled, SGL: []verbs.SGE{{Addr: r.Addr, Length: 8, LKey: r.RKey}}}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+			cl, sv := connect(t, p, 4096, verbs.ConnParams{})
+			mr, err := cl.pd.RegMR(make([]byte, 64), remoteRW|verbs.AccessMWBind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mw, err := cl.pd.AllocMW(verbs.MWType1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cl.qp.BindMW(mw, 1, verbs.Signaled, verbs.BindInfo{MR: mr, Addr: mr.Addr(), Length: 64, Access: verbs.AccessRemoteRead}); err != nil {
+				t.Fatal(err)
+			}
+			mustOK(t, wait1(t, cl.scq), verbs.WCBindMW, 0)
+			post(t, cl, tc.wr(cl, mw))
+			if wc := wait1(t, cl.scq); wc.ID != 9 || wc.Status != tc.status {
+				t.Fatalf("completion %+v, want %v", wc, tc.status)
+			}
+			expectTerminate(t, p.a, sv, termLocalCatastroph)
+		})
+	}
+}
