@@ -34,8 +34,7 @@ import (
 //
 // Within one object's life, keys do repeat: its index has only 256 of
 // them. That is the verbs' contract (the consumer rotates the key and
-// invalidates before reusing a mapping); it is what RFC 5042 §5.2 leaves
-// to the consumer when it reuses an STag.
+// invalidates before reusing a mapping).
 
 // MWType is a memory window's type (ibv_mw_type).
 type MWType uint8

@@ -129,11 +129,11 @@ func (qp *QP) invalidationTarget(stag uint32) (*Region, error) {
 	return r, nil
 }
 
-// RemoteInvalidate invalidates reg for a peer's Send with Invalidate
+// remoteInvalidate invalidates reg for a peer's Send with Invalidate
 // received on qp, if the peer may: only an STag the peer may access
-// itself can be invalidated remotely (RFC 5040 §6.10's Send with
-// Invalidate names an STag the peer was given; RFC 5042 §5.1 asks that a
-// peer reach nothing it was not granted): a registration of the QP's PD
+// itself can be invalidated remotely (RFC 5040's Send with Invalidate
+// names an STag the peer was given; RFC 5042 asks that a peer reach
+// nothing it was not granted): a registration of the QP's PD
 // with remote access, associated with this QP (a type 2 window bound to
 // another QP is not), and not a type 1 window. An MR with windows bound to
 // it stays valid. The caller holds no access itself (the fence waits for

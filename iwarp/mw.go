@@ -10,8 +10,8 @@ import (
 // MR's. A window holds its STag index from allocation and starts unbound
 // (invalid).
 //
-// RFC 5040 §5.2 (and RFC 5042 §5.1's rule that a peer reaches only what it
-// was granted) apply as the receive path checks them for any STag: the
+// RFC 5040's checks (and RFC 5042's rule that a peer reaches only what it
+// was granted) apply as the receive path makes them for any STag: the
 // window's PD, its remote access rights, its bounds (the window, not the
 // MR) and its validity. A type 2 window adds its QP: used by the peer of
 // any other QP, it is refused as "STag not associated with RDMAP Stream".
