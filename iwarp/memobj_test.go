@@ -79,7 +79,7 @@ func TestWindowHoldsItsMR(t *testing.T) {
 	}
 	qp := &QP{cfg: QPConfig{PD: 7, Num: 0, Mem: mem}} // QP number 0 binds it too
 	b := MWBind{MR: mr.STag(), Addr: 16, Length: 32, Access: AccessRemoteWrite | AccessZeroBased}
-	if err := w.bind(qp, &b, w.STag()+1); err != nil {
+	if err := w.bind(qp, &b, incKey(w.STag())); err != nil {
 		t.Fatal(err)
 	}
 	win := w.Current()
@@ -98,7 +98,10 @@ func TestWindowHoldsItsMR(t *testing.T) {
 		t.Fatal("the MR is still held")
 	}
 	// Bound to an MR that is gone: refused.
-	if err := w.bind(qp, &b, w.STag()+1); !errors.Is(err, ErrNoParent) {
+	if err := w.bind(qp, &b, incKey(w.STag())); !errors.Is(err, ErrNoParent) {
 		t.Fatalf("bind to a deregistered MR: %v", err)
 	}
 }
+
+// incKey returns stag with its key advanced by one (ibv_inc_rkey).
+func incKey(stag uint32) uint32 { return stag&^0xff | (stag+1)&0xff }

@@ -36,7 +36,7 @@ func newWinVictim(t *testing.T, recvs int) *winVictim {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stag := w.STag() + 1
+		stag := incKey(w.STag())
 		if typ == MWType1 {
 			stag = w.NextType1Key()
 		}
@@ -59,7 +59,7 @@ func newWinVictim(t *testing.T, recvs int) *winVictim {
 		if err := v.frmr.MapPages([][]byte{buf}, 4096, 0, 4096); err != nil {
 			t.Fatal(err)
 		}
-		stag := v.frmr.STag() + 1
+		stag := incKey(v.frmr.STag())
 		if err := v.qp.fastReg(&SendWR{MR: v.frmr, RKey: stag, Access: AccessLocalWrite | rw}); err != nil {
 			t.Fatal(err)
 		}
