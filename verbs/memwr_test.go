@@ -1078,3 +1078,49 @@ func TestMemoryWRLocalErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestLocalInvalidateInSendQueueOrder: a Local Invalidate posted behind a
+// Send from the MR it invalidates lets the Send go out first; with Fence,
+// one posted behind a Read into the MR waits for the Read's data. The
+// completions come in send queue order.
+func TestLocalInvalidateInSendQueueOrder(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	cl, sv := connect(t, p, 1<<16, verbs.ConnParams{})
+	frmr, err := cl.pd.AllocMR(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := make([]byte, 16*4096)
+	fill(pool, 9)
+	fastReg(t, cl, frmr, pages(pool, 4096), 0, len(pool), remoteRW)
+	if err := sv.qp.PostRecv(verbs.RecvWR{ID: 1, SGL: []verbs.SGE{sv.mr.SGE(0, 1<<16)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.qp.PostSend(
+		verbs.SendWR{ID: 1, Op: verbs.OpSend, Flags: verbs.Signaled, SGL: []verbs.SGE{frmr.SGE(0, 1<<16)}},
+		verbs.SendWR{ID: 2, Op: verbs.OpLocalInv, Flags: verbs.Signaled, InvalidateRKey: frmr.LKey()},
+	); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, wait1(t, cl.scq), verbs.WCSend, 1<<16)
+	mustOK(t, wait1(t, cl.scq), verbs.WCLocalInv, 0)
+	mustOK(t, wait1(t, sv.rcq), verbs.WCRecv, 1<<16)
+	if !bytes.Equal(sv.buf, pool[:1<<16]) {
+		t.Fatal("the Send ahead of the Local Invalidate carried other bytes")
+	}
+
+	fastReg(t, cl, frmr, pages(pool, 4096), 0, len(pool), remoteRW)
+	clear(pool)
+	fill(sv.buf, 10)
+	if err := cl.qp.PostSend(
+		verbs.SendWR{ID: 3, Op: verbs.OpRead, Flags: verbs.Signaled, SGL: []verbs.SGE{frmr.SGE(0, 1<<16)}, RemoteAddr: cl.remote.Addr, RKey: cl.remote.RKey},
+		verbs.SendWR{ID: 4, Op: verbs.OpLocalInv, Flags: verbs.Signaled | verbs.Fence, InvalidateRKey: frmr.LKey()},
+	); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, wait1(t, cl.scq), verbs.WCRead, 1<<16)
+	mustOK(t, wait1(t, cl.scq), verbs.WCLocalInv, 0)
+	if !bytes.Equal(pool[:1<<16], sv.buf) || frmr.Valid() {
+		t.Fatal("the Read ahead of the fenced Local Invalidate did not land, or the MR is valid")
+	}
+}
