@@ -873,9 +873,9 @@ func TestMemoryWindowBindErrors(t *testing.T) {
 	})
 }
 
-// TestMemoryWRsAllocateNothingToPost: posting Local Invalidate and BIND_MW
-// work requests allocates nothing (measured on a QP that is not connected,
-// where they queue).
+// TestMemoryWRsAllocateNothingToPost: posting REG_MR, Local Invalidate and
+// BIND_MW work requests and binding a type 1 window allocate nothing
+// (measured on a QP that is not connected, where they queue).
 func TestMemoryWRsAllocateNothingToPost(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	e := newEnd(t, p.a, 4096, nil, nil)
@@ -888,10 +888,15 @@ func TestMemoryWRsAllocateNothingToPost(t *testing.T) {
 	bind := mw.BindWR(1, verbs.Signaled, verbs.IncRKey(mw.RKey()), verbs.BindInfo{MR: mr, Addr: mr.Addr(), Length: 8, Access: verbs.AccessRemoteRead})
 	inv := verbs.SendWR{ID: 2, Op: verbs.OpLocalInv, InvalidateRKey: mw.RKey()}
 	reg := frmr.RegWR(3, 0, verbs.IncRKey(frmr.RKey()), remoteRW)
+	mw1, _ := e.pd.AllocMW(verbs.MWType1)
+	info := verbs.BindInfo{MR: mr, Addr: mr.Addr(), Length: 8, Access: verbs.AccessRemoteRead}
 	n := 0
 	allocs := testing.AllocsPerRun(50, func() {
 		if n < 60 {
 			if err := e.qp.PostSend(bind, inv, reg); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.qp.BindMW(mw1, 4, 0, info); err != nil {
 				t.Fatal(err)
 			}
 			n++
