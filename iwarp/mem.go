@@ -25,9 +25,9 @@ const (
 	AccessZeroBased Access = 32
 )
 
-// RegionKind says what kind of memory object an STag names. Only memory
-// regions exist today; the field leaves room for memory windows and
-// fast-register MRs, which share the STag space (RFC 5040 §5.2).
+// RegionKind says what kind of memory object an STag names: memory
+// regions, fast-register MRs and memory windows share the STag space
+// (RFC 5040 §5.2; see fastreg.go and mw.go).
 type RegionKind uint8
 
 // Region kinds.
@@ -39,7 +39,10 @@ const (
 
 // Region is registered memory as the protocol engine sees it: the bytes,
 // the Tagged Offset of the first byte, the access rights and the protection
-// domain. A Region is immutable once registered, except for its validity.
+// domain. A Region is immutable once registered, except for its validity:
+// a fast-register MR or a memory window that is registered or bound again
+// gets a new Region under its STag index (see MemTable.rebind), so that an
+// access checked against one registration can never land in the next.
 //
 // The engine touches a region's bytes only between a successful acquire and
 // its release, and never waits for anything in between (a lock held for
@@ -55,9 +58,27 @@ type Region struct {
 	Access Access
 	PD     uint32
 	Kind   RegionKind
-	stag   uint32
-	valid  atomic.Bool
-	users  atomic.Int32 // accesses in progress
+	// QP, with QPOnly, is the only QP whose peer may use the STag: a type
+	// 2 memory window is associated with the QP that bound it.
+	QP     uint32
+	QPOnly bool
+	// MWType is a window's type (KindMW only).
+	MWType MWType
+
+	stag  uint32
+	valid atomic.Bool
+	users atomic.Int32 // accesses in progress
+	// parent is the MR a window binding lies in; windows counts the valid
+	// window bindings that lie in this region (see MemTable.rebind).
+	parent  *Region
+	windows atomic.Int32
+}
+
+// Associated reports whether a peer on the QP num of protection domain pd
+// may use the region: same PD, and for a type 2 window, the QP it is bound
+// to (RFC 5040's "STag not associated with RDMAP Stream" otherwise).
+func (r *Region) Associated(pd, num uint32) bool {
+	return r.PD == pd && (!r.QPOnly || r.QP == num)
 }
 
 // STag returns the region's Steering Tag (24-bit index, 8-bit key).
@@ -70,8 +91,16 @@ func (r *Region) Valid() bool { return r.valid.Load() }
 // no access to the region's bytes is in progress. The caller must hold no
 // access itself (see Region).
 func (r *Region) Invalidate() {
-	r.valid.Store(false)
+	r.invalidate()
 	r.fence()
+}
+
+// invalidate clears valid; the first call also ends a window binding's
+// count in its MR.
+func (r *Region) invalidate() {
+	if r.valid.Swap(false) && r.parent != nil {
+		r.parent.windows.Add(-1)
+	}
 }
 
 // acquire starts an access to the region's bytes; false means the region
@@ -299,8 +328,16 @@ func (t *MemTable) Register(r *Region) (uint32, error) {
 // never touches them (placement into them and Read Responses from them
 // that were under way are cut off, and later FPDUs naming the STag are
 // refused). The caller must hold no access itself (see Region).
-func (t *MemTable) Deregister(r *Region) {
+func (t *MemTable) Deregister(r *Region) { t.deregister(r, false) }
+
+// deregister is Deregister; with unboundOnly it does nothing and reports
+// false while windows are bound to r.
+func (t *MemTable) deregister(r *Region, unboundOnly bool) bool {
 	t.mu.Lock()
+	if unboundOnly && r.windows.Load() > 0 {
+		t.mu.Unlock()
+		return false
+	}
 	idx := r.stag >> 8
 	s := t.slot(idx)
 	if idx == 0 || s == nil || s.Load() != r {
@@ -308,9 +345,9 @@ func (t *MemTable) Deregister(r *Region) {
 		// Not (or no longer) in the table; a Send with Invalidate may
 		// have invalidated it, and its fence may still be under way.
 		r.Invalidate()
-		return
+		return true
 	}
-	r.valid.Store(false)
+	r.invalidate()
 	s.Store(nil)
 	if t.chunk(idx).keys[idx%memChunkSize].n < 256 {
 		t.free = append(t.free, idx)
@@ -318,6 +355,7 @@ func (t *MemTable) Deregister(r *Region) {
 	t.n--
 	t.mu.Unlock()
 	r.fence()
+	return true
 }
 
 // Lookup returns the valid region named by stag, or nil.

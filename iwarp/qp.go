@@ -213,6 +213,9 @@ type orqEntry struct {
 	placed   uint32
 	sink     []byte
 	sinkReg  *Region // the region sink lies in
+	// inv is what a Read with local invalidate invalidates when its data
+	// has arrived.
+	inv *Region
 }
 
 // irqEntry is an inbound RDMA Read or atomic we must answer (bounded by
@@ -269,6 +272,8 @@ type QP struct {
 	closing   bool // graceful close requested
 	txSendMSN [numQN]uint32
 	atomicID  uint32 // Request Identifier of the last atomic issued
+
+	windows []*Region // type 2 window bindings made on this QP (memwr.go)
 
 	kick   chan struct{}
 	done   chan struct{}
@@ -557,7 +562,9 @@ func (qp *QP) checkSendWR(wr *SendWR) error {
 		if wr.Flags&FlagInline != 0 {
 			return fmt.Errorf("%w: %v cannot be inline", ErrInvalidWR, wr.Op)
 		}
-	case WRRead:
+	case WRLocalInv, WRRegMR, WRBindMW, wrBindMW1:
+		return qp.checkLocalWR(wr)
+	case WRRead, WRReadInv:
 		// The Read Response lands at one sink STag and TO: one SGE, as
 		// siw's max_sge_rd.
 		if len(wr.SGL) > 1 {
@@ -607,7 +614,8 @@ func (qp *QP) gatherInline(e *sendWQE) (int, error) {
 // region is held (see Region).
 func (qp *QP) localSlice(s SGE, need Access) ([]byte, *Region, Status) {
 	r := qp.cfg.Mem.Lookup(s.LKey)
-	if r == nil || r.PD != qp.cfg.PD || r.Access&need != need {
+	// A window's STag is for remote access only.
+	if r == nil || r.PD != qp.cfg.PD || r.Access&need != need || r.Kind == KindMW {
 		return nil, nil, StatusLocalProtection
 	}
 	b, ok := r.Slice(s.Addr, uint64(s.Length))
@@ -802,6 +810,7 @@ func (qp *QP) flush() {
 			qp.complete(qp.cfg.RecvCQ, Completion{ID: id, Status: StatusWRFlush, Op: CompRecv})
 		})
 	}
+	qp.unbindWindows()
 	qp.event(Event{Type: EventDisconnected, Err: qp.Err()})
 	qp.mu.Lock()
 	if qp.termTimer != nil {
@@ -834,8 +843,14 @@ func wrCompOp(op WROp) CompletionOp {
 	switch op {
 	case WRWrite, WRWriteImm:
 		return CompWrite
-	case WRRead:
+	case WRRead, WRReadInv:
 		return CompRead
+	case WRLocalInv:
+		return CompLocalInv
+	case WRRegMR:
+		return CompRegMR
+	case WRBindMW, wrBindMW1:
+		return CompBindMW
 	case WRAtomicCmpSwap:
 		return CompCmpSwap
 	case WRAtomicFetchAdd:

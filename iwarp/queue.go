@@ -30,6 +30,19 @@ const (
 	WRSendImm
 	WRAtomicCmpSwap
 	WRAtomicFetchAdd
+	// Memory registration work requests (memwr.go). They put nothing on
+	// the wire and execute in send queue order: Local Invalidate
+	// (InvalidateRKey names the STag), REG_MR (MR, RKey with the new key,
+	// Access), BIND_MW of a type 2 window (MW, RKey with the new key,
+	// Bind), and an RDMA Read that invalidates the local STag
+	// InvalidateRKey once its data has arrived (IB_WR_RDMA_READ_WITH_INV;
+	// a local operation, RFC 5040 has no such message).
+	WRLocalInv
+	WRRegMR
+	WRBindMW
+	WRReadInv
+	// wrBindMW1 binds a type 1 window (QP.BindMW1, ibv_bind_mw).
+	wrBindMW1
 )
 
 // IsAtomic reports whether o is an atomic operation.
@@ -37,7 +50,11 @@ func (o WROp) IsAtomic() bool { return o == WRAtomicCmpSwap || o == WRAtomicFetc
 
 // usesORQ reports whether o waits for a response, holding an ORQ entry
 // (an outstanding RDMA Read or atomic, bounded by ORD).
-func (o WROp) usesORQ() bool { return o == WRRead || o.IsAtomic() }
+func (o WROp) usesORQ() bool { return o == WRRead || o == WRReadInv || o.IsAtomic() }
+
+// local reports whether o is a memory registration operation, which
+// executes at the QP and sends nothing.
+func (o WROp) local() bool { return o == WRLocalInv || o == WRRegMR || o == WRBindMW || o == wrBindMW1 }
 
 // extension reports whether o needs the RFC 7306 extensions.
 func (o WROp) extension() bool { return o >= WRWriteImm && o <= WRAtomicFetchAdd }
@@ -60,6 +77,14 @@ func (o WROp) String() string {
 		return "ATOMIC_CMP_AND_SWP"
 	case WRAtomicFetchAdd:
 		return "ATOMIC_FETCH_AND_ADD"
+	case WRLocalInv:
+		return "LOCAL_INV"
+	case WRRegMR:
+		return "REG_MR"
+	case WRBindMW, wrBindMW1:
+		return "BIND_MW"
+	case WRReadInv:
+		return "RDMA_READ_WITH_INV"
 	}
 	return fmt.Sprintf("WROp(%d)", uint8(o))
 }
@@ -84,7 +109,8 @@ type SendWR struct {
 	// RDMA Write and Read: the remote buffer.
 	RemoteAddr uint64
 	RKey       uint32
-	// Send with Invalidate: the remote STag to invalidate.
+	// Send with Invalidate: the remote STag to invalidate; Local
+	// Invalidate and Read with Invalidate: the local one.
 	InvalidateRKey uint32
 	// Write and Send with Immediate: the 32-bit immediate data the peer's
 	// receive completion carries (libibverbs' imm_data).
@@ -95,6 +121,13 @@ type SendWR struct {
 	// target equals CompareAdd (libibverbs' wr.atomic.compare_add, swap).
 	CompareAdd uint64
 	Swap       uint64
+	// REG_MR: the fast-register MR, the STag it takes (RKey: its index
+	// with a new key) and the access the registration grants.
+	MR     *FastRegMR
+	Access Access
+	// BIND_MW: the window (bound under RKey) and where and how.
+	MW   *Window
+	Bind MWBind
 }
 
 // Status is a work completion status; the values and strings are
@@ -171,6 +204,11 @@ const (
 	// IBV_WC_FETCH_ADD).
 	CompCmpSwap  CompletionOp = 3
 	CompFetchAdd CompletionOp = 4
+	// Memory registration work requests (IBV_WC_BIND_MW, IBV_WC_LOCAL_INV;
+	// REG_MR has no libibverbs completion, the kernel's IB_WC_REG_MR).
+	CompBindMW   CompletionOp = 5
+	CompLocalInv CompletionOp = 6
+	CompRegMR    CompletionOp = 8
 	CompRecv     CompletionOp = 128
 	// CompRecvRDMAWithImm is the receive an RDMA Write with Immediate
 	// consumes (IBV_WC_RECV_RDMA_WITH_IMM).
@@ -189,6 +227,12 @@ func (o CompletionOp) String() string {
 		return "COMP_SWAP"
 	case CompFetchAdd:
 		return "FETCH_ADD"
+	case CompBindMW:
+		return "BIND_MW"
+	case CompLocalInv:
+		return "LOCAL_INV"
+	case CompRegMR:
+		return "REG_MR"
 	case CompRecv:
 		return "RECV"
 	case CompRecvRDMAWithImm:

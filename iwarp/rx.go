@@ -489,7 +489,7 @@ func (r *receiver) checkWrite(h DDPHeader) (TermCode, bool) {
 	switch {
 	case reg == nil:
 		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPInvalidSTag}, true
-	case reg.PD != qp.cfg.PD:
+	case !reg.Associated(qp.cfg.PD, qp.cfg.Num):
 		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPSTagNotAssociated}, true
 	case reg.Access&AccessRemoteWrite == 0:
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeAccessRights}, true
@@ -549,7 +549,7 @@ func (r *receiver) checkReadRequest(h DDPHeader) (TermCode, bool) {
 	switch {
 	case reg == nil:
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag}, true
-	case reg.PD != qp.cfg.PD:
+	case !reg.Associated(qp.cfg.PD, qp.cfg.Num):
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeSTagNotAssociated}, true
 	case reg.Access&AccessRemoteRead == 0:
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeAccessRights}, true
@@ -599,7 +599,7 @@ func (r *receiver) checkAtomicRequest(h DDPHeader) (TermCode, bool) {
 	switch {
 	case reg == nil:
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag}, true
-	case reg.PD != qp.cfg.PD:
+	case !reg.Associated(qp.cfg.PD, qp.cfg.Num):
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeSTagNotAssociated}, true
 	case reg.Access&AccessRemoteAtomic == 0:
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeAccessRights}, true
@@ -1028,22 +1028,17 @@ func (r *receiver) endSend(h DDPHeader) {
 	if r.op.Invalidates() {
 		stag := h.InvalidateSTag()
 		// Only an STag the peer may access itself can be invalidated
-		// remotely (RFC 5040's Send with Invalidate names an STag the
-		// peer was given; RFC 5042 asks that a peer reach nothing it
-		// was not granted): one of this QP's PD with remote access.
-		// A region registered for local access only, such as one behind
-		// posted receives, is never the peer's to take away.
-		reg := qp.cfg.Mem.Lookup(stag)
-		if reg == nil || reg.PD != qp.cfg.PD || reg.Access&(AccessRemoteWrite|AccessRemoteRead) == 0 {
+		// remotely (see remoteInvalidate). A region registered for
+		// local access only, such as one behind posted receives, is
+		// never the peer's to take away. The fence waits for other QPs'
+		// accesses; this one holds none while it waits.
+		r.held.drop()
+		if !qp.remoteInvalidate(qp.cfg.Mem.Lookup(stag)) {
 			c.Status = StatusRemoteInvalidRequest
 			qp.complete(qp.cfg.RecvCQ, c)
 			r.fail(TermCode{LayerRDMAP, ETypeRemoteOperation, CodeCannotInvalidate}, len(h))
 			return
 		}
-		// The fence waits for other QPs' accesses; this one holds none
-		// while it waits.
-		r.held.drop()
-		reg.Invalidate()
 		c.Flags |= CompWithInvalidate
 		c.InvalidatedRKey = stag
 	}
@@ -1066,9 +1061,17 @@ func (r *receiver) endReadResponse(h DDPHeader) {
 	}
 	c := Completion{ID: o.id, Op: CompRead, ByteLen: o.size}
 	report := o.signaled && !o.rtr
+	inv := o.inv
+	o.inv = nil
 	qp.orqHead = (qp.orqHead + 1) % len(qp.orq)
 	qp.orqN--
 	qp.mu.Unlock()
+	if inv != nil && !r.readInvalidate(inv) {
+		c.Status = StatusMWBind
+		qp.complete(qp.cfg.SendCQ, c)
+		r.fail(TermCode{LayerRDMAP, ETypeRDMAPCatastrophic, CodeUnspecified}, len(h))
+		return
+	}
 	if report {
 		qp.complete(qp.cfg.SendCQ, c)
 	}

@@ -648,7 +648,7 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 func (p *segPlacer) writeDst(h DDPHeader, payLen int) ([]byte, bool) {
 	qp := p.qp
 	reg := qp.cfg.Mem.Lookup(h.STag())
-	if reg == nil || reg.PD != qp.cfg.PD || reg.Access&AccessRemoteWrite == 0 || h.TO()+uint64(payLen) < h.TO() {
+	if reg == nil || !reg.Associated(qp.cfg.PD, qp.cfg.Num) || reg.Access&AccessRemoteWrite == 0 || h.TO()+uint64(payLen) < h.TO() {
 		return nil, false
 	}
 	dst, ok := reg.Slice(h.TO(), uint64(payLen))

@@ -80,6 +80,7 @@ type transmitter struct {
 	// atomicID is the Request Identifier claimORQ gave the atomic being
 	// sent.
 	atomicID uint32
+	readSt   Status // why claimORQ failed (not readOK)
 	buf      [rxHdrMax + 8]byte
 }
 
@@ -286,10 +287,13 @@ func (t *transmitter) pick(inline bool) txJob {
 		}
 		return jobExit
 	}
-	if qp.txHeld() || t.finSent {
+	// A memory registration WR sends nothing: at the head of the send
+	// queue it need not wait for the first FPDU's turn (memwr.go).
+	localHead := qp.sqN > 0 && qp.sq[qp.sqHead].wr.Op.local()
+	if qp.txHeld() && !localHead || t.finSent {
 		return jobNone
 	}
-	if qp.rtrDue {
+	if qp.rtrDue && !localHead {
 		qp.rtrDue = false
 		return jobRTR
 	}
@@ -351,9 +355,20 @@ func (t *transmitter) claimORQ() bool {
 	if len(w.sgl) == 1 {
 		b, r, st := qp.localSlice(w.sgl[0], AccessLocalWrite)
 		if st != StatusSuccess {
+			t.readSt = st
 			return false
 		}
 		sink, reg, stag, to = b, r, w.sgl[0].LKey, w.sgl[0].Addr
+	}
+	op := w.wr.Op
+	var inv *Region
+	if op == WRReadInv {
+		var err error
+		if inv, err = qp.invalidationTarget(w.wr.InvalidateRKey); err != nil {
+			t.readSt = StatusMWBind
+			return false
+		}
+		op = WRRead
 	}
 	var id uint32
 	if w.wr.Op.IsAtomic() {
@@ -362,8 +377,8 @@ func (t *transmitter) claimORQ() bool {
 		t.atomicID = id
 	}
 	o := &qp.orq[(qp.orqHead+qp.orqN)%len(qp.orq)]
-	*o = orqEntry{id: w.wr.ID, signaled: w.signaled, op: w.wr.Op, reqID: id,
-		sinkSTag: stag, sinkTO: to, size: uint32(len(sink)), sink: sink, sinkReg: reg}
+	*o = orqEntry{id: w.wr.ID, signaled: w.signaled, op: op, reqID: id,
+		sinkSTag: stag, sinkTO: to, size: uint32(len(sink)), sink: sink, sinkReg: reg, inv: inv}
 	qp.orqN++
 	return true
 }
@@ -372,10 +387,13 @@ func (t *transmitter) claimORQ() bool {
 func (t *transmitter) sendWQE() bool {
 	qp := t.qp
 	w := &t.wqe
+	if w.wr.Op.local() {
+		return t.execLocal(w)
+	}
 	switch w.wr.Op {
-	case WRRead:
+	case WRRead, WRReadInv:
 		if !t.readOK {
-			return t.localError(w, StatusLocalProtection)
+			return t.localError(w, t.readSt)
 		}
 		var sink SGE
 		if len(w.sgl) == 1 {
@@ -389,7 +407,7 @@ func (t *transmitter) sendWQE() bool {
 		return t.send(&f, nil, nil, 0, t.rr[:])
 	case WRAtomicCmpSwap, WRAtomicFetchAdd:
 		if !t.readOK {
-			return t.localError(w, StatusLocalProtection)
+			return t.localError(w, t.readSt)
 		}
 		return t.sendAtomic(w)
 	}

@@ -153,6 +153,8 @@ type DeviceAttr struct {
 	MaxMsgSize   uint64 `json:"max_msg_size"`
 	AtomicCap    string `json:"atomic_cap"`
 	PageSizeCap  uint64 `json:"page_size_cap"`
+	MaxMW        int    `json:"max_mw"`                     // windows share the STag space with MRs
+	MaxFRPages   int    `json:"max_fast_reg_page_list_len"` // pages a fast-register MR maps
 	VendorPartID uint32 `json:"vendor_part_id"`
 }
 
@@ -179,6 +181,7 @@ func (d *Device) Query() DeviceAttr {
 		MaxQPRdAtom: iwarp.MaxIRDORD, MaxQPInitRd: iwarp.MaxIRDORD, MaxSRQ: 1 << 16, MaxSRQWR: 1 << 20,
 		MaxSRQSGE: 64, MaxInline: 4096, MaxPrivData: iwarp.MPAMaxPrivateData - iwarp.MPAv2PrefixSize,
 		MaxMsgSize: 1<<32 - 1, AtomicCap: atomicCap, PageSizeCap: 4096,
+		MaxMW: iwarp.MaxRegions, MaxFRPages: iwarp.MaxFastRegPages,
 	}
 }
 

@@ -23,6 +23,9 @@ const (
 	AccessRemoteAtomic = iwarp.AccessRemoteAtomic
 	// AccessZeroBased makes the region's remote addresses start at 0.
 	AccessZeroBased = iwarp.AccessZeroBased
+	// AccessMWBind lets memory windows be bound to the MR
+	// (IBV_ACCESS_MW_BIND; see MW).
+	AccessMWBind = iwarp.AccessMWBind
 )
 
 // STag is an iWARP Steering Tag: on iWARP the lkey and the rkey are the
@@ -37,7 +40,7 @@ type PD struct {
 
 	mu     sync.Mutex
 	closed bool
-	mrs    int
+	mrs    int // MRs and memory windows
 	qps    int
 }
 
@@ -52,7 +55,7 @@ func (pd *PD) ID() uint32 { return pd.id }
 // Go memory does not move, so no pinning is needed; memory from
 // zerocopy.Alloc is page-aligned and can be shared between processes.
 func (pd *PD) RegMR(buf []byte, acc Access) (*MR, error) {
-	if acc&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic|AccessZeroBased) != 0 {
+	if acc&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic|AccessZeroBased|AccessMWBind) != 0 {
 		return nil, fmt.Errorf("%w: access flags %#x not supported", ErrInvalidArgument, uint32(acc))
 	}
 	if acc&AccessRemoteWrite != 0 && acc&AccessLocalWrite == 0 {
@@ -79,55 +82,85 @@ func (pd *PD) RegMR(buf []byte, acc Access) (*MR, error) {
 	return &MR{pd: pd, r: r}, nil
 }
 
-// MR is a registered memory region.
+// MR is a memory region: registered memory (RegMR), or a fast-register
+// MR (AllocMR) whose memory, key and access a REG_MR work request sets.
+// For a fast-register MR, the accessors report the current (or last)
+// registration.
 type MR struct {
-	pd   *PD
-	r    *iwarp.Region
-	once sync.Once
+	pd *PD
+	r  *iwarp.Region    // RegMR
+	fr *iwarp.FastRegMR // AllocMR
+
+	mu    sync.Mutex
+	freed bool
+}
+
+// reg returns the region the MR's STag names now.
+func (m *MR) reg() *iwarp.Region {
+	if m.fr != nil {
+		return m.fr.Current()
+	}
+	return m.r
 }
 
 // Bytes returns the registered memory.
-func (m *MR) Bytes() []byte { return m.r.Buf }
+func (m *MR) Bytes() []byte { return m.reg().Buf }
 
 // Len returns the region's length.
-func (m *MR) Len() int { return len(m.r.Buf) }
+func (m *MR) Len() int { return len(m.reg().Buf) }
 
 // Addr returns the address of the first byte as SGEs and remote peers use
 // it: the virtual address, or 0 for a zero-based region.
-func (m *MR) Addr() uint64 { return m.r.Base }
+func (m *MR) Addr() uint64 { return m.reg().Base }
 
 // LKey returns the STag for local use (SGEs).
-func (m *MR) LKey() STag { return m.r.STag() }
+func (m *MR) LKey() STag { return m.reg().STag() }
 
 // RKey returns the STag for remote access.
-func (m *MR) RKey() STag { return m.r.STag() }
+func (m *MR) RKey() STag { return m.reg().STag() }
 
-// Valid reports whether the MR can still be used (a Send with Invalidate
-// or Dereg invalidates it).
-func (m *MR) Valid() bool { return m.r.Valid() }
+// Valid reports whether the MR can still be used (a Send with Invalidate,
+// a Local Invalidate or Dereg invalidates it).
+func (m *MR) Valid() bool { return m.reg().Valid() }
 
 // SGE returns the scatter-gather element for bytes [off, off+n) of the MR.
 // It panics if the range is outside the MR, like slicing does.
 func (m *MR) SGE(off, n int) SGE {
-	if off < 0 || n < 0 || off+n > len(m.r.Buf) {
-		panic(fmt.Sprintf("verbs: SGE [%d:%d] outside MR of %d bytes", off, off+n, len(m.r.Buf)))
+	r := m.reg()
+	if off < 0 || n < 0 || off+n > len(r.Buf) {
+		panic(fmt.Sprintf("verbs: SGE [%d:%d] outside MR of %d bytes", off, off+n, len(r.Buf)))
 	}
-	return SGE{Addr: m.r.Base + uint64(off), Length: uint32(n), LKey: m.r.STag()}
+	return SGE{Addr: r.Base + uint64(off), Length: uint32(n), LKey: r.STag()}
 }
 
 // Remote returns the descriptor a peer needs to access the whole MR.
 func (m *MR) Remote() RemoteBuf {
-	return RemoteBuf{Addr: m.r.Base, Len: uint64(len(m.r.Buf)), RKey: m.r.STag()}
+	r := m.reg()
+	return RemoteBuf{Addr: r.Base, Len: uint64(len(r.Buf)), RKey: r.STag()}
 }
 
-// Dereg invalidates the MR and frees its STag. It is idempotent.
+// Dereg invalidates the MR and frees its STag. It is idempotent. It fails
+// with ErrBusy, doing nothing, while memory windows are bound to the MR
+// (ibv_dereg_mr's EBUSY): deallocate or invalidate them first.
 func (m *MR) Dereg() error {
-	m.once.Do(func() {
-		m.pd.dev.mem.Deregister(m.r)
-		m.pd.mu.Lock()
-		m.pd.mrs--
-		m.pd.mu.Unlock()
-	})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.freed {
+		return nil
+	}
+	var ok bool
+	if m.fr != nil {
+		ok = m.fr.Release()
+	} else {
+		ok = m.pd.dev.mem.DeregisterUnbound(m.r)
+	}
+	if !ok {
+		return fmt.Errorf("%w: memory windows are bound to the MR", ErrBusy)
+	}
+	m.freed = true
+	m.pd.mu.Lock()
+	m.pd.mrs--
+	m.pd.mu.Unlock()
 	return nil
 }
 

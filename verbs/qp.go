@@ -54,6 +54,9 @@ const (
 // receives the word's original value in host byte order; the WR completes
 // (WCFetchAdd, WCCompSwap) when the peer's response arrives. Atomics count
 // against ORD, as RDMA Reads do.
+//
+// Memory registration WRs (OpRegMR, OpBindMW, OpLocalInv, OpReadInv) are
+// described in memwr.go; MR.RegWR and MW.BindWR build the first two.
 type SendWR = iwarp.SendWR
 
 // RecvWR is a receive work request.

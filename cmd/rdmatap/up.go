@@ -762,6 +762,7 @@ func devinfoCmd(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(w, "\tmax_qp_rd_atom:\t\t\t%d\n", a.MaxQPRdAtom)
 		fmt.Fprintf(w, "\tmax_qp_init_rd_atom:\t\t%d\n", a.MaxQPInitRd)
 		fmt.Fprintf(w, "\tatomic_cap:\t\t\t%s (%d)\n", a.AtomicCap, atomicCapValue(a.AtomicCap))
+		fmt.Fprintf(w, "\tmax_mw:\t\t\t\t%d\n", a.MaxMW)
 		fmt.Fprintf(w, "\tmax_srq:\t\t\t%d\n", a.MaxSRQ)
 		fmt.Fprintf(w, "\tmax_srq_wr:\t\t\t%d\n", a.MaxSRQWR)
 		fmt.Fprintf(w, "\tmax_srq_sge:\t\t\t%d\n", a.MaxSRQSGE)

@@ -1,0 +1,217 @@
+package verbs
+
+import (
+	"fmt"
+	"net"
+	"sync"
+
+	"rdmatap/iwarp"
+)
+
+// Memory registration work requests (see iwarp/memobj.go for the keys):
+// fast registration, Local Invalidate, RDMA Read with local invalidate,
+// and memory windows of type 1 and 2.
+
+// Memory registration operations (ibv_wr_opcode; the kernel verbs'
+// IB_WR_REG_MR and IB_WR_RDMA_READ_WITH_INV for the two libibverbs lacks).
+const (
+	// OpLocalInv invalidates the local STag InvalidateRKey
+	// (IBV_WR_LOCAL_INV): a fast-register MR, a type 2 window this QP
+	// bound, or a regular MR of the QP's PD. It waits for the accesses to
+	// it in progress; FlagFence makes it wait for outstanding Reads too.
+	OpLocalInv = iwarp.WRLocalInv
+	// OpRegMR registers a fast-register MR (IB_WR_REG_MR); see MR.RegWR.
+	OpRegMR = iwarp.WRRegMR
+	// OpBindMW binds a type 2 window (IBV_WR_BIND_MW); see MW.BindWR.
+	OpBindMW = iwarp.WRBindMW
+	// OpReadInv is an RDMA Read that invalidates the local STag
+	// InvalidateRKey (usually the sink's) once the data has arrived and
+	// before the Read completes (IB_WR_RDMA_READ_WITH_INV). The peer sees
+	// an ordinary Read Request: RFC 5040 has no wire form for it.
+	OpReadInv = iwarp.WRReadInv
+)
+
+// Completion operations of memory registration WRs.
+const (
+	WCBindMW   = iwarp.CompBindMW   // IBV_WC_BIND_MW
+	WCLocalInv = iwarp.CompLocalInv // IBV_WC_LOCAL_INV
+	WCRegMR    = iwarp.CompRegMR    // IB_WC_REG_MR
+)
+
+// StatusMWBind ("memory management operation error", IBV_WC_MW_BIND_ERR)
+// completes a memory registration WR that failed: a window outside its MR
+// or granting more than it, an MR without MW_BIND access, an object still
+// valid, a key not changed, an STag that cannot be invalidated. As any
+// error completion, it takes the QP to ERROR (a Terminate goes out:
+// RDMAP, local catastrophic error).
+const StatusMWBind = iwarp.StatusMWBind
+
+// IncRKey returns k with its 8-bit key advanced by one (ibv_inc_rkey):
+// the STag a fast-register MR or type 2 window takes at its next
+// registration.
+func IncRKey(k STag) STag { return k&^0xff | (k+1)&0xff }
+
+// AllocMR allocates a fast-register MR that may map up to maxPages pages
+// (ib_alloc_mr with IB_MR_TYPE_MEM_REG). It has an STag but no memory, and
+// is invalid: MapPages or MapSG sets the memory, and a REG_MR work request
+// (RegWR) registers it. Its first STag's key is drawn at random.
+func (pd *PD) AllocMR(maxPages int) (*MR, error) {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.closed {
+		return nil, net.ErrClosed
+	}
+	fr, err := iwarp.NewFastRegMR(pd.dev.mem, pd.id, maxPages)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	pd.mrs++
+	return &MR{pd: pd, fr: fr}, nil
+}
+
+// MapPages sets the memory the MR's next REG_MR maps: length bytes from
+// offset in the first of pages, each pageSize bytes (a power of two from
+// 512), at most the MR's maxPages. rdmatap maps one run of memory: the
+// pages must follow one another in one allocation (pieces of one buffer,
+// such as zerocopy.Alloc memory). Call it before posting the REG_MR and
+// not again until that has completed.
+func (m *MR) MapPages(pages [][]byte, pageSize, offset, length int) error {
+	if m.fr == nil {
+		return fmt.Errorf("%w: not a fast-register MR", ErrInvalidArgument)
+	}
+	if err := m.fr.MapPages(pages, pageSize, offset, length); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	return nil
+}
+
+// MapSG sets the memory the MR's next REG_MR maps to the bytes the SGEs
+// name (ib_map_mr_sg): SGEs in regular MRs of the MR's PD, following one
+// another in memory, spanning at most maxPages pages of pageSize. The
+// mapping takes the bytes, not those MRs.
+func (m *MR) MapSG(sgl []SGE, pageSize int) error {
+	if m.fr == nil {
+		return fmt.Errorf("%w: not a fast-register MR", ErrInvalidArgument)
+	}
+	if err := m.fr.MapSG(sgl, pageSize); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	return nil
+}
+
+// RegWR returns the REG_MR work request (ib_reg_wr) that registers the
+// mapped memory of fast-register MR m under rkey (m's STag with a new
+// key: IncRKey(m.RKey())) with access acc; AccessZeroBased makes its
+// Tagged Offsets start at 0, else at the first byte's virtual address.
+// The MR must be invalid when it executes, and the key must change.
+func (m *MR) RegWR(id uint64, flags SendFlags, rkey STag, acc Access) SendWR {
+	return SendWR{ID: id, Op: OpRegMR, Flags: flags, MR: m.fr, RKey: rkey, Access: acc}
+}
+
+// MWType is a memory window's type.
+type MWType = iwarp.MWType
+
+// Memory window types (see iwarp.MWType1, MWType2).
+const (
+	MWType1 = iwarp.MWType1 // bound by QP.BindMW; any QP of the PD
+	MWType2 = iwarp.MWType2 // bound by a BIND_MW WR; only that QP
+)
+
+// MW is a memory window (ibv_mw): a remote-access STag for part of an MR
+// registered with AccessMWBind, with at most the MR's remote rights. It
+// starts unbound.
+type MW struct {
+	pd *PD
+	w  *iwarp.Window
+
+	once sync.Once
+}
+
+// AllocMW allocates a memory window (ibv_alloc_mw).
+func (pd *PD) AllocMW(t MWType) (*MW, error) {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.closed {
+		return nil, net.ErrClosed
+	}
+	w, err := iwarp.NewWindow(pd.dev.mem, pd.id, t)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	pd.mrs++
+	return &MW{pd: pd, w: w}, nil
+}
+
+// Type returns the window's type.
+func (mw *MW) Type() MWType { return mw.w.Type() }
+
+// RKey returns the window's STag (of its current or last binding).
+func (mw *MW) RKey() STag { return mw.w.STag() }
+
+// Valid reports whether the window is bound.
+func (mw *MW) Valid() bool { return mw.w.Current().Valid() }
+
+// Remote returns the descriptor a peer needs to access the bound window:
+// its first byte's address (0 when zero-based), its length and its STag.
+func (mw *MW) Remote() RemoteBuf {
+	r := mw.w.Current()
+	return RemoteBuf{Addr: r.Base, Len: uint64(len(r.Buf)), RKey: r.STag()}
+}
+
+// Dealloc unbinds the window and frees its STag (ibv_dealloc_mw). It is
+// idempotent.
+func (mw *MW) Dealloc() error {
+	mw.once.Do(func() {
+		mw.w.Release()
+		mw.pd.mu.Lock()
+		mw.pd.mrs--
+		mw.pd.mu.Unlock()
+	})
+	return nil
+}
+
+// BindInfo says where and how a window is bound (ibv_mw_bind_info):
+// Length bytes from Addr (in the MR's address space, as its SGEs use) of
+// MR, with Access: AccessRemoteRead, AccessRemoteWrite,
+// AccessRemoteAtomic (each one the MR has too), and AccessZeroBased for a
+// window whose first byte has address 0.
+type BindInfo struct {
+	MR     *MR
+	Addr   uint64
+	Length uint64
+	Access Access
+}
+
+func (b BindInfo) iwarp() iwarp.MWBind {
+	var lkey STag
+	if b.MR != nil {
+		lkey = b.MR.LKey()
+	}
+	return iwarp.MWBind{MR: lkey, Addr: b.Addr, Length: b.Length, Access: b.Access}
+}
+
+// BindWR returns the BIND_MW work request (IBV_WR_BIND_MW) that binds
+// type 2 window mw under rkey (mw's STag with a new key:
+// IncRKey(mw.RKey())). The window must be unbound (invalid) when it
+// executes; once bound, only the QP it was posted to may use it, until a
+// Local Invalidate or a Send with Invalidate on that QP, or the QP's end,
+// invalidates it.
+func (mw *MW) BindWR(id uint64, flags SendFlags, rkey STag, b BindInfo) SendWR {
+	return SendWR{ID: id, Op: OpBindMW, Flags: flags, MW: mw.w, RKey: rkey, Bind: b.iwarp()}
+}
+
+// BindMW binds type 1 window mw (ibv_bind_mw): the bind is posted to the
+// send queue, executes in order, and completes (WCBindMW) if flags has
+// Signaled or it fails. It returns the STag the binding takes (the key
+// advanced by one), which any QP of the PD may then use. A zero-length
+// bind unbinds the window.
+func (qp *QP) BindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, error) {
+	if mw == nil || b.MR == nil && b.Length > 0 {
+		return 0, fmt.Errorf("%w: BindMW needs a window and an MR", ErrInvalidArgument)
+	}
+	stag, err := qp.iw.BindMW1(id, flags, mw.w, b.iwarp())
+	if err != nil {
+		return 0, &PostError{Err: err}
+	}
+	return stag, nil
+}
