@@ -157,25 +157,7 @@ func feedReceiver(t *testing.T, data []byte, crc bool, piece int) rxOutcome {
 		}
 		p = p[k:]
 	}
-	var out rxOutcome
-	out.n, out.state = qp.rx.n, qp.rx.state
-	qp.mu.Lock()
-	out.term = qp.term
-	qp.mu.Unlock()
-	close(s.closed)
-	qp.Close()
-	<-qp.Done()
-	for {
-		select {
-		case c := <-rcq.ch:
-			out.comps = append(out.comps, c)
-			continue
-		default:
-		}
-		break
-	}
-	out.mem = guard
-	return out
+	return finishFeed(qp, s, rcq, guard)
 }
 
 // FuzzReceiverSplits: a stream handed over in one piece (whole FPDUs take

@@ -186,31 +186,7 @@ func rdmatapWrite(b *testing.B, total int) (float64, float64) {
 // kernelTCP moves total bytes over kernel TCP between two namespaces
 // joined by a veth pair, with this test binary as sender and receiver.
 func kernelTCP(b *testing.B, total int) (float64, float64) {
-	id := fmt.Sprintf("%d", os.Getpid()%100000)
-	nsA, nsB := "rdka"+id, "rdkb"+id
-	for _, ns := range []string{nsA, nsB} {
-		exec.Command("ip", "netns", "del", ns).Run()
-		if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-			b.Fatalf("%v %s", err, out)
-		}
-	}
-	b.Cleanup(func() {
-		exec.Command("ip", "netns", "del", nsA).Run()
-		exec.Command("ip", "netns", "del", nsB).Run()
-	})
-	for _, c := range [][]string{
-		{"ip", "link", "add", "rdva" + id, "netns", nsA, "type", "veth", "peer", "name", "rdvb" + id, "netns", nsB},
-		{"ip", "netns", "exec", nsA, "ip", "addr", "add", "10.89.0.1/24", "dev", "rdva" + id},
-		{"ip", "netns", "exec", nsB, "ip", "addr", "add", "10.89.0.2/24", "dev", "rdvb" + id},
-		{"ip", "netns", "exec", nsA, "ip", "link", "set", "rdva" + id, "up", "mtu", "1500"},
-		{"ip", "netns", "exec", nsB, "ip", "link", "set", "rdvb" + id, "up", "mtu", "1500"},
-		{"ip", "netns", "exec", nsA, "ip", "link", "set", "lo", "up"},
-		{"ip", "netns", "exec", nsB, "ip", "link", "set", "lo", "up"},
-	} {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			b.Fatalf("%v: %v %s", c, err, out)
-		}
-	}
+	nsA, nsB := vethPair(b, "rdka", "rdkb")
 	self, _ := os.Executable()
 	srv := exec.Command("ip", "netns", "exec", nsB, self, "-test.run", "^TestKernelTCPHelper$")
 	srv.Env = append(os.Environ(), "RDMATAP_TCP_HELPER=server", "RDMATAP_TCP_BYTES="+strconv.Itoa(total))
