@@ -223,6 +223,9 @@ func (r *receiver) streamErr(err error) {
 func (r *receiver) Write(p []byte) (int, error) {
 	n := len(p)
 	r.offset += uint64(n)
+	if r.seg != nil {
+		r.seg.parsed.Store(r.offset)
+	}
 	defer r.held.drop()
 	for len(p) > 0 {
 		switch r.state {

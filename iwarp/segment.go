@@ -166,9 +166,14 @@ type segPlacer struct {
 	sdst  zerocopy.SGList
 	sregs []*Region
 
-	mu      sync.Mutex
-	front   atomic.Uint64       // FPDUs starting before front belong to the in-order path (written by it)
-	nrec    atomic.Int64        // records in placed (the in-order path skips the lock while there are none)
+	mu    sync.Mutex
+	front atomic.Uint64 // FPDUs starting before front belong to the in-order path (written by it)
+	nrec  atomic.Int64  // records in placed (the in-order path skips the lock while there are none)
+	// parsed is how far the receiver has parsed the stream: bytes it has
+	// had were seen, whether or not the tap saw their segments (those
+	// that arrived before the tap was installed, or that it refused and
+	// TCP took).
+	parsed  atomic.Uint64
 	known   map[uint64]struct{} // FPDU starts the stream or placed FPDUs told
 	after   map[uint64]uint64   // segment end -> the FPDU start its cut FPDU told
 	prune   int                 // prune known and after beyond this size
@@ -419,6 +424,9 @@ const (
 // seen records that the tap saw bytes [start, end) and tells how they
 // arrived; p.mu is held.
 func (p *segPlacer) seen(start, end uint64) int {
+	if d := p.parsed.Load(); d > p.contig {
+		p.contig = p.ahead.advance(d)
+	}
 	if start > p.contig {
 		p.ahead.add(start, end)
 		return segAhead

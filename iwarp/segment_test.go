@@ -284,3 +284,28 @@ func TestSpans(t *testing.T) {
 		t.Fatalf("%d spans from %v: want the nearest %d", len(s), s[0], maxSpans)
 	}
 }
+
+// TestSegmentPlacerLateTap: bytes the receiver parsed count as seen even
+// when the tap never saw their segments (they arrived before it was
+// installed, or it refused one TCP took): the segment after them is in
+// order, not beyond a hole.
+func TestSegmentPlacerLateTap(t *testing.T) {
+	payload := pattern(1024, 5)
+	for _, parsed := range []bool{false, true} {
+		r := newSegRig(true)
+		r.p.eager = false
+		first := r.writeFPDU(r.reg.STag(), 0x10000, payload, false)
+		next := r.writeFPDU(r.reg.STag(), 0x10000+1024, payload, false)
+		if parsed {
+			r.p.parsed.Store(uint64(len(first))) // the receiver had the first FPDU from TCP
+		}
+		r.p.place(uint64(len(first)), [][]byte{next})
+		ooo := r.p.stats.OutOfOrderBytes.Load()
+		if parsed && ooo != 0 {
+			t.Fatalf("a segment right after what the receiver parsed was taken as beyond a hole (%d bytes)", ooo)
+		}
+		if !parsed && ooo != 1024 {
+			t.Fatalf("a segment after bytes nobody saw: %d bytes beyond a hole, want 1024", ooo)
+		}
+	}
+}
