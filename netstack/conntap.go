@@ -37,7 +37,7 @@ type ConnTapStats struct {
 // connKey names a connection from this stack's side.
 type connKey struct{ local, remote netip.AddrPort }
 
-// connTaps is the raw endpoint behind EnableConnTaps.
+// connTaps are the connection taps behind EnableConnTaps (tapLink calls them).
 type connTaps struct {
 	mu   sync.Mutex
 	isn  map[connKey]uint32 // the peer's ISN, from its SYN or SYN-ACK
