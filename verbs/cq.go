@@ -77,14 +77,28 @@ type CQ struct {
 	notify chan struct{}
 	closed chan struct{}
 	once   sync.Once
+	// Completion events (ibv_req_notify_cq / ibv_get_cq_event): armed
+	// for the next completion, or the next solicited or failed one; the
+	// event is delivered on events.
+	armed  armState
+	events chan struct{}
 }
+
+// armState is what a CQ's next completion event waits for.
+type armState uint8
+
+const (
+	armNone armState = iota
+	armAny
+	armSolicited
+)
 
 // CreateCQ makes a completion queue of cqe entries.
 func (d *Device) CreateCQ(cqe int) (*CQ, error) {
 	if cqe <= 0 || cqe > d.Query().MaxCQE {
 		return nil, fmt.Errorf("%w: CQ of %d entries", ErrInvalidArgument, cqe)
 	}
-	return &CQ{dev: d, ring: make([]WC, cqe), notify: make(chan struct{}, 1), closed: make(chan struct{})}, nil
+	return &CQ{dev: d, ring: make([]WC, cqe), notify: make(chan struct{}, 1), closed: make(chan struct{}), events: make(chan struct{}, 1)}, nil
 }
 
 // Push implements iwarp.CQ.
@@ -97,12 +111,59 @@ func (cq *CQ) Push(c iwarp.Completion) bool {
 	}
 	cq.ring[(cq.head+cq.n)%len(cq.ring)] = WC(c)
 	cq.n++
+	event := cq.armed == armAny || cq.armed == armSolicited && (c.Flags&iwarp.CompSolicited != 0 || c.Status != iwarp.StatusSuccess)
+	if event {
+		cq.armed = armNone // one event per arming, as ibv_req_notify_cq
+	}
 	cq.mu.Unlock()
 	select {
 	case cq.notify <- struct{}{}:
 	default:
 	}
+	if event {
+		select {
+		case cq.events <- struct{}{}:
+		default:
+		}
+	}
 	return true
+}
+
+// ReqNotify arms the CQ for one completion event (ibv_req_notify_cq): the
+// next completion added, or with solicitedOnly the next one that is
+// solicited (a Send with Solicited Event, or Immediate Data with SE) or
+// unsuccessful. WaitEvent returns when it comes. Completions already in
+// the CQ do not count: poll them after arming, as with libibverbs.
+func (cq *CQ) ReqNotify(solicitedOnly bool) error {
+	select {
+	case <-cq.closed:
+		return net.ErrClosed
+	default:
+	}
+	cq.mu.Lock()
+	if solicitedOnly {
+		if cq.armed != armAny {
+			cq.armed = armSolicited
+		}
+	} else {
+		cq.armed = armAny
+	}
+	cq.mu.Unlock()
+	return nil
+}
+
+// WaitEvent blocks until the completion event ReqNotify armed for has
+// happened (ibv_get_cq_event), ctx ends, or the CQ is closed. An event
+// that happened before the call is returned at once.
+func (cq *CQ) WaitEvent(ctx context.Context) error {
+	select {
+	case <-cq.events:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-cq.closed:
+		return net.ErrClosed
+	}
 }
 
 // Poll moves up to len(dst) completions into dst without blocking and
