@@ -413,7 +413,15 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 		}
 		seg := newSegPlacer(qp, p.CRC, p.MarkersRx)
 		seg.observe = qp.cfg.Placement != PlacementSegment
-		untap, err := src.TapSegments(seg.place, &seg.stats.ConnTapStats)
+		var untap func()
+		var err error
+		if rs, ok := s.(SegmentRetainer); ok && !seg.observe && !p.MarkersRx && !qp.cfg.ManualProgress {
+			// Segments beyond a hole go to the receive goroutine.
+			qp.rx.waitOr = rs.WaitReadableOr
+			untap, err = rs.TapSegmentsRetain(seg.placeRetain, &seg.stats.ConnTapStats)
+		} else {
+			untap, err = src.TapSegments(seg.place, &seg.stats.ConnTapStats)
+		}
 		if err != nil {
 			qp.state = StateIdle
 			qp.mu.Unlock()

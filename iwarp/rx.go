@@ -1,6 +1,7 @@
 package iwarp
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -103,6 +104,9 @@ type receiver struct {
 	early *placedFPDU // the current FPDU was placed from its segment
 	vcrc  uint32      // CRC32c of its payload as delivered (no MPA CRC)
 	tcp   tcpFeed     // the input from TCP, when the tap may feed too
+	// waitOr waits for the stream or the placer's queue (segment
+	// placement with a retaining source).
+	waitOr func(ctx context.Context, wake <-chan struct{}) error
 	// The Send state last told the placer (publishSends).
 	pubActive bool
 	pubExpect uint32
@@ -173,12 +177,23 @@ func (r *receiver) run() {
 	qp := r.qp
 	defer close(qp.rxDone)
 	for {
-		if err := qp.stream.WaitReadable(qp.ctx); err != nil {
+		var err error
+		if r.waitOr != nil {
+			// Segment placement queues segments beyond a hole for this
+			// goroutine, which TCP's hole leaves idle.
+			err = r.waitOr(qp.ctx, r.seg.wake)
+			if err == nil {
+				r.seg.work()
+			}
+		} else {
+			err = qp.stream.WaitReadable(qp.ctx)
+		}
+		if err != nil {
 			r.streamErr(err)
 			return
 		}
 		qp.rxMu.Lock()
-		_, err := qp.stream.TryReadTo(r.in, 0)
+		_, err = qp.stream.TryReadTo(r.in, 0)
 		r.afterRead()
 		qp.rxMu.Unlock()
 		if err != nil {

@@ -2,6 +2,7 @@ package iwarp
 
 import (
 	"container/heap"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"runtime"
@@ -86,6 +87,14 @@ type SegmentSource interface {
 	TapSegments(fn func(off uint64, payload [][]byte), stats *netstack.ConnTapStats) (remove func(), err error)
 }
 
+// SegmentRetainer is a SegmentSource whose handler may keep a segment past
+// its call (netstack.Conn), and which the receive goroutine can wait on
+// together with the placer's wake-up.
+type SegmentRetainer interface {
+	TapSegmentsRetain(fn func(off uint64, payload [][]byte, retain func() func()), stats *netstack.ConnTapStats) (remove func(), err error)
+	WaitReadableOr(ctx context.Context, wake <-chan struct{}) error
+}
+
 // SegmentStats count what segment placement did (atomic).
 type SegmentStats struct {
 	netstack.ConnTapStats // segments refused before the DDP layer saw them
@@ -107,6 +116,7 @@ type SegmentStats struct {
 	Mismatches      atomic.Uint64 // placed FPDUs whose in-order bytes differed (stream terminated)
 	FedBytes        atomic.Uint64 // payload bytes of hole-filling segments the tap fed the receiver (counted in PlacedBytes too)
 	DeliveredEarly  atomic.Uint64 // FPDUs delivered in order by the tap, before TCP handed them over
+	Queued          atomic.Uint64 // segments beyond a hole placed by the receive goroutine rather than the link's
 
 	// Hole fills: a segment that filled a hole in the stream, and the
 	// time from its arrival to the completion of the next message in
@@ -166,6 +176,12 @@ type segPlacer struct {
 	sdst  zerocopy.SGList
 	sregs []*Region
 
+	// placeMu serializes placement (the scratch fields above): the link's
+	// goroutine and, for queued segments, the receive goroutine.
+	placeMu sync.Mutex
+	jobs    []segJob      // segments beyond a hole for the receive goroutine (mu)
+	wake    chan struct{} // wakes the receive goroutine for jobs
+
 	mu    sync.Mutex
 	front atomic.Uint64 // FPDUs starting before front belong to the in-order path (written by it)
 	nrec  atomic.Int64  // records in placed (the in-order path skips the lock while there are none)
@@ -206,6 +222,7 @@ type segPlacer struct {
 func newSegPlacer(qp *QP, crcOn, markers bool) *segPlacer {
 	p := &segPlacer{qp: qp, crcOn: crcOn, markers: markers, known: map[uint64]struct{}{0: {}}, placed: map[uint64]*placedFPDU{},
 		after: map[uint64]uint64{}, prune: 256}
+	p.wake = make(chan struct{}, 1)
 	p.stats = qp.cfg.SegStats
 	if p.stats == nil {
 		p.stats = new(SegmentStats)
@@ -281,7 +298,16 @@ func (v segView) size() int {
 }
 
 // place handles one segment whose first byte is at stream offset off.
-func (p *segPlacer) place(off uint64, payload [][]byte) {
+func (p *segPlacer) place(off uint64, payload [][]byte) { p.placeRetain(off, payload, nil) }
+
+// placeRetain is place for a source that can keep a segment's packet
+// memory after its callback (retain): a segment beyond a hole is then
+// queued for the QP's receive goroutine, which is idle while TCP holds the
+// stream back, rather than placed on the link's goroutine, which every
+// packet of the stack goes through.
+func (p *segPlacer) placeRetain(off uint64, payload [][]byte, retain func() func()) {
+	p.placeMu.Lock()
+	defer p.placeMu.Unlock()
 	v := segView(payload)
 	n := v.size()
 	var mfirst uint64
@@ -299,31 +325,101 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 		p.mu.Unlock()
 		return
 	}
-	p.busy++
-	// The first FPDU start the stream knows in this segment: with GSO or
-	// TSO, segments are cut anywhere, and an FPDU that began in an earlier
-	// segment told where the next one starts.
-	first, known := off, false
-	if marked {
-		first, known = mfirst, true
-	} else if _, ok := p.known[off]; ok {
-		known = true
-	} else if k, ok := p.after[off]; ok && k < off+uint64(n) {
-		first, known = k, true
-	}
 	arrival := p.seen(off, off+uint64(n))
-	behind := arrival == segAhead
 	if p.observe || (arrival == segInOrder || arrival == segOld) && !p.eager {
 		// In order, the stream places the segment as soon as the
 		// receiver reads it: placing it here would only move the copy
 		// onto the link's goroutine, ahead of TCP.
-		p.busy--
 		p.mu.Unlock()
 		p.wv = nil
 		clear(p.dv)
 		return
 	}
+	if arrival == segAhead && retain != nil && !p.markers && len(p.jobs) < maxSegJobs {
+		p.jobs = append(p.jobs, segJob{off: off, views: slices.Clone(payload), release: retain()})
+		p.mu.Unlock()
+		p.stats.Queued.Add(1)
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+		return
+	}
+	p.busy++
 	p.mu.Unlock()
+	p.frame(v, off, n, arrival, marked, mfirst)
+}
+
+// segJob is a segment beyond a hole queued for the receive goroutine, its
+// packet memory kept until release.
+type segJob struct {
+	off     uint64
+	views   [][]byte
+	release func()
+}
+
+// maxSegJobs bounds the queue; beyond it, segments are placed at once.
+const maxSegJobs = 1024
+
+// work places the queued segments (the receive goroutine's share) and
+// reports whether there were any.
+func (p *segPlacer) work() bool {
+	any := false
+	for {
+		p.placeMu.Lock()
+		j, ok := p.nextJob()
+		if ok {
+			p.runJob(j)
+		}
+		p.placeMu.Unlock()
+		if !ok {
+			return any
+		}
+		any = true
+	}
+}
+
+// workLocked places every queued segment now; placeMu is held (a segment
+// that fills the receiver's hole: what lies beyond must be placed before
+// it can be delivered).
+func (p *segPlacer) workLocked() {
+	for {
+		j, ok := p.nextJob()
+		if !ok {
+			return
+		}
+		p.runJob(j)
+	}
+}
+
+func (p *segPlacer) nextJob() (segJob, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.jobs) == 0 {
+		return segJob{}, false
+	}
+	j := p.jobs[0]
+	p.jobs[0] = segJob{}
+	p.jobs = p.jobs[1:]
+	if p.removed {
+		j.release()
+		return segJob{}, false // stop releases the rest
+	}
+	p.busy++
+	return j, true
+}
+
+// runJob places a queued segment (its busy count taken) and releases it.
+func (p *segPlacer) runJob(j segJob) {
+	v := segView(j.views)
+	p.frame(v, j.off, v.size(), segAhead, false, 0)
+	j.release()
+}
+
+// frame finds the FPDUs of a segment that is not in order and places them
+// (or, filling the receiver's hole, feeds it to the receiver). p.busy was
+// counted for it; placeMu is held.
+func (p *segPlacer) frame(v segView, off uint64, n, arrival int, marked bool, mfirst uint64) {
 	defer func() {
 		p.held.drop()
 		p.wv = nil
@@ -332,9 +428,28 @@ func (p *segPlacer) place(off uint64, payload [][]byte) {
 		p.busy--
 		p.mu.Unlock()
 	}()
-	if arrival == segFill && p.rx != nil && p.feed(v, off, n) {
-		return
+	if arrival == segFill && p.rx != nil {
+		// What was queued beyond the hole is placed first, so that the
+		// receiver can be handed all of it.
+		p.workLocked()
+		if p.feed(v, off, n) {
+			return
+		}
 	}
+	// The first FPDU start the stream knows in this segment: with GSO or
+	// TSO, segments are cut anywhere, and an FPDU that began in an earlier
+	// segment told where the next one starts.
+	first, known := off, false
+	p.mu.Lock()
+	if marked {
+		first, known = mfirst, true
+	} else if _, ok := p.known[off]; ok {
+		known = true
+	} else if k, ok := p.after[off]; ok && k < off+uint64(n) {
+		first, known = k, true
+	}
+	p.mu.Unlock()
+	behind := arrival == segAhead
 	pos := 0
 	if known {
 		pos = int(first - off)
@@ -946,7 +1061,12 @@ func (p *segPlacer) stop() {
 		runtime.Gosched()
 		p.mu.Lock()
 	}
+	jobs := p.jobs
+	p.jobs = nil
 	p.mu.Unlock()
+	for _, j := range jobs {
+		j.release()
+	}
 }
 
 // startHeap is a min-heap of stream offsets (container/heap).

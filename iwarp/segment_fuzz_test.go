@@ -91,17 +91,27 @@ func feedSegments(t *testing.T, data []byte, crc bool, seed uint64, segment bool
 		qp.rxMu.Unlock()
 		tcp = k
 	}
+	// Half the time, segments beyond a hole are queued for the receive
+	// goroutine (here: work at random moments), as with netstack's taps.
+	var retain func() func()
+	if rng.IntN(2) == 0 {
+		retain = func() func() { return func() {} } // data stays valid
+	}
 	for _, i := range order {
 		p := pieces[i]
-		seg.place(uint64(p.off), [][]byte{data[p.off:p.end]})
+		seg.placeRetain(uint64(p.off), [][]byte{data[p.off:p.end]}, retain)
 		if rng.IntN(8) == 0 { // a duplicate
-			seg.place(uint64(p.off), [][]byte{data[p.off:p.end]})
+			seg.placeRetain(uint64(p.off), [][]byte{data[p.off:p.end]}, retain)
 		}
 		seen[i] = true
+		if rng.IntN(3) == 0 {
+			seg.work()
+		}
 		if rng.IntN(2) == 0 {
 			deliver()
 		}
 	}
+	seg.work()
 	deliver()
 	return finishFeed(qp, s, rcq, guard)
 }

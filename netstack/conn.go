@@ -189,7 +189,11 @@ func (c *Conn) TryReadTo(w io.Writer, max int) (int, error) {
 
 // WaitReadable blocks until a read would not block — data, the peer's FIN
 // or an error is there — or ctx ends (ctx.Err()) or the Conn is closed.
-func (c *Conn) WaitReadable(ctx context.Context) error {
+func (c *Conn) WaitReadable(ctx context.Context) error { return c.WaitReadableOr(ctx, nil) }
+
+// WaitReadableOr is WaitReadable that also returns, with nil, when wake
+// delivers.
+func (c *Conn) WaitReadableOr(ctx context.Context, wake <-chan struct{}) error {
 	for {
 		if c.closed.Load() {
 			return closedError("read")
@@ -202,6 +206,8 @@ func (c *Conn) WaitReadable(ctx context.Context) error {
 		case <-c.closedCh:
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-wake:
+			return nil
 		}
 	}
 }

@@ -2,6 +2,8 @@ package netstack
 
 import (
 	"errors"
+
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -54,9 +56,18 @@ type connTap struct {
 	c      *Conn
 	isn    uint32 // peer's ISN: sequence number isn+1 is stream byte 0
 	origin uint64 // bytes read when the tap was installed
-	fn     func(off uint64, payload [][]byte)
+	fn     func(off uint64, payload [][]byte, retain func() func())
 	stats  *ConnTapStats
 	views  [][]byte
+	cur    *stack.PacketBuffer // the packet being handed over (mu)
+	retain func() func()       // ct.keep, made once
+}
+
+// keep retains the packet being handed over; the returned function
+// releases it.
+func (ct *connTap) keep() func() {
+	pkt := ct.cur.IncRef()
+	return func() { pkt.DecRef() }
 }
 
 // ErrNoISN reports a connection whose peer's initial sequence number was
@@ -139,7 +150,9 @@ func (ct *connTap) deliver(seq uint32, seg *tapSegment) {
 	}
 	ct.views = append(ct.views[:0], seg.views...)
 	views := trimViews(ct.views, int(skip), int(min(size, limit-delta)))
-	ct.fn(read-ct.origin+uint64(delta+skip), views)
+	ct.cur = seg.pkt
+	ct.fn(read-ct.origin+uint64(delta+skip), views, ct.retain)
+	ct.cur = nil
 	clear(ct.views)
 }
 
@@ -182,6 +195,14 @@ func (c *Conn) rcvBufMax() int64 {
 // on the stack, and must not retain payload (it points into packet memory).
 // The returned function removes the tap; it is idempotent.
 func (c *Conn) TapSegments(fn func(off uint64, payload [][]byte), stats *ConnTapStats) (remove func(), err error) {
+	return c.TapSegmentsRetain(func(off uint64, payload [][]byte, _ func() func()) { fn(off, payload) }, stats)
+}
+
+// TapSegmentsRetain is TapSegments for a handler that may keep a segment's
+// payload past its call: retain, called during the call, keeps the
+// packet's memory (the payload views stay valid) until the function it
+// returns is called.
+func (c *Conn) TapSegmentsRetain(fn func(off uint64, payload [][]byte, retain func() func()), stats *ConnTapStats) (remove func(), err error) {
 	s := c.s
 	s.mu.Lock()
 	t := s.ctaps
@@ -201,6 +222,7 @@ func (c *Conn) TapSegments(fn func(off uint64, payload [][]byte), stats *ConnTap
 		stats = new(ConnTapStats)
 	}
 	ct := &connTap{c: c, isn: isn, origin: c.readBytes.Load(), fn: fn, stats: stats}
+	ct.retain = ct.keep
 	t.taps.Store(k, ct)
 	var once sync.Once
 	return func() { once.Do(func() { t.taps.CompareAndDelete(k, ct) }) }, nil

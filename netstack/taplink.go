@@ -106,7 +106,7 @@ func (l *tapLink) inspect(t *connTaps, proto tcpip.NetworkProtocolNumber, pkt *s
 	if off < header.TCPMinimumSize || len(th) < off || ipLen+off > total {
 		return
 	}
-	seg := tapSegment{th: th[:off], src: src, dst: dst, validated: validated,
+	seg := tapSegment{pkt: pkt, th: th[:off], src: src, dst: dst, validated: validated,
 		views: trimViews(l.views, ipLen+off, total), size: total - ipLen - off}
 	t.segment(&seg)
 }
@@ -114,6 +114,7 @@ func (l *tapLink) inspect(t *connTaps, proto tcpip.NetworkProtocolNumber, pkt *s
 // tapSegment is an inbound TCP segment as the taps see it: its header, its
 // addresses, and its payload in packet memory (valid during the call).
 type tapSegment struct {
+	pkt       *stack.PacketBuffer
 	th        header.TCP
 	src, dst  tcpip.Address
 	views     [][]byte

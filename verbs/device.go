@@ -204,7 +204,7 @@ func (d *Device) Stats() Stats {
 		Refused:     g.Refused.Load(), RefusedCRC: g.RefusedCRC.Load(), RefusedHeader: g.RefusedHeader.Load(), RefusedSTag: g.RefusedSTag.Load(),
 		BadChecksum: g.BadChecksum.Load(), OutOfWindow: g.OutOfWindow.Load(), BadFlags: g.BadFlags.Load(),
 		Duplicates: g.Duplicates.Load(), Mismatches: g.Mismatches.Load(),
-		Fed: g.FedBytes.Load(), DeliveredEarly: g.DeliveredEarly.Load(),
+		Fed: g.FedBytes.Load(), DeliveredEarly: g.DeliveredEarly.Load(), Queued: g.Queued.Load(),
 		HoleFills: g.HoleFills.Load(), HoleFillTime: time.Duration(g.HoleFillNanos.Load()),
 	}
 	for i := range s.RxOps {
@@ -257,6 +257,9 @@ type SegmentStats struct {
 	// tap delivered in order before TCP handed them over (the fed ones and
 	// those placed beyond the hole): their messages completed then.
 	Fed, DeliveredEarly uint64
+	// Segments beyond a hole placed by the QP's receive goroutine (idle
+	// while the hole holds the stream back) rather than on the link's.
+	Queued uint64
 	// Hole fills timed (DeviceConfig.TimeHoleFills) and their total time
 	// from the filling segment's arrival to the next message completed.
 	HoleFills    uint64

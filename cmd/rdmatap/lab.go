@@ -130,7 +130,7 @@ func segmentCounters(v verbs.Stats) []statKV {
 		{"seg_refused", g.Refused}, {"seg_refused_crc", g.RefusedCRC}, {"seg_refused_header", g.RefusedHeader}, {"seg_refused_stag", g.RefusedSTag},
 		{"seg_bad_tcp_checksum", g.BadChecksum}, {"seg_out_of_window", g.OutOfWindow}, {"seg_bad_tcp_flags", g.BadFlags},
 		{"seg_duplicate_bytes", g.Duplicates}, {"seg_mismatches", g.Mismatches},
-		{"seg_fed_bytes", g.Fed}, {"seg_fpdus_delivered_early", g.DeliveredEarly},
+		{"seg_fed_bytes", g.Fed}, {"seg_fpdus_delivered_early", g.DeliveredEarly}, {"seg_segments_queued", g.Queued},
 	}
 }
 
