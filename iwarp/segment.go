@@ -17,14 +17,20 @@ import (
 	"rdmatap/zerocopy"
 )
 
-// Segment placement: RDMA Write payload placed from TCP segments as they
-// arrive, before TCP reassembles the stream (RFC 5041 allows placement out
-// of order; delivery stays in order). A segment's way:
+// Segment placement: payload placed from TCP segments as they arrive,
+// before TCP reassembles the stream (RFC 5041 allows placement out of
+// order; delivery stays in order). A segment's way:
 //
-//  1. netstack's connection tap hands the segment over before TCP sees it:
-//     4-tuple, flags and TCP checksum checked, bytes already read trimmed,
-//     and its offset in the receive stream (Conn.TapSegments).
-//  2. Framing: an FPDU is placed only if it lies wholly in the segment, and
+//  1. netstack's connection tap hands the segment over before IP and TCP
+//     see it: 4-tuple, flags and TCP checksum checked, bytes already read
+//     trimmed, and its offset in the receive stream (Conn.TapSegments).
+//  2. Where it lies (seen): in order with no hole pending, it is left to
+//     the receiver, which reads it from TCP a moment later; filling the
+//     hole the receiver waits at, it is fed to the receiver (feed), which
+//     then delivers in order whatever was placed beyond (deliverPlaced);
+//     beyond a hole, it is queued for the receive goroutine (or placed at
+//     once when the source cannot keep packets).
+//  3. Framing: an FPDU is placed only if it lies wholly in the segment, and
 //     its start is trusted when an MPA marker in the segment points to it
 //     (RFC 5044 §5, when markers were negotiated: the markers are removed
 //     first, without a copy), when the in-order path or an earlier placed
@@ -33,21 +39,23 @@ import (
 //     begins with an FPDU, the FPDUs' lengths tile it exactly and, since a
 //     guessed header is not proof, the MPA CRC (which must then be
 //     negotiated) verifies. Anything else is left to the stream.
-//  3. Checks: the MPA CRC (when negotiated) before a byte is placed; DDP
-//     and RDMAP versions; a tagged RDMA Write that is not its message's
-//     last FPDU (the last one is placed in order, which keeps the last-word
-//     guarantee of receiver.lastWord); STag, PD, access and bounds as the
-//     in-order path checks them. A failed check only means "not here": the
-//     in-order path sees the same FPDU and raises the Terminate.
-//  4. Claim: an FPDU the in-order path has reached, or one placed already
+//  4. Checks: the MPA CRC (when negotiated) before a byte is placed; DDP
+//     and RDMAP versions; STag, PD, access and bounds for an RDMA Write as
+//     the in-order path checks them; for a Read Response, an outstanding
+//     Read with that sink STag; for a Send, a known receive (sendDst). A
+//     failed check only means "not here": the in-order path sees the same
+//     FPDU and raises the Terminate.
+//  5. Claim: an FPDU the in-order path has reached, or one placed already
 //     (a duplicate or retransmission), is skipped; otherwise it is claimed.
-//  5. Placement: one copy from packet memory into the region (held, see
-//     Region), the payload's CRC32c computed in the same pass.
-//  6. In order, the receiver finds the FPDU placed: it checks it as usual,
-//     does not copy its payload again, and verifies that the bytes TCP
-//     delivered are the ones placed (the FPDU's MPA CRC, or the payload's
-//     CRC32c without it); a mismatch (TCP took other bytes than the tap
-//     saw) terminates the stream rather than leave wrong data in place.
+//  6. Placement: one copy from packet memory into the region (held, see
+//     Region); a Write's last aligned word waits for in-order delivery
+//     (receiver.lastWord); short FPDUs that are not placed are kept whole.
+//  7. In order, the receiver finds the FPDU placed, from the tap or from
+//     TCP: it checks it as usual, does not copy its payload again, and
+//     checks that it would have placed it where it was placed, and that
+//     TCP delivered the same FPDU (its MPA CRC field, or the payload's
+//     CRC32c without the CRC); a mismatch terminates the stream rather
+//     than leave wrong data in place.
 
 // Placement chooses how a QP places received payload.
 type Placement uint8
@@ -55,8 +63,8 @@ type Placement uint8
 const (
 	// PlacementStream places payload from TCP's in-order stream only.
 	PlacementStream Placement = iota
-	// PlacementSegment also places RDMA Write payload from TCP segments
-	// as they arrive, in order or not.
+	// PlacementSegment also places payload from TCP segments as they
+	// arrive beyond a hole, and delivers from them when a hole fills.
 	PlacementSegment
 )
 
