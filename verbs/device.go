@@ -52,10 +52,11 @@ type DeviceConfig struct {
 	// stream arrived (Stats.Segment.HoleFills, HoleFillTime); it installs
 	// the segment tap (its per-segment cost) with stream placement too.
 	TimeHoleFills bool
-	// Placement: iwarp.PlacementSegment also places RDMA Write payload
-	// from TCP segments as they arrive, out of order too (the netstack
-	// must not have connections yet); the default places from TCP's
-	// in-order stream only.
+	// Placement: iwarp.PlacementSegment also places RDMA Write, Read
+	// Response and Send payload from TCP segments that arrive beyond a
+	// hole, and delivers from the segment that fills it, before TCP hands
+	// the stream over (the netstack must not have connections yet); the
+	// default places from TCP's in-order stream only.
 	Placement iwarp.Placement
 }
 
