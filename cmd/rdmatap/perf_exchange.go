@@ -331,7 +331,7 @@ func (s *perfSession) close() {
 		if q.conn != nil && !s.manual {
 			perfDisconnect(q.conn)
 		} else if q.conn != nil {
-			perfDisconnectManual(q.conn)
+			perfDisconnectManual(q.conn, s.linger())
 		} else if q.qp != nil {
 			q.qp.Close()
 		}
@@ -619,13 +619,38 @@ func checkPattern(b []byte, q int, what string) error {
 	return nil
 }
 
+// linger is how long a ManualProgress test QP waits for the peer to close
+// first. ib_write_lat has no closing handshake: each side tears down when
+// its own loop ends, and Linux siw flushes a Write it has sent whole but
+// not yet retired (its last FPDU on the wire, the WQE still in progress
+// under TCG) with "local QP operation error" when the peer's FIN comes
+// first, failing its test. So the side that sent the last message (the
+// client) waits up to a second for the server's FIN, and the server, which
+// received it, up to 200 ms for the client's: long enough for siw to
+// retire its last Write, and between two rdmatap endpoints the server's
+// close ends both waits.
+func (s *perfSession) linger() time.Duration {
+	if s.o.test != perfLat || s.o.verb != perfWrite {
+		return 0
+	}
+	if s.o.client() {
+		return time.Second
+	}
+	return 200 * time.Millisecond
+}
+
 // perfDisconnectManual is perfDisconnect for a ManualProgress QP, whose
 // receive path runs only when someone calls WaitProgress: this goroutine
-// does while Disconnect sends what is queued and the FIN and waits for
-// the peer's. ib_write_lat has no closing handshake, so the side that
-// ends first may still have its last Write in flight: an abortive close
-// (RST) could discard it and leave the peer spinning on its buffer.
-func perfDisconnectManual(c *verbs.Conn) {
+// does, first for up to linger while the peer may close first, then while
+// Disconnect sends what is queued and the FIN and waits for the peer's.
+// An abortive close (RST) could discard a last Write still queued.
+func perfDisconnectManual(c *verbs.Conn, linger time.Duration) {
+	if linger > 0 {
+		lctx, cancel := context.WithTimeout(context.Background(), linger)
+		for c.QP().WaitProgress(lctx) == nil {
+		}
+		cancel()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	done := make(chan error, 1)
