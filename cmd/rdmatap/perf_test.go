@@ -441,6 +441,7 @@ func TestPerfAtomic(t *testing.T) {
 }
 
 // TestPerfExchangeShape checks the handshakes around each latency test
+// (and send bw's)
 // against perftest 4.5's sources, since two rdmatap endpoints agree on any
 // symmetric sequence and only a real perftest notices a difference (two
 // in create_rdma_cm_connection, around the test connections, then):
@@ -453,23 +454,27 @@ func TestPerfAtomic(t *testing.T) {
 //	  (after posting its receives); ctx_close_connection at the end
 func TestPerfExchangeShape(t *testing.T) {
 	for _, c := range []struct {
+		test     perfTestKind
 		verb     string
 		args     []string
 		cli, srv string
 	}{
-		{"write", nil, "hs hs hs hs hs hs lat lat lat", "hs hs hs hs hs hs lat lat lat"},
-		{"read", nil, "hs hs hs hs hs hs lat lat lat hs", "hs hs hs hs hs hs hs"},
-		{"atomic", []string{"-A", "CMP_AND_SWAP"}, "hs hs hs hs hs hs lat hs", "hs hs hs hs hs hs hs"},
-		{"send", nil, "hs hs hs hs hs hs lat hs lat hs lat hs", "hs hs hs hs hs hs lat hs lat hs lat hs"},
+		{perfLat, "write", nil, "hs hs hs hs hs hs lat lat lat", "hs hs hs hs hs hs lat lat lat"},
+		{perfLat, "read", nil, "hs hs hs hs hs hs lat lat lat hs", "hs hs hs hs hs hs hs"},
+		{perfLat, "atomic", []string{"-A", "CMP_AND_SWAP"}, "hs hs hs hs hs hs lat hs", "hs hs hs hs hs hs hs"},
+		{perfLat, "send", nil, "hs hs hs hs hs hs lat hs lat hs lat hs", "hs hs hs hs hs hs lat hs lat hs lat hs"},
+		// send_bw.c -a: per-QP hs, hs, per-QP hs; a handshake before and
+		// after each size; ctx_close_connection.
+		{perfBW, "send", nil, "hs hs hs hs hs hs hs hs hs hs hs hs", "hs hs hs hs hs hs hs hs hs hs hs hs"},
 	} {
-		t.Run(c.verb, func(t *testing.T) {
+		t.Run(map[perfTestKind]string{perfBW: "bw-", perfLat: "lat-"}[c.test]+c.verb, func(t *testing.T) {
 			var mu sync.Mutex
 			var cli, srv []string
 			args := append([]string{c.verb, "-n", "20"}, c.args...)
 			if c.verb != "atomic" {
 				args = append(args, "-a")
 			}
-			_, _, cerr, serr := perfRunWith(t, perfLat, func(so, co *perfOpts) {
+			_, _, cerr, serr := perfRunWith(t, c.test, func(so, co *perfOpts) {
 				so.allMax, co.allMax = 8, 8 // sizes 2, 4, 8
 				so.trace = func(e string) { mu.Lock(); srv = append(srv, e); mu.Unlock() }
 				co.trace = func(e string) { mu.Lock(); cli = append(cli, e); mu.Unlock() }
