@@ -100,7 +100,33 @@ type vm struct {
 
 func (e *env) bootVM(t *testing.T, variant string, size int, args ...string) *vm {
 	t.Helper()
-	v := &vm{out: t.TempDir(), done: make(chan error, 1)}
+	return e.bootVMIn(t, outDir(t), variant, size, args...)
+}
+
+// outDir is a results directory for one VM: under $RDMATAP_INTEROP_OUT
+// when set (kept: logs, captures), else a temporary one.
+func outDir(t *testing.T) string {
+	t.Helper()
+	base := os.Getenv("RDMATAP_INTEROP_OUT")
+	if base == "" {
+		return t.TempDir()
+	}
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d, err := os.MkdirTemp(base, strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("VM results in %s", d)
+	return d
+}
+
+// bootVMIn boots the VM with its results (and the host's share) in out,
+// which may already hold files for the guest.
+func (e *env) bootVMIn(t *testing.T, out, variant string, size int, args ...string) *vm {
+	t.Helper()
+	v := &vm{out: out, done: make(chan error, 1)}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	full := append([]string{"netns", "exec", e.ns, "bash", filepath.Join(e.harness, "boot.sh"), "--no-build",
 		"--variant", variant, "--size", strconv.Itoa(size), "--n", "20", "--wait", "120", "--out", v.out}, args...)
@@ -110,7 +136,7 @@ func (e *env) bootVM(t *testing.T, variant string, size int, args ...string) *vm
 		cancel()
 		t.Fatal(err)
 	}
-	go func() { v.done <- v.cmd.Wait(); cancel() }()
+	go func() { v.cmd.Wait(); cancel(); close(v.done) }() // closed: every waiter sees it
 	t.Cleanup(func() {
 		v.cmd.Process.Kill()
 		select {
