@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -138,13 +139,38 @@ func (e *env) bootVMIn(t *testing.T, out, variant string, size int, args ...stri
 	}
 	go func() { v.cmd.Wait(); cancel(); close(v.done) }() // closed: every waiter sees it
 	t.Cleanup(func() {
-		v.cmd.Process.Kill()
+		select {
+		case <-v.done:
+			return
+		default:
+		}
+		// A VM still running would hold its TAP and address when the next
+		// one boots: stop qemu itself (killing boot.sh's "ip netns exec"
+		// would leave it running), then the harness, which deletes the TAP.
+		v.killQemu()
 		select {
 		case <-v.done:
 		case <-time.After(20 * time.Second):
+			v.cmd.Process.Kill()
+			<-v.done
 		}
 	})
 	return v
+}
+
+// killQemu ends the VM's qemu, found by boot.sh's pidfile.
+func (v *vm) killQemu() {
+	b, err := os.ReadFile(filepath.Join(v.out, "qemu.pid"))
+	if err != nil {
+		return
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return
+	}
+	if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.Contains(string(comm), "qemu") {
+		syscall.Kill(pid, syscall.SIGTERM)
+	}
 }
 
 // waitReady waits for the VM console line announcing the server for test.
