@@ -479,6 +479,18 @@ func (qp *QP) endHold() {
 	qp.wake()
 }
 
+// OpenTXGate lets a responder transmit before the initiator's first FPDU
+// has arrived, as Linux siw's responder does whenever its application
+// posts. RFC 5044 has the initiator speak first (RFC 6581's RTR exists for
+// applications whose responder speaks first), and siw as an initiator
+// resets a connection whose MPA Reply is followed by bytes before it has
+// read the Reply; so an application calls this only once it knows the
+// initiator has finished connecting, for instance after the initiator has
+// spoken on another connection since its connect returned (perftest's
+// ib_write_lat server, whose first Write opens the test, after the
+// handshakes). It does nothing on an initiator or an open gate.
+func (qp *QP) OpenTXGate() { qp.openGate() }
+
 // txHeld reports whether the QP may not transmit yet: a responder waiting
 // for the initiator's first FPDU, or an initiator holding its own. qp.mu
 // is held.

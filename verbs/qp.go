@@ -199,6 +199,14 @@ func (qp *QP) Progress() { qp.iw.Progress() }
 // it; a Progress call meanwhile returns at once.
 func (qp *QP) WaitProgress(ctx context.Context) error { return qp.iw.WaitProgress(ctx) }
 
+// OpenTXGate lets an accepted (responder) QP transmit before the
+// initiator's first message has arrived, as Linux siw allows (see
+// Accept). Call it only once the initiator is known to have finished
+// connecting, e.g. it has spoken on another connection since: an
+// initiator that is still reading the MPA Reply (siw) resets a connection
+// whose Reply is followed by early bytes. It does nothing on an initiator.
+func (qp *QP) OpenTXGate() { qp.iw.OpenTXGate() }
+
 // Config returns the QP's attributes.
 func (qp *QP) Config() QPConfig { return qp.cfg }
 

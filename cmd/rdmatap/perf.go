@@ -131,6 +131,9 @@ type perfOpts struct {
 	progress io.Writer
 	// listening is called once the server listens (tests).
 	listening func(netip.AddrPort)
+	// trace, if set, is told of each handshake ("hs") and of each size
+	// the latency loop starts ("lat"): the exchange's shape (tests).
+	trace func(string)
 }
 
 func (o *perfOpts) client() bool { return o.server.IsValid() }

@@ -430,10 +430,10 @@ func (s *perfSession) runSendBW(ctx context.Context, stdout io.Writer) error {
 		}
 	}
 	io.WriteString(stdout, perfResultLine)
-	if !o.all {
-		if _, err := s.x.handShake(ctx, s.qps[0].my, o.dur+o.timeout); err != nil {
-			return err
-		}
+	// ctx_close_connection, after the last size's handshake too: send_bw.c
+	// ends -a and a single size alike (a peer left without it waits).
+	if _, err := s.x.handShake(ctx, s.qps[0].my, o.dur+o.timeout); err != nil {
+		return err
 	}
 	s.emitBW(stdout, reps)
 	return s.plotSweep(reps, nil)

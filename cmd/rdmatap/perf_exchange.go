@@ -92,6 +92,7 @@ type perfXchg struct {
 	timeout  time.Duration
 	stash    chan verbs.WC // a receive completion taken by watch
 	watching bool
+	trace    func(string) // perfOpts.trace
 }
 
 func newXchg(pd *verbs.PD, client bool, timeout time.Duration) (*perfXchg, error) {
@@ -218,6 +219,9 @@ func (x *perfXchg) xchg(ctx context.Context, my []byte, extra time.Duration) ([]
 
 // handShake is ctx_hand_shake.
 func (x *perfXchg) handShake(ctx context.Context, my perfDest, extra time.Duration) (perfDest, error) {
+	if x.trace != nil {
+		x.trace("hs")
+	}
 	var b [perfDestSize]byte
 	my.marshal(b[:])
 	rem, err := x.xchg(ctx, b[:], extra)
@@ -327,7 +331,7 @@ func (s *perfSession) close() {
 		if q.conn != nil && !s.manual {
 			perfDisconnect(q.conn)
 		} else if q.conn != nil {
-			q.conn.Close() // nobody runs a ManualProgress QP's FIN handshake
+			perfDisconnectManual(q.conn, s.linger())
 		} else if q.qp != nil {
 			q.qp.Close()
 		}
@@ -380,6 +384,7 @@ func perfSetup(ctx context.Context, dev *verbs.Device, o *perfOpts, stdout io.Wr
 	if s.x, err = newXchg(s.pd, o.client(), o.timeout); err != nil {
 		return s, err
 	}
+	s.x.trace = o.trace
 	raddr := netip.AddrPortFrom(o.server, o.port)
 	if o.client() {
 		dctx, cancel := context.WithTimeout(ctx, o.timeout)
@@ -516,6 +521,17 @@ func (s *perfSession) exchangeDests(ctx context.Context) error {
 		}
 	}
 	var err error
+	if o.test == perfLat && o.verb != perfSend {
+		// write_lat.c, read_lat.c and atomic_lat.c shake hands once more,
+		// before the per-QP handshakes: four in all, where the bw tests
+		// and send_lat.c have three. One short and perftest's server
+		// still waits for it when the test begins (ib_write_lat stalls),
+		// or its closing handshake finds the connection gone (ib_read_lat
+		// exits with status 1).
+		if _, err = s.x.handShake(ctx, s.qps[0].my, 0); err != nil {
+			return err
+		}
+	}
 	for _, q := range s.qps {
 		if q.rem, err = s.x.handShake(ctx, q.my, 0); err != nil {
 			return err
@@ -601,6 +617,49 @@ func checkPattern(b []byte, q int, what string) error {
 		}
 	}
 	return nil
+}
+
+// linger is how long a ManualProgress test QP waits for the peer to close
+// first. ib_write_lat has no closing handshake: each side tears down when
+// its own loop ends, and Linux siw flushes a Write it has sent whole but
+// not yet retired (its last FPDU on the wire, the WQE still in progress
+// under TCG) with "local QP operation error" when the peer's FIN comes
+// first, failing its test. So the side that sent the last message (the
+// client) waits up to a second for the server's FIN, and the server, which
+// received it, up to 200 ms for the client's: long enough for siw to
+// retire its last Write, and between two rdmatap endpoints the server's
+// close ends both waits.
+func (s *perfSession) linger() time.Duration {
+	if s.o.test != perfLat || s.o.verb != perfWrite {
+		return 0
+	}
+	if s.o.client() {
+		return time.Second
+	}
+	return 200 * time.Millisecond
+}
+
+// perfDisconnectManual is perfDisconnect for a ManualProgress QP, whose
+// receive path runs only when someone calls WaitProgress: this goroutine
+// does, first for up to linger while the peer may close first, then while
+// Disconnect sends what is queued and the FIN and waits for the peer's.
+// An abortive close (RST) could discard a last Write still queued.
+func perfDisconnectManual(c *verbs.Conn, linger time.Duration) {
+	if linger > 0 {
+		lctx, cancel := context.WithTimeout(context.Background(), linger)
+		for c.QP().WaitProgress(lctx) == nil {
+		}
+		cancel()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Disconnect(ctx) }()
+	for c.QP().WaitProgress(ctx) == nil {
+	}
+	if <-done != nil {
+		c.Close()
+	}
 }
 
 // perfDisconnect closes gracefully (TCP FIN, as perftest's teardown

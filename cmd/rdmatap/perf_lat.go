@@ -11,18 +11,30 @@ import (
 	"slices"
 	"time"
 
+	"rdmatap/iwarp"
 	"rdmatap/verbs"
 )
 
 // The latency tests (run_iter_lat_write, run_iter_lat_send, run_iter_lat
 // of perftest_resources.c). write: each side RDMA-Writes the peer's buffer
 // and spins on the last byte of its own, which the peer's Write sets to
-// the iteration count (ib_write_lat); the QPs are ManualProgress and the
-// spin is QP.WaitProgress, so the Write is placed by the waiting
-// goroutine. send: ping-pong of Sends. read: the client RDMA-Reads the
-// server's buffer, one at a time; the server only serves. Each side
-// stamps its posts; the latency of one iteration is the time between two
-// posts, halved for write and send (a round trip), whole for read.
+// the iteration count (ib_write_lat); the server posts first (perftest's
+// loop skips the server's first wait), the client answers each Write with
+// its own. The QPs are ManualProgress and the spin is QP.WaitProgress, so
+// the Write is placed by the waiting goroutine. send: ping-pong of Sends,
+// the client first. read: the client RDMA-Reads the server's buffer, one
+// at a time; the server only serves. Each side stamps its posts; the
+// latency of one iteration is the time between two posts, halved for
+// write and send (a round trip), whole for read.
+//
+// The exchange around the test is that of write_lat.c, read_lat.c,
+// atomic_lat.c and send_lat.c (see exchangeDests for the handshakes
+// before it): send shakes hands before each size and once at the end
+// (ctx_close_connection); read and atomic once at the end (their server
+// at once, the client after the test); write not at all: ib_write_lat
+// moves from one size to the next without a word and tears down when its
+// last Write has landed, so a side that still waits for a handshake
+// there waits forever.
 
 func (s *perfSession) runLat(ctx context.Context, stdout io.Writer) error {
 	o := s.o
@@ -35,6 +47,15 @@ func (s *perfSession) runLat(ctx context.Context, stdout io.Writer) error {
 		return nil
 	}
 	io.WriteString(stdout, perfResultLine+o.latHeader())
+	if o.verb == perfWrite && !o.client() {
+		// ib_write_lat's server speaks first, which siw's responder lets
+		// it do and an iWARP responder does not (without an RTR). The
+		// client has connected and spoken on the exchange connection
+		// since: it is past the MPA Reply.
+		for _, q := range s.qps {
+			q.qp.OpenTXGate()
+		}
+	}
 	var reps []perfLatReport
 	for _, size := range o.sizes() {
 		if o.verb == perfSend {
@@ -57,9 +78,11 @@ func (s *perfSession) runLat(ctx context.Context, stdout io.Writer) error {
 		reps = append(reps, rep)
 		io.WriteString(stdout, latRow(rep))
 	}
-	extra := o.dur + o.timeout
-	if _, err := s.x.handShake(ctx, s.qps[0].my, extra); err != nil {
-		return err
+	if o.verb != perfWrite {
+		extra := o.dur + o.timeout
+		if _, err := s.x.handShake(ctx, s.qps[0].my, extra); err != nil {
+			return err
+		}
 	}
 	io.WriteString(stdout, perfResultLine)
 	if s.jsonOut != nil {
@@ -112,12 +135,24 @@ func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 	o := s.o
 	q := s.qps[0]
 	client := o.client()
+	if o.trace != nil {
+		o.trace("lat")
+	}
 	rctx, cancel := s.watchdog(ctx)
 	defer cancel()
-	// The server of a timed run stops when the client's closing handshake
-	// arrives.
+	var deadline time.Time
+	if o.dur > 0 {
+		deadline = time.Now().Add(o.dur)
+	}
+	// The server of a timed send run stops when the client's closing
+	// handshake arrives; a timed write run has none, and each side stops
+	// at its own deadline, as ib_write_lat's alarm ends its loop.
 	wctx := rctx
-	if o.dur > 0 && !client {
+	if o.dur > 0 && o.verb == perfWrite {
+		var c context.CancelFunc
+		wctx, c = context.WithDeadline(rctx, deadline)
+		defer c()
+	} else if o.dur > 0 && !client {
 		stop := s.x.watch(rctx)
 		var c context.CancelFunc
 		wctx, c = context.WithCancel(rctx)
@@ -131,17 +166,16 @@ func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 		}()
 	}
 	src := q.buf[:size]
+	// dst is not cleared between sizes: the peer's first Write of this
+	// size may already have landed (ib_write_lat starts the next size
+	// without a handshake), and the byte each size polls, at size-1, lies
+	// beyond every earlier (smaller) message, so it is still zero.
 	dst := q.buf[s.bufSize : s.bufSize+size]
-	clear(dst)
 	wc := make([]verbs.WC, 16)
 	iters := o.iters
 	var stamps []int64
 	if o.dur == 0 {
 		stamps = make([]int64, 0, iters)
-	}
-	var deadline time.Time
-	if o.dur > 0 {
-		deadline = time.Now().Add(o.dur)
 	}
 	flags := verbs.Signaled
 	if size <= o.inline && !o.oneSided() {
@@ -264,15 +298,32 @@ func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 			}
 		}
 	}
+	// Who posts first: ib_write_lat's server (run_iter_lat_write skips
+	// its first wait), ib_send_lat's client (run_iter_lat_send skips its
+	// first receive). The first poster posts i and then waits for the
+	// peer's i; the other waits for i and answers it.
+	postsFirst := !o.oneSided() && (o.verb == perfSend) == client
+	waitFirst := !o.oneSided() && !postsFirst
+	// waitErr: whether a failed wait ends a timed run normally (its time
+	// is up, or the peer's is and it closed) rather than the test.
+	timedEnd := func(err error, n int) bool {
+		if o.dur == 0 || rctx.Err() != nil {
+			return false
+		}
+		if wctx.Err() != nil {
+			return true
+		}
+		return o.verb == perfWrite && n >= 2 && errors.Is(err, iwarp.ErrClosed)
+	}
 	var n int
 	for i := 1; o.dur > 0 || i <= iters; i++ {
-		if o.dur > 0 && client && time.Now().After(deadline) {
+		if o.dur > 0 && (client || o.verb == perfWrite) && time.Now().After(deadline) {
 			break
 		}
-		if !client {
+		if waitFirst {
 			if err := wait(i); err != nil {
-				if o.dur > 0 && wctx.Err() != nil && rctx.Err() == nil {
-					break // the client is done
+				if timedEnd(err, n) {
+					break
 				}
 				return nil, stallErr(rctx, err)
 			}
@@ -288,14 +339,17 @@ func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 		if err := post(i); err != nil {
 			return nil, stallErr(rctx, err)
 		}
-		if client && !o.oneSided() {
+		if postsFirst {
 			if err := wait(i); err != nil {
+				if timedEnd(err, n) {
+					break
+				}
 				return nil, stallErr(rctx, err)
 			}
 		}
 		n = i
+		s.lastTick.Store(t) // progress for the watchdog (large messages are slow)
 		if i&255 == 0 {
-			s.tick()
 			if o.dur > 0 {
 				s.progress.show(" %s latency %d bytes: %d iterations", perfVerbStr[o.verb], size, i)
 			} else if o.all {

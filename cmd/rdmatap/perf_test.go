@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,12 +32,25 @@ func perfRun(t *testing.T, test perfTestKind, args ...string) (cli, srv string) 
 
 func perfRunErr(t *testing.T, test perfTestKind, args ...string) (cli, srv string, cerr, serr error) {
 	t.Helper()
-	return perfRunSides(t, test, args, args)
+	return perfRunSidesWith(t, test, nil, args, args)
 }
 
 // perfRunSides is perfRunErr with flags of each side's own (the client's
 // get the server's address appended).
 func perfRunSides(t *testing.T, test perfTestKind, srvArgs, cliArgs []string) (cli, srv string, cerr, serr error) {
+	t.Helper()
+	return perfRunSidesWith(t, test, nil, srvArgs, cliArgs)
+}
+
+// perfRunWith is perfRunErr with a hook that adjusts both sides' options.
+func perfRunWith(t *testing.T, test perfTestKind, adjust func(so, co *perfOpts), args ...string) (cli, srv string, cerr, serr error) {
+	t.Helper()
+	return perfRunSidesWith(t, test, adjust, args, args)
+}
+
+// perfRunSidesWith runs a server with srvArgs and a client with cliArgs,
+// adjust (if not nil) changing both sides' options before they start.
+func perfRunSidesWith(t *testing.T, test perfTestKind, adjust func(so, co *perfOpts), srvArgs, cliArgs []string) (cli, srv string, cerr, serr error) {
 	t.Helper()
 	a, b, err := embeddedPair(verbs.DeviceConfig{})
 	if err != nil {
@@ -54,6 +68,9 @@ func perfRunSides(t *testing.T, test perfTestKind, srvArgs, cliArgs []string) (c
 	}
 	so.allMax, co.allMax = perfTestAllMax, perfTestAllMax
 	so.timeout, co.timeout = 10*time.Second, 10*time.Second
+	if adjust != nil {
+		adjust(&so, &co)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	listening := make(chan struct{})
@@ -261,17 +278,21 @@ func TestPerfDuration(t *testing.T) {
 	if r := tableRows(t, cli, perfResultFmt, bwRowRE); len(r) != 1 || r[0][1] < 10 {
 		t.Errorf("write -D 1: %v", r)
 	}
-	cli, srv = perfRun(t, perfLat, "send", "-D", "1")
-	for _, out := range []string{cli, srv} {
-		re := regexp.MustCompile(`^ (\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$`)
-		r := tableRows(t, out, perfResultLatD, re)
-		if len(r) != 1 || r[0][1] < 10 {
-			t.Errorf("lat send -D 1: %v", r)
-			continue
-		}
-		// t_avg × tps ≈ 1e6 / 2 (half round trips).
-		if p := r[0][2] * r[0][3]; p < 0.45e6 || p > 0.55e6 {
-			t.Errorf("lat -D: t_avg %.2f × tps %.2f = %.0f, want 5e5", r[0][2], r[0][3], p)
+	// send: the server stops at the client's closing handshake; write
+	// (no closing handshake): each side at its own deadline.
+	for _, verb := range []string{"send", "write"} {
+		cli, srv = perfRun(t, perfLat, verb, "-D", "1")
+		for _, out := range []string{cli, srv} {
+			re := regexp.MustCompile(`^ (\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$`)
+			r := tableRows(t, out, perfResultLatD, re)
+			if len(r) != 1 || r[0][1] < 10 {
+				t.Errorf("lat %s -D 1: %v", verb, r)
+				continue
+			}
+			// t_avg × tps ≈ 1e6 / 2 (half round trips).
+			if p := r[0][2] * r[0][3]; p < 0.45e6 || p > 0.55e6 {
+				t.Errorf("lat %s -D: t_avg %.2f × tps %.2f = %.0f, want 5e5", verb, r[0][2], r[0][3], p)
+			}
 		}
 	}
 }
@@ -430,5 +451,59 @@ func TestPerfAtomic(t *testing.T) {
 		if _, _, err := parsePerfFlags(perfBW, args, io.Discard); !errors.Is(err, errUsage) {
 			t.Errorf("%v: %v", args, err)
 		}
+	}
+}
+
+// TestPerfExchangeShape checks the handshakes around each latency test
+// (and send bw's)
+// against perftest 4.5's sources, since two rdmatap endpoints agree on any
+// symmetric sequence and only a real perftest notices a difference (two
+// in create_rdma_cm_connection, around the test connections, then):
+//
+//	write_lat.c: hs, per-QP hs, per-QP hs, hs; the sizes back to back; no
+//	  closing handshake (the server's first Write opens the test)
+//	read_lat.c, atomic_lat.c: the same four; the server closes at once
+//	  (ctx_close_connection), the client after the sizes
+//	send_lat.c: per-QP hs, hs, per-QP hs; a handshake before each size
+//	  (after posting its receives); ctx_close_connection at the end
+func TestPerfExchangeShape(t *testing.T) {
+	for _, c := range []struct {
+		test     perfTestKind
+		verb     string
+		args     []string
+		cli, srv string
+	}{
+		{perfLat, "write", nil, "hs hs hs hs hs hs lat lat lat", "hs hs hs hs hs hs lat lat lat"},
+		{perfLat, "read", nil, "hs hs hs hs hs hs lat lat lat hs", "hs hs hs hs hs hs hs"},
+		{perfLat, "atomic", []string{"-A", "CMP_AND_SWAP"}, "hs hs hs hs hs hs lat hs", "hs hs hs hs hs hs hs"},
+		{perfLat, "send", nil, "hs hs hs hs hs hs lat hs lat hs lat hs", "hs hs hs hs hs hs lat hs lat hs lat hs"},
+		// send_bw.c -a: per-QP hs, hs, per-QP hs; a handshake before and
+		// after each size; ctx_close_connection.
+		{perfBW, "send", nil, "hs hs hs hs hs hs hs hs hs hs hs hs", "hs hs hs hs hs hs hs hs hs hs hs hs"},
+	} {
+		t.Run(map[perfTestKind]string{perfBW: "bw-", perfLat: "lat-"}[c.test]+c.verb, func(t *testing.T) {
+			var mu sync.Mutex
+			var cli, srv []string
+			args := append([]string{c.verb, "-n", "20"}, c.args...)
+			if c.verb != "atomic" {
+				args = append(args, "-a")
+			}
+			_, _, cerr, serr := perfRunWith(t, c.test, func(so, co *perfOpts) {
+				so.allMax, co.allMax = 8, 8 // sizes 2, 4, 8
+				so.trace = func(e string) { mu.Lock(); srv = append(srv, e); mu.Unlock() }
+				co.trace = func(e string) { mu.Lock(); cli = append(cli, e); mu.Unlock() }
+			}, args...)
+			if cerr != nil || serr != nil {
+				t.Fatalf("client %v, server %v", cerr, serr)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if got := strings.Join(cli, " "); got != c.cli {
+				t.Errorf("client: %s\nwant:   %s", got, c.cli)
+			}
+			if got := strings.Join(srv, " "); got != c.srv {
+				t.Errorf("server: %s\nwant:   %s", got, c.srv)
+			}
+		})
 	}
 }

@@ -1,10 +1,20 @@
 // Package interop runs rdmatap against the Linux kernel's SoftiWARP (siw)
-// in a qemu VM: rping and perftest, both roles, each siw build.
+// in a qemu VM: rping and perftest, both roles, each siw build
+// (TestSiwInterop); the six perftest programs over perftest's whole size
+// sweep, both roles, CRC off and on (TestSiwPerftest); and a C probe
+// (probe/probe.c, built on the host against Debian's rdma-core and run in
+// the VM) against rdmatap's probepeer for the verbs rping and perftest
+// never use (TestSiwProbe). README.md has the tables of the last run.
 //
 //	sudo RDMATAP_INTEROP=1 go test ./test/interop/ -v -timeout 40m
 //
-// The VM harness is shared/interop/siw-vm (a sibling of the repository).
-// Everything runs inside a network namespace this test creates: the
-// harness's bridge sibr0 (10.77.0.1), the VM (10.77.0.2) and rdmatap's TAP
-// sitap0 (10.77.0.3); nothing leaves it.
+// The VM harness is shared/interop/siw-vm (a sibling of the repository);
+// guest/plan.sh is the guest side of the sweep and the probe (boot.sh
+// --script). Everything runs inside a network namespace this test
+// creates: the harness's bridge sibr0 (10.77.0.1), the VM (10.77.0.2) and
+// rdmatap's TAP sitap0 (10.77.0.3); nothing leaves it.
+//
+// RDMATAP_INTEROP_OUT=DIR keeps each VM's results (logs, perftest output)
+// there; RDMATAP_INTEROP_PCAP=1 adds header-only captures of each cell;
+// RDMATAP_INTEROP_SWEEP=short runs one size instead of the sweep.
 package interop

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -100,7 +101,33 @@ type vm struct {
 
 func (e *env) bootVM(t *testing.T, variant string, size int, args ...string) *vm {
 	t.Helper()
-	v := &vm{out: t.TempDir(), done: make(chan error, 1)}
+	return e.bootVMIn(t, outDir(t), variant, size, args...)
+}
+
+// outDir is a results directory for one VM: under $RDMATAP_INTEROP_OUT
+// when set (kept: logs, captures), else a temporary one.
+func outDir(t *testing.T) string {
+	t.Helper()
+	base := os.Getenv("RDMATAP_INTEROP_OUT")
+	if base == "" {
+		return t.TempDir()
+	}
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d, err := os.MkdirTemp(base, strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("VM results in %s", d)
+	return d
+}
+
+// bootVMIn boots the VM with its results (and the host's share) in out,
+// which may already hold files for the guest.
+func (e *env) bootVMIn(t *testing.T, out, variant string, size int, args ...string) *vm {
+	t.Helper()
+	v := &vm{out: out, done: make(chan error, 1)}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	full := append([]string{"netns", "exec", e.ns, "bash", filepath.Join(e.harness, "boot.sh"), "--no-build",
 		"--variant", variant, "--size", strconv.Itoa(size), "--n", "20", "--wait", "120", "--out", v.out}, args...)
@@ -110,15 +137,40 @@ func (e *env) bootVM(t *testing.T, variant string, size int, args ...string) *vm
 		cancel()
 		t.Fatal(err)
 	}
-	go func() { v.done <- v.cmd.Wait(); cancel() }()
+	go func() { v.cmd.Wait(); cancel(); close(v.done) }() // closed: every waiter sees it
 	t.Cleanup(func() {
-		v.cmd.Process.Kill()
+		select {
+		case <-v.done:
+			return
+		default:
+		}
+		// A VM still running would hold its TAP and address when the next
+		// one boots: stop qemu itself (killing boot.sh's "ip netns exec"
+		// would leave it running), then the harness, which deletes the TAP.
+		v.killQemu()
 		select {
 		case <-v.done:
 		case <-time.After(20 * time.Second):
+			v.cmd.Process.Kill()
+			<-v.done
 		}
 	})
 	return v
+}
+
+// killQemu ends the VM's qemu, found by boot.sh's pidfile.
+func (v *vm) killQemu() {
+	b, err := os.ReadFile(filepath.Join(v.out, "qemu.pid"))
+	if err != nil {
+		return
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return
+	}
+	if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.Contains(string(comm), "qemu") {
+		syscall.Kill(pid, syscall.SIGTERM)
+	}
 }
 
 // waitReady waits for the VM console line announcing the server for test.

@@ -1,0 +1,66 @@
+# Guest side of test/interop's cells (boot.sh --script): sourced by the
+# harness's siwvm.sh once siw0 is up, with its helpers (log, result,
+# wait_listen, $OUT = the host's share, $PT_PORT).
+#
+# $OUT/plan.txt holds one cell a line, run in order:
+#
+#	server NAME TIMEOUT COMMAND...   start COMMAND (a perftest server), print
+#	                                 "READY NAME" once it listens, wait for it
+#	client NAME TIMEOUT COMMAND...   run COMMAND (a client of the host), again
+#	                                 while it fails before it printed a result
+#	                                 table (the host's server is not up yet),
+#	                                 for at most TIMEOUT seconds
+#	exec NAME TIMEOUT COMMAND...     run COMMAND once
+#
+# Each cell writes $OUT/NAME.log and "RESULT NAME PASS|FAIL rc=N time=S".
+# With $OUT/pcap present each cell is captured (headers only) in NAME.pcap.
+
+plan_cap_start() {
+	CAP_PID=
+	[ -f "$OUT/pcap" ] || return 0
+	tcpdump -Z root -i eth0 -s 160 -n -U -w "$OUT/$1.pcap" tcp > "$OUT/$1.tcpdump.log" 2>&1 &
+	CAP_PID=$!
+	i=0; while ! grep -q 'listening on' "$OUT/$1.tcpdump.log" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+}
+
+plan_cap_stop() {
+	[ -n "$CAP_PID" ] || return 0
+	sleep 0.5; kill -INT $CAP_PID 2>/dev/null; wait $CAP_PID 2>/dev/null; CAP_PID=
+}
+
+plan_cell() { # kind name timeout command...
+	kind=$1 name=$2 lim=$3; shift 3
+	lg=$OUT/$name.log; ts=$(now); tries=0
+	plan_cap_start "$name"
+	case $kind in
+	server)
+		timeout "$lim" "$@" < /dev/null > "$lg" 2>&1 &
+		sp=$!; wait_listen $PT_PORT 60
+		log "READY $name"
+		wait $sp; rc=$? ;;
+	client)
+		deadline=$(( ${ts%.*} + lim ))
+		while :; do
+			tries=$((tries+1))
+			timeout "$lim" "$@" < /dev/null > "$lg" 2>&1; rc=$?
+			[ $rc = 0 ] && break
+			grep -q '#bytes' "$lg" && break
+			t1=$(now); [ ${t1%.*} -ge $deadline ] && break
+			sleep 1
+		done ;;
+	*)
+		timeout "$lim" "$@" < /dev/null > "$lg" 2>&1; rc=$? ;;
+	esac
+	plan_cap_stop
+	det="rc=$rc tries=$tries time=$(awk "BEGIN{print $(now)-$ts}")s"
+	[ $rc = 0 ] && result "$name" PASS $det || result "$name" FAIL $det
+	log "DONE $name"
+}
+
+log "plan: $(grep -c . $OUT/plan.txt) cells"
+while read -r kind name lim cmd; do
+	[ -n "$kind" ] || continue
+	case $kind in \#*) continue ;; esac
+	# shellcheck disable=SC2086 # the command's words
+	plan_cell "$kind" "$name" "$lim" $cmd
+done < "$OUT/plan.txt"
