@@ -138,15 +138,7 @@ func feedReceiver(t *testing.T, data []byte, crc bool, piece int) rxOutcome {
 	for i := 0; i < 4; i++ {
 		rq.Post(uint64(i), []SGE{{Addr: reg.Base + uint64(i*1024), Length: 1024, LKey: reg.STag()}})
 	}
-	rcq := newTestCQ()
-	qp, err := NewQP(QPConfig{Num: 1, PD: 1, Mem: mem, SendCQ: newTestCQ(), RecvCQ: rcq, RQ: rq})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &nullStream{closed: make(chan struct{})}
-	if err := qp.Start(s, ConnParams{CRC: crc, IRD: 2, ORD: 2}); err != nil {
-		t.Fatal(err)
-	}
+	qp, s, rcq := startFuzzQP(t, mem, rq, crc)
 	for p := data; len(p) > 0; {
 		k := len(p)
 		if piece > 0 {
@@ -158,6 +150,21 @@ func feedReceiver(t *testing.T, data []byte, crc bool, piece int) rxOutcome {
 		p = p[k:]
 	}
 	return finishFeed(qp, s, rcq, guard)
+}
+
+// startFuzzQP starts a QP of PD 1 on mem with receive queue rq over a
+// nullStream, for the fuzzers to feed.
+func startFuzzQP(t *testing.T, mem *MemTable, rq *RecvQueue, crc bool) (*QP, *nullStream, *testCQ) {
+	rcq := newTestCQ()
+	qp, err := NewQP(QPConfig{Num: 1, PD: 1, Mem: mem, SendCQ: newTestCQ(), RecvCQ: rcq, RQ: rq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &nullStream{closed: make(chan struct{})}
+	if err := qp.Start(s, ConnParams{CRC: crc, IRD: 2, ORD: 2}); err != nil {
+		t.Fatal(err)
+	}
+	return qp, s, rcq
 }
 
 // FuzzReceiverSplits: a stream handed over in one piece (whole FPDUs take

@@ -24,15 +24,7 @@ func feedSegments(t *testing.T, data []byte, crc bool, seed uint64, segment bool
 	for i := 0; i < 4; i++ {
 		rq.Post(uint64(i), []SGE{{Addr: rbuf.Base + uint64(i*1024), Length: 1024, LKey: rbuf.STag()}})
 	}
-	rcq := newTestCQ()
-	qp, err := NewQP(QPConfig{Num: 1, PD: 1, Mem: mem, SendCQ: newTestCQ(), RecvCQ: rcq, RQ: rq})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &nullStream{closed: make(chan struct{})}
-	if err := qp.Start(s, ConnParams{CRC: crc, IRD: 2, ORD: 2}); err != nil {
-		t.Fatal(err)
-	}
+	qp, s, rcq := startFuzzQP(t, mem, rq, crc)
 	if !segment {
 		qp.rxMu.Lock()
 		qp.rx.Write(data)
