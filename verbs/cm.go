@@ -104,6 +104,8 @@ type Conn struct {
 	stream   *netstack.Conn
 	peerData []byte
 	neg      Negotiated
+	// A service's connection has no stream here, only its addresses.
+	laddr, raddr netip.AddrPort
 }
 
 // QP returns the connected QP.
@@ -116,10 +118,20 @@ func (c *Conn) PeerPrivateData() []byte { return c.peerData }
 func (c *Conn) Negotiated() Negotiated { return c.neg }
 
 // LocalAddr returns the local TCP address.
-func (c *Conn) LocalAddr() netip.AddrPort { return c.stream.LocalAddr() }
+func (c *Conn) LocalAddr() netip.AddrPort {
+	if c.stream == nil {
+		return c.laddr
+	}
+	return c.stream.LocalAddr()
+}
 
 // RemoteAddr returns the peer's TCP address.
-func (c *Conn) RemoteAddr() netip.AddrPort { return c.stream.RemoteAddr() }
+func (c *Conn) RemoteAddr() netip.AddrPort {
+	if c.stream == nil {
+		return c.raddr
+	}
+	return c.stream.RemoteAddr()
+}
 
 // Done is closed when the connection is over and the QP flushed.
 func (c *Conn) Done() <-chan struct{} { return c.qp.Done() }
@@ -138,6 +150,9 @@ func negotiated(p iwarp.ConnParams, m iwarp.MarkerDirs) Negotiated {
 // Dial connects qp to a listener at raddr (rdma_connect): TCP connect,
 // MPA Request/Reply with p's private data and IRD/ORD, then RTS.
 func (d *Device) Dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error) {
+	if d.rc != nil {
+		return d.remoteDial(ctx, qp, raddr, p)
+	}
 	if qp == nil || qp.pd.dev != d {
 		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
 	}
@@ -171,6 +186,9 @@ type Listener struct {
 	once    sync.Once
 	timeout time.Duration
 	wg      sync.WaitGroup
+	// A service's listener (remote.go): its handle and address.
+	rh    uint64
+	laddr netip.AddrPort
 }
 
 // ListenConfig configures a Listener.
@@ -188,6 +206,9 @@ func (d *Device) Listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, erro
 	}
 	if cfg.MPATimeout <= 0 {
 		cfg.MPATimeout = 5 * time.Second
+	}
+	if d.rc != nil {
+		return d.remoteListen(laddr, cfg)
 	}
 	t, err := d.ns.Listen(laddr, cfg.Backlog)
 	if err != nil {
@@ -208,7 +229,12 @@ func (d *Device) Listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, erro
 }
 
 // Addr returns the listening address.
-func (l *Listener) Addr() netip.AddrPort { return l.tcp.Addr() }
+func (l *Listener) Addr() netip.AddrPort {
+	if l.rh != 0 {
+		return l.laddr
+	}
+	return l.tcp.Addr()
+}
 
 // acceptLoop accepts TCP connections and reads their MPA Requests (one
 // goroutine per listener, one short-lived goroutine per connection).
@@ -257,6 +283,9 @@ func (l *Listener) acceptLoop() {
 
 // GetRequest waits for the next connection request (rdma_get_request).
 func (l *Listener) GetRequest(ctx context.Context) (*ConnRequest, error) {
+	if l.rh != 0 {
+		return l.remoteGetRequest(ctx)
+	}
 	select {
 	case r := <-l.reqs:
 		return r, nil
@@ -279,6 +308,9 @@ func (l *Listener) Accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, err
 // Close stops listening; pending requests are rejected and waiters get
 // net.ErrClosed. It is idempotent.
 func (l *Listener) Close() error {
+	if l.rh != 0 {
+		return l.remoteClose()
+	}
 	l.once.Do(func() {
 		close(l.closed)
 		l.tcp.Close()
@@ -306,6 +338,9 @@ type ConnRequest struct {
 	req    *iwarp.MPARequest
 	mu     sync.Mutex
 	used   bool
+	// A service's request (remote.go): its handle and the initiator.
+	rh    uint64
+	raddr netip.AddrPort
 }
 
 // PrivateData returns the initiator's private data.
@@ -332,7 +367,12 @@ func (r *ConnRequest) PeerToPeer() (bool, RTR) { return r.req.V2.PeerToPeer, r.r
 func (r *ConnRequest) Markers() bool { return r.req.Markers }
 
 // RemoteAddr returns the initiator's address.
-func (r *ConnRequest) RemoteAddr() netip.AddrPort { return r.stream.RemoteAddr() }
+func (r *ConnRequest) RemoteAddr() netip.AddrPort {
+	if r.rh != 0 {
+		return r.raddr
+	}
+	return r.stream.RemoteAddr()
+}
 
 var errRequestUsed = errors.New("verbs: connection request already accepted or rejected")
 
@@ -350,6 +390,9 @@ func (r *ConnRequest) claim() error {
 // sends nothing until the initiator's first message arrives (iWARP's
 // "active side sends first"; peer-to-peer mode makes that automatic).
 func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error) {
+	if r.rh != 0 {
+		return r.remoteAccept(ctx, qp, p)
+	}
 	if qp == nil || qp.pd.dev != r.l.dev {
 		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
 	}
@@ -378,6 +421,9 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, 
 
 // Reject refuses the request with private data (rdma_reject).
 func (r *ConnRequest) Reject(privateData []byte) error {
+	if r.rh != 0 {
+		return r.remoteReject(privateData)
+	}
 	if err := r.claim(); err != nil {
 		return err
 	}

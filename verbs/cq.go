@@ -82,6 +82,10 @@ type CQ struct {
 	// event is delivered on events.
 	armed  armState
 	events chan struct{}
+	// rc: the client's side of a service's CQ ring; shm: the service's
+	// side (remote.go, serve.go). Both nil for an embedded CQ.
+	rc  *remoteCQ
+	shm *servedCQ
 }
 
 // armState is what a CQ's next completion event waits for.
@@ -98,11 +102,17 @@ func (d *Device) CreateCQ(cqe int) (*CQ, error) {
 	if cqe <= 0 || cqe > d.Query().MaxCQE {
 		return nil, fmt.Errorf("%w: CQ of %d entries", ErrInvalidArgument, cqe)
 	}
+	if d.rc != nil {
+		return d.rc.createCQ(cqe)
+	}
 	return &CQ{dev: d, ring: make([]WC, cqe), notify: make(chan struct{}, 1), closed: make(chan struct{}), events: make(chan struct{}, 1)}, nil
 }
 
 // Push implements iwarp.CQ.
 func (cq *CQ) Push(c iwarp.Completion) bool {
+	if cq.shm != nil {
+		return cq.shm.push(cq, &c)
+	}
 	cq.mu.Lock()
 	if cq.n == len(cq.ring) {
 		cq.over = true
@@ -135,6 +145,9 @@ func (cq *CQ) Push(c iwarp.Completion) bool {
 // unsuccessful. WaitEvent returns when it comes. Completions already in
 // the CQ do not count: poll them after arming, as with libibverbs.
 func (cq *CQ) ReqNotify(solicitedOnly bool) error {
+	if cq.rc != nil {
+		return cq.remoteReqNotify(solicitedOnly)
+	}
 	select {
 	case <-cq.closed:
 		return net.ErrClosed
@@ -156,6 +169,9 @@ func (cq *CQ) ReqNotify(solicitedOnly bool) error {
 // happened (ibv_get_cq_event), ctx ends, or the CQ is closed. An event
 // that happened before the call is returned at once.
 func (cq *CQ) WaitEvent(ctx context.Context) error {
+	if cq.rc != nil {
+		return cq.remoteWaitEvent(ctx)
+	}
 	select {
 	case <-cq.events:
 		return nil
@@ -169,6 +185,12 @@ func (cq *CQ) WaitEvent(ctx context.Context) error {
 // Poll moves up to len(dst) completions into dst without blocking and
 // returns how many. It allocates nothing.
 func (cq *CQ) Poll(dst []WC) int {
+	if cq.rc != nil {
+		cq.mu.Lock()
+		n := cq.rc.poll(dst)
+		cq.mu.Unlock()
+		return n
+	}
 	cq.mu.Lock()
 	k := min(len(dst), cq.n)
 	for i := 0; i < k; i++ {
@@ -200,6 +222,9 @@ func (cq *CQ) Wait(ctx context.Context, dst []WC) (int, error) {
 	if len(dst) == 0 {
 		return 0, fmt.Errorf("%w: empty completion slice", ErrInvalidArgument)
 	}
+	if cq.rc != nil {
+		return cq.remoteWait(ctx, dst)
+	}
 	for {
 		if n := cq.Poll(dst); n > 0 {
 			return n, nil
@@ -219,6 +244,15 @@ func (cq *CQ) Wait(ctx context.Context, dst []WC) (int, error) {
 
 // Len returns the number of completions waiting.
 func (cq *CQ) Len() int {
+	if cq.rc != nil {
+		cq.mu.Lock()
+		defer cq.mu.Unlock()
+		if cq.rc.dead.Load() {
+			return 0
+		}
+		n, _ := cq.rc.ring.Pending(cq.rc.cons)
+		return int(n)
+	}
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	return cq.n
@@ -226,13 +260,23 @@ func (cq *CQ) Len() int {
 
 // Overflowed reports whether a completion was ever lost to a full CQ.
 func (cq *CQ) Overflowed() bool {
+	if cq.rc != nil {
+		return !cq.rc.dead.Load() && cq.rc.ring.Overflow.Load() != 0
+	}
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	return cq.over
 }
 
-// Close wakes every waiter with net.ErrClosed. It is idempotent.
+// Close wakes every waiter with net.ErrClosed. It is idempotent. On a
+// device of a service it fails with ErrBusy while a QP uses the CQ
+// (ibv_destroy_cq's EBUSY), and frees the CQ's ring.
 func (cq *CQ) Close() error {
+	if cq.rc != nil {
+		if err := cq.remoteClose(); err != nil {
+			return err
+		}
+	}
 	cq.once.Do(func() { close(cq.closed) })
 	return nil
 }

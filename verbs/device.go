@@ -82,6 +82,13 @@ type Device struct {
 	closed    bool
 	qps       map[uint32]*QP
 	listeners map[*Listener]struct{}
+
+	// rc is the connection to a service for a device from Connect (see
+	// remote.go); nil for an embedded device.
+	rc *client
+	// hook, when set (Serve), sees each QP event first and keeps those
+	// of a service's clients from the device's own channel.
+	hook atomic.Pointer[func(AsyncEvent) bool]
 }
 
 // Open makes a device on a netstack.
@@ -129,7 +136,8 @@ func Open(ns *netstack.Stack, cfg DeviceConfig) (*Device, error) {
 // Name returns the device name.
 func (d *Device) Name() string { return d.cfg.Name }
 
-// Netstack returns the stack the device runs on.
+// Netstack returns the stack the device runs on (nil for a device of a
+// service).
 func (d *Device) Netstack() *netstack.Stack { return d.ns }
 
 // DeviceAttr are the device's limits (the ibv_device_attr names).
@@ -186,7 +194,8 @@ func (d *Device) Query() DeviceAttr {
 	}
 }
 
-// Stats returns a snapshot of the device counters.
+// Stats returns a snapshot of the device counters (zero for a device of a
+// service).
 func (d *Device) Stats() Stats {
 	s := &d.stats
 	out := Stats{
@@ -298,6 +307,9 @@ type AsyncEvent struct {
 func (d *Device) Events() <-chan AsyncEvent { return d.events }
 
 func (d *Device) post(e AsyncEvent) {
+	if h := d.hook.Load(); h != nil && (*h)(e) {
+		return
+	}
 	select {
 	case d.events <- e:
 	default:
@@ -308,9 +320,13 @@ func (d *Device) post(e AsyncEvent) {
 // AllocPD allocates a protection domain.
 func (d *Device) AllocPD() (*PD, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.closed {
+		d.mu.Unlock()
 		return nil, net.ErrClosed
+	}
+	d.mu.Unlock()
+	if d.rc != nil {
+		return d.rc.allocPD()
 	}
 	return &PD{dev: d, id: d.nextPD.Add(1)}, nil
 }
@@ -337,6 +353,9 @@ func (d *Device) Close() error {
 	}
 	for _, q := range qps {
 		q.Close()
+	}
+	if d.rc != nil {
+		return d.rc.close()
 	}
 	return nil
 }

@@ -56,6 +56,9 @@ func IncRKey(k STag) STag { return k&^0xff | (k+1)&0xff }
 // is invalid: MapPages or MapSG sets the memory, and a REG_MR work request
 // (RegWR) registers it. Its first STag's key is drawn at random.
 func (pd *PD) AllocMR(maxPages int) (*MR, error) {
+	if pd.rh != 0 {
+		return nil, fmt.Errorf("%w: fast-register MRs on a device of a service", ErrUnsupported)
+	}
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {
@@ -129,6 +132,9 @@ type MW struct {
 
 // AllocMW allocates a memory window (ibv_alloc_mw).
 func (pd *PD) AllocMW(t MWType) (*MW, error) {
+	if pd.rh != 0 {
+		return nil, fmt.Errorf("%w: memory windows on a device of a service", ErrUnsupported)
+	}
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {

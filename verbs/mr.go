@@ -42,6 +42,7 @@ type PD struct {
 	closed bool
 	mrs    int // MRs and memory windows
 	qps    int
+	rh     uint64 // the service's handle (remote.go); 0 when embedded
 }
 
 // Device returns the PD's device.
@@ -66,6 +67,15 @@ func (pd *PD) RegMR(buf []byte, acc Access) (*MR, error) {
 		// ibv_reg_mr: remote atomic requires local write too.
 		return nil, fmt.Errorf("%w: remote atomic requires local write", ErrInvalidArgument)
 	}
+	if pd.rh != 0 {
+		return pd.remoteRegMRCounted(buf, acc)
+	}
+	return pd.regMRAt(buf, iwarp.BufferAddr(buf), acc)
+}
+
+// regMRAt registers buf with base as the address of its first byte (a
+// service registers a client's pages at the client's addresses).
+func (pd *PD) regMRAt(buf []byte, base uint64, acc Access) (*MR, error) {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {
@@ -73,7 +83,7 @@ func (pd *PD) RegMR(buf []byte, acc Access) (*MR, error) {
 	}
 	r := &iwarp.Region{Buf: buf, Access: acc, PD: pd.id, Kind: iwarp.KindMR}
 	if acc&AccessZeroBased == 0 {
-		r.Base = iwarp.BufferAddr(buf)
+		r.Base = base
 	}
 	if _, err := pd.dev.mem.Register(r); err != nil {
 		return nil, err
@@ -93,6 +103,19 @@ type MR struct {
 
 	mu    sync.Mutex
 	freed bool
+
+	// A service's MR (remote.go): its handle and STag; r describes the
+	// client's own mapping.
+	rh    uint64
+	rstag STag
+}
+
+// stag returns the STag the MR's accessors report.
+func (m *MR) stag() STag {
+	if m.rh != 0 {
+		return m.rstag
+	}
+	return m.reg().STag()
 }
 
 // reg returns the region the MR's STag names now.
@@ -114,14 +137,23 @@ func (m *MR) Len() int { return len(m.reg().Buf) }
 func (m *MR) Addr() uint64 { return m.reg().Base }
 
 // LKey returns the STag for local use (SGEs).
-func (m *MR) LKey() STag { return m.reg().STag() }
+func (m *MR) LKey() STag { return m.stag() }
 
 // RKey returns the STag for remote access.
-func (m *MR) RKey() STag { return m.reg().STag() }
+func (m *MR) RKey() STag { return m.stag() }
 
 // Valid reports whether the MR can still be used (a Send with Invalidate,
 // a Local Invalidate or Dereg invalidates it).
-func (m *MR) Valid() bool { return m.reg().Valid() }
+// On a device of a service it reports whether Dereg has run (an
+// invalidation by the peer is not seen).
+func (m *MR) Valid() bool {
+	if m.rh != 0 {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return !m.freed
+	}
+	return m.reg().Valid()
+}
 
 // SGE returns the scatter-gather element for bytes [off, off+n) of the MR.
 // It panics if the range is outside the MR, like slicing does.
@@ -130,13 +162,13 @@ func (m *MR) SGE(off, n int) SGE {
 	if off < 0 || n < 0 || off+n > len(r.Buf) {
 		panic(fmt.Sprintf("verbs: SGE [%d:%d] outside MR of %d bytes", off, off+n, len(r.Buf)))
 	}
-	return SGE{Addr: r.Base + uint64(off), Length: uint32(n), LKey: r.STag()}
+	return SGE{Addr: r.Base + uint64(off), Length: uint32(n), LKey: m.stag()}
 }
 
 // Remote returns the descriptor a peer needs to access the whole MR.
 func (m *MR) Remote() RemoteBuf {
 	r := m.reg()
-	return RemoteBuf{Addr: r.Base, Len: uint64(len(r.Buf)), RKey: r.STag()}
+	return RemoteBuf{Addr: r.Base, Len: uint64(len(r.Buf)), RKey: m.stag()}
 }
 
 // Dereg invalidates the MR and frees its STag. It is idempotent. It fails
@@ -149,7 +181,12 @@ func (m *MR) Dereg() error {
 		return nil
 	}
 	var ok bool
-	if m.fr != nil {
+	if m.rh != 0 {
+		if err := m.remoteDereg(); err != nil {
+			return err
+		}
+		ok = true
+	} else if m.fr != nil {
 		ok = m.fr.Release()
 	} else {
 		ok = m.pd.dev.mem.DeregisterUnbound(m.r)
@@ -216,6 +253,28 @@ func (pd *PD) Close() error {
 	if pd.mrs > 0 || pd.qps > 0 {
 		return fmt.Errorf("%w: PD still has %d MRs and %d QPs", ErrBusy, pd.mrs, pd.qps)
 	}
+	if pd.rh != 0 && !pd.closed {
+		if err := pd.remoteClose(); err != nil {
+			return err
+		}
+	}
 	pd.closed = true
 	return nil
+}
+
+func (pd *PD) remoteRegMRCounted(buf []byte, acc Access) (*MR, error) {
+	pd.mu.Lock()
+	closed := pd.closed
+	pd.mu.Unlock()
+	if closed {
+		return nil, net.ErrClosed
+	}
+	m, err := pd.remoteRegMR(buf, acc)
+	if err != nil {
+		return nil, err
+	}
+	pd.mu.Lock()
+	pd.mrs++
+	pd.mu.Unlock()
+	return m, nil
 }

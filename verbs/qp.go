@@ -100,6 +100,7 @@ type QP struct {
 	iw  *iwarp.QP
 	cfg QPConfig
 	rq  *iwarp.RecvQueue
+	r   *remoteQP // a service's QP (remote.go); nil when embedded
 }
 
 // CreateQP makes an RC QP. It is connected through Dial or
@@ -124,6 +125,9 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 		cfg.MaxInline = 64
 	}
 	d := pd.dev
+	if d.rc != nil {
+		return pd.remoteCreateQP(cfg)
+	}
 	qp := &QP{pd: pd, cfg: cfg}
 	if cfg.SRQ != nil {
 		if cfg.SRQ.pd != pd {
@@ -172,32 +176,66 @@ func qpEvent(e iwarp.Event) AsyncEvent {
 }
 
 // Num returns the QP number.
-func (qp *QP) Num() uint32 { return qp.iw.Num() }
+func (qp *QP) Num() uint32 {
+	if qp.r != nil {
+		return qp.r.num
+	}
+	return qp.iw.Num()
+}
 
 // PD returns the QP's protection domain.
 func (qp *QP) PD() *PD { return qp.pd }
 
 // State returns the QP state.
-func (qp *QP) State() QPState { return qp.iw.State() }
+// On a device of a service it asks the service.
+func (qp *QP) State() QPState {
+	if qp.r != nil {
+		return qp.r.state()
+	}
+	return qp.iw.State()
+}
 
 // Err returns why the QP went to ERROR (nil after a clean disconnect).
-func (qp *QP) Err() error { return qp.iw.Err() }
+func (qp *QP) Err() error {
+	if qp.r != nil {
+		qp.r.errMu.Lock()
+		defer qp.r.errMu.Unlock()
+		return qp.r.err
+	}
+	return qp.iw.Err()
+}
 
 // Done is closed once the QP is in ERROR and every WR has completed.
-func (qp *QP) Done() <-chan struct{} { return qp.iw.Done() }
+func (qp *QP) Done() <-chan struct{} {
+	if qp.r != nil {
+		return qp.r.done
+	}
+	return qp.iw.Done()
+}
 
 // Progress runs the QP's receive path in the calling goroutine and never
 // blocks: what the connection holds is placed and completed now. A
 // busy-polling application (one that spins on memory, as perftest's
 // write_lat does, or on CQ.Poll) calls it in its loop to skip the hand-off
 // to the QP's receive goroutine, which otherwise does the same work.
-func (qp *QP) Progress() { qp.iw.Progress() }
+// On a device of a service it does nothing: the service progresses the QP.
+func (qp *QP) Progress() {
+	if qp.r != nil {
+		return
+	}
+	qp.iw.Progress()
+}
 
 // WaitProgress blocks until the connection has data (or ctx ends) and runs
 // the receive path in the calling goroutine. It is how a ManualProgress
 // application waits for a peer's RDMA Write to land. Closing the QP ends
 // it; a Progress call meanwhile returns at once.
-func (qp *QP) WaitProgress(ctx context.Context) error { return qp.iw.WaitProgress(ctx) }
+func (qp *QP) WaitProgress(ctx context.Context) error {
+	if qp.r != nil {
+		return ErrUnsupported
+	}
+	return qp.iw.WaitProgress(ctx)
+}
 
 // OpenTXGate lets an accepted (responder) QP transmit before the
 // initiator's first message has arrived, as Linux siw allows (see
@@ -205,7 +243,12 @@ func (qp *QP) WaitProgress(ctx context.Context) error { return qp.iw.WaitProgres
 // connecting, e.g. it has spoken on another connection since: an
 // initiator that is still reading the MPA Reply (siw) resets a connection
 // whose Reply is followed by early bytes. It does nothing on an initiator.
-func (qp *QP) OpenTXGate() { qp.iw.OpenTXGate() }
+func (qp *QP) OpenTXGate() {
+	if qp.r != nil {
+		return
+	}
+	qp.iw.OpenTXGate()
+}
 
 // Config returns the QP's attributes.
 func (qp *QP) Config() QPConfig { return qp.cfg }
@@ -213,7 +256,13 @@ func (qp *QP) Config() QPConfig { return qp.cfg }
 // PostSend posts send work requests in order. It copies what it needs,
 // allocates nothing, and returns a *PostError naming the first WR not
 // posted (ibv_post_send's bad_wr).
+//
+// On a device of a service the WRs go into the QP's send ring; an error
+// the service finds later comes back as an error completion.
 func (qp *QP) PostSend(wrs ...SendWR) error {
+	if qp.r != nil {
+		return qp.remotePostSend(wrs)
+	}
 	if i, err := qp.iw.PostSend(wrs...); err != nil {
 		return &PostError{Index: i, Err: err}
 	}
@@ -222,6 +271,9 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 
 // PostRecv posts receive work requests to the QP's own receive queue.
 func (qp *QP) PostRecv(wrs ...RecvWR) error {
+	if qp.r != nil {
+		return qp.remotePostRecv(wrs)
+	}
 	for i := range wrs {
 		if err := qp.iw.PostRecv(wrs[i].ID, wrs[i].SGL); err != nil {
 			return &PostError{Index: i, Err: err}
@@ -233,11 +285,19 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 // Disconnect closes the connection gracefully (rdma_disconnect): queued
 // sends go out, then TCP FIN; it returns once the QP is in ERROR with every
 // WR completed, or ctx ends (then it aborts).
-func (qp *QP) Disconnect(ctx context.Context) error { return qp.iw.Disconnect(ctx) }
+func (qp *QP) Disconnect(ctx context.Context) error {
+	if qp.r != nil {
+		return qp.remoteDisconnect(ctx)
+	}
+	return qp.iw.Disconnect(ctx)
+}
 
 // Close destroys the QP: the connection is reset and outstanding WRs
 // complete with StatusWRFlush.
 func (qp *QP) Close() error {
+	if qp.r != nil {
+		return qp.remoteClose()
+	}
 	err := qp.iw.Close()
 	d := qp.pd.dev
 	d.mu.Lock()
@@ -256,10 +316,14 @@ func (qp *QP) Close() error {
 type SRQ struct {
 	pd *PD
 	rq *iwarp.RecvQueue
+	r  *remoteSRQ // a service's SRQ (remote.go); nil when embedded
 }
 
 // CreateSRQ makes a shared receive queue.
 func (pd *PD) CreateSRQ(maxWR, maxSGE int) (*SRQ, error) {
+	if pd.dev.rc != nil {
+		return pd.remoteCreateSRQ(maxWR, maxSGE)
+	}
 	rq, err := iwarp.NewRecvQueue(maxWR, maxSGE)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
@@ -269,6 +333,9 @@ func (pd *PD) CreateSRQ(maxWR, maxSGE int) (*SRQ, error) {
 
 // PostRecv posts receives to the SRQ.
 func (s *SRQ) PostRecv(wrs ...RecvWR) error {
+	if s.r != nil {
+		return postRing(s.r.cl, s.r.ring, &s.r.mu, &s.r.prod, s.r.maxSGE, wrs)
+	}
 	for i := range wrs {
 		if err := s.rq.Post(wrs[i].ID, wrs[i].SGL); err != nil {
 			return &PostError{Index: i, Err: err}
@@ -278,11 +345,21 @@ func (s *SRQ) PostRecv(wrs ...RecvWR) error {
 }
 
 // Len returns the number of posted receives.
-func (s *SRQ) Len() int { return s.rq.Len() }
+// On a device of a service: those the service has not yet taken from the
+// ring are not counted.
+func (s *SRQ) Len() int {
+	if s.r != nil {
+		return 0
+	}
+	return s.rq.Len()
+}
 
 // SetLimit arms the SRQ limit: when fewer than limit receives remain, the
 // device reports EventSRQLimitReached once (ibv_modify_srq srq_limit).
 func (s *SRQ) SetLimit(limit int) error {
+	if s.r != nil {
+		return s.remoteSetLimit(limit)
+	}
 	if limit < 0 || limit > s.rq.Cap() {
 		return fmt.Errorf("%w: SRQ limit %d", ErrInvalidArgument, limit)
 	}

@@ -2,8 +2,10 @@ package zerocopy
 
 import (
 	"errors"
+	"sort"
 	"strconv"
 	"sync"
+	"unsafe"
 )
 
 // MaxAlloc is the largest size Alloc, AllocShared and MapShared accept.
@@ -94,6 +96,9 @@ func (b *Buffer) Close() error {
 		return nil
 	}
 	size := len(b.data)
+	if b.fd >= 0 {
+		backings.remove(b)
+	}
 	mem, fd := b.mem, b.fd
 	b.data, b.mem, b.fd = nil, nil, -1
 	err := unmap(mem)
@@ -114,4 +119,63 @@ func checkSize(op string, n int) error {
 		return &MemError{Op: op, Size: n, Err: ErrInvalidSize}
 	}
 	return nil
+}
+
+// Backing finds the memory file behind p, which must lie inside the Bytes
+// of one open Buffer made by AllocShared or MapShared: it returns that
+// Buffer's descriptor and the offset of p[0] in the file. A process hands
+// the pair to another (SCM_RIGHTS) to share exactly the pages p names, as
+// verbs does when it registers memory with the endpoint service.
+func Backing(p []byte) (fd int, off int64, ok bool) {
+	if len(p) == 0 {
+		return -1, 0, false
+	}
+	return backings.find(uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+}
+
+// backings are the open Buffers that have a memory file, by address.
+var backings backingSet
+
+type backingSet struct {
+	mu   sync.Mutex
+	bufs []*Buffer // sorted by address of data[0]
+}
+
+func bufAddr(b *Buffer) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b.data))) }
+
+func (s *backingSet) add(b *Buffer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := bufAddr(b)
+	i := sort.Search(len(s.bufs), func(i int) bool { return bufAddr(s.bufs[i]) >= a })
+	s.bufs = append(s.bufs, nil)
+	copy(s.bufs[i+1:], s.bufs[i:])
+	s.bufs[i] = b
+}
+
+// remove runs with b.mu held, before b.data is cleared.
+func (s *backingSet) remove(b *Buffer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, x := range s.bufs {
+		if x == b {
+			s.bufs = append(s.bufs[:i], s.bufs[i+1:]...)
+			return
+		}
+	}
+}
+
+func (s *backingSet) find(a, n uintptr) (int, int64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := sort.Search(len(s.bufs), func(i int) bool { return bufAddr(s.bufs[i]) > a }) - 1
+	if i < 0 {
+		return -1, 0, false
+	}
+	b := s.bufs[i]
+	start := bufAddr(b)
+	if a+n > start+uintptr(len(b.data)) {
+		return -1, 0, false
+	}
+	return b.fd, int64(a - start), true
 }

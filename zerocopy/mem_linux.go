@@ -32,6 +32,11 @@ func Alloc(n int) (*Buffer, error) {
 // MAP_SHARED). Another process given the descriptor (Fd) can map the same
 // pages with MapShared. name is only a debugging label (it shows in
 // /proc/PID/fd); an empty name is replaced by "rdmatap".
+//
+// The memfd is sealed against shrinking and growing (F_SEAL_SHRINK,
+// F_SEAL_GROW): a process that maps it can rely on its size, as the
+// endpoint service does before it places data into a client's pages (a
+// file truncated under a mapping would fault the mapper with SIGBUS).
 func AllocShared(name string, n int) (*Buffer, error) {
 	if err := checkSize("allocshared", n); err != nil {
 		return nil, err
@@ -42,11 +47,15 @@ func AllocShared(name string, n int) (*Buffer, error) {
 	if len(name) > memfdNameMax || strings.IndexByte(name, 0) >= 0 {
 		return nil, &MemError{Op: "allocshared", Size: n, Err: ErrInvalidName}
 	}
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, &MemError{Op: "allocshared", Size: n, Err: err}
 	}
 	if err := unix.Ftruncate(fd, int64(n)); err != nil {
+		unix.Close(fd)
+		return nil, &MemError{Op: "allocshared", Size: n, Err: err}
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
 		unix.Close(fd)
 		return nil, &MemError{Op: "allocshared", Size: n, Err: err}
 	}
@@ -55,7 +64,9 @@ func AllocShared(name string, n int) (*Buffer, error) {
 		unix.Close(fd)
 		return nil, &MemError{Op: "allocshared", Size: n, Err: err}
 	}
-	return &Buffer{data: mem[:n:n], mem: mem, fd: fd}, nil
+	b := &Buffer{data: mem[:n:n], mem: mem, fd: fd}
+	backings.add(b)
+	return b, nil
 }
 
 // MapShared maps the first n bytes of the file behind fd (typically a memfd
@@ -92,7 +103,9 @@ func MapShared(fd int, n int) (*Buffer, error) {
 		unix.Close(own)
 		return nil, &MemError{Op: "mapshared", Size: n, Err: err}
 	}
-	return &Buffer{data: mem[:n:n], mem: mem, fd: own}, nil
+	b := &Buffer{data: mem[:n:n], mem: mem, fd: own}
+	backings.add(b)
+	return b, nil
 }
 
 // PageSize returns the system page size; Buffer memory starts on a multiple

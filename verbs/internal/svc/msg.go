@@ -1,0 +1,288 @@
+// Package svc holds the endpoint service's wire formats: the messages of
+// the slow path (one per SOCK_SEQPACKET datagram on the service's unix
+// socket) and the layout of the shared-memory rings of the fast path. The
+// verbs package speaks both, as a client (verbs.Connect) and as the
+// service (verbs.Serve).
+//
+// A message is a fixed header, up to MaxArgs 64-bit arguments and a
+// payload of bytes (addresses, private data, error text), all little
+// endian (the two ends share a machine):
+//
+//	 0      2      3      4          8          12         16
+//	+------+------+------+----------+----------+----------+--------...
+//	| Type |NArgs | rsvd |   Seq    |  Status  |PayloadLen| args, payload
+//	+------+------+------+----------+----------+----------+--------...
+//
+// Seq pairs a reply with its request (the client numbers its requests;
+// unsolicited service messages carry 0); Status is 0 in requests and
+// successful replies and an error code otherwise (the payload then holds
+// the error's text). Descriptors (memfds, eventfds) travel beside a
+// message as SCM_RIGHTS.
+//
+// The first message each way is Hello: it carries Magic and Version, and
+// an end that finds a different version refuses with ErrVersion's text
+// naming both, so mismatched builds fail at once and clearly.
+package svc
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Protocol identification (Hello's first two arguments).
+const (
+	Magic   = 0x7264_6d61_7461_7000 // "rdmatap\0"
+	Version = 1
+)
+
+// Sizes and limits.
+const (
+	HeaderSize = 16
+	MaxArgs    = 24
+	// MaxMessage bounds a datagram; private data (≤ 512 B), addresses
+	// and error text fit with room to spare.
+	MaxMessage = 4096
+	MaxFDs     = 4
+)
+
+// Header field offsets.
+const (
+	offType       = 0
+	offNArgs      = 2
+	offSeq        = 4
+	offStatus     = 8
+	offPayloadLen = 12
+)
+
+// Type is a message type.
+type Type uint16
+
+// Message types. Requests come from the client; the service answers each
+// with a reply of the same type and Seq. Event and QPDone are unsolicited.
+const (
+	THello Type = iota + 1
+	TAllocPD
+	TDeallocPD
+	TCreateCQ
+	TDestroyCQ
+	TRegMR
+	TDeregMR
+	TCreateSRQ
+	TDestroySRQ
+	TSRQLimit
+	TCreateQP
+	TDestroyQP
+	TQueryQP
+	TDisconnect
+	TDial
+	TListen
+	TCloseListener
+	TGetRequest
+	TAccept
+	TReject
+	TCancel
+	TEvent  // service → client: an async event of one of the client's QPs or SRQs
+	TQPDone // service → client: a QP is in ERROR with every WR completed
+	tLast
+)
+
+var typeNames = [...]string{"", "HELLO", "ALLOC_PD", "DEALLOC_PD", "CREATE_CQ", "DESTROY_CQ", "REG_MR", "DEREG_MR",
+	"CREATE_SRQ", "DESTROY_SRQ", "SRQ_LIMIT", "CREATE_QP", "DESTROY_QP", "QUERY_QP", "DISCONNECT", "DIAL", "LISTEN",
+	"CLOSE_LISTENER", "GET_REQUEST", "ACCEPT", "REJECT", "CANCEL", "EVENT", "QP_DONE"}
+
+func (t Type) String() string {
+	if t > 0 && t < tLast {
+		return typeNames[t]
+	}
+	return fmt.Sprintf("Type(%d)", uint16(t))
+}
+
+// Valid reports whether t is a known type.
+func (t Type) Valid() bool { return t > 0 && t < tLast }
+
+// Status codes of replies; each maps to one verbs error.
+const (
+	StatusOK uint32 = iota
+	StatusInvalidArgument
+	StatusInvalidState
+	StatusBusy
+	StatusClosed
+	StatusQueueFull
+	StatusRejected // payload: the peer's private data
+	StatusLimit    // a per-client limit
+	StatusPermission
+	StatusCanceled
+	StatusVersion
+	StatusGeneral
+	StatusTooManySGE
+	StatusMarkers
+	StatusNoMatchingRTR
+	StatusTimeout
+)
+
+// Errors of decoding.
+var (
+	ErrShort    = errors.New("svc: message shorter than its header")
+	ErrLength   = errors.New("svc: message length does not match its header")
+	ErrTooLarge = errors.New("svc: message too large")
+	ErrType     = errors.New("svc: unknown message type")
+	ErrArgs     = errors.New("svc: too many arguments")
+	ErrVersion  = errors.New("svc: protocol version mismatch")
+)
+
+// Msg is a view of one message.
+type Msg []byte
+
+// Type returns the message type.
+func (m Msg) Type() Type { return Type(binary.LittleEndian.Uint16(m[offType:])) }
+
+// NArgs returns the number of 64-bit arguments.
+func (m Msg) NArgs() int { return int(m[offNArgs]) }
+
+// Seq returns the request number a reply answers.
+func (m Msg) Seq() uint32 { return binary.LittleEndian.Uint32(m[offSeq:]) }
+
+// Status returns the reply status (StatusOK or an error code).
+func (m Msg) Status() uint32 { return binary.LittleEndian.Uint32(m[offStatus:]) }
+
+// PayloadLen returns the payload's length.
+func (m Msg) PayloadLen() int { return int(binary.LittleEndian.Uint32(m[offPayloadLen:])) }
+
+// Arg returns argument i, or 0 past the last one (so a short message
+// reads as zeros, never out of bounds).
+func (m Msg) Arg(i int) uint64 {
+	if i < 0 || i >= m.NArgs() {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(m[HeaderSize+8*i:])
+}
+
+// Payload returns the payload bytes.
+func (m Msg) Payload() []byte {
+	off := HeaderSize + 8*m.NArgs()
+	return m[off : off+m.PayloadLen()]
+}
+
+// Check validates the header against the message's length. Accessors may
+// be used only on a message Check accepted.
+func (m Msg) Check() error {
+	if len(m) < HeaderSize {
+		return ErrShort
+	}
+	if len(m) > MaxMessage {
+		return ErrTooLarge
+	}
+	if !m.Type().Valid() {
+		return fmt.Errorf("%w %d", ErrType, uint16(m.Type()))
+	}
+	if m.NArgs() > MaxArgs {
+		return ErrArgs
+	}
+	if HeaderSize+8*m.NArgs()+m.PayloadLen() != len(m) {
+		return ErrLength
+	}
+	return nil
+}
+
+// Builder encodes a message into a reusable buffer.
+type Builder struct {
+	b     []byte
+	nargs int
+	args  [MaxArgs]uint64
+	pay   []byte
+}
+
+// Reset starts a message.
+func (w *Builder) Reset(t Type, seq uint32, status uint32) *Builder {
+	w.b = w.b[:0]
+	w.nargs = 0
+	w.pay = w.pay[:0]
+	w.b = binary.LittleEndian.AppendUint16(w.b, uint16(t))
+	w.b = append(w.b, 0, 0)
+	w.b = binary.LittleEndian.AppendUint32(w.b, seq)
+	w.b = binary.LittleEndian.AppendUint32(w.b, status)
+	w.b = binary.LittleEndian.AppendUint32(w.b, 0)
+	return w
+}
+
+// Args appends arguments (at most MaxArgs in all; more panic, a
+// programming error).
+func (w *Builder) Args(a ...uint64) *Builder {
+	for _, x := range a {
+		w.args[w.nargs] = x
+		w.nargs++
+	}
+	return w
+}
+
+// Bytes appends a length-prefixed field to the payload (see Fields).
+func (w *Builder) Bytes(p []byte) *Builder {
+	w.pay = binary.LittleEndian.AppendUint16(w.pay, uint16(len(p)))
+	w.pay = append(w.pay, p...)
+	return w
+}
+
+// String appends a length-prefixed string to the payload.
+func (w *Builder) String(s string) *Builder {
+	w.pay = binary.LittleEndian.AppendUint16(w.pay, uint16(len(s)))
+	w.pay = append(w.pay, s...)
+	return w
+}
+
+// Msg finishes the message; it is valid until the next Reset.
+func (w *Builder) Msg() Msg {
+	w.b[offNArgs] = byte(w.nargs)
+	for i := 0; i < w.nargs; i++ {
+		w.b = binary.LittleEndian.AppendUint64(w.b, w.args[i])
+	}
+	binary.LittleEndian.PutUint32(w.b[offPayloadLen:], uint32(len(w.pay)))
+	w.b = append(w.b, w.pay...)
+	return Msg(w.b)
+}
+
+// Fields splits a payload of length-prefixed fields (Builder.Bytes) into
+// dst, up to len(dst) of them; it returns how many it found and an error
+// if a field's length runs past the payload.
+func Fields(p []byte, dst [][]byte) (int, error) {
+	n := 0
+	for len(p) > 0 && n < len(dst) {
+		if len(p) < 2 {
+			return n, ErrLength
+		}
+		l := int(binary.LittleEndian.Uint16(p))
+		p = p[2:]
+		if l > len(p) {
+			return n, ErrLength
+		}
+		dst[n] = p[:l:l]
+		p = p[l:]
+		n++
+	}
+	return n, nil
+}
+
+// Tri encodes an optional bool (a *bool of ConnParams): 0 unset, 1 false,
+// 2 true.
+func Tri(b *bool) uint64 {
+	switch {
+	case b == nil:
+		return 0
+	case *b:
+		return 2
+	}
+	return 1
+}
+
+// Untri decodes Tri; values other than 1 and 2 are unset.
+func Untri(v uint64) *bool {
+	switch v {
+	case 1:
+		f := false
+		return &f
+	case 2:
+		t := true
+		return &t
+	}
+	return nil
+}

@@ -1,0 +1,1074 @@
+package verbs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"rdmatap/iwarp"
+	"rdmatap/verbs/internal/svc"
+	"rdmatap/zerocopy"
+
+	"golang.org/x/sys/unix"
+)
+
+// The endpoint as a service: the client side.
+//
+// Connect returns a *Device like Open does, and every object made from it
+// (PD, MR, CQ, QP, SRQ, Listener, ConnRequest, Conn) is the same struct
+// type an embedded device makes, so code written against the verbs API
+// runs unchanged on either. Each of those structs has one field that is
+// non-nil only for a device of a service (Device.rc, PD.rh, CQ.rc, QP.r,
+// SRQ.r, MR.rh, Listener.rh, ConnRequest.rh): the methods consult it first
+// and take the service path. Nothing else changes for embedded use.
+//
+// What crosses to the service, and how (Serve is the other side):
+//
+//   - Slow path: one SOCK_SEQPACKET message per call (svc.Msg), answered
+//     by a reply with the same sequence number; a call whose context ends
+//     sends a Cancel and returns the context's error. Alloc and destroy,
+//     register and deregister, dial, listen, get request, accept, reject,
+//     disconnect and QP state queries go this way.
+//   - Memory: an MR's buffer must lie in a zerocopy.AllocShared (memfd)
+//     buffer; RegMR passes the memfd (SCM_RIGHTS) with the offset, and the
+//     service maps the same pages and registers them at this process's
+//     addresses, so SGEs, RemoteBuf and the peer's Tagged Offsets are this
+//     process's virtual addresses and placement lands in this process's
+//     pages. Nothing is copied between processes.
+//   - Fast path: the service makes each QP's SQ and RQ, each SRQ's queue
+//     and each CQ's queue as rings in sealed memfds that both map
+//     (svc.Ring). PostSend and PostRecv write ring entries and publish the
+//     producer index; Poll reads completions and publishes the consumer
+//     index. No system call happens per work request or completion,
+//     except the eventfd doorbell write when the service's poller has
+//     gone to sleep, and a CQ.Wait that finds nothing sleeps on the CQ's
+//     eventfd.
+//
+// Differences from an embedded device, all documented where they show:
+// PostSend and PostRecv check what they can (opcode, SGE counts, queue
+// room) at once, but an error the protocol engine finds later (an SGE
+// outside the client's registrations, a QP already in ERROR) arrives as
+// an error completion instead of a *PostError; the service's queue and
+// the ring each hold up to MaxSendWR (MaxRecvWR) WRs; fast-register MRs
+// and memory windows are not available; Stats are zero; QP.Progress does
+// nothing (the service progresses the QP).
+
+// ErrUnsupported reports an operation a device cannot do (a device of a
+// service: fast-register MRs, memory windows, manual progress).
+var ErrUnsupported = fmt.Errorf("verbs: %w", errors.ErrUnsupported)
+
+// ErrLimit reports a per-client limit of the service.
+var ErrLimit = errors.New("verbs: per-client limit reached")
+
+// ErrNotShared reports an MR buffer a service cannot map: it must lie in a
+// zerocopy.AllocShared buffer.
+var ErrNotShared = errors.New("verbs: memory for a device of a service must come from zerocopy.AllocShared")
+
+// client is a device's connection to a service.
+type client struct {
+	dev  *Device
+	conn *net.UnixConn
+
+	ctl      []byte
+	sleeping *atomic.Uint32 // the service's poller sleeps
+	bell     *svc.Eventfd   // its doorbell
+
+	mu      sync.Mutex
+	seq     uint32
+	pending map[uint32]chan reply
+	closed  bool
+	err     error
+	qps     map[uint32]*QP
+	srqs    map[uint64]*SRQ
+	cqs     map[*CQ]struct{}
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+type reply struct {
+	m   svc.Msg
+	fds []int
+}
+
+// Connect opens the device a running service (rdmatap up --socket PATH)
+// offers on its unix socket. The device is used as one from Open is, and
+// Close ends the session: the service then releases everything this
+// process made.
+func Connect(ctx context.Context, path string) (*Device, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unixpacket", path)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: connect to service %s: %w", path, err)
+	}
+	conn := c.(*net.UnixConn)
+	cl := &client{conn: conn, pending: map[uint32]chan reply{}, qps: map[uint32]*QP{}, srqs: map[uint64]*SRQ{},
+		cqs: map[*CQ]struct{}{}, done: make(chan struct{})}
+	var b svc.Builder
+	if err := svc.Write(conn, b.Reset(svc.THello, 0, 0).Args(svc.Magic, svc.Version).Msg()); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("verbs: connect to service %s: %w", path, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetReadDeadline(dl)
+	}
+	buf, oob := make([]byte, svc.MaxMessage), make([]byte, svc.OOBSpace)
+	m, fds, err := svc.Read(conn, buf, oob, nil)
+	conn.SetReadDeadline(time.Time{})
+	if err == nil {
+		err = m.Check()
+	}
+	if err == nil && m.Type() != svc.THello {
+		err = fmt.Errorf("verbs: service answered HELLO with %v", m.Type())
+	}
+	if err == nil && m.Status() != svc.StatusOK {
+		err = statusError(m.Status(), m.Payload())
+	}
+	if err == nil && len(fds) != 2 {
+		err = fmt.Errorf("verbs: service's HELLO carried %d descriptors, want 2", len(fds))
+	}
+	if err != nil {
+		closeFDs(fds)
+		conn.Close()
+		return nil, fmt.Errorf("verbs: connect to service %s: %w", path, err)
+	}
+	ctl, err := svc.MapRing(fds[0])
+	closeFDs(fds[:1])
+	if err != nil || len(ctl) < svc.CtlSize {
+		closeFDs(fds[1:])
+		conn.Close()
+		return nil, fmt.Errorf("verbs: connect to service %s: control page: %v", path, err)
+	}
+	bell, err := svc.OpenEventfd(fds[1])
+	if err != nil {
+		svc.Unmap(ctl)
+		conn.Close()
+		return nil, err
+	}
+	cl.ctl, cl.sleeping, cl.bell = ctl, svc.U32(ctl, svc.CtlSleeping), bell
+	var f [1][]byte
+	svc.Fields(m.Payload(), f[:])
+	cfg := DeviceConfig{Name: string(f[0]), NoExtensions: m.Arg(1)&1 != 0, EventQueue: 256}
+	dev := &Device{cfg: cfg, rc: cl, events: make(chan AsyncEvent, cfg.EventQueue), qps: map[uint32]*QP{},
+		listeners: map[*Listener]struct{}{}}
+	cl.dev = dev
+	cl.wg.Add(1)
+	go cl.readLoop()
+	return dev, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		closeFd(fd)
+	}
+}
+
+// readLoop dispatches the service's replies and events (one goroutine per
+// device of a service).
+func (cl *client) readLoop() {
+	defer cl.wg.Done()
+	oob := make([]byte, svc.OOBSpace)
+	var fdbuf [svc.MaxFDs]int
+	for {
+		buf := make([]byte, svc.MaxMessage)
+		m, fds, err := svc.Read(cl.conn, buf, oob, fdbuf[:0])
+		if err == nil {
+			err = m.Check()
+			if err != nil {
+				closeFDs(fds)
+			}
+		}
+		if err != nil {
+			cl.fail(fmt.Errorf("verbs: service connection: %w", err))
+			return
+		}
+		switch m.Type() {
+		case svc.TEvent:
+			cl.event(m)
+			closeFDs(fds)
+			continue
+		case svc.TQPDone:
+			cl.qpDone(m)
+			closeFDs(fds)
+			continue
+		}
+		cl.mu.Lock()
+		ch := cl.pending[m.Seq()]
+		delete(cl.pending, m.Seq())
+		cl.mu.Unlock()
+		if ch == nil {
+			closeFDs(fds) // a canceled call's late reply
+			continue
+		}
+		ch <- reply{m: m, fds: append([]int(nil), fds...)}
+	}
+}
+
+// fail ends the session: every call in progress and every later one
+// returns err, waiters on CQs and QPs wake.
+func (cl *client) fail(err error) {
+	cl.mu.Lock()
+	if cl.closed {
+		cl.mu.Unlock()
+		return
+	}
+	cl.closed, cl.err = true, err
+	pend := cl.pending
+	cl.pending = map[uint32]chan reply{}
+	qps := make([]*QP, 0, len(cl.qps))
+	for _, q := range cl.qps {
+		qps = append(qps, q)
+	}
+	cl.mu.Unlock()
+	close(cl.done)
+	for _, ch := range pend {
+		close(ch)
+	}
+	for _, q := range qps {
+		q.r.finish(err)
+	}
+}
+
+// call sends a request and waits for its reply. fds are sent with it (the
+// caller keeps its own copies).
+func (cl *client) call(ctx context.Context, b *svc.Builder, seqSet func(*svc.Builder, uint32), fds ...int) (reply, error) {
+	ch := make(chan reply, 1)
+	cl.mu.Lock()
+	if cl.closed {
+		err := cl.err
+		cl.mu.Unlock()
+		return reply{}, err
+	}
+	cl.seq++
+	if cl.seq == 0 {
+		cl.seq = 1
+	}
+	seq := cl.seq
+	cl.pending[seq] = ch
+	cl.mu.Unlock()
+	seqSet(b, seq)
+	if err := svc.Write(cl.conn, b.Msg(), fds...); err != nil {
+		cl.mu.Lock()
+		delete(cl.pending, seq)
+		cl.mu.Unlock()
+		return reply{}, fmt.Errorf("verbs: service: %w", err)
+	}
+	select {
+	case r, ok := <-ch:
+		if !ok {
+			return reply{}, cl.sessionErr()
+		}
+		if st := r.m.Status(); st != svc.StatusOK {
+			closeFDs(r.fds)
+			return reply{}, statusError(st, r.m.Payload())
+		}
+		return r, nil
+	case <-ctx.Done():
+		cl.mu.Lock()
+		delete(cl.pending, seq)
+		cl.mu.Unlock()
+		var cb svc.Builder
+		svc.Write(cl.conn, cb.Reset(svc.TCancel, 0, 0).Args(uint64(seq)).Msg())
+		return reply{}, ctx.Err()
+	}
+}
+
+func (cl *client) sessionErr() error {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.err != nil {
+		return cl.err
+	}
+	return net.ErrClosed
+}
+
+// do is call with a message built by build and no descriptors.
+func (cl *client) do(ctx context.Context, t svc.Type, build func(*svc.Builder), fds ...int) (reply, error) {
+	var b svc.Builder
+	return cl.call(ctx, &b, func(b *svc.Builder, seq uint32) {
+		b.Reset(t, seq, 0)
+		if build != nil {
+			build(b)
+		}
+	}, fds...)
+}
+
+// statusError turns a reply's status and text into the verbs error.
+func statusError(st uint32, payload []byte) error {
+	var f [1][]byte
+	svc.Fields(payload, f[:])
+	text := string(f[0])
+	wrap := func(e error) error {
+		if text == "" {
+			return e
+		}
+		return fmt.Errorf("%w: %s", e, text)
+	}
+	switch st {
+	case svc.StatusInvalidArgument:
+		return wrap(ErrInvalidArgument)
+	case svc.StatusInvalidState:
+		return wrap(ErrInvalidState)
+	case svc.StatusBusy:
+		return wrap(ErrBusy)
+	case svc.StatusClosed:
+		return wrap(net.ErrClosed)
+	case svc.StatusQueueFull:
+		return wrap(ErrQueueFull)
+	case svc.StatusRejected:
+		return &RejectedError{PrivateData: append([]byte(nil), f[0]...)}
+	case svc.StatusLimit:
+		return wrap(ErrLimit)
+	case svc.StatusPermission:
+		return wrap(os.ErrPermission)
+	case svc.StatusCanceled:
+		return wrap(context.Canceled)
+	case svc.StatusTimeout:
+		return wrap(context.DeadlineExceeded)
+	case svc.StatusVersion:
+		return wrap(svc.ErrVersion)
+	case svc.StatusTooManySGE:
+		return wrap(ErrTooManySGE)
+	case svc.StatusMarkers:
+		return wrap(ErrMarkers)
+	case svc.StatusNoMatchingRTR:
+		return wrap(ErrNoMatchingRTR)
+	}
+	return errors.New("verbs: service: " + text)
+}
+
+func (cl *client) event(m svc.Msg) {
+	e := AsyncEvent{Type: AsyncEventType(m.Arg(0)), QPNum: uint32(m.Arg(1)),
+		Term: iwarp.TermCode{Layer: iwarp.Layer(m.Arg(3)), EType: uint8(m.Arg(4)), Code: uint8(m.Arg(5))}}
+	if e.Type > EventSRQLimitReached {
+		return
+	}
+	if h := m.Arg(2); h != 0 {
+		cl.mu.Lock()
+		e.SRQ = cl.srqs[h]
+		cl.mu.Unlock()
+	}
+	var f [1][]byte
+	if n, _ := svc.Fields(m.Payload(), f[:]); n == 1 && len(f[0]) > 0 {
+		e.Err = errors.New(string(f[0]))
+	}
+	cl.dev.post(e)
+}
+
+func (cl *client) qpDone(m svc.Msg) {
+	cl.mu.Lock()
+	q := cl.qps[uint32(m.Arg(0))]
+	cl.mu.Unlock()
+	if q == nil {
+		return
+	}
+	var err error
+	var f [1][]byte
+	if n, _ := svc.Fields(m.Payload(), f[:]); n == 1 && len(f[0]) > 0 {
+		err = errors.New(string(f[0]))
+	}
+	q.r.finish(err)
+}
+
+// close ends the session and releases this process's side of it.
+func (cl *client) close() error {
+	cl.conn.Close()
+	cl.wg.Wait()
+	cl.fail(net.ErrClosed)
+	cl.mu.Lock()
+	cqs := make([]*CQ, 0, len(cl.cqs))
+	for cq := range cl.cqs {
+		cqs = append(cqs, cq)
+	}
+	qps := make([]*QP, 0, len(cl.qps))
+	for _, q := range cl.qps {
+		qps = append(qps, q)
+	}
+	srqs := make([]*SRQ, 0, len(cl.srqs))
+	for _, s := range cl.srqs {
+		srqs = append(srqs, s)
+	}
+	cl.mu.Unlock()
+	for _, cq := range cqs {
+		cq.rc.release()
+	}
+	for _, q := range qps {
+		q.r.release()
+	}
+	for _, s := range srqs {
+		s.r.release()
+	}
+	cl.bell.Close()
+	svc.Unmap(cl.ctl)
+	return nil
+}
+
+// ring rings the service's doorbell if its poller sleeps.
+func (cl *client) ring() {
+	if cl.sleeping.Load() != 0 {
+		cl.bell.Signal()
+	}
+}
+
+// --- PD and MR ---
+
+func (cl *client) allocPD() (*PD, error) {
+	r, err := cl.do(context.Background(), svc.TAllocPD, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &PD{dev: cl.dev, id: uint32(r.m.Arg(0)), rh: r.m.Arg(0)}, nil
+}
+
+func (pd *PD) remoteClose() error {
+	_, err := pd.dev.rc.do(context.Background(), svc.TDeallocPD, func(b *svc.Builder) { b.Args(pd.rh) })
+	return err
+}
+
+func (pd *PD) remoteRegMR(buf []byte, acc Access) (*MR, error) {
+	fd, off, ok := zerocopy.Backing(buf)
+	if !ok {
+		return nil, ErrNotShared
+	}
+	va := iwarp.BufferAddr(buf)
+	r, err := pd.dev.rc.do(context.Background(), svc.TRegMR, func(b *svc.Builder) {
+		b.Args(pd.rh, va, uint64(len(buf)), uint64(acc), uint64(off))
+	}, fd)
+	if err != nil {
+		return nil, err
+	}
+	reg := &iwarp.Region{Buf: buf, Access: acc, PD: pd.id, Kind: iwarp.KindMR}
+	if acc&AccessZeroBased == 0 {
+		reg.Base = va
+	}
+	return &MR{pd: pd, r: reg, rh: r.m.Arg(0), rstag: STag(r.m.Arg(1))}, nil
+}
+
+func (m *MR) remoteDereg() error {
+	_, err := m.pd.dev.rc.do(context.Background(), svc.TDeregMR, func(b *svc.Builder) { b.Args(m.rh) })
+	return err
+}
+
+// --- CQ ---
+
+// remoteCQ is the client's side of a CQ ring.
+type remoteCQ struct {
+	cl   *client
+	h    uint64
+	mem  []byte
+	ring *svc.Ring
+	cons uint32 // under CQ.mu
+	ev   *svc.Eventfd
+	seen uint32 // events consumed
+	dead atomic.Bool
+	once sync.Once
+}
+
+func (cl *client) createCQ(cqe int) (*CQ, error) {
+	r, err := cl.do(context.Background(), svc.TCreateCQ, func(b *svc.Builder) { b.Args(uint64(cqe)) })
+	if err != nil {
+		return nil, err
+	}
+	if len(r.fds) != 2 {
+		closeFDs(r.fds)
+		return nil, fmt.Errorf("verbs: service's CREATE_CQ reply carried %d descriptors", len(r.fds))
+	}
+	rc := &remoteCQ{cl: cl, h: r.m.Arg(0)}
+	mem, err := svc.MapRing(r.fds[0])
+	closeFd(r.fds[0])
+	if err == nil {
+		rc.mem = mem
+		rc.ring, err = svc.OpenRing(mem)
+		if err == nil && rc.ring.EntrySize() != svc.CQEntrySize {
+			err = svc.ErrRingEntry
+		}
+	}
+	if err == nil {
+		rc.ev, err = svc.OpenEventfd(r.fds[1])
+	} else {
+		closeFd(r.fds[1])
+	}
+	if err != nil {
+		if rc.mem != nil {
+			svc.Unmap(rc.mem)
+		}
+		cl.do(context.Background(), svc.TDestroyCQ, func(b *svc.Builder) { b.Args(rc.h) })
+		return nil, err
+	}
+	cq := &CQ{dev: cl.dev, rc: rc, notify: make(chan struct{}, 1), closed: make(chan struct{}), events: make(chan struct{}, 1)}
+	cl.mu.Lock()
+	cl.cqs[cq] = struct{}{}
+	cl.mu.Unlock()
+	return cq, nil
+}
+
+// poll moves completions from the ring; cq.mu is held.
+func (rc *remoteCQ) poll(dst []WC) int {
+	if rc.dead.Load() {
+		return 0
+	}
+	n, err := rc.ring.Pending(rc.cons)
+	if err != nil {
+		return 0
+	}
+	k := min(len(dst), int(n))
+	for i := 0; i < k; i++ {
+		svc.GetCompletion(rc.ring.Entry(rc.cons), (*iwarp.Completion)(&dst[i]))
+		rc.cons++
+	}
+	if k > 0 {
+		rc.ring.Cons.Store(rc.cons)
+	}
+	return k
+}
+
+// spinWait is how long CQ.Wait polls before it sleeps on the eventfd.
+const spinWait = 20 * time.Microsecond
+
+func (cq *CQ) remoteWait(ctx context.Context, dst []WC) (int, error) {
+	rc := cq.rc
+	start := time.Now()
+	for {
+		if n := cq.Poll(dst); n > 0 {
+			return n, nil
+		}
+		if rc.dead.Load() {
+			return 0, net.ErrClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		if time.Since(start) < spinWait {
+			runtime.Gosched()
+			continue
+		}
+		rc.ring.Waiting.Add(1)
+		if n := cq.Poll(dst); n > 0 {
+			rc.ring.Waiting.Add(^uint32(0))
+			return n, nil
+		}
+		err := rc.sleep(ctx)
+		rc.ring.Waiting.Add(^uint32(0))
+		if err != nil {
+			return 0, err
+		}
+	}
+}
+
+// sleep waits on the CQ's eventfd until it rings, ctx ends or the CQ closes.
+func (rc *remoteCQ) sleep(ctx context.Context) error {
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { rc.ev.SetDeadline(time.Unix(1, 0)) })
+		defer stop()
+	}
+	rc.ev.SetDeadline(time.Time{})
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	select {
+	case <-rc.cl.done:
+		return rc.cl.sessionErr()
+	default:
+	}
+	if err := rc.ev.Wait(); err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return cerr
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil // another waiter's context ended: look again
+		}
+		return net.ErrClosed
+	}
+	return nil
+}
+
+func (cq *CQ) remoteReqNotify(solicitedOnly bool) error {
+	if cq.rc.dead.Load() {
+		return net.ErrClosed
+	}
+	arm := cq.rc.ring.Arm
+	if solicitedOnly {
+		arm.CompareAndSwap(svc.ArmNone, svc.ArmSolicited)
+	} else {
+		arm.Store(svc.ArmAny)
+	}
+	return nil
+}
+
+func (cq *CQ) remoteWaitEvent(ctx context.Context) error {
+	rc := cq.rc
+	for {
+		cq.mu.Lock()
+		if rc.ring.Events.Load() != rc.seen {
+			rc.seen++
+			cq.mu.Unlock()
+			return nil
+		}
+		cq.mu.Unlock()
+		if rc.dead.Load() {
+			return net.ErrClosed
+		}
+		rc.ring.Waiting.Add(1)
+		if rc.ring.Events.Load() != rc.seen {
+			rc.ring.Waiting.Add(^uint32(0))
+			continue
+		}
+		err := rc.sleep(ctx)
+		rc.ring.Waiting.Add(^uint32(0))
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (cq *CQ) remoteClose() error {
+	rc := cq.rc
+	if rc.dead.Load() {
+		return nil
+	}
+	_, err := rc.cl.do(context.Background(), svc.TDestroyCQ, func(b *svc.Builder) { b.Args(rc.h) })
+	if errors.Is(err, ErrBusy) {
+		return err
+	}
+	rc.cl.mu.Lock()
+	delete(rc.cl.cqs, cq)
+	rc.cl.mu.Unlock()
+	cq.mu.Lock()
+	rc.release()
+	cq.mu.Unlock()
+	return nil
+}
+
+// release unmaps the ring; Poll then finds nothing.
+func (rc *remoteCQ) release() {
+	rc.once.Do(func() {
+		rc.dead.Store(true)
+		rc.ev.Close()
+		// The mapping stays until the CQ is unreachable: a Poll racing
+		// with Close must not fault.
+		mem := rc.mem
+		runtime.AddCleanup(rc, func(m []byte) { svc.Unmap(m) }, mem)
+	})
+}
+
+// --- QP ---
+
+// remoteQP is the client's side of a QP's rings.
+type remoteQP struct {
+	cl     *client
+	num    uint32
+	mem    []byte
+	sq, rq *svc.Ring
+	sqMu   sync.Mutex
+	sqProd uint32
+	rqMu   sync.Mutex
+	rqProd uint32
+
+	maxSendSGE, maxRecvSGE, maxInline int
+
+	done     chan struct{}
+	doneOnce sync.Once
+	errMu    sync.Mutex
+	err      error
+	relOnce  sync.Once
+}
+
+func (pd *PD) remoteCreateQP(cfg QPConfig) (*QP, error) {
+	cl := pd.dev.rc
+	if cfg.SendCQ.rc == nil || cfg.RecvCQ.rc == nil || cfg.SendCQ.dev != pd.dev || cfg.RecvCQ.dev != pd.dev {
+		return nil, fmt.Errorf("%w: CQ of another device", ErrInvalidArgument)
+	}
+	var srq uint64
+	if cfg.SRQ != nil {
+		if cfg.SRQ.pd != pd || cfg.SRQ.r == nil {
+			return nil, fmt.Errorf("%w: SRQ belongs to another PD", ErrInvalidArgument)
+		}
+		srq = cfg.SRQ.r.h
+	}
+	if cfg.ManualProgress {
+		return nil, fmt.Errorf("%w: manual progress on a device of a service", ErrUnsupported)
+	}
+	var flags uint64
+	if cfg.SignalAll {
+		flags |= 1
+	}
+	r, err := cl.do(context.Background(), svc.TCreateQP, func(b *svc.Builder) {
+		b.Args(pd.rh, cfg.SendCQ.rc.h, cfg.RecvCQ.rc.h, srq, uint64(cfg.MaxSendWR), uint64(cfg.MaxRecvWR),
+			uint64(cfg.MaxSendSGE), uint64(cfg.MaxRecvSGE), uint64(cfg.MaxInline), flags)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(r.fds) != 1 {
+		closeFDs(r.fds)
+		return nil, fmt.Errorf("verbs: service's CREATE_QP reply carried %d descriptors", len(r.fds))
+	}
+	num := uint32(r.m.Arg(0))
+	sqBytes := int(r.m.Arg(1))
+	rq := &remoteQP{cl: cl, num: num, maxSendSGE: cfg.MaxSendSGE, maxRecvSGE: cfg.MaxRecvSGE, maxInline: cfg.MaxInline,
+		done: make(chan struct{})}
+	mem, err := svc.MapRing(r.fds[0])
+	closeFd(r.fds[0])
+	if err == nil {
+		rq.mem = mem
+		if sqBytes <= 0 || sqBytes > len(mem) {
+			err = svc.ErrRingEntry
+		}
+	}
+	if err == nil {
+		rq.sq, err = svc.OpenRing(mem[:sqBytes])
+	}
+	if err == nil && cfg.SRQ == nil {
+		rq.rq, err = svc.OpenRing(mem[sqBytes:])
+	}
+	if err != nil {
+		if rq.mem != nil {
+			svc.Unmap(rq.mem)
+		}
+		cl.do(context.Background(), svc.TDestroyQP, func(b *svc.Builder) { b.Args(uint64(num)) })
+		return nil, err
+	}
+	qp := &QP{pd: pd, cfg: cfg, r: rq}
+	cl.mu.Lock()
+	cl.qps[num] = qp
+	cl.mu.Unlock()
+	pd.mu.Lock()
+	pd.qps++
+	pd.mu.Unlock()
+	return qp, nil
+}
+
+func (r *remoteQP) finish(err error) {
+	r.errMu.Lock()
+	if r.err == nil {
+		r.err = err
+	}
+	r.errMu.Unlock()
+	r.doneOnce.Do(func() { close(r.done) })
+}
+
+func (r *remoteQP) release() {
+	r.relOnce.Do(func() {
+		mem := r.mem
+		runtime.AddCleanup(r, func(m []byte) { svc.Unmap(m) }, mem)
+	})
+}
+
+func (r *remoteQP) state() QPState {
+	rep, err := r.cl.do(context.Background(), svc.TQueryQP, func(b *svc.Builder) { b.Args(uint64(r.num)) })
+	if err != nil {
+		return QPError
+	}
+	return QPState(rep.m.Arg(0))
+}
+
+// checkSend checks what the service would refuse at once, so the common
+// mistakes fail in PostSend as they do on an embedded device.
+func (r *remoteQP) checkSend(wr *SendWR) error {
+	if !svc.SendOpAllowed(wr.Op) {
+		if wr.Op == OpRegMR || wr.Op == OpBindMW || wr.Op == OpLocalInv || wr.Op == OpReadInv {
+			return fmt.Errorf("%w: %v on a device of a service", ErrUnsupported, wr.Op)
+		}
+		return fmt.Errorf("%w: opcode %v", iwarp.ErrInvalidWR, wr.Op)
+	}
+	if len(wr.SGL) > r.maxSendSGE {
+		return ErrTooManySGE
+	}
+	if (wr.Op == OpRead) && len(wr.SGL) > 1 {
+		return fmt.Errorf("%w: RDMA Read takes at most one SGE", ErrTooManySGE)
+	}
+	if wr.Flags&Inline != 0 {
+		var n uint64
+		for _, s := range wr.SGL {
+			n += uint64(s.Length)
+		}
+		if n > uint64(r.maxInline) {
+			return fmt.Errorf("%w: %d bytes inline, max %d", iwarp.ErrInvalidWR, n, r.maxInline)
+		}
+	}
+	return nil
+}
+
+func (qp *QP) remotePostSend(wrs []SendWR) error {
+	r := qp.r
+	select {
+	case <-r.done:
+		return &PostError{Index: 0, Err: iwarp.ErrInvalidState}
+	default:
+	}
+	r.sqMu.Lock()
+	free, err := r.sq.Free(r.sqProd)
+	if err != nil {
+		r.sqMu.Unlock()
+		return &PostError{Index: 0, Err: err}
+	}
+	for i := range wrs {
+		if err := r.checkSend(&wrs[i]); err != nil {
+			r.publishSQ()
+			return &PostError{Index: i, Err: err}
+		}
+		if free == 0 {
+			r.publishSQ()
+			return &PostError{Index: i, Err: ErrQueueFull}
+		}
+		svc.PutSend(r.sq.Entry(r.sqProd), &wrs[i])
+		r.sqProd++
+		free--
+	}
+	r.publishSQ()
+	return nil
+}
+
+// publishSQ stores the producer index, unlocks and rings the doorbell.
+func (r *remoteQP) publishSQ() {
+	r.sq.Prod.Store(r.sqProd)
+	r.sqMu.Unlock()
+	r.cl.ring()
+}
+
+func (qp *QP) remotePostRecv(wrs []RecvWR) error {
+	r := qp.r
+	if r.rq == nil {
+		return &PostError{Index: 0, Err: fmt.Errorf("%w: QP uses a shared receive queue", iwarp.ErrInvalidWR)}
+	}
+	select {
+	case <-r.done:
+		return &PostError{Index: 0, Err: iwarp.ErrInvalidState}
+	default:
+	}
+	return postRing(r.cl, r.rq, &r.rqMu, &r.rqProd, r.maxRecvSGE, wrs)
+}
+
+// postRing writes receive WRs into an RQ ring.
+func postRing(cl *client, ring *svc.Ring, mu *sync.Mutex, prod *uint32, maxSGE int, wrs []RecvWR) error {
+	mu.Lock()
+	free, err := ring.Free(*prod)
+	if err != nil {
+		mu.Unlock()
+		return &PostError{Index: 0, Err: err}
+	}
+	var perr error
+	for i := range wrs {
+		if len(wrs[i].SGL) > maxSGE {
+			perr = &PostError{Index: i, Err: ErrTooManySGE}
+			break
+		}
+		if free == 0 {
+			perr = &PostError{Index: i, Err: ErrQueueFull}
+			break
+		}
+		svc.PutRecv(ring.Entry(*prod), wrs[i].ID, wrs[i].SGL)
+		*prod++
+		free--
+	}
+	ring.Prod.Store(*prod)
+	mu.Unlock()
+	cl.ring()
+	return perr
+}
+
+func (qp *QP) remoteClose() error {
+	r := qp.r
+	_, err := r.cl.do(context.Background(), svc.TDestroyQP, func(b *svc.Builder) { b.Args(uint64(r.num)) })
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	r.finish(nil)
+	r.cl.mu.Lock()
+	_, ok := r.cl.qps[r.num]
+	delete(r.cl.qps, r.num)
+	r.cl.mu.Unlock()
+	if ok {
+		qp.pd.mu.Lock()
+		qp.pd.qps--
+		qp.pd.mu.Unlock()
+	}
+	r.release()
+	return nil
+}
+
+func (qp *QP) remoteDisconnect(ctx context.Context) error {
+	_, err := qp.r.cl.do(ctx, svc.TDisconnect, func(b *svc.Builder) { b.Args(uint64(qp.r.num)) })
+	return err
+}
+
+// --- SRQ ---
+
+type remoteSRQ struct {
+	cl      *client
+	h       uint64
+	mem     []byte
+	ring    *svc.Ring
+	mu      sync.Mutex
+	prod    uint32
+	maxSGE  int
+	relOnce sync.Once
+}
+
+func (pd *PD) remoteCreateSRQ(maxWR, maxSGE int) (*SRQ, error) {
+	cl := pd.dev.rc
+	r, err := cl.do(context.Background(), svc.TCreateSRQ, func(b *svc.Builder) { b.Args(pd.rh, uint64(maxWR), uint64(maxSGE)) })
+	if err != nil {
+		return nil, err
+	}
+	if len(r.fds) != 1 {
+		closeFDs(r.fds)
+		return nil, fmt.Errorf("verbs: service's CREATE_SRQ reply carried %d descriptors", len(r.fds))
+	}
+	rs := &remoteSRQ{cl: cl, h: r.m.Arg(0), maxSGE: maxSGE}
+	mem, err := svc.MapRing(r.fds[0])
+	closeFd(r.fds[0])
+	if err == nil {
+		rs.mem = mem
+		rs.ring, err = svc.OpenRing(mem)
+	}
+	if err != nil {
+		if rs.mem != nil {
+			svc.Unmap(rs.mem)
+		}
+		return nil, err
+	}
+	s := &SRQ{pd: pd, r: rs}
+	cl.mu.Lock()
+	cl.srqs[rs.h] = s
+	cl.mu.Unlock()
+	return s, nil
+}
+
+func (r *remoteSRQ) release() {
+	r.relOnce.Do(func() {
+		mem := r.mem
+		runtime.AddCleanup(r, func(m []byte) { svc.Unmap(m) }, mem)
+	})
+}
+
+func (s *SRQ) remoteSetLimit(limit int) error {
+	_, err := s.r.cl.do(context.Background(), svc.TSRQLimit, func(b *svc.Builder) { b.Args(s.r.h, uint64(limit)) })
+	return err
+}
+
+// --- connections ---
+
+func connArgs(b *svc.Builder, p ConnParams) {
+	b.Args(uint64(int64(p.IRD)), uint64(int64(p.ORD)), svc.Tri(p.CRC), uint64(p.MPARevision), svc.Tri(p.PeerToPeer),
+		uint64(p.RTR), svc.Tri(p.Markers))
+}
+
+// connFrom reads a DIAL or ACCEPT reply: negotiated parameters, the
+// addresses and the peer's private data.
+func connFrom(qp *QP, m svc.Msg) (*Conn, error) {
+	var f [3][]byte
+	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 3 {
+		return nil, fmt.Errorf("verbs: malformed connection reply from the service")
+	}
+	la, err1 := netip.ParseAddrPort(string(f[0]))
+	ra, err2 := netip.ParseAddrPort(string(f[1]))
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("verbs: malformed addresses from the service")
+	}
+	neg := Negotiated{MPARevision: uint8(m.Arg(0)), CRC: m.Arg(1) != 0, IRD: int(m.Arg(2)), ORD: int(m.Arg(3)),
+		PeerToPeer: m.Arg(4) != 0, RTR: RTR(m.Arg(5)), MarkersTx: m.Arg(6) != 0, MarkersRx: m.Arg(7) != 0}
+	return &Conn{qp: qp, peerData: append([]byte(nil), f[2]...), neg: neg, laddr: la, raddr: ra}, nil
+}
+
+func (d *Device) remoteDial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error) {
+	if qp == nil || qp.r == nil || qp.pd.dev != d {
+		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
+	}
+	r, err := d.rc.do(ctx, svc.TDial, func(b *svc.Builder) {
+		b.Args(uint64(qp.r.num))
+		connArgs(b, p)
+		b.String(raddr.String()).Bytes(p.PrivateData)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("verbs: connect %v: %w", raddr, err)
+	}
+	return connFrom(qp, r.m)
+}
+
+func (d *Device) remoteListen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, error) {
+	r, err := d.rc.do(context.Background(), svc.TListen, func(b *svc.Builder) {
+		b.Args(uint64(cfg.Backlog), uint64(cfg.MPATimeout)).String(laddr.String())
+	})
+	if err != nil {
+		return nil, fmt.Errorf("verbs: listen %v: %w", laddr, err)
+	}
+	var f [1][]byte
+	svc.Fields(r.m.Payload(), f[:])
+	a, err := netip.ParseAddrPort(string(f[0]))
+	if err != nil {
+		return nil, fmt.Errorf("verbs: malformed listen address from the service")
+	}
+	l := &Listener{dev: d, rh: r.m.Arg(0), laddr: a, closed: make(chan struct{})}
+	d.mu.Lock()
+	d.listeners[l] = struct{}{}
+	d.mu.Unlock()
+	return l, nil
+}
+
+func (l *Listener) remoteGetRequest(ctx context.Context) (*ConnRequest, error) {
+	select {
+	case <-l.closed:
+		return nil, net.ErrClosed
+	default:
+	}
+	r, err := l.dev.rc.do(ctx, svc.TGetRequest, func(b *svc.Builder) { b.Args(l.rh) })
+	if err != nil {
+		return nil, err
+	}
+	m := r.m
+	var f [2][]byte
+	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 2 {
+		return nil, fmt.Errorf("verbs: malformed connection request from the service")
+	}
+	ra, _ := netip.ParseAddrPort(string(f[0]))
+	req := &iwarp.MPARequest{Revision: uint8(m.Arg(1)), CRC: m.Arg(2) != 0, Enhanced: m.Arg(1) == 2,
+		V2:          iwarp.MPAv2Params{IRD: uint16(m.Arg(3)), ORD: uint16(m.Arg(4)), PeerToPeer: m.Arg(5) != 0, RTR: RTR(m.Arg(6))},
+		PrivateData: append([]byte(nil), f[1]...), Markers: m.Arg(7) != 0}
+	return &ConnRequest{l: l, req: req, rh: m.Arg(0), raddr: ra}, nil
+}
+
+func (l *Listener) remoteClose() error {
+	l.once.Do(func() {
+		close(l.closed)
+		l.dev.rc.do(context.Background(), svc.TCloseListener, func(b *svc.Builder) { b.Args(l.rh) })
+		l.dev.mu.Lock()
+		delete(l.dev.listeners, l)
+		l.dev.mu.Unlock()
+	})
+	return nil
+}
+
+func (r *ConnRequest) remoteAccept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error) {
+	if qp == nil || qp.r == nil || qp.pd.dev != r.l.dev {
+		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
+	}
+	if err := r.claim(); err != nil {
+		return nil, err
+	}
+	rep, err := r.l.dev.rc.do(ctx, svc.TAccept, func(b *svc.Builder) {
+		b.Args(r.rh, uint64(qp.r.num))
+		connArgs(b, p)
+		b.Bytes(p.PrivateData)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connFrom(qp, rep.m)
+}
+
+func (r *ConnRequest) remoteReject(privateData []byte) error {
+	if err := r.claim(); err != nil {
+		return err
+	}
+	_, err := r.l.dev.rc.do(context.Background(), svc.TReject, func(b *svc.Builder) { b.Args(r.rh).Bytes(privateData) })
+	return err
+}
+
+func closeFd(fd int) { unix.Close(fd) }

@@ -1,0 +1,1602 @@
+package verbs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"rdmatap/iwarp"
+	"rdmatap/verbs/internal/svc"
+)
+
+// The endpoint as a service: the service side (remote.go has the design
+// and the client side).
+//
+// Serve accepts clients on a unix SOCK_SEQPACKET socket. Each client is a
+// session with three goroutines: the reader (one message at a time; calls
+// that can block — dial, get request, accept, disconnect, reject — run in
+// a goroutine of their own so the reader stays free for Cancel), the
+// poller (drains the client's SQ, RQ and SRQ rings into the real QPs and
+// SRQs) and the doorbell reader (wakes the poller when the client rings).
+// Completions need no goroutine: the service-side CQ's Push writes them
+// into the client's CQ ring from whatever goroutine completes the WR. One
+// more goroutine per QP waits for its end to tell the client.
+//
+// Every object a client makes lives in its session's tables under handles
+// the session hands out, so a handle of another client names nothing; the
+// memory a client registers belongs to a PD of that session, and the
+// protocol engine checks every SGE and every peer's STag against PD and
+// bounds, so a client's work requests reach only its own pages.
+//
+// When the client goes (Device.Close, exit, kill -9: the socket reaches end
+// of file), the session is torn down in this order: calls in progress are
+// canceled; listeners close; the poller stops; QPs are closed (connections
+// reset, so peers see the end) and waited for until flushed; MRs are
+// deregistered — their STags invalidated and in-flight placements fenced —
+// and only then unmapped; CQ rings are retired under their lock, so a late
+// completion finds them gone instead of touching unmapped memory; rings,
+// eventfds and the socket are closed.
+
+// Limits bound what one client may hold. Zero fields take the defaults.
+type Limits struct {
+	QPs     int   // default 1024
+	CQs     int   // default 1024
+	MRBytes int64 // bytes registered at once (default 16 GiB)
+	Conns   int   // connections (dialed or accepted) and listeners (default 1024)
+	// MaxWR bounds a queue's depth (default 16384): its ring is service
+	// memory.
+	MaxWR int
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.QPs <= 0 {
+		l.QPs = 1024
+	}
+	if l.CQs <= 0 {
+		l.CQs = 1024
+	}
+	if l.MRBytes <= 0 {
+		l.MRBytes = 16 << 30
+	}
+	if l.Conns <= 0 {
+		l.Conns = 1024
+	}
+	if l.MaxWR <= 0 {
+		l.MaxWR = 16384
+	}
+	return l
+}
+
+// ServeConfig configures a service.
+type ServeConfig struct {
+	Limits Limits
+	// Logf receives one line per client arriving and leaving (with its
+	// uid and pid) and per client error; nil discards them.
+	Logf func(format string, args ...any)
+}
+
+// Server serves a device to clients on a unix socket.
+type Server struct {
+	dev  *Device
+	ln   *net.UnixListener
+	cfg  ServeConfig
+	hook func(AsyncEvent) bool
+
+	mu       sync.Mutex
+	closed   bool
+	sessions map[*session]struct{}
+	qpOwner  map[uint32]*session
+	nextID   uint64
+	wg       sync.WaitGroup
+}
+
+// ListenSocket makes the service's socket at path with mode 0660, owned by
+// group gid (-1 keeps the process's group). A stale socket file is
+// replaced.
+func ListenSocket(path string, gid int) (*net.UnixListener, error) {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		os.Remove(path)
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if gid >= 0 {
+		if err := os.Chown(path, -1, gid); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
+	return ln, nil
+}
+
+// Serve serves d on ln until Close. Events of clients' QPs go to those
+// clients instead of d.Events().
+func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
+	if d.rc != nil {
+		return nil, fmt.Errorf("%w: a device of a service cannot be served again", ErrInvalidArgument)
+	}
+	cfg.Limits = cfg.Limits.withDefaults()
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	s := &Server{dev: d, ln: ln, cfg: cfg, sessions: map[*session]struct{}{}, qpOwner: map[uint32]*session{}}
+	s.hook = s.routeEvent
+	if !d.hook.CompareAndSwap(nil, &s.hook) {
+		return nil, fmt.Errorf("%w: device is already served", ErrBusy)
+	}
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s, nil
+}
+
+// Clients returns the number of connected clients.
+func (s *Server) Clients() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sessions)
+}
+
+// Close stops accepting, ends every session (as if each client had gone)
+// and waits for them.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	ss := make([]*session, 0, len(s.sessions))
+	for x := range s.sessions {
+		ss = append(ss, x)
+	}
+	s.mu.Unlock()
+	s.ln.Close()
+	for _, x := range ss {
+		x.conn.Close()
+	}
+	s.wg.Wait()
+	s.dev.hook.CompareAndSwap(&s.hook, nil)
+	return nil
+}
+
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.cfg.Logf("service: accept: %v", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.nextID++
+		x := newSession(s, c, s.nextID)
+		s.sessions[x] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go x.run()
+	}
+}
+
+// routeEvent hands a QP's event to the client that owns the QP.
+func (s *Server) routeEvent(e AsyncEvent) bool {
+	s.mu.Lock()
+	x := s.qpOwner[e.QPNum]
+	s.mu.Unlock()
+	if x == nil {
+		return false
+	}
+	x.sendEvent(e)
+	return true
+}
+
+// --- sessions ---
+
+type session struct {
+	srv  *Server
+	dev  *Device
+	conn *net.UnixConn
+	id   uint64
+	cred svc.Cred
+	lim  Limits
+
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	wmu sync.Mutex // one writer at a time
+
+	mu       sync.Mutex
+	next     uint64
+	pds      map[uint64]*PD
+	cqs      map[uint64]*servedCQ
+	mrs      map[uint64]*servedMR
+	srqs     map[uint64]*servedSRQ
+	qps      map[uint32]*servedQP
+	lns      map[uint64]*Listener
+	reqs     map[uint64]*ConnRequest
+	inflight map[uint32]context.CancelFunc
+	mrBytes  int64
+	conns    int
+	calls    sync.WaitGroup
+
+	// Fast path.
+	ctl      []byte
+	ctlFd    int
+	sleeping *atomic.Uint32
+	bell     *svc.Eventfd
+	ringMu   sync.RWMutex // the poller holds it for reading while it touches rings
+	pollQPs  []*servedQP
+	pollSRQs []*servedSRQ
+	wake     chan struct{}
+	stop     chan struct{}
+	blocked  atomic.Int32 // ring entries waiting for room in a full queue
+	pollWG   sync.WaitGroup
+
+	events chan AsyncEvent
+}
+
+func newSession(s *Server, c *net.UnixConn, id uint64) *session {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &session{srv: s, dev: s.dev, conn: c, id: id, lim: s.cfg.Limits, ctx: ctx, cancel: cancel,
+		pds: map[uint64]*PD{}, cqs: map[uint64]*servedCQ{}, mrs: map[uint64]*servedMR{}, srqs: map[uint64]*servedSRQ{},
+		qps: map[uint32]*servedQP{}, lns: map[uint64]*Listener{}, reqs: map[uint64]*ConnRequest{},
+		inflight: map[uint32]context.CancelFunc{}, ctlFd: -1, wake: make(chan struct{}, 1), stop: make(chan struct{}),
+		events: make(chan AsyncEvent, 256)}
+}
+
+func (x *session) logf(format string, args ...any) {
+	x.srv.cfg.Logf("service: client %d (uid %d pid %d): "+format, append([]any{x.id, x.cred.UID, x.cred.PID}, args...)...)
+}
+
+// run is the session's reader (one per client).
+func (x *session) run() {
+	defer x.srv.wg.Done()
+	defer x.teardown()
+	cred, err := svc.PeerCred(x.conn)
+	if err != nil {
+		x.srv.cfg.Logf("service: client %d: SO_PEERCRED: %v", x.id, err)
+		return
+	}
+	x.cred = cred
+	buf, oob := make([]byte, svc.MaxMessage), make([]byte, svc.OOBSpace)
+	var fdbuf [svc.MaxFDs]int
+	if !x.hello(buf, oob, fdbuf[:0]) {
+		return
+	}
+	x.logf("connected")
+	x.pollWG.Add(2)
+	go x.poller()
+	go x.bellReader()
+	x.calls.Add(1)
+	go x.eventWriter()
+	for {
+		m, fds, err := svc.Read(x.conn, buf, oob, fdbuf[:0])
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				x.logf("socket: %v", err)
+			}
+			return
+		}
+		if err := m.Check(); err != nil {
+			closeFDs(fds)
+			x.logf("malformed message: %v", err)
+			x.reply(&svc.Builder{}, 0, 0, nil, err)
+			continue
+		}
+		x.dispatch(m, fds)
+	}
+}
+
+// hello reads the client's HELLO, checks the version and answers with the
+// control page and the doorbell.
+func (x *session) hello(buf, oob []byte, fds []int) bool {
+	x.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	m, fds, err := svc.Read(x.conn, buf, oob, fds)
+	x.conn.SetReadDeadline(time.Time{})
+	if err != nil {
+		x.logf("hello: %v", err)
+		return false
+	}
+	closeFDs(fds)
+	var b svc.Builder
+	if err := m.Check(); err != nil || m.Type() != svc.THello || m.Arg(0) != svc.Magic {
+		x.logf("hello: not an rdmatap client")
+		svc.Write(x.conn, b.Reset(svc.THello, 0, svc.StatusVersion).String("not an rdmatap service HELLO").Msg())
+		return false
+	}
+	if v := m.Arg(1); v != svc.Version {
+		msg := fmt.Sprintf("protocol version mismatch: service speaks %d, client %d", svc.Version, v)
+		x.logf("hello: %s", msg)
+		svc.Write(x.conn, b.Reset(svc.THello, 0, svc.StatusVersion).Args(svc.Version).String(msg).Msg())
+		return false
+	}
+	fd, ctl, err := svc.NewMemfd("rdmatap-ctl", svc.CtlSize)
+	if err != nil {
+		x.logf("hello: control page: %v", err)
+		return false
+	}
+	x.ctl, x.ctlFd, x.sleeping = ctl, fd, svc.U32(ctl, svc.CtlSleeping)
+	if x.bell, err = svc.NewEventfd(); err != nil {
+		x.logf("hello: eventfd: %v", err)
+		return false
+	}
+	var flags uint64
+	if x.dev.cfg.NoExtensions {
+		flags |= 1
+	}
+	err = svc.Write(x.conn, b.Reset(svc.THello, 0, 0).Args(svc.Version, flags, x.id).String(x.dev.Name()).Msg(), x.ctlFd, x.bell.Fd())
+	return err == nil
+}
+
+// reply sends a reply: err nil for success with b's arguments and
+// payload (b already Reset by the caller unless err is set).
+func (x *session) reply(b *svc.Builder, t svc.Type, seq uint32, fds []int, err error) {
+	if err != nil {
+		st, text := errStatus(err)
+		b.Reset(t, seq, st)
+		var rej *RejectedError
+		if errors.As(err, &rej) {
+			b.Bytes(rej.PrivateData)
+		} else {
+			b.String(text)
+		}
+		fds = nil
+	}
+	x.wmu.Lock()
+	werr := svc.Write(x.conn, b.Msg(), fds...)
+	x.wmu.Unlock()
+	if werr != nil && !errors.Is(werr, net.ErrClosed) {
+		x.logf("reply %v: %v", t, werr)
+	}
+}
+
+// errStatus maps an error to a reply status and text.
+func errStatus(err error) (uint32, string) {
+	text := err.Error()
+	switch {
+	case errors.Is(err, ErrRejected):
+		return svc.StatusRejected, text
+	case errors.Is(err, ErrLimit):
+		return svc.StatusLimit, text
+	case errors.Is(err, ErrQueueFull):
+		return svc.StatusQueueFull, text
+	case errors.Is(err, ErrTooManySGE):
+		return svc.StatusTooManySGE, text
+	case errors.Is(err, ErrMarkers):
+		return svc.StatusMarkers, text
+	case errors.Is(err, ErrNoMatchingRTR):
+		return svc.StatusNoMatchingRTR, text
+	case errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrUnsupported), errors.Is(err, svc.ErrShort),
+		errors.Is(err, svc.ErrLength), errors.Is(err, svc.ErrType), errors.Is(err, svc.ErrArgs), errors.Is(err, svc.ErrTooLarge):
+		return svc.StatusInvalidArgument, text
+	case errors.Is(err, ErrInvalidState), errors.Is(err, iwarp.ErrInvalidState):
+		return svc.StatusInvalidState, text
+	case errors.Is(err, ErrBusy):
+		return svc.StatusBusy, text
+	case errors.Is(err, net.ErrClosed):
+		return svc.StatusClosed, text
+	case errors.Is(err, context.Canceled):
+		return svc.StatusCanceled, text
+	case errors.Is(err, context.DeadlineExceeded):
+		return svc.StatusTimeout, text
+	}
+	return svc.StatusGeneral, text
+}
+
+var errNoHandle = fmt.Errorf("%w: no such handle", ErrInvalidArgument)
+
+// blocking reports whether a request may wait on the network or a peer.
+func blocking(t svc.Type) bool {
+	switch t {
+	case svc.TDial, svc.TGetRequest, svc.TAccept, svc.TReject, svc.TDisconnect, svc.TDestroyQP:
+		return true
+	}
+	return false
+}
+
+// dispatch runs one request; fds are the descriptors that came with it
+// (dispatch owns them).
+func (x *session) dispatch(m svc.Msg, fds []int) {
+	t, seq := m.Type(), m.Seq()
+	if t == svc.TCancel {
+		closeFDs(fds)
+		x.mu.Lock()
+		if c := x.inflight[uint32(m.Arg(0))]; c != nil {
+			c()
+		}
+		x.mu.Unlock()
+		return
+	}
+	if t == svc.TEvent || t == svc.TQPDone || t == svc.THello {
+		closeFDs(fds)
+		x.reply(&svc.Builder{}, t, seq, nil, fmt.Errorf("%w: %v is not a request", ErrInvalidArgument, t))
+		return
+	}
+	if t != svc.TRegMR && len(fds) > 0 {
+		closeFDs(fds)
+		x.reply(&svc.Builder{}, t, seq, nil, fmt.Errorf("%w: unexpected descriptors", ErrInvalidArgument))
+		return
+	}
+	if !blocking(t) {
+		var b svc.Builder
+		out, err := x.handle(x.ctx, &b, m, fds)
+		x.reply(&b, t, seq, out, err)
+		closeFDs(out)
+		return
+	}
+	// The message buffer is reused by the reader: keep a copy.
+	mc := append(svc.Msg(nil), m...)
+	ctx, cancel := context.WithCancel(x.ctx)
+	x.mu.Lock()
+	x.inflight[seq] = cancel
+	x.calls.Add(1)
+	x.mu.Unlock()
+	go func() {
+		defer x.calls.Done()
+		var b svc.Builder
+		out, err := x.handle(ctx, &b, mc, nil)
+		x.mu.Lock()
+		delete(x.inflight, seq)
+		x.mu.Unlock()
+		cancel()
+		x.reply(&b, t, seq, out, err)
+		closeFDs(out)
+	}()
+}
+
+// handle runs a request and fills b with the reply; it returns
+// descriptors to send (closed after sending) or an error.
+func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []int) (out []int, err error) {
+	t := m.Type()
+	defer func() {
+		if r := recover(); r != nil {
+			// A bug reached by a hostile message must cost only this
+			// request, never the service.
+			err = fmt.Errorf("%w: internal error handling %v: %v", ErrInvalidArgument, t, r)
+			x.logf("panic in %v: %v", t, r)
+		}
+	}()
+	b.Reset(t, m.Seq(), 0)
+	switch t {
+	case svc.TAllocPD:
+		return nil, x.allocPD(b)
+	case svc.TDeallocPD:
+		return nil, x.deallocPD(m.Arg(0))
+	case svc.TCreateCQ:
+		return x.createCQ(b, m.Arg(0))
+	case svc.TDestroyCQ:
+		return nil, x.destroyCQ(m.Arg(0))
+	case svc.TRegMR:
+		return nil, x.regMR(b, m, fds)
+	case svc.TDeregMR:
+		return nil, x.deregMR(m.Arg(0))
+	case svc.TCreateSRQ:
+		return x.createSRQ(b, m)
+	case svc.TDestroySRQ:
+		return nil, x.destroySRQ(m.Arg(0))
+	case svc.TSRQLimit:
+		return nil, x.srqLimit(m.Arg(0), m.Arg(1))
+	case svc.TCreateQP:
+		return x.createQP(b, m)
+	case svc.TDestroyQP:
+		return nil, x.destroyQP(uint32(m.Arg(0)))
+	case svc.TQueryQP:
+		q, err := x.qp(m.Arg(0))
+		if err != nil {
+			return nil, err
+		}
+		b.Args(uint64(q.qp.State()))
+		return nil, nil
+	case svc.TDisconnect:
+		q, err := x.qp(m.Arg(0))
+		if err != nil {
+			return nil, err
+		}
+		return nil, q.qp.Disconnect(ctx)
+	case svc.TDial:
+		return nil, x.dial(ctx, b, m)
+	case svc.TListen:
+		return nil, x.listen(b, m)
+	case svc.TCloseListener:
+		return nil, x.closeListener(m.Arg(0))
+	case svc.TGetRequest:
+		return nil, x.getRequest(ctx, b, m.Arg(0))
+	case svc.TAccept:
+		return nil, x.accept(ctx, b, m)
+	case svc.TReject:
+		return nil, x.reject(m)
+	}
+	closeFDs(fds)
+	return nil, fmt.Errorf("%w: unknown request %v", ErrInvalidArgument, t)
+}
+
+func (x *session) handle64() uint64 {
+	x.next++
+	return x.next
+}
+
+// --- PD, MR ---
+
+func (x *session) allocPD(b *svc.Builder) error {
+	pd, err := x.dev.AllocPD()
+	if err != nil {
+		return err
+	}
+	x.mu.Lock()
+	x.pds[uint64(pd.id)] = pd
+	x.mu.Unlock()
+	b.Args(uint64(pd.id))
+	return nil
+}
+
+func (x *session) pd(h uint64) (*PD, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if pd := x.pds[h]; pd != nil {
+		return pd, nil
+	}
+	return nil, errNoHandle
+}
+
+func (x *session) deallocPD(h uint64) error {
+	pd, err := x.pd(h)
+	if err != nil {
+		return err
+	}
+	if err := pd.Close(); err != nil {
+		return err
+	}
+	x.mu.Lock()
+	delete(x.pds, h)
+	x.mu.Unlock()
+	return nil
+}
+
+// servedMR is a client's registration: the service's mapping of the
+// client's memfd pages, registered at the client's addresses.
+type servedMR struct {
+	mr      *MR
+	mapping []byte
+	n       int64
+}
+
+func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
+	defer closeFDs(fds)
+	if len(fds) != 1 {
+		return fmt.Errorf("%w: REG_MR needs one memory file descriptor, got %d", ErrInvalidArgument, len(fds))
+	}
+	pd, err := x.pd(m.Arg(0))
+	if err != nil {
+		return err
+	}
+	va, n, acc, off := m.Arg(1), m.Arg(2), Access(m.Arg(3)), m.Arg(4)
+	if n == 0 || n > 1<<40 || off > 1<<50 || va+n < va {
+		return fmt.Errorf("%w: region of %d bytes at offset %d", ErrInvalidArgument, n, off)
+	}
+	x.mu.Lock()
+	if x.mrBytes+int64(n) > x.lim.MRBytes {
+		x.mu.Unlock()
+		return fmt.Errorf("%w: %d MR bytes registered, limit %d", ErrLimit, x.mrBytes, x.lim.MRBytes)
+	}
+	x.mrBytes += int64(n)
+	x.mu.Unlock()
+	mapping, part, err := svc.MapFile(fds[0], int64(off), int(n), true)
+	if err == nil {
+		var mr *MR
+		if mr, err = pd.regMRChecked(part, va, acc); err == nil {
+			x.mu.Lock()
+			h := x.handle64()
+			x.mrs[h] = &servedMR{mr: mr, mapping: mapping, n: int64(n)}
+			x.mu.Unlock()
+			b.Args(h, uint64(mr.RKey()))
+			return nil
+		}
+		svc.Unmap(mapping)
+	} else {
+		err = fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	x.mu.Lock()
+	x.mrBytes -= int64(n)
+	x.mu.Unlock()
+	return err
+}
+
+// regMRChecked is RegMR's checks and registration at base.
+func (pd *PD) regMRChecked(buf []byte, base uint64, acc Access) (*MR, error) {
+	if acc&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic|AccessZeroBased) != 0 {
+		return nil, fmt.Errorf("%w: access flags %#x not supported", ErrInvalidArgument, uint32(acc))
+	}
+	if acc&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && acc&AccessLocalWrite == 0 {
+		return nil, fmt.Errorf("%w: remote write and atomic require local write", ErrInvalidArgument)
+	}
+	return pd.regMRAt(buf, base, acc)
+}
+
+func (x *session) deregMR(h uint64) error {
+	x.mu.Lock()
+	r := x.mrs[h]
+	delete(x.mrs, h)
+	x.mu.Unlock()
+	if r == nil {
+		return errNoHandle
+	}
+	x.releaseMR(r)
+	return nil
+}
+
+// releaseMR invalidates the STag, waits out placements in progress, and
+// only then unmaps the client's pages.
+func (x *session) releaseMR(r *servedMR) {
+	r.mr.Dereg()
+	svc.Unmap(r.mapping)
+	x.mu.Lock()
+	x.mrBytes -= r.n
+	x.mu.Unlock()
+}
+
+// --- CQ ---
+
+// servedCQ is the service's side of a client's CQ ring: Push writes
+// completions into it.
+type servedCQ struct {
+	x    *session
+	h    uint64
+	cq   *CQ
+	mem  []byte
+	ring *svc.Ring
+	prod uint32 // under cq.mu
+	ev   *svc.Eventfd
+	dead bool // under cq.mu: the ring is gone
+	refs int  // QPs using it, under session.mu
+}
+
+func (x *session) createCQ(b *svc.Builder, cqe uint64) ([]int, error) {
+	if cqe == 0 || cqe > uint64(x.lim.MaxWR)*4 {
+		return nil, fmt.Errorf("%w: CQ of %d entries (limit %d)", ErrInvalidArgument, cqe, x.lim.MaxWR*4)
+	}
+	x.mu.Lock()
+	if len(x.cqs) >= x.lim.CQs {
+		x.mu.Unlock()
+		return nil, fmt.Errorf("%w: %d CQs", ErrLimit, len(x.cqs))
+	}
+	x.mu.Unlock()
+	capacity := svc.RingCap(int(cqe))
+	fd, mem, err := svc.NewMemfd("rdmatap-cq", svc.RingBytes(capacity, svc.CQEntrySize))
+	if err != nil {
+		return nil, err
+	}
+	ring, _ := svc.InitRing(mem, capacity, svc.CQEntrySize)
+	ev, err := svc.NewEventfd()
+	if err != nil {
+		svc.Unmap(mem)
+		closeFd(fd)
+		return nil, err
+	}
+	evDup, err := svc.Dup(ev.Fd())
+	if err != nil {
+		ev.Close()
+		svc.Unmap(mem)
+		closeFd(fd)
+		return nil, err
+	}
+	s := &servedCQ{x: x, mem: mem, ring: ring, ev: ev}
+	s.cq = &CQ{dev: x.dev, shm: s, notify: make(chan struct{}, 1), closed: make(chan struct{}), events: make(chan struct{}, 1)}
+	x.mu.Lock()
+	s.h = x.handle64()
+	x.cqs[s.h] = s
+	x.mu.Unlock()
+	b.Args(s.h)
+	// dispatch closes both after sending: the service keeps its mapping
+	// and its own eventfd.
+	return []int{fd, evDup}, nil
+}
+
+// push writes a completion into the client's ring (CQ.Push of a served
+// CQ). It never blocks; a full ring (or one whose consumer index the
+// client corrupted) is an overflow, as a full CQ is.
+func (s *servedCQ) push(cq *CQ, c *iwarp.Completion) bool {
+	cq.mu.Lock()
+	if s.dead {
+		cq.mu.Unlock()
+		return true
+	}
+	free, err := s.ring.Free(s.prod)
+	if err != nil || free == 0 {
+		s.ring.Overflow.Store(1)
+		cq.mu.Unlock()
+		return false
+	}
+	svc.PutCompletion(s.ring.Entry(s.prod), c)
+	s.prod++
+	s.ring.Prod.Store(s.prod)
+	signal := false
+	switch s.ring.Arm.Load() {
+	case svc.ArmAny:
+		signal = s.ring.Arm.CompareAndSwap(svc.ArmAny, svc.ArmNone)
+	case svc.ArmSolicited:
+		if c.Flags&iwarp.CompSolicited != 0 || c.Status != iwarp.StatusSuccess {
+			signal = s.ring.Arm.CompareAndSwap(svc.ArmSolicited, svc.ArmNone)
+		}
+	}
+	if signal {
+		s.ring.Events.Add(1)
+	}
+	if signal || s.ring.Waiting.Load() != 0 {
+		s.ev.Signal()
+	}
+	cq.mu.Unlock()
+	// A send queue freed room: the poller may have entries waiting for it.
+	if s.x.blocked.Load() != 0 {
+		s.x.kick()
+	}
+	return true
+}
+
+// retire takes the ring away from Push and frees it.
+func (s *servedCQ) retire() {
+	s.cq.mu.Lock()
+	s.dead = true
+	svc.Unmap(s.mem)
+	s.ev.Close()
+	s.cq.mu.Unlock()
+	s.cq.Close()
+}
+
+func (x *session) destroyCQ(h uint64) error {
+	x.mu.Lock()
+	s := x.cqs[h]
+	if s == nil {
+		x.mu.Unlock()
+		return errNoHandle
+	}
+	if s.refs > 0 {
+		x.mu.Unlock()
+		return fmt.Errorf("%w: %d QPs use the CQ", ErrBusy, s.refs)
+	}
+	delete(x.cqs, h)
+	x.mu.Unlock()
+	s.retire()
+	return nil
+}
+
+// --- SRQ ---
+
+type servedSRQ struct {
+	h      uint64
+	srq    *SRQ
+	mem    []byte
+	ring   *svc.Ring
+	cons   uint32
+	sgl    []iwarp.SGE
+	refs   int
+	maxSGE int
+}
+
+func (x *session) createSRQ(b *svc.Builder, m svc.Msg) ([]int, error) {
+	pd, err := x.pd(m.Arg(0))
+	if err != nil {
+		return nil, err
+	}
+	maxWR, maxSGE := m.Arg(1), m.Arg(2)
+	if maxWR == 0 || maxWR > uint64(x.lim.MaxWR) || maxSGE == 0 || maxSGE > 64 {
+		return nil, fmt.Errorf("%w: SRQ of %d WRs, %d SGEs", ErrInvalidArgument, maxWR, maxSGE)
+	}
+	srq, err := pd.CreateSRQ(int(maxWR), int(maxSGE))
+	if err != nil {
+		return nil, err
+	}
+	capacity := svc.RingCap(int(maxWR))
+	esize := svc.RecvEntrySize(int(maxSGE))
+	fd, mem, err := svc.NewMemfd("rdmatap-srq", svc.RingBytes(capacity, esize))
+	if err != nil {
+		return nil, err
+	}
+	ring, _ := svc.InitRing(mem, capacity, esize)
+	s := &servedSRQ{srq: srq, mem: mem, ring: ring, sgl: make([]iwarp.SGE, maxSGE), maxSGE: int(maxSGE)}
+	x.ringMu.Lock()
+	x.mu.Lock()
+	s.h = x.handle64()
+	x.srqs[s.h] = s
+	x.mu.Unlock()
+	x.pollSRQs = append(x.pollSRQs, s)
+	x.ringMu.Unlock()
+	b.Args(s.h)
+	// The ring's descriptor is sent and then closed by dispatch; the
+	// service keeps its mapping.
+	return []int{fd}, nil
+}
+
+func (x *session) destroySRQ(h uint64) error {
+	x.ringMu.Lock()
+	defer x.ringMu.Unlock()
+	x.mu.Lock()
+	s := x.srqs[h]
+	if s == nil {
+		x.mu.Unlock()
+		return errNoHandle
+	}
+	if s.refs > 0 {
+		x.mu.Unlock()
+		return fmt.Errorf("%w: %d QPs use the SRQ", ErrBusy, s.refs)
+	}
+	delete(x.srqs, h)
+	x.mu.Unlock()
+	for i, p := range x.pollSRQs {
+		if p == s {
+			x.pollSRQs = append(x.pollSRQs[:i], x.pollSRQs[i+1:]...)
+			break
+		}
+	}
+	svc.Unmap(s.mem)
+	return nil
+}
+
+func (x *session) srqLimit(h, limit uint64) error {
+	x.mu.Lock()
+	s := x.srqs[h]
+	x.mu.Unlock()
+	if s == nil {
+		return errNoHandle
+	}
+	if limit > uint64(s.srq.rq.Cap()) {
+		return fmt.Errorf("%w: SRQ limit %d", ErrInvalidArgument, limit)
+	}
+	s.srq.rq.SetLimit(int(limit), func() { x.sendEvent(AsyncEvent{Type: EventSRQLimitReached, SRQ: s.srq}) })
+	return nil
+}
+
+// --- QP ---
+
+// servedQP is a client's QP and the service's side of its rings.
+type servedQP struct {
+	qp       *QP
+	num      uint32
+	mem      []byte
+	sq, rq   *svc.Ring
+	sqCons   uint32
+	rqCons   uint32
+	wrs      [1]iwarp.SendWR
+	sgl      []iwarp.SGE
+	rsgl     []iwarp.SGE
+	scq, rcq *servedCQ
+	srq      *servedSRQ
+	blocked  bool // an SQ or RQ entry waits for room (poller only)
+	conn     bool // counted against Limits.Conns
+}
+
+func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
+	pd, err := x.pd(m.Arg(0))
+	if err != nil {
+		return nil, err
+	}
+	x.mu.Lock()
+	scq, rcq := x.cqs[m.Arg(1)], x.cqs[m.Arg(2)]
+	var srq *servedSRQ
+	if h := m.Arg(3); h != 0 {
+		srq = x.srqs[h]
+		if srq == nil {
+			x.mu.Unlock()
+			return nil, errNoHandle
+		}
+	}
+	n := len(x.qps)
+	x.mu.Unlock()
+	if scq == nil || rcq == nil {
+		return nil, errNoHandle
+	}
+	if n >= x.lim.QPs {
+		return nil, fmt.Errorf("%w: %d QPs", ErrLimit, n)
+	}
+	cfg := QPConfig{SendCQ: scq.cq, RecvCQ: rcq.cq, MaxSendWR: int(min(m.Arg(4), 1<<31)), MaxRecvWR: int(min(m.Arg(5), 1<<31)),
+		MaxSendSGE: int(min(m.Arg(6), 1<<31)), MaxRecvSGE: int(min(m.Arg(7), 1<<31)), MaxInline: int(min(m.Arg(8), 1<<31)),
+		SignalAll: m.Arg(9)&1 != 0}
+	if srq != nil {
+		cfg.SRQ = srq.srq
+	}
+	if cfg.MaxSendWR <= 0 || cfg.MaxSendWR > x.lim.MaxWR || cfg.MaxRecvWR <= 0 || cfg.MaxRecvWR > x.lim.MaxWR ||
+		cfg.MaxSendSGE <= 0 || cfg.MaxSendSGE > 64 || cfg.MaxRecvSGE <= 0 || cfg.MaxRecvSGE > 64 {
+		return nil, fmt.Errorf("%w: QP of %d/%d WRs, %d/%d SGEs (limit %d WRs, 64 SGEs)", ErrInvalidArgument,
+			cfg.MaxSendWR, cfg.MaxRecvWR, cfg.MaxSendSGE, cfg.MaxRecvSGE, x.lim.MaxWR)
+	}
+	qp, err := pd.CreateQP(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sqCap, rqCap := svc.RingCap(cfg.MaxSendWR), svc.RingCap(cfg.MaxRecvWR)
+	sqBytes := svc.RingBytes(sqCap, svc.SendEntrySize(cfg.MaxSendSGE))
+	total := sqBytes
+	if srq == nil {
+		total += svc.RingBytes(rqCap, svc.RecvEntrySize(cfg.MaxRecvSGE))
+	}
+	fd, mem, err := svc.NewMemfd("rdmatap-qp", total)
+	if err != nil {
+		qp.Close()
+		return nil, err
+	}
+	q := &servedQP{qp: qp, num: qp.Num(), mem: mem, sgl: make([]iwarp.SGE, cfg.MaxSendSGE), rsgl: make([]iwarp.SGE, cfg.MaxRecvSGE),
+		scq: scq, rcq: rcq, srq: srq}
+	q.sq, _ = svc.InitRing(mem[:sqBytes], sqCap, svc.SendEntrySize(cfg.MaxSendSGE))
+	if srq == nil {
+		q.rq, _ = svc.InitRing(mem[sqBytes:], rqCap, svc.RecvEntrySize(cfg.MaxRecvSGE))
+	}
+	x.ringMu.Lock()
+	x.mu.Lock()
+	x.qps[q.num] = q
+	scq.refs++
+	rcq.refs++
+	if srq != nil {
+		srq.refs++
+	}
+	x.mu.Unlock()
+	x.pollQPs = append(x.pollQPs, q)
+	x.ringMu.Unlock()
+	x.srv.mu.Lock()
+	x.srv.qpOwner[q.num] = x
+	x.srv.mu.Unlock()
+	x.calls.Add(1)
+	go x.watchQP(q)
+	b.Args(uint64(q.num), uint64(sqBytes))
+	return []int{fd}, nil
+}
+
+// watchQP tells the client when its QP has ended (one goroutine per QP).
+func (x *session) watchQP(q *servedQP) {
+	defer x.calls.Done()
+	select {
+	case <-q.qp.Done():
+	case <-x.ctx.Done():
+		return
+	}
+	var b svc.Builder
+	b.Reset(svc.TQPDone, 0, 0).Args(uint64(q.num))
+	if err := q.qp.Err(); err != nil {
+		b.String(err.Error())
+	}
+	x.wmu.Lock()
+	svc.Write(x.conn, b.Msg())
+	x.wmu.Unlock()
+}
+
+func (x *session) qp(h uint64) (*servedQP, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if h > 1<<32-1 {
+		return nil, errNoHandle
+	}
+	if q := x.qps[uint32(h)]; q != nil {
+		return q, nil
+	}
+	return nil, errNoHandle
+}
+
+func (x *session) destroyQP(num uint32) error {
+	x.mu.Lock()
+	q := x.qps[num]
+	x.mu.Unlock()
+	if q == nil {
+		return errNoHandle
+	}
+	x.releaseQP(q)
+	return nil
+}
+
+// releaseQP closes the QP, waits until it has flushed (no completion can
+// follow), and frees its rings.
+func (x *session) releaseQP(q *servedQP) {
+	x.mu.Lock()
+	if x.qps[q.num] != q {
+		x.mu.Unlock()
+		return
+	}
+	delete(x.qps, q.num)
+	if q.conn {
+		x.conns--
+	}
+	x.mu.Unlock()
+	q.qp.Close()
+	select {
+	case <-q.qp.Done():
+	case <-time.After(5 * time.Second):
+		x.logf("QP %d did not flush in 5 s", q.num)
+	}
+	x.ringMu.Lock()
+	for i, p := range x.pollQPs {
+		if p == q {
+			x.pollQPs = append(x.pollQPs[:i], x.pollQPs[i+1:]...)
+			break
+		}
+	}
+	if q.blocked {
+		q.blocked = false
+		x.blocked.Add(-1)
+	}
+	svc.Unmap(q.mem)
+	x.ringMu.Unlock()
+	x.mu.Lock()
+	q.scq.refs--
+	q.rcq.refs--
+	if q.srq != nil {
+		q.srq.refs--
+	}
+	x.mu.Unlock()
+	x.srv.mu.Lock()
+	delete(x.srv.qpOwner, q.num)
+	x.srv.mu.Unlock()
+}
+
+// --- the fast path: the poller ---
+
+// kick wakes the poller if it sleeps.
+func (x *session) kick() {
+	select {
+	case x.wake <- struct{}{}:
+	default:
+	}
+}
+
+// bellReader turns the client's doorbell into a wake-up (one per client).
+func (x *session) bellReader() {
+	defer x.pollWG.Done()
+	for {
+		if err := x.bell.Wait(); err != nil {
+			return
+		}
+		x.kick()
+	}
+}
+
+// Poller timing: it spins (yielding) this long after the last work before
+// it sleeps; while entries wait for room in a full queue it sleeps at most
+// blockedNap.
+const (
+	pollSpin   = 50 * time.Microsecond
+	blockedNap = 200 * time.Microsecond
+)
+
+// poller drains the client's rings into its QPs and SRQs (one per client).
+func (x *session) poller() {
+	defer x.pollWG.Done()
+	idleSince := time.Now()
+	var nap *time.Timer
+	for {
+		select {
+		case <-x.stop:
+			return
+		default:
+		}
+		if x.pollOnce() {
+			idleSince = time.Time{}
+			continue
+		}
+		if idleSince.IsZero() {
+			idleSince = time.Now()
+		}
+		if time.Since(idleSince) < pollSpin {
+			runtime.Gosched()
+			continue
+		}
+		x.sleeping.Store(1)
+		if x.pollOnce() {
+			x.sleeping.Store(0)
+			idleSince = time.Time{}
+			continue
+		}
+		if x.blocked.Load() != 0 {
+			if nap == nil {
+				nap = time.NewTimer(blockedNap)
+			} else {
+				nap.Reset(blockedNap)
+			}
+			select {
+			case <-x.wake:
+			case <-nap.C:
+			case <-x.stop:
+				return
+			}
+		} else {
+			select {
+			case <-x.wake:
+			case <-x.stop:
+				return
+			}
+		}
+		x.sleeping.Store(0)
+		idleSince = time.Time{}
+	}
+}
+
+// pollOnce makes one pass over every ring and reports whether it took an
+// entry. A client whose producer index is out of range loses its session.
+func (x *session) pollOnce() bool {
+	x.ringMu.RLock()
+	did := false
+	var bad error
+	for _, q := range x.pollQPs {
+		d, err := x.drainSQ(q)
+		did = did || d
+		if err == nil && q.rq != nil {
+			d, err = x.drainRQ(q)
+			did = did || d
+		}
+		if err != nil {
+			bad = err
+			break
+		}
+	}
+	if bad == nil {
+		for _, s := range x.pollSRQs {
+			d, err := drainSRQ(s)
+			did = did || d
+			if err != nil {
+				bad = err
+				break
+			}
+		}
+	}
+	x.ringMu.RUnlock()
+	if bad != nil {
+		x.logf("ring: %v: ending the session", bad)
+		x.conn.Close()
+		x.stopPoller()
+	}
+	return did
+}
+
+func (x *session) setBlocked(q *servedQP, b bool) {
+	if q.blocked != b {
+		q.blocked = b
+		if b {
+			x.blocked.Add(1)
+		} else {
+			x.blocked.Add(-1)
+		}
+	}
+}
+
+// drainSQ posts the QP's new send ring entries.
+func (x *session) drainSQ(q *servedQP) (bool, error) {
+	n, err := q.sq.Pending(q.sqCons)
+	if err != nil || n == 0 {
+		return false, err
+	}
+	did := false
+	for ; n > 0; n-- {
+		wr := &q.wrs[0]
+		if err := svc.GetSend(q.sq.Entry(q.sqCons), wr, q.sgl); err != nil {
+			// A malformed entry completes in error; the client's other
+			// work goes on.
+			x.failWR(q.scq, q.num, iwarp.Completion{ID: svc.EntryID(q.sq.Entry(q.sqCons)), Status: iwarp.StatusLocalQPOp, Op: iwarp.CompSend})
+		} else if _, err := q.qp.iw.PostSend(q.wrs[:]...); err != nil {
+			if errors.Is(err, iwarp.ErrQueueFull) {
+				x.setBlocked(q, true)
+				break
+			}
+			st := iwarp.StatusLocalQPOp
+			if errors.Is(err, iwarp.ErrInvalidState) {
+				st = iwarp.StatusWRFlush
+			}
+			x.failWR(q.scq, q.num, iwarp.Completion{ID: wr.ID, Status: st, Op: sendCompOp(wr.Op)})
+		}
+		q.sqCons++
+		q.sq.Cons.Store(q.sqCons)
+		did = true
+	}
+	if n == 0 {
+		x.setBlocked(q, false)
+	}
+	return did, nil
+}
+
+// drainRQ posts the QP's new receive ring entries.
+func (x *session) drainRQ(q *servedQP) (bool, error) {
+	n, err := q.rq.Pending(q.rqCons)
+	if err != nil || n == 0 {
+		return false, err
+	}
+	did := false
+	for ; n > 0; n-- {
+		id, sgl, err := svc.GetRecv(q.rq.Entry(q.rqCons), q.rsgl)
+		if err != nil {
+			x.failWR(q.rcq, q.num, iwarp.Completion{ID: id, Status: iwarp.StatusLocalQPOp, Op: iwarp.CompRecv})
+		} else if err := q.qp.iw.PostRecv(id, sgl); err != nil {
+			if errors.Is(err, iwarp.ErrQueueFull) {
+				x.setBlocked(q, true)
+				break
+			}
+			x.failWR(q.rcq, q.num, iwarp.Completion{ID: id, Status: iwarp.StatusWRFlush, Op: iwarp.CompRecv})
+		}
+		q.rqCons++
+		q.rq.Cons.Store(q.rqCons)
+		did = true
+	}
+	return did, nil
+}
+
+// drainSRQ posts an SRQ's new ring entries; a full SRQ leaves them there.
+func drainSRQ(s *servedSRQ) (bool, error) {
+	n, err := s.ring.Pending(s.cons)
+	if err != nil || n == 0 {
+		return false, err
+	}
+	did := false
+	for ; n > 0; n-- {
+		id, sgl, err := svc.GetRecv(s.ring.Entry(s.cons), s.sgl)
+		if err == nil {
+			if err := s.srq.rq.Post(id, sgl); errors.Is(err, iwarp.ErrQueueFull) {
+				break
+			}
+		}
+		s.cons++
+		s.ring.Cons.Store(s.cons)
+		did = true
+	}
+	return did, nil
+}
+
+func (x *session) failWR(cq *servedCQ, num uint32, c iwarp.Completion) {
+	c.QPNum = num
+	cq.cq.Push(c)
+}
+
+// sendCompOp is the completion operation of a send WR.
+func sendCompOp(op iwarp.WROp) iwarp.CompletionOp {
+	switch op {
+	case iwarp.WRWrite, iwarp.WRWriteImm:
+		return iwarp.CompWrite
+	case iwarp.WRRead:
+		return iwarp.CompRead
+	case iwarp.WRAtomicCmpSwap:
+		return iwarp.CompCmpSwap
+	case iwarp.WRAtomicFetchAdd:
+		return iwarp.CompFetchAdd
+	}
+	return iwarp.CompSend
+}
+
+func (x *session) stopPoller() {
+	x.mu.Lock()
+	select {
+	case <-x.stop:
+	default:
+		close(x.stop)
+	}
+	x.mu.Unlock()
+}
+
+// --- events ---
+
+// sendEvent queues an event for the client; a client that does not read
+// loses events (as a full Events channel does), never stalls the device.
+func (x *session) sendEvent(e AsyncEvent) {
+	select {
+	case x.events <- e:
+	default:
+	}
+}
+
+// eventWriter writes queued events to the client (one per client).
+func (x *session) eventWriter() {
+	defer x.calls.Done()
+	var b svc.Builder
+	for {
+		select {
+		case e := <-x.events:
+			var srqH uint64
+			if e.SRQ != nil {
+				x.mu.Lock()
+				for h, s := range x.srqs {
+					if s.srq == e.SRQ {
+						srqH = h
+					}
+				}
+				x.mu.Unlock()
+			}
+			b.Reset(svc.TEvent, 0, 0).Args(uint64(e.Type), uint64(e.QPNum), srqH, uint64(e.Term.Layer), uint64(e.Term.EType), uint64(e.Term.Code))
+			if e.Err != nil {
+				b.String(e.Err.Error())
+			}
+			x.wmu.Lock()
+			svc.Write(x.conn, b.Msg())
+			x.wmu.Unlock()
+		case <-x.ctx.Done():
+			return
+		}
+	}
+}
+
+// --- connections ---
+
+func connParamsFrom(m svc.Msg, at int, pdata []byte) ConnParams {
+	return ConnParams{PrivateData: pdata, IRD: int(int64(m.Arg(at))), ORD: int(int64(m.Arg(at + 1))),
+		CRC: svc.Untri(m.Arg(at + 2)), MPARevision: uint8(m.Arg(at + 3)), PeerToPeer: svc.Untri(m.Arg(at + 4)),
+		RTR: RTR(m.Arg(at + 5)), Markers: svc.Untri(m.Arg(at + 6))}
+}
+
+func bool64(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func connReply(b *svc.Builder, c *Conn) {
+	n := c.Negotiated()
+	b.Args(uint64(n.MPARevision), bool64(n.CRC), uint64(n.IRD), uint64(n.ORD), bool64(n.PeerToPeer), uint64(n.RTR),
+		bool64(n.MarkersTx), bool64(n.MarkersRx))
+	b.String(c.LocalAddr().String()).String(c.RemoteAddr().String()).Bytes(c.PeerPrivateData())
+}
+
+// takeConn counts a connection or listener against the limit.
+func (x *session) takeConn() error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.conns >= x.lim.Conns {
+		return fmt.Errorf("%w: %d connections", ErrLimit, x.conns)
+	}
+	x.conns++
+	return nil
+}
+
+func (x *session) dropConn() {
+	x.mu.Lock()
+	x.conns--
+	x.mu.Unlock()
+}
+
+func (x *session) dial(ctx context.Context, b *svc.Builder, m svc.Msg) error {
+	q, err := x.qp(m.Arg(0))
+	if err != nil {
+		return err
+	}
+	var f [2][]byte
+	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 2 {
+		return fmt.Errorf("%w: DIAL needs an address and private data", ErrInvalidArgument)
+	}
+	raddr, err := netip.ParseAddrPort(string(f[0]))
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	if err := x.takeConn(); err != nil {
+		return err
+	}
+	c, err := x.dev.Dial(ctx, q.qp, raddr, connParamsFrom(m, 1, f[1]))
+	if err != nil {
+		x.dropConn()
+		return err
+	}
+	x.markConn(q)
+	connReply(b, c)
+	return nil
+}
+
+// markConn records that q's connection counts against the limit (released
+// with the QP).
+func (x *session) markConn(q *servedQP) {
+	x.mu.Lock()
+	if x.qps[q.num] == q && !q.conn {
+		q.conn = true
+	} else {
+		x.conns--
+	}
+	x.mu.Unlock()
+}
+
+func (x *session) listen(b *svc.Builder, m svc.Msg) error {
+	var f [1][]byte
+	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 1 {
+		return fmt.Errorf("%w: LISTEN needs an address", ErrInvalidArgument)
+	}
+	laddr, err := netip.ParseAddrPort(string(f[0]))
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	backlog := int(min(m.Arg(0), 1024))
+	if err := x.takeConn(); err != nil {
+		return err
+	}
+	l, err := x.dev.Listen(laddr, ListenConfig{Backlog: backlog, MPATimeout: time.Duration(min(m.Arg(1), uint64(time.Minute)))})
+	if err != nil {
+		x.dropConn()
+		return err
+	}
+	x.mu.Lock()
+	h := x.handle64()
+	x.lns[h] = l
+	x.mu.Unlock()
+	b.Args(h).String(l.Addr().String())
+	return nil
+}
+
+func (x *session) closeListener(h uint64) error {
+	x.mu.Lock()
+	l := x.lns[h]
+	delete(x.lns, h)
+	x.mu.Unlock()
+	if l == nil {
+		return errNoHandle
+	}
+	l.Close()
+	x.dropConn()
+	return nil
+}
+
+func (x *session) getRequest(ctx context.Context, b *svc.Builder, h uint64) error {
+	x.mu.Lock()
+	l := x.lns[h]
+	x.mu.Unlock()
+	if l == nil {
+		return errNoHandle
+	}
+	r, err := l.GetRequest(ctx)
+	if err != nil {
+		return err
+	}
+	x.mu.Lock()
+	if x.ctx.Err() != nil {
+		x.mu.Unlock()
+		r.Reject(nil)
+		return net.ErrClosed
+	}
+	rh := x.handle64()
+	x.reqs[rh] = r
+	x.mu.Unlock()
+	p2p, rtr := r.PeerToPeer()
+	b.Args(rh, uint64(r.MPARevision()), bool64(r.CRC()), uint64(r.IRD()), uint64(r.ORD()), bool64(p2p), uint64(rtr), bool64(r.Markers()))
+	b.String(r.RemoteAddr().String()).Bytes(r.PrivateData())
+	return nil
+}
+
+func (x *session) takeRequest(h uint64) (*ConnRequest, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	r := x.reqs[h]
+	delete(x.reqs, h)
+	if r == nil {
+		return nil, errNoHandle
+	}
+	return r, nil
+}
+
+func (x *session) accept(ctx context.Context, b *svc.Builder, m svc.Msg) error {
+	q, err := x.qp(m.Arg(1))
+	if err != nil {
+		return err
+	}
+	r, err := x.takeRequest(m.Arg(0))
+	if err != nil {
+		return err
+	}
+	var f [1][]byte
+	if _, err := svc.Fields(m.Payload(), f[:]); err != nil {
+		r.Reject(nil)
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	if err := x.takeConn(); err != nil {
+		r.Reject(nil)
+		return err
+	}
+	c, err := r.Accept(ctx, q.qp, connParamsFrom(m, 2, f[0]))
+	if err != nil {
+		x.dropConn()
+		return err
+	}
+	x.markConn(q)
+	connReply(b, c)
+	return nil
+}
+
+func (x *session) reject(m svc.Msg) error {
+	r, err := x.takeRequest(m.Arg(0))
+	if err != nil {
+		return err
+	}
+	var f [1][]byte
+	svc.Fields(m.Payload(), f[:])
+	return r.Reject(f[0])
+}
+
+// --- teardown ---
+
+// teardown releases everything the client held, in the order the design
+// comment gives.
+func (x *session) teardown() {
+	x.cancel()
+	x.conn.Close()
+	x.mu.Lock()
+	lns := x.lns
+	reqs := x.reqs
+	x.lns, x.reqs = map[uint64]*Listener{}, map[uint64]*ConnRequest{}
+	x.mu.Unlock()
+	for _, l := range lns {
+		l.Close()
+	}
+	for _, r := range reqs {
+		r.Reject(nil)
+	}
+	x.stopPoller()
+	if x.bell != nil {
+		x.bell.Close()
+	}
+	x.pollWG.Wait()
+	x.mu.Lock()
+	qps := make([]*servedQP, 0, len(x.qps))
+	for _, q := range x.qps {
+		qps = append(qps, q)
+	}
+	x.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, q := range qps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x.releaseQP(q)
+		}()
+	}
+	wg.Wait()
+	x.calls.Wait() // dial, accept, watchers: all end with the context
+	x.mu.Lock()
+	mrs := x.mrs
+	x.mrs = map[uint64]*servedMR{}
+	x.mu.Unlock()
+	for _, r := range mrs {
+		x.releaseMR(r) // STag invalidated and fenced, then unmapped
+	}
+	srqs := make([]uint64, 0, len(x.srqs))
+	for h := range x.srqs {
+		srqs = append(srqs, h)
+	}
+	for _, h := range srqs {
+		x.destroySRQ(h)
+	}
+	for h, s := range x.cqs {
+		delete(x.cqs, h)
+		s.retire()
+	}
+	for h, pd := range x.pds {
+		delete(x.pds, h)
+		pd.Close()
+	}
+	if x.ctl != nil {
+		svc.Unmap(x.ctl)
+	}
+	if x.ctlFd >= 0 {
+		closeFd(x.ctlFd)
+	}
+	x.srv.mu.Lock()
+	delete(x.srv.sessions, x)
+	x.srv.mu.Unlock()
+	if x.cred.PID != 0 {
+		x.logf("gone: resources released")
+	}
+}
+
+// String names the session in logs.
+func (x *session) String() string { return "client " + strconv.FormatUint(x.id, 10) }
