@@ -5,8 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -315,4 +321,284 @@ func TestServiceSameCode(t *testing.T) {
 	if n := srv.Clients(); n != 0 {
 		t.Fatalf("%d clients still served after Close", n)
 	}
+}
+
+// --- client death ---
+
+// childEnv names the service socket for TestServiceChild; childPeerEnv
+// the peer it writes to.
+const (
+	childEnv     = "RDMATAP_SVC_CHILD"
+	childPeerEnv = "RDMATAP_SVC_CHILD_PEER"
+)
+
+// TestServiceChild is not a test of its own: TestServiceClientDeath runs
+// the test binary again with this test selected to make a client process,
+// which connects to the service, registers memory, connects a QP to the
+// peer and writes 256 KiB RDMA Writes into it until it is killed.
+func TestServiceChild(t *testing.T) {
+	path := os.Getenv(childEnv)
+	if path == "" {
+		t.Skip("a client process of TestServiceClientDeath")
+	}
+	ctx := context.Background()
+	d, err := verbs.Connect(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raddr := netip.MustParseAddrPort(os.Getenv(childPeerEnv))
+	pd, err := d.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := d.CreateCQ(256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := zerocopy.AllocShared("child", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mr, err := pd.RegMR(mem.Bytes(), verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := d.Dial(ctx, qp, raddr, verbs.ConnParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var peer verbs.RemoteBuf
+	if err := peer.UnmarshalBinary(conn.PeerPrivateData()); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(os.Stderr, "child: transferring")
+	wcs := make([]verbs.WC, 16)
+	for out := 0; ; {
+		for out < 8 {
+			if err := qp.PostSend(verbs.SendWR{ID: 1, Op: verbs.OpWrite, Flags: verbs.Signaled, SGL: []verbs.SGE{mr.SGE(0, 256<<10)},
+				RemoteAddr: peer.Addr, RKey: peer.RKey}); err != nil {
+				t.Fatal(err)
+			}
+			out++
+		}
+		n, err := cq.Wait(ctx, wcs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != verbs.StatusSuccess {
+				t.Fatalf("write: %v", wc.Status)
+			}
+		}
+		out -= n
+	}
+}
+
+// sinkPeer accepts every connection on l with a QP and a 1 MiB MR that
+// the initiator may write, and closes each QP when its connection ends.
+func sinkPeer(ctx context.Context, d *verbs.Device, l *verbs.Listener) {
+	pd, _ := d.AllocPD()
+	buf := make([]byte, 1<<20)
+	mr, _ := pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	pdata, _ := mr.Remote().MarshalBinary()
+	for {
+		req, err := l.GetRequest(ctx)
+		if err != nil {
+			return
+		}
+		cq, _ := d.CreateCQ(16)
+		qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+		if err != nil {
+			req.Reject(nil)
+			continue
+		}
+		go func() {
+			if _, err := req.Accept(ctx, qp, verbs.ConnParams{PrivateData: pdata}); err == nil {
+				select {
+				case <-qp.Done():
+				case <-ctx.Done():
+				}
+			}
+			qp.Close()
+			cq.Close()
+		}()
+	}
+}
+
+// procCounts are the process-wide resources client deaths must not leak.
+type procCounts struct {
+	goroutines, fds, memfdMaps int
+	rssKiB                     int
+}
+
+func countProc(t testing.TB) procCounts {
+	var c procCounts
+	c.goroutines = runtime.NumGoroutine()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.fds = len(ents)
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.memfdMaps = bytes.Count(maps, []byte("/memfd:"))
+	if st, err := os.ReadFile("/proc/self/status"); err == nil {
+		if i := bytes.Index(st, []byte("VmRSS:")); i >= 0 {
+			fmt.Sscan(string(st[i+6:]), &c.rssKiB)
+		}
+	}
+	return c
+}
+
+// TestServiceClientDeath kills client processes (SIGKILL) at random
+// moments — before they connect, while they set up, in the middle of RDMA
+// Writes — while an in-process client runs opsClient through the same
+// service over and over, and then checks that the service has released
+// everything: goroutines, descriptors and memfd mappings are back at the
+// baseline. RDMATAP_SVC_KILLS sets the number of clients (default 100).
+func TestServiceClientDeath(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("in a child")
+	}
+	kills := envInt("RDMATAP_SVC_KILLS", 100)
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	peerAddr := p.nb.Addrs()[0].Addr()
+	path, srv := startService(t, p.a, verbs.Limits{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sink, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	sinkDone := make(chan struct{})
+	go func() { sinkPeer(ctx, p.b, sink); close(sinkDone) }()
+	sinkAddr := netip.AddrPortFrom(peerAddr, sink.Addr().Port())
+
+	// Settle, then take the baseline.
+	time.Sleep(50 * time.Millisecond)
+	base := countProc(t)
+
+	// The bystander: another client's transfers must not notice.
+	healthy := make(chan error, 1)
+	stopHealthy := make(chan struct{})
+	go func() {
+		dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+		d, err := verbs.Connect(dctx, path)
+		dcancel()
+		if err != nil {
+			healthy <- err
+			return
+		}
+		defer d.Close()
+		for i := uint64(0); ; i++ {
+			select {
+			case <-stopHealthy:
+				healthy <- nil
+				return
+			default:
+			}
+			if err := runOpsErr(ctx, d, p.b, peerAddr, 1000+i); err != nil {
+				healthy <- fmt.Errorf("round %d: %w", i, err)
+				return
+			}
+		}
+	}()
+
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	const parallel = 4
+	sem := make(chan struct{}, parallel)
+	var wg sync.WaitGroup
+	var transferring atomic.Int32
+	for i := 0; i < kills; i++ {
+		delay := time.Duration(rng.IntN(120)) * time.Millisecond
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			cmd := exec.Command(exe, "-test.run=^TestServiceChild$", "-test.count=1")
+			cmd.Env = append(os.Environ(), childEnv+"="+path, childPeerEnv+"="+sinkAddr.String())
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			cmd.Stdout = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(delay)
+			cmd.Process.Kill()
+			cmd.Wait()
+			if bytes.Contains(stderr.Bytes(), []byte("child: transferring")) {
+				transferring.Add(1)
+			}
+			if bytes.Contains(stderr.Bytes(), []byte("--- FAIL")) {
+				t.Errorf("client process failed before it was killed:\n%s", stderr.Bytes())
+			}
+		}()
+	}
+	wg.Wait()
+	close(stopHealthy)
+	if err := <-healthy; err != nil {
+		t.Fatalf("the bystander client: %v", err)
+	}
+	t.Logf("%d clients killed, %d of them in the middle of RDMA Writes", kills, transferring.Load())
+	if transferring.Load() == 0 {
+		t.Errorf("no client was killed mid-transfer: the delays are too short for this machine")
+	}
+
+	// Every session ends and everything returns.
+	var now procCounts
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		runtime.GC()
+		now = countProc(t)
+		if srv.Clients() == 0 && now.goroutines <= base.goroutines && now.fds <= base.fds && now.memfdMaps <= base.memfdMaps {
+			break
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			n := runtime.Stack(buf, true)
+			t.Fatalf("not back at baseline: clients %d, goroutines %d (base %d), fds %d (base %d), memfd mappings %d (base %d)\n%s",
+				srv.Clients(), now.goroutines, base.goroutines, now.fds, base.fds, now.memfdMaps, base.memfdMaps, buf[:n])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("baseline: goroutines %d, fds %d, memfd mappings %d, RSS %d KiB; after: %d, %d, %d, %d KiB",
+		base.goroutines, base.fds, base.memfdMaps, base.rssKiB, now.goroutines, now.fds, now.memfdMaps, now.rssKiB)
+	cancel()
+	sink.Close()
+	<-sinkDone
+}
+
+// runOpsErr is runOps returning its error.
+func runOpsErr(ctx context.Context, d, peer *verbs.Device, peerAddr netip.Addr, seed uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	l, err := peer.Listen(netip.AddrPort{}, verbs.ListenConfig{})
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	errc := make(chan error, 1)
+	go func() { errc <- opsPeer(ctx, l, peer, seed) }()
+	if err := opsClient(ctx, d, netip.AddrPortFrom(peerAddr, l.Addr().Port()), seed); err != nil {
+		cancel()
+		<-errc
+		return fmt.Errorf("client: %w", err)
+	}
+	if err := <-errc; err != nil {
+		return fmt.Errorf("peer: %w", err)
+	}
+	return nil
 }
