@@ -308,7 +308,11 @@ func (x *session) run() {
 		if err := m.Check(); err != nil {
 			closeFDs(fds)
 			x.logf("malformed message: %v", err)
-			x.reply(&svc.Builder{}, 0, 0, nil, err)
+			var seq uint32
+			if len(m) >= svc.HeaderSize {
+				seq = m.Seq()
+			}
+			x.reply(&svc.Builder{}, svc.TError, seq, nil, err)
 			continue
 		}
 		x.dispatch(m, fds)
@@ -395,7 +399,8 @@ func errStatus(err error) (uint32, string) {
 	case errors.Is(err, ErrNoMatchingRTR):
 		return svc.StatusNoMatchingRTR, text
 	case errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrUnsupported), errors.Is(err, svc.ErrShort),
-		errors.Is(err, svc.ErrLength), errors.Is(err, svc.ErrType), errors.Is(err, svc.ErrArgs), errors.Is(err, svc.ErrTooLarge):
+		errors.Is(err, svc.ErrLength), errors.Is(err, svc.ErrType), errors.Is(err, svc.ErrArgs), errors.Is(err, svc.ErrTooLarge),
+		errors.Is(err, svc.ErrReserved):
 		return svc.StatusInvalidArgument, text
 	case errors.Is(err, ErrInvalidState), errors.Is(err, iwarp.ErrInvalidState):
 		return svc.StatusInvalidState, text
@@ -435,9 +440,9 @@ func (x *session) dispatch(m svc.Msg, fds []int) {
 		x.mu.Unlock()
 		return
 	}
-	if t == svc.TEvent || t == svc.TQPDone || t == svc.THello {
+	if t == svc.TEvent || t == svc.TQPDone || t == svc.THello || t == svc.TError {
 		closeFDs(fds)
-		x.reply(&svc.Builder{}, t, seq, nil, fmt.Errorf("%w: %v is not a request", ErrInvalidArgument, t))
+		x.reply(&svc.Builder{}, svc.TError, seq, nil, fmt.Errorf("%w: %v is not a request", ErrInvalidArgument, t))
 		return
 	}
 	if t != svc.TRegMR && len(fds) > 0 {

@@ -19,6 +19,9 @@
 // the error's text). Descriptors (memfds, eventfds) travel beside a
 // message as SCM_RIGHTS.
 //
+// An empty datagram cannot be told from end of file on SOCK_SEQPACKET:
+// the service takes it as the client leaving.
+//
 // The first message each way is Hello: it carries Magic and Version, and
 // an end that finds a different version refuses with ErrVersion's text
 // naming both, so mismatched builds fail at once and clearly.
@@ -59,7 +62,8 @@ const (
 type Type uint16
 
 // Message types. Requests come from the client; the service answers each
-// with a reply of the same type and Seq. Event and QPDone are unsolicited.
+// with a reply of the same type and Seq. Event and QPDone are unsolicited;
+// Error answers a message the service could not read.
 const (
 	THello Type = iota + 1
 	TAllocPD
@@ -84,12 +88,13 @@ const (
 	TCancel
 	TEvent  // service → client: an async event of one of the client's QPs or SRQs
 	TQPDone // service → client: a QP is in ERROR with every WR completed
+	TError  // service → client: a message it could not read (Seq when the header was readable)
 	tLast
 )
 
 var typeNames = [...]string{"", "HELLO", "ALLOC_PD", "DEALLOC_PD", "CREATE_CQ", "DESTROY_CQ", "REG_MR", "DEREG_MR",
 	"CREATE_SRQ", "DESTROY_SRQ", "SRQ_LIMIT", "CREATE_QP", "DESTROY_QP", "QUERY_QP", "DISCONNECT", "DIAL", "LISTEN",
-	"CLOSE_LISTENER", "GET_REQUEST", "ACCEPT", "REJECT", "CANCEL", "EVENT", "QP_DONE"}
+	"CLOSE_LISTENER", "GET_REQUEST", "ACCEPT", "REJECT", "CANCEL", "EVENT", "QP_DONE", "ERROR"}
 
 func (t Type) String() string {
 	if t > 0 && t < tLast {
@@ -129,6 +134,7 @@ var (
 	ErrType     = errors.New("svc: unknown message type")
 	ErrArgs     = errors.New("svc: too many arguments")
 	ErrVersion  = errors.New("svc: protocol version mismatch")
+	ErrReserved = errors.New("svc: reserved header byte set")
 )
 
 // Msg is a view of one message.
@@ -178,6 +184,9 @@ func (m Msg) Check() error {
 	}
 	if m.NArgs() > MaxArgs {
 		return ErrArgs
+	}
+	if m[offNArgs+1] != 0 {
+		return ErrReserved
 	}
 	if HeaderSize+8*m.NArgs()+m.PayloadLen() != len(m) {
 		return ErrLength

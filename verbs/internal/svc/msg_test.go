@@ -1,0 +1,117 @@
+package svc
+
+import (
+	"bytes"
+	"testing"
+
+	"rdmatap/iwarp"
+)
+
+func TestBuilderRoundTrip(t *testing.T) {
+	var b Builder
+	m := b.Reset(TDial, 42, StatusRejected).Args(1, 2, 1<<63).String("10.0.0.1:7").Bytes([]byte{9, 8}).Msg()
+	if err := m.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if m.Type() != TDial || m.Seq() != 42 || m.Status() != StatusRejected || m.NArgs() != 3 || m.Arg(2) != 1<<63 || m.Arg(3) != 0 {
+		t.Fatalf("fields: %v %d %d %d %d", m.Type(), m.Seq(), m.Status(), m.NArgs(), m.Arg(2))
+	}
+	var f [3][]byte
+	n, err := Fields(m.Payload(), f[:])
+	if err != nil || n != 2 || string(f[0]) != "10.0.0.1:7" || !bytes.Equal(f[1], []byte{9, 8}) {
+		t.Fatalf("fields %d %q %v", n, f[:n], err)
+	}
+	// Every corruption of the length is caught.
+	for _, bad := range []Msg{m[:HeaderSize-1], m[:len(m)-1], append(append(Msg(nil), m...), 0)} {
+		if bad.Check() == nil {
+			t.Errorf("Check accepted a %d-byte message of %d", len(bad), len(m))
+		}
+	}
+}
+
+func TestRingEntries(t *testing.T) {
+	mem := make([]byte, RingBytes(4, SendEntrySize(2)))
+	r, err := InitRing(mem, 4, SendEntrySize(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr := iwarp.SendWR{ID: 7, Op: iwarp.WRWrite, Flags: iwarp.FlagSignaled, RemoteAddr: 1 << 40, RKey: 0x1234,
+		SGL: []iwarp.SGE{{Addr: 100, Length: 200, LKey: 300}, {Addr: 400, Length: 500, LKey: 600}}}
+	PutSend(r.Entry(5), &wr)
+	var got iwarp.SendWR
+	if err := GetSend(r.Entry(1), &got, make([]iwarp.SGE, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != 7 || got.Op != wr.Op || got.RemoteAddr != wr.RemoteAddr || len(got.SGL) != 2 || got.SGL[1] != wr.SGL[1] {
+		t.Fatalf("got %+v", got)
+	}
+	// More SGEs than the QP allows, and a memory registration opcode,
+	// are refused.
+	if GetSend(r.Entry(1), &got, make([]iwarp.SGE, 1)) == nil {
+		t.Error("3 SGEs accepted with room for 1")
+	}
+	r.Entry(1)[8] = byte(iwarp.WRRegMR)
+	if GetSend(r.Entry(1), &got, make([]iwarp.SGE, 2)) == nil {
+		t.Error("REG_MR accepted from a ring")
+	}
+	// A producer index beyond the capacity is refused.
+	r.Prod.Store(5)
+	if _, err := r.Pending(0); err == nil {
+		t.Error("5 pending in a ring of 4 accepted")
+	}
+	if n, err := r.Pending(1); err != nil || n != 4 {
+		t.Errorf("pending %d, %v", n, err)
+	}
+}
+
+// FuzzMsg: Check never panics, and what it accepts can be read in full.
+func FuzzMsg(f *testing.F) {
+	var b Builder
+	f.Add([]byte(b.Reset(THello, 0, 0).Args(Magic, Version).Msg()))
+	f.Add([]byte(b.Reset(TRegMR, 3, 0).Args(1, 2, 3, 4, 5).Msg()))
+	f.Add([]byte(b.Reset(TDial, 9, 0).Args(16, 0, 0, 0, 0, 0, 0, 0).String("10.0.0.2:1").Bytes([]byte("pd")).Msg()))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m := Msg(data)
+		if m.Check() != nil {
+			return
+		}
+		for i := -1; i <= m.NArgs()+1; i++ {
+			m.Arg(i)
+		}
+		var fs [4][]byte
+		Fields(m.Payload(), fs[:])
+		_ = m.Type().String()
+		// Rebuilding it gives the same bytes.
+		var w Builder
+		w.Reset(m.Type(), m.Seq(), m.Status())
+		for i := 0; i < m.NArgs(); i++ {
+			w.Args(m.Arg(i))
+		}
+		w.pay = append(w.pay, m.Payload()...)
+		if got := w.Msg(); !bytes.Equal(got, m) {
+			t.Fatalf("rebuilt %x, was %x", []byte(got), data)
+		}
+	})
+}
+
+// FuzzRingEntry: hostile ring entries decode or are refused, never panic,
+// and a decoded entry's SGL fits the QP's SGE limit.
+func FuzzRingEntry(f *testing.F) {
+	e := make([]byte, SendEntrySize(2))
+	PutSend(e, &iwarp.SendWR{ID: 1, Op: iwarp.WRSend, SGL: []iwarp.SGE{{Addr: 1, Length: 2, LKey: 3}}})
+	f.Add(e)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		sgl := make([]iwarp.SGE, 2)
+		var wr iwarp.SendWR
+		if GetSend(data, &wr, sgl) == nil && len(wr.SGL) > 2 {
+			t.Fatalf("%d SGEs", len(wr.SGL))
+		}
+		if _, s, err := GetRecv(data, sgl); err == nil && len(s) > 2 {
+			t.Fatalf("%d SGEs", len(s))
+		}
+		if len(data) >= CQEntrySize {
+			var c iwarp.Completion
+			GetCompletion(data, &c)
+		}
+	})
+}
