@@ -81,6 +81,12 @@ type ServeConfig struct {
 	// Logf receives one line per client arriving and leaving (with its
 	// uid and pid) and per client error; nil discards them.
 	Logf func(format string, args ...any)
+	// PollSpin is how long a client's poller keeps polling its rings
+	// after the last work request before it sleeps on the doorbell
+	// (default 250 µs; negative: sleep at once). Longer costs CPU while
+	// a client is idle, shorter costs a wake-up (a doorbell write and a
+	// goroutine hand-off) on the next work request after a pause.
+	PollSpin time.Duration
 }
 
 // Server serves a device to clients on a unix socket.
@@ -131,6 +137,9 @@ func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
 	cfg.Limits = cfg.Limits.withDefaults()
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.PollSpin == 0 {
+		cfg.PollSpin = 250 * time.Microsecond
 	}
 	s := &Server{dev: d, ln: ln, cfg: cfg, sessions: map[*session]struct{}{}, qpOwner: map[uint32]*session{}}
 	s.hook = s.routeEvent
@@ -255,7 +264,6 @@ type session struct {
 	ringMu   sync.RWMutex // the poller holds it for reading while it touches rings
 	pollQPs  []*servedQP
 	pollSRQs []*servedSRQ
-	wake     chan struct{}
 	stop     chan struct{}
 	blocked  atomic.Int32 // ring entries waiting for room in a full queue
 	pollWG   sync.WaitGroup
@@ -268,7 +276,7 @@ func newSession(s *Server, c *net.UnixConn, id uint64) *session {
 	return &session{srv: s, dev: s.dev, conn: c, id: id, lim: s.cfg.Limits, ctx: ctx, cancel: cancel,
 		pds: map[uint64]*PD{}, cqs: map[uint64]*servedCQ{}, mrs: map[uint64]*servedMR{}, srqs: map[uint64]*servedSRQ{},
 		qps: map[uint32]*servedQP{}, lns: map[uint64]*Listener{}, reqs: map[uint64]*ConnRequest{},
-		inflight: map[uint32]context.CancelFunc{}, ctlFd: -1, wake: make(chan struct{}, 1), stop: make(chan struct{}),
+		inflight: map[uint32]context.CancelFunc{}, ctlFd: -1, stop: make(chan struct{}),
 		events: make(chan AsyncEvent, 256)}
 }
 
@@ -292,9 +300,8 @@ func (x *session) run() {
 		return
 	}
 	x.logf("connected")
-	x.pollWG.Add(2)
+	x.pollWG.Add(1)
 	go x.poller()
-	go x.bellReader()
 	x.calls.Add(1)
 	go x.eventWriter()
 	for {
@@ -1059,38 +1066,27 @@ func (x *session) releaseQP(q *servedQP) {
 
 // --- the fast path: the poller ---
 
-// kick wakes the poller if it sleeps.
+// kick wakes the poller if it sleeps: the service rings the client's
+// doorbell itself.
 func (x *session) kick() {
-	select {
-	case x.wake <- struct{}{}:
-	default:
+	if x.sleeping.Load() != 0 {
+		x.bell.Signal()
 	}
 }
 
-// bellReader turns the client's doorbell into a wake-up (one per client).
-func (x *session) bellReader() {
-	defer x.pollWG.Done()
-	for {
-		if err := x.bell.Wait(); err != nil {
-			return
-		}
-		x.kick()
-	}
-}
+// blockedNap bounds the poller's sleep while entries wait for room in a
+// full queue (an unsignaled WR frees its slot without a completion to
+// wake the poller).
+const blockedNap = 200 * time.Microsecond
 
-// Poller timing: it spins (yielding) this long after the last work before
-// it sleeps; while entries wait for room in a full queue it sleeps at most
-// blockedNap.
-const (
-	pollSpin   = 50 * time.Microsecond
-	blockedNap = 200 * time.Microsecond
-)
-
-// poller drains the client's rings into its QPs and SRQs (one per client).
+// poller drains the client's rings into its QPs and SRQs (one per
+// client). It polls while there is work and for PollSpin after, then
+// sleeps on the doorbell eventfd, which the client rings only while the
+// control page says the poller sleeps.
 func (x *session) poller() {
 	defer x.pollWG.Done()
+	pollSpin := x.srv.cfg.PollSpin
 	idleSince := time.Now()
-	var nap *time.Timer
 	for {
 		select {
 		case <-x.stop:
@@ -1115,25 +1111,15 @@ func (x *session) poller() {
 			continue
 		}
 		if x.blocked.Load() != 0 {
-			if nap == nil {
-				nap = time.NewTimer(blockedNap)
-			} else {
-				nap.Reset(blockedNap)
-			}
-			select {
-			case <-x.wake:
-			case <-nap.C:
-			case <-x.stop:
-				return
-			}
+			x.bell.SetDeadline(time.Now().Add(blockedNap))
 		} else {
-			select {
-			case <-x.wake:
-			case <-x.stop:
-				return
-			}
+			x.bell.SetDeadline(time.Time{})
 		}
+		err := x.bell.Wait()
 		x.sleeping.Store(0)
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			return // closed: the session ends
+		}
 		idleSince = time.Time{}
 	}
 }

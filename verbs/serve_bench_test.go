@@ -1,0 +1,242 @@
+package verbs_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"rdmatap/verbs"
+	"rdmatap/zerocopy"
+)
+
+// benchConn is one connection of the service benchmarks: the client end
+// on the device under test (embedded or through the service), the peer
+// end embedded on the other device.
+type benchConn struct {
+	qp     *verbs.QP
+	cq     *verbs.CQ
+	mr     *verbs.MR
+	buf    []byte
+	remote verbs.RemoteBuf
+
+	pqp     *verbs.QP
+	pbuf    []byte
+	pmr     *verbs.MR
+	premote verbs.RemoteBuf
+}
+
+// benchConnect connects a client end on d to a peer end on peer. The
+// client code is the same for both kinds of device.
+func benchConnect(b *testing.B, d, peer *verbs.Device, peerAddr netip.Addr, size int, manualPeer bool) *benchConn {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := &benchConn{}
+	pd, err := d.AllocPD()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if c.cq, err = d.CreateCQ(256); err != nil {
+		b.Fatal(err)
+	}
+	if c.qp, err = pd.CreateQP(verbs.QPConfig{SendCQ: c.cq, RecvCQ: c.cq}); err != nil {
+		b.Fatal(err)
+	}
+	mem, err := zerocopy.AllocShared("bench", size)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { mem.Close() })
+	c.buf = mem.Bytes()
+	if c.mr, err = pd.RegMR(c.buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead); err != nil {
+		b.Fatal(err)
+	}
+	ppd, _ := peer.AllocPD()
+	pcq, _ := peer.CreateCQ(256)
+	if c.pqp, err = ppd.CreateQP(verbs.QPConfig{SendCQ: pcq, RecvCQ: pcq, ManualProgress: manualPeer}); err != nil {
+		b.Fatal(err)
+	}
+	c.pbuf = make([]byte, size)
+	if c.pmr, err = ppd.RegMR(c.pbuf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead); err != nil {
+		b.Fatal(err)
+	}
+	l, err := peer.Listen(netip.AddrPort{}, verbs.ListenConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	errc := make(chan error, 1)
+	go func() {
+		req, err := l.GetRequest(ctx)
+		if err == nil {
+			err = c.premote.UnmarshalBinary(req.PrivateData())
+		}
+		if err == nil {
+			pdata, _ := c.pmr.Remote().MarshalBinary()
+			_, err = req.Accept(ctx, c.pqp, verbs.ConnParams{PrivateData: pdata})
+		}
+		errc <- err
+	}()
+	pdata, _ := c.mr.Remote().MarshalBinary()
+	conn, err := d.Dial(ctx, c.qp, netip.AddrPortFrom(peerAddr, l.Addr().Port()), verbs.ConnParams{PrivateData: pdata})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		b.Fatal(err)
+	}
+	if err := c.remote.UnmarshalBinary(conn.PeerPrivateData()); err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// writes posts n RDMA Writes of size bytes, eight in flight, and waits
+// for all of them.
+func (c *benchConn) writes(n, size int) error {
+	ctx := context.Background()
+	var wcs [16]verbs.WC
+	out := 0
+	for posted := 0; posted < n || out > 0; {
+		for posted < n && out < 8 {
+			if err := c.qp.PostSend(verbs.SendWR{Op: verbs.OpWrite, Flags: verbs.Signaled, SGL: []verbs.SGE{c.mr.SGE(0, size)},
+				RemoteAddr: c.remote.Addr, RKey: c.remote.RKey}); err != nil {
+				return err
+			}
+			posted++
+			out++
+		}
+		k, err := c.cq.Wait(ctx, wcs[:])
+		if err != nil {
+			return err
+		}
+		for _, wc := range wcs[:k] {
+			if err := wc.Err(); err != nil {
+				return err
+			}
+		}
+		out -= k
+	}
+	return nil
+}
+
+// startPonger runs the peer of pings: it waits for the flag word of its
+// receive area to reach i and writes 64 bytes back (ib_write_lat).
+func (c *benchConn) startPonger() {
+	go func() {
+		for i := uint32(1); ; i++ {
+			if waitFlag(c.pqp, flag(c.pbuf, 60), i) != nil {
+				return
+			}
+			*flag(c.pbuf, 124) = i
+			if c.pqp.PostSend(verbs.SendWR{Op: verbs.OpWrite, Flags: verbs.Inline, SGL: []verbs.SGE{c.pmr.SGE(64, 64)},
+				RemoteAddr: c.premote.Addr, RKey: c.premote.RKey}) != nil {
+				return
+			}
+		}
+	}()
+}
+
+// pings runs n 64-byte Write round trips, busy polling the flag word of
+// the client's receive area (yielding to the goroutines that place).
+func (c *benchConn) pings(next *uint32, n int) error {
+	for range n {
+		*next++
+		i := *next
+		*flag(c.buf, 124) = i
+		if err := c.qp.PostSend(verbs.SendWR{Op: verbs.OpWrite, Flags: verbs.Inline, SGL: []verbs.SGE{c.mr.SGE(64, 64)},
+			RemoteAddr: c.remote.Addr, RKey: c.remote.RKey}); err != nil {
+			return err
+		}
+		for atomic.LoadUint32(flag(c.buf, 60)) != i {
+			runtime.Gosched()
+		}
+	}
+	return nil
+}
+
+// BenchmarkServiceRatios runs the same client code on an embedded device
+// and through the service in one process, alternating in rounds
+// (RDMATAP_BENCH_ROUNDS, default 5), and reports the medians:
+//
+//	write-svc/emb    1 MiB RDMA Write MB/s through the service ÷ embedded (issue #13: ≥ 0.9)
+//	pingpong-add-µs  64 B Write round trip through the service − embedded (issue #13: ≤ 2 µs)
+//
+// b.N scales the operations per round: b.N 1 MiB Writes and 20×b.N round
+// trips on each side.
+func BenchmarkServiceRatios(b *testing.B) {
+	p := newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	peerAddr := p.nb.Addrs()[0].Addr()
+	path, _ := startService(b, p.a, verbs.Limits{})
+	svcDev := connectService(b, path)
+	const size = 1 << 20
+	embW := benchConnect(b, p.a, p.b, peerAddr, size, false)
+	svcW := benchConnect(b, svcDev, p.b, peerAddr, size, false)
+	embP := benchConnect(b, p.a, p.b, peerAddr, 128, true)
+	svcP := benchConnect(b, svcDev, p.b, peerAddr, 128, true)
+	embP.startPonger()
+	svcP.startPonger()
+	var embNext, svcNext uint32
+	rounds := envInt("RDMATAP_BENCH_ROUNDS", 5)
+	nw, np := max(b.N, 8), 20*max(b.N, 8)
+	// Warm up both paths.
+	for _, c := range []*benchConn{embW, svcW} {
+		if err := c.writes(8, size); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := embP.pings(&embNext, 200); err != nil {
+		b.Fatal(err)
+	}
+	if err := svcP.pings(&svcNext, 200); err != nil {
+		b.Fatal(err)
+	}
+	var wratio, padd, embMB, svcMB, embRTT, svcRTT []float64
+	b.ResetTimer()
+	for r := range rounds {
+		timeIt := func(f func() error) time.Duration {
+			t0 := time.Now()
+			if err := f(); err != nil {
+				b.Fatal(err)
+			}
+			return time.Since(t0)
+		}
+		var te, ts, pe, ps time.Duration
+		emb := func() {
+			te = timeIt(func() error { return embW.writes(nw, size) })
+			pe = timeIt(func() error { return embP.pings(&embNext, np) })
+		}
+		svc := func() {
+			ts = timeIt(func() error { return svcW.writes(nw, size) })
+			ps = timeIt(func() error { return svcP.pings(&svcNext, np) })
+		}
+		if r%2 == 0 {
+			emb()
+			svc()
+		} else {
+			svc()
+			emb()
+		}
+		mb := func(d time.Duration) float64 { return float64(nw) * size / d.Seconds() / 1e6 }
+		rtt := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(np) }
+		embMB, svcMB = append(embMB, mb(te)), append(svcMB, mb(ts))
+		embRTT, svcRTT = append(embRTT, rtt(pe)), append(svcRTT, rtt(ps))
+		wratio = append(wratio, mb(ts)/mb(te))
+		padd = append(padd, rtt(ps)-rtt(pe))
+	}
+	b.StopTimer()
+	b.ReportMetric(median(wratio), "write-svc/emb")
+	b.ReportMetric(median(padd), "pingpong-add-µs")
+	b.ReportMetric(median(embMB), "emb-MB/s")
+	b.ReportMetric(median(svcMB), "svc-MB/s")
+	b.ReportMetric(median(embRTT), "emb-rtt-µs")
+	b.ReportMetric(median(svcRTT), "svc-rtt-µs")
+	b.ReportMetric(0, "ns/op")
+	if testing.Verbose() {
+		fmt.Printf("write MB/s emb %.0f svc %.0f; round trip µs emb %.2f svc %.2f\n", median(embMB), median(svcMB), median(embRTT), median(svcRTT))
+	}
+}
