@@ -602,3 +602,157 @@ func runOpsErr(ctx context.Context, d, peer *verbs.Device, peerAddr netip.Addr, 
 	}
 	return nil
 }
+
+// srqClient is application code for receives through a shared receive
+// queue, the SRQ limit event and CQ completion events: it accepts one
+// connection on l, receives n Sends through an SRQ (armed to report when
+// fewer than 2 receives remain), waiting for each with ReqNotify and
+// WaitEvent, and checks the bytes and the event.
+func srqClient(ctx context.Context, d *verbs.Device, l *verbs.Listener, n int) error {
+	pd, err := d.AllocPD()
+	if err != nil {
+		return err
+	}
+	cq, err := d.CreateCQ(64)
+	if err != nil {
+		return err
+	}
+	srq, err := pd.CreateSRQ(16, 1)
+	if err != nil {
+		return err
+	}
+	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, SRQ: srq})
+	if err != nil {
+		return err
+	}
+	defer qp.Close()
+	mem, err := zerocopy.AllocShared("srq", 64<<10)
+	if err != nil {
+		return err
+	}
+	defer mem.Close()
+	mr, err := pd.RegMR(mem.Bytes(), verbs.AccessLocalWrite)
+	if err != nil {
+		return err
+	}
+	defer mr.Dereg()
+	for i := 0; i < n; i++ {
+		if err := srq.PostRecv(verbs.RecvWR{ID: uint64(100 + i), SGL: []verbs.SGE{mr.SGE(i*1024, 1024)}}); err != nil {
+			return err
+		}
+	}
+	if err := srq.SetLimit(2); err != nil {
+		return err
+	}
+	req, err := l.GetRequest(ctx)
+	if err != nil {
+		return err
+	}
+	if string(req.PrivateData()) != "srq" {
+		return fmt.Errorf("private data %q", req.PrivateData())
+	}
+	if _, err := req.Accept(ctx, qp, verbs.ConnParams{PrivateData: []byte("ok")}); err != nil {
+		return err
+	}
+	var wc [1]verbs.WC
+	for i := 0; i < n; i++ {
+		if err := cq.ReqNotify(false); err != nil {
+			return err
+		}
+		if cq.Poll(wc[:]) == 0 {
+			if err := cq.WaitEvent(ctx); err != nil {
+				return fmt.Errorf("completion event %d: %w", i, err)
+			}
+			if cq.Poll(wc[:]) == 0 {
+				return fmt.Errorf("completion event %d without a completion", i)
+			}
+		}
+		if err := wc[0].Err(); err != nil || wc[0].ID != uint64(100+i) || wc[0].ByteLen != 512 {
+			return fmt.Errorf("receive %d: id %d, %d bytes, %v", i, wc[0].ID, wc[0].ByteLen, err)
+		}
+		want := bytes.Repeat([]byte{byte(i + 1)}, 512)
+		if !bytes.Equal(mem.Bytes()[i*1024:i*1024+512], want) {
+			return fmt.Errorf("receive %d: bytes differ", i)
+		}
+	}
+	for {
+		select {
+		case e := <-d.Events():
+			if e.Type == verbs.EventSRQLimitReached {
+				if e.SRQ != srq {
+					return errors.New("SRQ limit event names another SRQ")
+				}
+				return nil
+			}
+		case <-ctx.Done():
+			return errors.New("no SRQ limit event")
+		}
+	}
+}
+
+// srqPeer dials and sends n 512-byte messages.
+func srqPeer(ctx context.Context, d *verbs.Device, raddr netip.AddrPort, n int) error {
+	pd, _ := d.AllocPD()
+	cq, _ := d.CreateCQ(64)
+	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+	if err != nil {
+		return err
+	}
+	defer qp.Close()
+	buf := make([]byte, 512*n)
+	for i := 0; i < n; i++ {
+		copy(buf[i*512:], bytes.Repeat([]byte{byte(i + 1)}, 512))
+	}
+	mr, _ := pd.RegMR(buf, verbs.AccessLocalWrite)
+	var c *verbs.Conn
+	for {
+		c, err = d.Dial(ctx, qp, raddr, verbs.ConnParams{PrivateData: []byte("srq")})
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		return err
+	}
+	if string(c.PeerPrivateData()) != "ok" {
+		return fmt.Errorf("accept's private data %q", c.PeerPrivateData())
+	}
+	for i := 0; i < n; i++ {
+		if err := qp.PostSend(verbs.SendWR{ID: uint64(i), Op: verbs.OpSend, Flags: verbs.Signaled, SGL: []verbs.SGE{mr.SGE(i*512, 512)}}); err != nil {
+			return err
+		}
+		if _, err := waitWC(ctx, cq, verbs.WCSend, 512); err != nil {
+			return err
+		}
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// TestServiceSRQAndEvents runs srqClient, a passive side, on an embedded
+// device and through the service.
+func TestServiceSRQAndEvents(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, verbs.Limits{})
+	run := func(t *testing.T, d *verbs.Device, addr netip.Addr) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		l, err := d.Listen(netip.AddrPortFrom(addr, 0), verbs.ListenConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		pctx, pcancel := context.WithCancel(ctx)
+		errc := make(chan error, 1)
+		go func() { errc <- srqPeer(pctx, p.b, netip.AddrPortFrom(addr, l.Addr().Port()), 6) }()
+		err = srqClient(ctx, d, l, 6)
+		pcancel()
+		if perr := <-errc; perr != nil {
+			t.Errorf("peer: %v", perr)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr := p.na.Addrs()[0].Addr()
+	t.Run("embedded", func(t *testing.T) { run(t, p.a, addr) })
+	t.Run("service", func(t *testing.T) { run(t, connectService(t, path), addr) })
+}
