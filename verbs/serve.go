@@ -7,10 +7,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"rdmatap/iwarp"
@@ -104,11 +106,27 @@ type Server struct {
 	wg       sync.WaitGroup
 }
 
-// ListenSocket makes the service's socket at path with mode 0660, owned by
-// group gid (-1 keeps the process's group). A stale socket file is
-// replaced.
+// ListenSocket makes the service's socket at path (and its directory, mode
+// 0755, if missing) with mode 0660, owned by group gid (-1 keeps the
+// process's group). A socket file no service answers on (left by a
+// crashed one) is replaced; a live one, or a path that is not a socket,
+// is an error.
 func ListenSocket(path string, gid int) (*net.UnixListener, error) {
-	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("service socket %s: the path exists and is not a socket", path)
+		}
+		c, err := net.DialTimeout("unixpacket", path, time.Second)
+		if err == nil {
+			c.Close()
+			return nil, fmt.Errorf("service socket %s is in use by another running service", path)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("service socket %s: cannot tell whether a service runs on it: %w", path, err)
+		}
 		os.Remove(path)
 	}
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})

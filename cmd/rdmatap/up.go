@@ -158,6 +158,8 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 	var ef endpointFlags
 	ef.register(fs)
 	ctl := fs.String("ctl", "", "control socket path (default /run/rdmatap/NAME.sock as root, else $XDG_RUNTIME_DIR/rdmatap/NAME.sock or /tmp/rdmatap-UID/NAME.sock)")
+	var sf serviceFlags
+	sf.register(fs)
 	if err := parseFlags(fs, args, stderr, "up", "Bring up an endpoint on a TAP device and keep it running until SIGINT/SIGTERM."); err != nil {
 		return err
 	}
@@ -165,6 +167,9 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
 	}
 	if _, _, _, err := ef.check(); err != nil {
+		return err
+	}
+	if _, _, err := sf.check(); err != nil {
 		return err
 	}
 	// The control socket's directory is checked before the TAP is touched.
@@ -183,6 +188,14 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer srv.Close()
+	svc, err := sf.start(e.Dev, logger.Printf)
+	if err != nil {
+		return err
+	}
+	if svc != nil {
+		defer svc.Close()
+		logger.Printf("up: serving %s to other processes on %s", e.Dev.Name(), sf.socket)
+	}
 	created := "attached to"
 	if e.Tap.Created() {
 		created = "created"

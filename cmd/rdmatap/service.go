@@ -1,0 +1,109 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os/user"
+	"strconv"
+	"strings"
+	"time"
+
+	"rdmatap/verbs"
+)
+
+// The endpoint as a service (issue #13): `rdmatap up --socket PATH` lets
+// unprivileged processes use the endpoint through verbs.Connect. The
+// socket is mode 0660; --socket-group names the group that may connect.
+
+// serviceFlags are up's service flags.
+type serviceFlags struct {
+	socket   string
+	group    string
+	qps      int
+	cqs      int
+	mrBytes  string
+	conns    int
+	pollSpin time.Duration
+}
+
+func (f *serviceFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.socket, "socket", "", "serve the device to other processes on this unix socket (verbs.Connect; mode 0660)")
+	fs.StringVar(&f.group, "socket-group", "", "group (name or number) that owns the service socket (default: this process's group)")
+	fs.IntVar(&f.qps, "client-qps", 1024, "per-client limit on QPs")
+	fs.IntVar(&f.cqs, "client-cqs", 1024, "per-client limit on CQs")
+	fs.StringVar(&f.mrBytes, "client-mr-bytes", "16G", "per-client limit on registered memory (suffix K, M, G)")
+	fs.IntVar(&f.conns, "client-conns", 1024, "per-client limit on connections and listeners")
+	fs.DurationVar(&f.pollSpin, "poll-spin", 250*time.Microsecond, "how long a client's ring poller spins after its last work request before it sleeps")
+}
+
+// parseBytes reads a byte count with an optional K, M or G suffix.
+func parseBytes(s string) (int64, error) {
+	mul := int64(1)
+	switch {
+	case strings.HasSuffix(s, "K"):
+		mul, s = 1<<10, strings.TrimSuffix(s, "K")
+	case strings.HasSuffix(s, "M"):
+		mul, s = 1<<20, strings.TrimSuffix(s, "M")
+	case strings.HasSuffix(s, "G"):
+		mul, s = 1<<30, strings.TrimSuffix(s, "G")
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/mul {
+		return 0, fmt.Errorf("bad byte count %q", s)
+	}
+	return n * mul, nil
+}
+
+// check validates the flags and resolves the group (-1: none given).
+func (f *serviceFlags) check() (verbs.Limits, int, error) {
+	var lim verbs.Limits
+	if f.socket == "" {
+		if f.group != "" {
+			return lim, -1, fmt.Errorf("%w: --socket-group needs --socket", errUsage)
+		}
+		return lim, -1, nil
+	}
+	if f.qps < 1 || f.cqs < 1 || f.conns < 1 {
+		return lim, -1, fmt.Errorf("%w: --client-qps, --client-cqs and --client-conns must be at least 1", errUsage)
+	}
+	mr, err := parseBytes(f.mrBytes)
+	if err != nil {
+		return lim, -1, fmt.Errorf("%w: --client-mr-bytes: %v", errUsage, err)
+	}
+	lim = verbs.Limits{QPs: f.qps, CQs: f.cqs, MRBytes: mr, Conns: f.conns}
+	gid := -1
+	if f.group != "" {
+		if n, err := strconv.Atoi(f.group); err == nil && n >= 0 {
+			gid = n
+		} else {
+			g, err := user.LookupGroup(f.group)
+			if err != nil {
+				return lim, -1, fmt.Errorf("%w: --socket-group %q: %v", errUsage, f.group, err)
+			}
+			gid, _ = strconv.Atoi(g.Gid)
+		}
+	}
+	return lim, gid, nil
+}
+
+// startService serves d on the flags' socket; nil without --socket.
+func (f *serviceFlags) start(d *verbs.Device, logf func(string, ...any)) (*verbs.Server, error) {
+	lim, gid, err := f.check()
+	if err != nil || f.socket == "" {
+		return nil, err
+	}
+	ln, err := verbs.ListenSocket(f.socket, gid)
+	if err != nil {
+		return nil, fmt.Errorf("service socket: %w", err)
+	}
+	spin := f.pollSpin
+	if spin == 0 {
+		spin = -1
+	}
+	srv, err := verbs.Serve(d, ln, verbs.ServeConfig{Limits: lim, Logf: logf, PollSpin: spin})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return srv, nil
+}
