@@ -993,19 +993,25 @@ func (d *Device) remoteDial(ctx context.Context, qp *QP, raddr netip.AddrPort, p
 }
 
 func (d *Device) remoteListen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, error) {
+	addr := "" // any address, any port
+	if laddr.IsValid() {
+		addr = laddr.String()
+	}
 	r, err := d.rc.do(context.Background(), svc.TListen, func(b *svc.Builder) {
-		b.Args(uint64(cfg.Backlog), uint64(cfg.MPATimeout)).String(laddr.String())
+		b.Args(uint64(cfg.Backlog), uint64(cfg.MPATimeout)).String(addr)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("verbs: listen %v: %w", laddr, err)
 	}
 	var f [1][]byte
 	svc.Fields(r.m.Payload(), f[:])
-	a, err := netip.ParseAddrPort(string(f[0]))
-	if err != nil {
-		return nil, fmt.Errorf("verbs: malformed listen address from the service")
+	var ip netip.Addr // the unspecified address: listening on all
+	if len(f[0]) > 0 {
+		if ip, err = netip.ParseAddr(string(f[0])); err != nil {
+			return nil, fmt.Errorf("verbs: malformed listen address from the service")
+		}
 	}
-	l := &Listener{dev: d, rh: r.m.Arg(0), laddr: a, closed: make(chan struct{})}
+	l := &Listener{dev: d, rh: r.m.Arg(0), laddr: netip.AddrPortFrom(ip, uint16(r.m.Arg(1))), closed: make(chan struct{})}
 	d.mu.Lock()
 	d.listeners[l] = struct{}{}
 	d.mu.Unlock()

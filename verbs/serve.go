@@ -1423,9 +1423,12 @@ func (x *session) listen(b *svc.Builder, m svc.Msg) error {
 	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 1 {
 		return fmt.Errorf("%w: LISTEN needs an address", ErrInvalidArgument)
 	}
-	laddr, err := netip.ParseAddrPort(string(f[0]))
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	var laddr netip.AddrPort // empty: any address, any port
+	if len(f[0]) > 0 {
+		var err error
+		if laddr, err = netip.ParseAddrPort(string(f[0])); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
 	}
 	backlog := int(min(m.Arg(0), 1024))
 	if err := x.takeConn(); err != nil {
@@ -1440,7 +1443,12 @@ func (x *session) listen(b *svc.Builder, m svc.Msg) error {
 	h := x.handle64()
 	x.lns[h] = l
 	x.mu.Unlock()
-	b.Args(h).String(l.Addr().String())
+	la := l.Addr()
+	addr := ""
+	if la.Addr().IsValid() {
+		addr = la.Addr().String()
+	}
+	b.Args(h, uint64(la.Port())).String(addr)
 	return nil
 }
 

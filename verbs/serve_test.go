@@ -756,3 +756,112 @@ func TestServiceSRQAndEvents(t *testing.T) {
 	t.Run("embedded", func(t *testing.T) { run(t, p.a, addr) })
 	t.Run("service", func(t *testing.T) { run(t, connectService(t, path), addr) })
 }
+
+// TestServiceFastPathAllocs: posting sends and receives into the rings,
+// the service's poller taking them into the protocol engine, and polling
+// the CQ ring allocate nothing (a QP not yet connected: the engine queues
+// the WRs, so no network code runs). Everything runs in this process, so
+// the count covers both sides.
+func TestServiceFastPathAllocs(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, verbs.Limits{})
+	d := connectService(t, path)
+	pd, _ := d.AllocPD()
+	cq, _ := d.CreateCQ(16)
+	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendWR: 1024, MaxRecvWR: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, _ := zerocopy.AllocShared("allocs", 4096)
+	defer mem.Close()
+	mr, err := pd.RegMR(mem.Bytes(), verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr := []verbs.SendWR{{Op: verbs.OpWrite, Flags: verbs.Signaled, SGL: []verbs.SGE{mr.SGE(0, 64)}, RemoteAddr: 1 << 20, RKey: 7}}
+	rwr := []verbs.RecvWR{{ID: 1, SGL: []verbs.SGE{mr.SGE(1024, 64)}}}
+	var wcs [4]verbs.WC
+	// Warm the engine's queues up to the depth the measured run reaches.
+	for i := 0; i < 400; i++ {
+		qp.PostSend(wr...)
+		qp.PostRecv(rwr...)
+		time.Sleep(time.Microsecond)
+	}
+	qp.Close()
+	qp, _ = pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendWR: 1024, MaxRecvWR: 1024})
+	allocs := testing.AllocsPerRun(400, func() {
+		if err := qp.PostSend(wr...); err != nil {
+			t.Fatal(err)
+		}
+		if err := qp.PostRecv(rwr...); err != nil {
+			t.Fatal(err)
+		}
+		cq.Poll(wcs[:])
+		runtime.Gosched()
+	})
+	if allocs != 0 {
+		t.Errorf("%.2f allocations per PostSend+PostRecv+Poll through the rings", allocs)
+	}
+}
+
+// TestServiceLimits: a client stops at its limits with ErrLimit; what it
+// frees it may allocate again; another client has limits of its own.
+func TestServiceLimits(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, verbs.Limits{QPs: 2, CQs: 2, MRBytes: 1 << 20, Conns: 1})
+	a := connectService(t, path)
+	pd, _ := a.AllocPD()
+	cq1, err := a.CreateCQ(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.CreateCQ(8); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.CreateCQ(8); !errors.Is(err, verbs.ErrLimit) {
+		t.Fatalf("third CQ: %v, want ErrLimit", err)
+	}
+	q1, _ := pd.CreateQP(verbs.QPConfig{SendCQ: cq1, RecvCQ: cq1})
+	if _, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq1, RecvCQ: cq1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq1, RecvCQ: cq1}); !errors.Is(err, verbs.ErrLimit) {
+		t.Fatalf("third QP: %v, want ErrLimit", err)
+	}
+	if err := cq1.Close(); !errors.Is(err, verbs.ErrBusy) {
+		t.Fatalf("closing a CQ QPs use: %v, want ErrBusy", err)
+	}
+	q1.Close()
+	if _, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq1, RecvCQ: cq1}); err != nil {
+		t.Fatalf("a QP after one was destroyed: %v", err)
+	}
+	mem, _ := zerocopy.AllocShared("lim", 2<<20)
+	defer mem.Close()
+	m1, err := pd.RegMR(mem.Bytes()[:1<<20], verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pd.RegMR(mem.Bytes()[1<<20:], verbs.AccessLocalWrite); !errors.Is(err, verbs.ErrLimit) {
+		t.Fatalf("MR over the byte limit: %v, want ErrLimit", err)
+	}
+	m1.Dereg()
+	if _, err := pd.RegMR(mem.Bytes()[1<<20:], verbs.AccessLocalWrite); err != nil {
+		t.Fatalf("MR after deregistering: %v", err)
+	}
+	if _, err := a.Listen(netip.AddrPort{}, verbs.ListenConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Listen(netip.AddrPort{}, verbs.ListenConfig{}); !errors.Is(err, verbs.ErrLimit) {
+		t.Fatalf("second listener with a limit of 1: %v, want ErrLimit", err)
+	}
+	// Memory that is not from zerocopy.AllocShared cannot be registered.
+	if _, err := pd.RegMR(make([]byte, 4096), verbs.AccessLocalWrite); !errors.Is(err, verbs.ErrNotShared) {
+		t.Fatalf("Go memory: %v, want ErrNotShared", err)
+	}
+	b := connectService(t, path)
+	for i := 0; i < 2; i++ {
+		if _, err := b.CreateCQ(8); err != nil {
+			t.Fatalf("another client's CQ %d: %v", i, err)
+		}
+	}
+}
