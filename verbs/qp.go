@@ -230,9 +230,12 @@ func (qp *QP) Progress() {
 // the receive path in the calling goroutine. It is how a ManualProgress
 // application waits for a peer's RDMA Write to land. Closing the QP ends
 // it; a Progress call meanwhile returns at once.
+//
+// On a device of a service, where the service runs the receive path, it
+// yields once and returns (or returns the QP's end).
 func (qp *QP) WaitProgress(ctx context.Context) error {
 	if qp.r != nil {
-		return ErrUnsupported
+		return qp.r.waitProgress(ctx)
 	}
 	return qp.iw.WaitProgress(ctx)
 }

@@ -58,7 +58,8 @@ import (
 // an error completion instead of a *PostError; the service's queue and
 // the ring each hold up to MaxSendWR (MaxRecvWR) WRs; fast-register MRs
 // and memory windows are not available; Stats are zero; QP.Progress does
-// nothing (the service progresses the QP).
+// nothing and WaitProgress only yields (the service progresses the QP;
+// ManualProgress is ignored).
 
 // ErrUnsupported reports an operation a device cannot do (a device of a
 // service: fast-register MRs, memory windows, manual progress).
@@ -691,9 +692,6 @@ func (pd *PD) remoteCreateQP(cfg QPConfig) (*QP, error) {
 		}
 		srq = cfg.SRQ.r.h
 	}
-	if cfg.ManualProgress {
-		return nil, fmt.Errorf("%w: manual progress on a device of a service", ErrUnsupported)
-	}
 	var flags uint64
 	if cfg.SignalAll {
 		flags |= 1
@@ -758,6 +756,27 @@ func (r *remoteQP) release() {
 		mem := r.mem
 		runtime.AddCleanup(r, func(m []byte) { svc.Unmap(m) }, mem)
 	})
+}
+
+// waitProgress is WaitProgress on a device of a service: the service's
+// receive path runs on its own, so a caller spinning on memory need only
+// look again; it yields once, and reports the QP's end as WaitProgress
+// does.
+func (r *remoteQP) waitProgress(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-r.done:
+		r.errMu.Lock()
+		defer r.errMu.Unlock()
+		if r.err != nil {
+			return r.err
+		}
+		return net.ErrClosed
+	default:
+	}
+	runtime.Gosched()
+	return nil
 }
 
 func (r *remoteQP) state() QPState {

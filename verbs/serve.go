@@ -912,6 +912,7 @@ type servedQP struct {
 	mem      []byte
 	sq, rq   *svc.Ring
 	sqCons   uint32
+	sqSnap   uint32 // SQ entries pollOnce saw before it took the receives
 	rqCons   uint32
 	wrs      [1]iwarp.SendWR
 	sgl      []iwarp.SGE
@@ -1144,31 +1145,51 @@ func (x *session) poller() {
 
 // pollOnce makes one pass over every ring and reports whether it took an
 // entry. A client whose producer index is out of range loses its session.
+//
+// Receives go first. The client may post a receive and then a Send whose
+// answer lands in it; the engine must have the receive before the Send
+// goes out, as it would on an embedded device where PostRecv returns only
+// once the receive is queued. So the pass notes how far each SQ reaches,
+// then takes everything from the RQs and SRQs (whatever was published
+// before those SQ entries is visible now: the indexes are sequentially
+// consistent), and only then posts the SQ entries it noted.
 func (x *session) pollOnce() bool {
 	x.ringMu.RLock()
 	did := false
 	var bad error
 	for _, q := range x.pollQPs {
-		d, err := x.drainSQ(q)
-		did = did || d
-		if err == nil && q.rq != nil {
-			d, err = x.drainRQ(q)
-			did = did || d
-		}
+		n, err := q.sq.Pending(q.sqCons)
 		if err != nil {
 			bad = err
 			break
 		}
+		q.sqSnap = n
 	}
-	if bad == nil {
-		for _, s := range x.pollSRQs {
-			d, err := drainSRQ(s)
-			did = did || d
-			if err != nil {
-				bad = err
-				break
-			}
+	for _, q := range x.pollQPs {
+		if bad != nil || q.rq == nil {
+			continue
 		}
+		d, err := x.drainRQ(q)
+		did = did || d
+		if err != nil {
+			bad = err
+		}
+	}
+	for _, s := range x.pollSRQs {
+		if bad != nil {
+			break
+		}
+		d, err := drainSRQ(s)
+		did = did || d
+		if err != nil {
+			bad = err
+		}
+	}
+	for _, q := range x.pollQPs {
+		if bad != nil {
+			break
+		}
+		did = x.drainSQ(q) || did
 	}
 	x.ringMu.RUnlock()
 	if bad != nil {
@@ -1190,11 +1211,11 @@ func (x *session) setBlocked(q *servedQP, b bool) {
 	}
 }
 
-// drainSQ posts the QP's new send ring entries.
-func (x *session) drainSQ(q *servedQP) (bool, error) {
-	n, err := q.sq.Pending(q.sqCons)
-	if err != nil || n == 0 {
-		return false, err
+// drainSQ posts the send ring entries pollOnce noted.
+func (x *session) drainSQ(q *servedQP) bool {
+	n := q.sqSnap
+	if n == 0 {
+		return false
 	}
 	did := false
 	for ; n > 0; n-- {
@@ -1221,7 +1242,7 @@ func (x *session) drainSQ(q *servedQP) (bool, error) {
 	if n == 0 {
 		x.setBlocked(q, false)
 	}
-	return did, nil
+	return did
 }
 
 // drainRQ posts the QP's new receive ring entries.

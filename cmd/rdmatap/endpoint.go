@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,10 +10,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"time"
 
 	"rdmatap/netstack"
 	"rdmatap/tap"
 	"rdmatap/verbs"
+	"rdmatap/zerocopy"
 )
 
 // endpointFlags are the flags every network command shares: they make the
@@ -30,6 +33,9 @@ type endpointFlags struct {
 	noOffload bool
 	name      string
 	lab       labFlags
+	// via: use the device a running `rdmatap up --socket` serves instead
+	// of a TAP of this process's own (no privileges needed).
+	via string
 }
 
 func (f *endpointFlags) register(fs *flag.FlagSet) {
@@ -44,12 +50,19 @@ func (f *endpointFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.pcap, "pcap", "", "capture the endpoint's frames to this pcap file")
 	fs.BoolVar(&f.noOffload, "no-offload", false, "plain TAP: no virtio-net header, no TSO/checksum offload")
 	fs.StringVar(&f.name, "name", "rt0", "RDMA device name")
+	fs.StringVar(&f.via, "via", "", "use the device a running `rdmatap up --socket SOCKET` serves (instead of --tap/--addr; no root needed)")
 	f.lab.register(fs, tapLabHelp)
 }
 
 // check validates the flags without touching the system.
 func (f *endpointFlags) check() (netip.Prefix, netip.Addr, verbs.RTR, error) {
 	var none netip.Prefix
+	if f.via != "" {
+		if f.tap != "" || f.addr != "" || f.gw != "" || f.pcap != "" || f.lab.impaired() {
+			return none, netip.Addr{}, 0, fmt.Errorf("%w: --via uses the service's endpoint: --tap, --addr, --gw, --pcap and impairments belong to `rdmatap up`", errUsage)
+		}
+		return none, netip.Addr{}, 0, nil
+	}
 	if f.tap == "" {
 		return none, netip.Addr{}, 0, fmt.Errorf("%w: --tap is required", errUsage)
 	}
@@ -120,6 +133,15 @@ func (f *endpointFlags) open() (*endpoint, error) {
 	pfx, gw, rtr, err := f.check()
 	if err != nil {
 		return nil, err
+	}
+	if f.via != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		d, err := verbs.Connect(ctx, f.via)
+		if err != nil {
+			return nil, err
+		}
+		return &endpoint{Dev: d}, nil
 	}
 	td, err := tap.Open(tap.Config{Name: f.tap, MTU: f.mtu, NoOffload: f.noOffload, MAC: stableMAC(f.tap, pfx.Addr())})
 	if err != nil {
@@ -204,4 +226,23 @@ func stableMAC(name string, addr netip.Addr) net.HardwareAddr {
 	v := h.Sum64()
 	mac := net.HardwareAddr{byte(v>>40)&0xfc | 0x02, byte(v >> 32), byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}
 	return mac
+}
+
+// regMem registers n bytes of fresh memory with pd: Go memory on an
+// embedded device, a memfd (zerocopy.AllocShared, kept for the process's
+// life) on a device of a service, which maps the client's memory rather
+// than copying it.
+func regMem(pd *verbs.PD, n int, acc verbs.Access) ([]byte, *verbs.MR, error) {
+	var b []byte
+	if pd.Device().Netstack() != nil {
+		b = make([]byte, n)
+	} else {
+		m, err := zerocopy.AllocShared("rdmatap", max(n, 1))
+		if err != nil {
+			return nil, nil, err
+		}
+		b = m.Bytes()[:n]
+	}
+	mr, err := pd.RegMR(b, acc)
+	return b, mr, err
 }

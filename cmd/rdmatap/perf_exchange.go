@@ -108,7 +108,7 @@ func newXchg(pd *verbs.PD, client bool, timeout time.Duration) (*perfXchg, error
 	if x.qp, err = pd.CreateQP(verbs.QPConfig{SendCQ: x.scq, RecvCQ: x.rcq, MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}); err != nil {
 		return nil, err
 	}
-	if x.mr, err = pd.RegMR(make([]byte, 2*64), verbs.AccessLocalWrite); err != nil {
+	if _, x.mr, err = regMem(pd, 2*64, verbs.AccessLocalWrite); err != nil {
 		return nil, err
 	}
 	return x, x.postRecv()
@@ -452,19 +452,19 @@ func (s *perfSession) connectQPs(ctx context.Context, raddr netip.AddrPort) erro
 		}
 	}
 	for i := 0; i < o.qps; i++ {
-		q := &perfQP{buf: make([]byte, (1+s.rxSlots)*s.bufSize)}
+		q := &perfQP{}
+		acc := perfAccess
+		if o.verb == perfAtomic {
+			acc |= verbs.AccessRemoteAtomic
+		}
+		if q.buf, q.mr, err = regMem(s.pd, (1+s.rxSlots)*s.bufSize, acc); err != nil {
+			return err
+		}
 		s.qps = append(s.qps, q)
 		if o.verb == perfRead && o.verify && !o.client() {
 			// What the client will Read, written before the QP exists:
 			// its first Read can come as soon as the connection is up.
 			fillPattern(q.buf[s.bufSize:], i)
-		}
-		acc := perfAccess
-		if o.verb == perfAtomic {
-			acc |= verbs.AccessRemoteAtomic
-		}
-		if q.mr, err = s.pd.RegMR(q.buf, acc); err != nil {
-			return err
 		}
 		cfg := verbs.QPConfig{SendCQ: s.scq, RecvCQ: s.rcq, MaxSendWR: max(o.txDepth, 16) + 8, MaxRecvWR: o.rxDepth + 8,
 			MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: max(o.inline, 64), ManualProgress: s.manual}
@@ -472,8 +472,7 @@ func (s *perfSession) connectQPs(ctx context.Context, raddr netip.AddrPort) erro
 			return err
 		}
 		if o.verb == perfSend && o.test == perfBW {
-			q.ctrl = make([]byte, 8)
-			if q.ctrlMR, err = s.pd.RegMR(q.ctrl, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+			if q.ctrl, q.ctrlMR, err = regMem(s.pd, 8, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
 				return err
 			}
 		}

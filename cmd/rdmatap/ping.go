@@ -307,11 +307,7 @@ func (c *pingConn) setup(dev *verbs.Device) error {
 	}
 	c.out.dbg("created qp %p\n", c.qp)
 	c.out.dbg("rping_setup_buffers called on cb %p\n", c)
-	reg := func(n int, acc verbs.Access) ([]byte, *verbs.MR, error) {
-		b := make([]byte, n)
-		mr, err := c.pd.RegMR(b, acc)
-		return b, mr, err
-	}
+	reg := func(n int, acc verbs.Access) ([]byte, *verbs.MR, error) { return regMem(c.pd, n, acc) }
 	remote := verbs.AccessLocalWrite | verbs.AccessRemoteRead | verbs.AccessRemoteWrite
 	if c.recvBuf, c.recvMR, err = reg(rpingInfoSize, verbs.AccessLocalWrite); err != nil {
 		return fmt.Errorf("recv_buf reg_mr failed: %w", err)

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -229,5 +231,113 @@ func TestUpServesUnprivilegedClients(t *testing.T) {
 	}
 	if !strings.Contains(upOut.String(), "uid 65534") {
 		t.Errorf("up did not log the clients' uid:\n%s", upOut.String())
+	}
+}
+
+// TestViaService: ping, bw and lat run with --via against a service of an
+// embedded endpoint, as clients and (ping) as the server, against an
+// embedded peer.
+func TestViaService(t *testing.T) {
+	a, b, err := embeddedPair(verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer b.Close()
+	sock := filepath.Join(t.TempDir(), "rt0.sock")
+	var mu sync.Mutex
+	clients := 0
+	sf := serviceFlags{socket: sock, qps: 64, cqs: 64, conns: 64, mrBytes: "1G", pollSpin: 250 * time.Microsecond}
+	srv, err := sf.start(a.Dev, func(format string, args ...any) {
+		if strings.HasSuffix(format, "connected") {
+			mu.Lock()
+			clients++
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	check := func(t *testing.T, what string, code int, out, errOut string, want string) {
+		t.Helper()
+		if code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("%s: exit %d, want %q in\n%s\n%s", what, code, want, out, errOut)
+		}
+	}
+
+	t.Run("ping client", func(t *testing.T) {
+		s := startServer(t, ctx, b, opts(t, "-s", "-v"))
+		var out, errOut bytes.Buffer
+		code := run([]string{"ping", "-c", "-a", b.Addr.String(), "-C", "5", "-v", "--via", sock}, &out, &errOut)
+		check(t, "ping -c --via", code, out.String(), errOut.String(), "ping data: rdma-ping-4")
+		if err := waitServer(t, s); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("ping server", func(t *testing.T) {
+		o := opts(t, "-s", "-v", "-a", a.Addr.String())
+		ready := make(chan struct{})
+		o.listening = func(netip.AddrPort) { close(ready) }
+		ep, err := (&endpointFlags{via: sock}).open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ep.Close()
+		var sout, serr bytes.Buffer
+		done := make(chan error, 1)
+		go func() { done <- runPing(ctx, ep.Dev, o, &sout, &serr) }()
+		select {
+		case <-ready:
+		case err := <-done:
+			t.Fatalf("server through the service: %v\n%s", err, serr.String())
+		}
+		c, err := runClient(b, opts(t, "-c", "-a", a.Addr.String(), "-C", "5", "-v"))
+		if err != nil {
+			t.Fatalf("client: %v\n%s", err, c.errOut.String())
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("server through the service: %v\n%s", err, serr.String())
+		}
+		check(t, "ping -s --via", 0, sout.String(), serr.String(), "ping data: rdma-ping-4")
+	})
+	port := 18600
+	for _, tc := range []struct {
+		test perfTestKind
+		cmd  string
+		verb string
+	}{{perfBW, "bw", "write"}, {perfBW, "bw", "send"}, {perfBW, "bw", "read"}, {perfLat, "lat", "write"}, {perfLat, "lat", "send"}} {
+		port++ // a port per run: the last run's connections may linger
+		t.Run(tc.cmd+" "+tc.verb, func(t *testing.T) {
+			args := []string{tc.verb, "-n", "200", "-s", "4096", "-p", fmt.Sprint(port)}
+			so, _, err := parsePerfFlags(tc.test, args, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			listening := make(chan struct{})
+			so.listening = func(netip.AddrPort) { close(listening) }
+			so.timeout = 10 * time.Second
+			var sb bytes.Buffer
+			sdone := make(chan error, 1)
+			go func() { sdone <- runPerf(ctx, b.Dev, so, &sb) }()
+			select {
+			case <-listening:
+			case err := <-sdone:
+				t.Fatal(err)
+			}
+			var out, errOut bytes.Buffer
+			code := run(append([]string{tc.cmd}, append(args, b.Addr.String(), "--via", sock)...), &out, &errOut)
+			if err := <-sdone; err != nil {
+				t.Errorf("server: %v", err)
+			}
+			check(t, tc.cmd+" "+tc.verb+" --via", code, out.String(), errOut.String(), " 4096 ")
+		})
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if clients < 7 {
+		t.Errorf("the service saw %d clients, want one per run", clients)
 	}
 }
