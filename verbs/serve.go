@@ -279,7 +279,8 @@ type session struct {
 	ctlFd    int
 	sleeping *atomic.Uint32
 	bell     *svc.Eventfd
-	ringMu   sync.RWMutex // the poller holds it for reading while it touches rings
+	pollMu   sync.Mutex   // one pass over the rings at a time (pollOnce)
+	ringMu   sync.RWMutex // a pass holds it for reading while it touches rings
 	pollQPs  []*servedQP
 	pollSRQs []*servedSRQ
 	stop     chan struct{}
@@ -475,6 +476,11 @@ func (x *session) dispatch(m svc.Msg, fds []int) {
 		x.reply(&svc.Builder{}, t, seq, nil, fmt.Errorf("%w: unexpected descriptors", ErrInvalidArgument))
 		return
 	}
+	// What the client posted before this call is the engine's before the
+	// call acts: a receive before Dial or Accept (the peer may send at
+	// once), sends before Disconnect (they go out before the FIN) and
+	// before DESTROY_QP (they complete flushed), as on an embedded device.
+	x.pollOnce()
 	if !blocking(t) {
 		var b svc.Builder
 		out, err := x.handle(x.ctx, &b, m, fds)
@@ -1154,6 +1160,8 @@ func (x *session) poller() {
 // before those SQ entries is visible now: the indexes are sequentially
 // consistent), and only then posts the SQ entries it noted.
 func (x *session) pollOnce() bool {
+	x.pollMu.Lock()
+	defer x.pollMu.Unlock()
 	x.ringMu.RLock()
 	did := false
 	var bad error

@@ -865,3 +865,116 @@ func TestServiceLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceSlowPathOrdering: work requests posted into the rings come
+// before a later socket call: receives before Dial (the peer's first Send
+// finds them), sends before Disconnect (the peer gets them all), and
+// sends before Close (each completes, flushed or not).
+func TestServiceSlowPathOrdering(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, verbs.Limits{})
+	d := connectService(t, path)
+	if os.Getenv("RDMATAP_ORDER_EMBEDDED") != "" {
+		d = p.a
+	}
+	peerAddr := p.nb.Addrs()[0].Addr()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for round := 0; round < 20; round++ {
+		l, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 32
+		got := make(chan error, 1)
+		go func() {
+			pd, _ := p.b.AllocPD()
+			cq, _ := p.b.CreateCQ(2 * n)
+			qp, _ := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, MaxRecvWR: n})
+			defer qp.Close()
+			buf := make([]byte, 64*n)
+			mr, _ := pd.RegMR(buf, verbs.AccessLocalWrite)
+			for i := 0; i < n; i++ {
+				qp.PostRecv(verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{mr.SGE(64*i, 64)}})
+			}
+			req, err := l.GetRequest(ctx)
+			if err != nil {
+				got <- err
+				return
+			}
+			if _, err := req.Accept(ctx, qp, verbs.ConnParams{}); err != nil {
+				got <- err
+				return
+			}
+			// The peer speaks first here (the client dialed): answer at
+			// once into the receive the client posted before Dial.
+			qp.OpenTXGate()
+			if err := qp.PostSend(verbs.SendWR{Op: verbs.OpSend, SGL: []verbs.SGE{mr.SGE(0, 8)}}); err != nil {
+				got <- err
+				return
+			}
+			for i := 0; i < n; i++ {
+				if _, err := waitWC(ctx, cq, verbs.WCRecv, 16); err != nil {
+					got <- fmt.Errorf("receive %d of %d: %w", i, n, err)
+					return
+				}
+			}
+			got <- nil
+		}()
+		pd, _ := d.AllocPD()
+		cq, _ := d.CreateCQ(4 * n)
+		qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendWR: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem, _ := zerocopy.AllocShared("order", 4096)
+		mr, _ := pd.RegMR(mem.Bytes(), verbs.AccessLocalWrite)
+		if err := qp.PostRecv(verbs.RecvWR{ID: 99, SGL: []verbs.SGE{mr.SGE(1024, 64)}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Dial(ctx, qp, netip.AddrPortFrom(peerAddr, l.Addr().Port()), verbs.ConnParams{}); err != nil {
+			t.Fatal(err)
+		}
+		wc, err := waitWC(ctx, cq, verbs.WCRecv, 8)
+		if err != nil || wc.ID != 99 {
+			t.Fatalf("round %d: the peer's first Send: %v (id %d)", round, err, wc.ID)
+		}
+		for i := 0; i < n; i++ {
+			if err := qp.PostSend(verbs.SendWR{ID: uint64(i), Op: verbs.OpSend, SGL: []verbs.SGE{mr.SGE(0, 16)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := qp.Disconnect(ctx); err != nil {
+			t.Fatalf("round %d: disconnect: %v", round, err)
+		}
+		if err := <-got; err != nil {
+			t.Fatalf("round %d: peer: %v", round, err)
+		}
+		// Sends posted just before Close all complete.
+		qp2, _ := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendWR: n})
+		for i := 0; i < n; i++ {
+			qp2.PostSend(verbs.SendWR{ID: uint64(1000 + i), Op: verbs.OpSend, Flags: verbs.Signaled, SGL: []verbs.SGE{mr.SGE(0, 16)}})
+		}
+		qp.Close()
+		qp2.Close()
+		flushed := 0
+		var wcs [64]verbs.WC
+		for deadline := time.Now().Add(5 * time.Second); flushed < n && time.Now().Before(deadline); {
+			k := cq.Poll(wcs[:])
+			for _, w := range wcs[:k] {
+				if w.ID >= 1000 && w.Status == verbs.StatusWRFlush {
+					flushed++
+				}
+			}
+			if k == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if flushed != n {
+			t.Fatalf("round %d: %d of %d sends posted before Close completed flushed", round, flushed, n)
+		}
+		mr.Dereg()
+		mem.Close()
+		l.Close()
+	}
+}
