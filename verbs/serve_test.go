@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -561,7 +562,7 @@ func TestServiceClientDeath(t *testing.T) {
 	var now procCounts
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		runtime.GC()
+		debug.FreeOSMemory()
 		now = countProc(t)
 		if srv.Clients() == 0 && now.goroutines <= base.goroutines && now.fds <= base.fds && now.memfdMaps <= base.memfdMaps {
 			break
