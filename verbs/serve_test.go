@@ -21,7 +21,8 @@ import (
 	"rdmatap/zerocopy"
 )
 
-// startService serves d on a socket in a temporary directory.
+// startService serves d on a socket in a temporary directory
+// (RDMATAP_POLL_SPIN_US sets ServeConfig.PollSpin in µs).
 func startService(t testing.TB, d *verbs.Device, lim verbs.Limits) (string, *verbs.Server) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "rt0.sock")
@@ -29,7 +30,8 @@ func startService(t testing.TB, d *verbs.Device, lim verbs.Limits) (string, *ver
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := verbs.Serve(d, ln, verbs.ServeConfig{Limits: lim, Logf: t.Logf})
+	spin := time.Duration(envInt("RDMATAP_POLL_SPIN_US", 0)) * time.Microsecond
+	srv, err := verbs.Serve(d, ln, verbs.ServeConfig{Limits: lim, Logf: t.Logf, PollSpin: spin})
 	if err != nil {
 		t.Fatal(err)
 	}

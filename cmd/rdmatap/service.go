@@ -33,7 +33,7 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.cqs, "client-cqs", 1024, "per-client limit on CQs")
 	fs.StringVar(&f.mrBytes, "client-mr-bytes", "16G", "per-client limit on registered memory (suffix K, M, G)")
 	fs.IntVar(&f.conns, "client-conns", 1024, "per-client limit on connections and listeners")
-	fs.DurationVar(&f.pollSpin, "poll-spin", 250*time.Microsecond, "how long a client's ring poller spins after its last work request before it sleeps")
+	fs.DurationVar(&f.pollSpin, "poll-spin", 50*time.Microsecond, "how long a client's ring poller spins after its last work request before it sleeps")
 }
 
 // parseBytes reads a byte count with an optional K, M or G suffix.
