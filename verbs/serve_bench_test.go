@@ -240,3 +240,143 @@ func BenchmarkServiceRatios(b *testing.B) {
 		fmt.Printf("write MB/s emb %.0f svc %.0f; round trip µs emb %.2f svc %.2f\n", median(embMB), median(svcMB), median(embRTT), median(svcRTT))
 	}
 }
+
+// BenchmarkServiceFairness: RDMATAP_FAIR_CLIENTS clients (default 64) of
+// one service, each with RDMATAP_FAIR_QPS QPs (default 16) connected to an
+// embedded peer, post 64 KiB RDMA Writes (two in flight per QP) for
+// RDMATAP_FAIR_MS milliseconds (default 2000) all at once. It reports the
+// total rate, the slowest client's share of the fair share (issue #13: no
+// client below 0.5) and Jain's fairness index over the clients.
+func BenchmarkServiceFairness(b *testing.B) {
+	nClients := envInt("RDMATAP_FAIR_CLIENTS", 64)
+	nQPs := envInt("RDMATAP_FAIR_QPS", 16)
+	dur := time.Duration(envInt("RDMATAP_FAIR_MS", 2000)) * time.Millisecond
+	const size = 64 << 10
+	p := newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	peerAddr := p.nb.Addrs()[0].Addr()
+	path, _ := startService(b, p.a, verbs.Limits{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sink, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{Backlog: 1024})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sink.Close()
+	go sinkPeer(ctx, p.b, sink)
+	sinkAddr := netip.AddrPortFrom(peerAddr, sink.Addr().Port())
+
+	type client struct {
+		cq    *verbs.CQ
+		qps   []*verbs.QP
+		mr    *verbs.MR
+		rb    []verbs.RemoteBuf
+		index map[uint32]int
+		bytes int64
+	}
+	clients := make([]*client, nClients)
+	for i := range clients {
+		d := connectService(b, path)
+		c := &client{index: map[uint32]int{}}
+		pd, _ := d.AllocPD()
+		if c.cq, err = d.CreateCQ(4 * nQPs); err != nil {
+			b.Fatal(err)
+		}
+		mem, err := zerocopy.AllocShared("fair", size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { mem.Close() })
+		if c.mr, err = pd.RegMR(mem.Bytes(), verbs.AccessLocalWrite); err != nil {
+			b.Fatal(err)
+		}
+		for j := 0; j < nQPs; j++ {
+			qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: c.cq, RecvCQ: c.cq, MaxSendWR: 8, MaxRecvWR: 1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			dctx, dcancel := context.WithTimeout(ctx, 20*time.Second)
+			conn, err := d.Dial(dctx, qp, sinkAddr, verbs.ConnParams{})
+			dcancel()
+			if err != nil {
+				b.Fatalf("client %d QP %d: %v", i, j, err)
+			}
+			var rb verbs.RemoteBuf
+			rb.UnmarshalBinary(conn.PeerPrivateData())
+			c.index[qp.Num()] = j
+			c.qps = append(c.qps, qp)
+			c.rb = append(c.rb, rb)
+		}
+		clients[i] = c
+	}
+	b.ResetTimer()
+	start := make(chan struct{})
+	stop := make(chan struct{})
+	errc := make(chan error, nClients)
+	for _, c := range clients {
+		go func() {
+			<-start
+			out := make([]int, nQPs)
+			wcs := make([]verbs.WC, 4*nQPs)
+			for {
+				select {
+				case <-stop:
+					errc <- nil
+					return
+				default:
+				}
+				for j, qp := range c.qps {
+					for out[j] < 2 {
+						if err := qp.PostSend(verbs.SendWR{Op: verbs.OpWrite, Flags: verbs.Signaled, SGL: []verbs.SGE{c.mr.SGE(0, size)},
+							RemoteAddr: c.rb[j].Addr, RKey: c.rb[j].RKey}); err != nil {
+							errc <- err
+							return
+						}
+						out[j]++
+					}
+				}
+				wctx, wcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				n, err := c.cq.Wait(wctx, wcs)
+				wcancel()
+				if err != nil && wctx.Err() == nil {
+					errc <- err
+					return
+				}
+				for _, wc := range wcs[:n] {
+					if err := wc.Err(); err != nil {
+						errc <- err
+						return
+					}
+					out[c.index[wc.QPNum]]--
+					atomic.AddInt64(&c.bytes, size)
+				}
+			}
+		}()
+	}
+	t0 := time.Now()
+	close(start)
+	time.Sleep(dur)
+	counts := make([]float64, nClients)
+	for i, c := range clients {
+		counts[i] = float64(atomic.LoadInt64(&c.bytes))
+	}
+	elapsed := time.Since(t0)
+	close(stop)
+	for range clients {
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	var sum, sq, least float64
+	least = counts[0]
+	for _, v := range counts {
+		sum += v
+		sq += v * v
+		least = min(least, v)
+	}
+	fair := sum / float64(nClients)
+	b.ReportMetric(sum/elapsed.Seconds()/1e6, "total-MB/s")
+	b.ReportMetric(least/fair, "min-share")
+	b.ReportMetric(sum*sum/(float64(nClients)*sq), "jain")
+	b.ReportMetric(0, "ns/op")
+}
