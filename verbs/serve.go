@@ -641,6 +641,13 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 	if n == 0 || n > 1<<40 || off > 1<<50 || va+n < va {
 		return fmt.Errorf("%w: region of %d bytes at offset %d", ErrInvalidArgument, n, off)
 	}
+	if va%4096 != off%4096 {
+		// The client maps the file from a page boundary, so its address
+		// and the file offset agree within the page; a claim that they do
+		// not would misalign the Tagged Offsets against the service's
+		// mapping (atomics need 8-byte aligned words).
+		return fmt.Errorf("%w: address %#x does not sit at file offset %d within its page", ErrInvalidArgument, va, off)
+	}
 	x.mu.Lock()
 	if x.mrBytes+int64(n) > x.lim.MRBytes {
 		x.mu.Unlock()
@@ -1114,6 +1121,14 @@ const blockedNap = 200 * time.Microsecond
 // control page says the poller sleeps.
 func (x *session) poller() {
 	defer x.pollWG.Done()
+	defer func() {
+		if r := recover(); r != nil {
+			// Whatever a client's rings held must cost that client its
+			// session, never the service.
+			x.logf("poller: %v: ending the session", r)
+			x.conn.Close()
+		}
+	}()
 	pollSpin := x.srv.cfg.PollSpin
 	idleSince := time.Now()
 	for {
@@ -1166,50 +1181,53 @@ func (x *session) poller() {
 func (x *session) pollOnce() bool {
 	x.pollMu.Lock()
 	defer x.pollMu.Unlock()
-	x.ringMu.RLock()
-	did := false
-	var bad error
-	for _, q := range x.pollQPs {
-		n, err := q.sq.Pending(q.sqCons)
-		if err != nil {
-			bad = err
-			break
-		}
-		q.sqSnap = n
-	}
-	for _, q := range x.pollQPs {
-		if bad != nil || q.rq == nil {
-			continue
-		}
-		d, err := x.drainRQ(q)
-		did = did || d
-		if err != nil {
-			bad = err
-		}
-	}
-	for _, s := range x.pollSRQs {
-		if bad != nil {
-			break
-		}
-		d, err := drainSRQ(s)
-		did = did || d
-		if err != nil {
-			bad = err
-		}
-	}
-	for _, q := range x.pollQPs {
-		if bad != nil {
-			break
-		}
-		did = x.drainSQ(q) || did
-	}
-	x.ringMu.RUnlock()
+	did, bad := x.passRings()
 	if bad != nil {
 		x.logf("ring: %v: ending the session", bad)
 		x.conn.Close()
 		x.stopPoller()
 	}
 	return did
+}
+
+// passRings is one pass of pollOnce; a panic in it (a bug a client's
+// ring contents reached) comes back as an error for that client.
+func (x *session) passRings() (did bool, bad error) {
+	x.ringMu.RLock()
+	defer x.ringMu.RUnlock()
+	defer func() {
+		if r := recover(); r != nil {
+			bad = fmt.Errorf("internal error: %v", r)
+		}
+	}()
+	for _, q := range x.pollQPs {
+		n, err := q.sq.Pending(q.sqCons)
+		if err != nil {
+			return did, err
+		}
+		q.sqSnap = n
+	}
+	for _, q := range x.pollQPs {
+		if q.rq == nil {
+			continue
+		}
+		d, err := x.drainRQ(q)
+		did = did || d
+		if err != nil {
+			return did, err
+		}
+	}
+	for _, s := range x.pollSRQs {
+		d, err := drainSRQ(s)
+		did = did || d
+		if err != nil {
+			return did, err
+		}
+	}
+	for _, q := range x.pollQPs {
+		did = x.drainSQ(q) || did
+	}
+	return did, nil
 }
 
 func (x *session) setBlocked(q *servedQP, b bool) {
