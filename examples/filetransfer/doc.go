@@ -4,5 +4,9 @@
 // checksum the sender sends behind the data. No receiver CPU touches the
 // data on its way in: DDP places it straight into the registered buffer.
 //
-//	go run ./examples/filetransfer [-file PATH] [-size 64M] [-crc]
+//	go run ./examples/filetransfer [-file PATH] [-size 64M] [-crc] [-service]
+//
+// With -service the sender is a client of its endpoint's service (the
+// endpoint served on a unix socket, as `rdmatap up --socket` serves it):
+// the same code, with its queues in shared memory.
 package main

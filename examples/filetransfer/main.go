@@ -19,8 +19,9 @@ func main() {
 	file := flag.String("file", "", "file to send (default: random data of -size bytes)")
 	size := flag.Int("size", 64<<20, "bytes of random data when no -file is given")
 	crc := flag.Bool("crc", false, "negotiate MPA CRC32c")
+	service := flag.Bool("service", false, "run the sender as a client of a service of its endpoint (verbs.Connect), as a process using `rdmatap up --socket` does")
 	flag.Parse()
-	if err := run(*file, *size, *crc); err != nil {
+	if err := run(*file, *size, *crc, *service); err != nil {
 		fmt.Fprintln(os.Stderr, "filetransfer:", err)
 		os.Exit(1)
 	}
@@ -29,8 +30,9 @@ func main() {
 // maxChunk keeps each RDMA Write under the 4 GiB message limit.
 const maxChunk = 1 << 30
 
-func run(file string, size int, crc bool) error {
-	// The sender's buffer: registered memory holding the file.
+func run(file string, size int, crc, service bool) error {
+	// The sender's buffer: registered memory holding the file (a memfd,
+	// which a service can map as well).
 	var data *zerocopy.Buffer
 	var err error
 	if file != "" {
@@ -41,7 +43,7 @@ func run(file string, size int, crc bool) error {
 		if len(b) == 0 {
 			return errors.New("empty file")
 		}
-		if data, err = zerocopy.Alloc(len(b)); err != nil {
+		if data, err = zerocopy.AllocShared("file", len(b)); err != nil {
 			return err
 		}
 		copy(data.Bytes(), b)
@@ -49,7 +51,7 @@ func run(file string, size int, crc bool) error {
 		if size <= 0 {
 			return fmt.Errorf("-size must be positive")
 		}
-		if data, err = zerocopy.Alloc(size); err != nil {
+		if data, err = zerocopy.AllocShared("file", size); err != nil {
 			return err
 		}
 		rand.Read(data.Bytes())
@@ -63,6 +65,17 @@ func run(file string, size int, crc bool) error {
 	}
 	defer snd.Close()
 	defer rcv.Close()
+	if service {
+		// The same sender code, on the endpoint's service.
+		client, stop, err := embed.Served(snd)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		defer client.Close()
+		snd = client
+		fmt.Println("sender: a client of endpoint A's service")
+	}
 
 	// Receiver: a buffer for the file and a small one for messages.
 	sink, err := zerocopy.Alloc(n)
@@ -88,7 +101,12 @@ func run(file string, size int, crc bool) error {
 	if err != nil {
 		return err
 	}
-	smsg := make([]byte, 64)
+	smsgBuf, err := zerocopy.AllocShared("msg", 64)
+	if err != nil {
+		return err
+	}
+	defer smsgBuf.Close()
+	smsg := smsgBuf.Bytes()
 	smsgMR, err := snd.PD.RegMR(smsg, verbs.AccessLocalWrite)
 	if err != nil {
 		return err
@@ -163,6 +181,7 @@ func run(file string, size int, crc bool) error {
 	fmt.Printf("sent %d bytes by RDMA Write in %v (%.2f Gbit/s); receiver's SHA-256 %x matches\n",
 		n, elapsed.Round(time.Microsecond), float64(n)*8/elapsed.Seconds()/1e9, got)
 	st := rcv.Dev.Stats()
+
 	fmt.Printf("receiver: %d FPDUs placed with %d copies (%d bytes), %d CRC errors\n", st.RxFPDUs, st.PlacementCopies, st.PlacedBytes, st.CRCErrors)
 	dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer dcancel()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"time"
 
 	"rdmatap/netstack"
@@ -54,7 +56,49 @@ func Pair(crc bool) (a, b *Endpoint, err error) {
 // Close releases the endpoint.
 func (e *Endpoint) Close() {
 	e.Dev.Close()
-	e.Net.Close()
+	if e.Net != nil {
+		e.Net.Close()
+	}
+}
+
+// Served serves e's device on a unix socket in a temporary directory, as
+// `rdmatap up --socket` does, and returns an Endpoint whose device is this
+// process's connection to that service (verbs.Connect): the same API, with
+// its queues in shared memory and the work done by the service. Its
+// addresses are e's. stop ends the service.
+func Served(e *Endpoint) (client *Endpoint, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "rdmatap-example")
+	if err != nil {
+		return nil, nil, err
+	}
+	ln, err := verbs.ListenSocket(filepath.Join(dir, "rt0.sock"), -1)
+	if err != nil {
+		return nil, nil, err
+	}
+	srv, err := verbs.Serve(e.Dev, ln, verbs.ServeConfig{})
+	if err != nil {
+		return nil, nil, err
+	}
+	stop = func() { srv.Close(); os.RemoveAll(dir) }
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d, err := verbs.Connect(ctx, filepath.Join(dir, "rt0.sock"))
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	c := &Endpoint{Dev: d}
+	if c.PD, err = d.AllocPD(); err == nil {
+		if c.SCQ, err = d.CreateCQ(1024); err == nil {
+			c.RCQ, err = d.CreateCQ(1024)
+		}
+	}
+	if err != nil {
+		d.Close()
+		stop()
+		return nil, nil, err
+	}
+	return c, stop, nil
 }
 
 // QP makes a QP on the endpoint's CQs.
