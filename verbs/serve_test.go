@@ -370,7 +370,10 @@ func TestServiceChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := d.Dial(ctx, qp, raddr, verbs.ConnParams{})
+	// The sink writes into our memory meanwhile: the service places into
+	// these pages until we die.
+	pdata, _ := mr.Remote().MarshalBinary()
+	conn, err := d.Dial(ctx, qp, raddr, verbs.ConnParams{PrivateData: pdata})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,6 +406,8 @@ func TestServiceChild(t *testing.T) {
 
 // sinkPeer accepts every connection on l with a QP and a 1 MiB MR that
 // the initiator may write, and closes each QP when its connection ends.
+// An initiator that sends a RemoteBuf as private data gets 64 KiB RDMA
+// Writes into it, four in flight, for as long as the connection lasts.
 func sinkPeer(ctx context.Context, d *verbs.Device, l *verbs.Listener) {
 	pd, _ := d.AllocPD()
 	buf := make([]byte, 1<<20)
@@ -419,8 +424,27 @@ func sinkPeer(ctx context.Context, d *verbs.Device, l *verbs.Listener) {
 			req.Reject(nil)
 			continue
 		}
+		var target verbs.RemoteBuf
+		writeBack := target.UnmarshalBinary(req.PrivateData()) == nil && target.Len >= 64<<10
 		go func() {
 			if _, err := req.Accept(ctx, qp, verbs.ConnParams{PrivateData: pdata}); err == nil {
+				if writeBack {
+					var wcs [4]verbs.WC
+				write:
+					for out := 0; ; {
+						for ; out < 4; out++ {
+							if qp.PostSend(verbs.SendWR{Op: verbs.OpWrite, Flags: verbs.Signaled, SGL: []verbs.SGE{mr.SGE(0, 64<<10)},
+								RemoteAddr: target.Addr, RKey: target.RKey}) != nil {
+								break write // the connection is over
+							}
+						}
+						n, err := cq.Wait(ctx, wcs[:])
+						if err != nil || wcs[0].Status != verbs.StatusSuccess {
+							break
+						}
+						out -= n
+					}
+				}
 				select {
 				case <-qp.Done():
 				case <-ctx.Done():
