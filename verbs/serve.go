@@ -1115,11 +1115,6 @@ func (x *session) kick() {
 // wake the poller).
 const blockedNap = 200 * time.Microsecond
 
-// nearSleep is how long a poller that has gone to sleep waits for the
-// doorbell in a system call (holding a thread) before it hands the wait
-// to the Go poller.
-const nearSleep = 2 * time.Millisecond
-
 // poller drains the client's rings into its QPs and SRQs (one per
 // client). It polls while there is work and for PollSpin after, then
 // sleeps on the doorbell eventfd, which the client rings only while the
@@ -1159,25 +1154,12 @@ func (x *session) poller() {
 			idleSince = time.Time{}
 			continue
 		}
-		// A short sleep blocks this goroutine's thread in ppoll(2), which
-		// the doorbell wakes at once; the Go poller would see it only when
-		// a P looks, and busy-polling goroutines keep every P busy. After
-		// nearSleep without work the poller sleeps in the Go poller
-		// instead, so an idle client costs no thread.
-		nap := nearSleep
 		if x.blocked.Load() != 0 {
-			nap = blockedNap
-		}
-		woken, err := x.bell.WaitFor(nap)
-		if err == nil && !woken && x.blocked.Load() == 0 {
-			select {
-			case <-x.stop:
-				return
-			default:
-			}
+			x.bell.SetDeadline(time.Now().Add(blockedNap))
+		} else {
 			x.bell.SetDeadline(time.Time{})
-			err = x.bell.Wait()
 		}
+		err := x.bell.Wait()
 		x.sleeping.Store(0)
 		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			return // closed: the session ends
@@ -1629,8 +1611,7 @@ func (x *session) teardown() {
 	}
 	x.stopPoller()
 	if x.bell != nil {
-		x.bell.Signal() // wakes a poller asleep in ppoll
-		x.bell.Close()  // and one asleep in the Go poller
+		x.bell.Close()
 	}
 	x.pollWG.Wait()
 	x.mu.Lock()

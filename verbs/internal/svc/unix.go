@@ -213,33 +213,6 @@ func (e *Eventfd) Wait() error {
 	return err
 }
 
-// WaitFor blocks the calling thread in ppoll(2) until the doorbell rings
-// (consuming it: woken) or d passes. Unlike Wait it does not depend on the
-// Go poller noticing the descriptor, which it does only when a P is free
-// to look; it holds an OS thread while it waits.
-func (e *Eventfd) WaitFor(d time.Duration) (woken bool, err error) {
-	ts := unix.NsecToTimespec(d.Nanoseconds())
-	fds := [1]unix.PollFd{{Fd: int32(e.fd), Events: unix.POLLIN}}
-	for {
-		n, err := unix.Ppoll(fds[:], &ts, nil)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return false, err
-		}
-		if n == 0 {
-			return false, nil
-		}
-		if fds[0].Revents&(unix.POLLNVAL|unix.POLLERR) != 0 {
-			return false, os.ErrClosed
-		}
-		var b [8]byte
-		unix.Read(e.fd, b[:]) // non-blocking: clear the count
-		return true, nil
-	}
-}
-
 // SetDeadline bounds Wait (the zero time removes the bound).
 func (e *Eventfd) SetDeadline(t time.Time) error { return e.f.SetReadDeadline(t) }
 
