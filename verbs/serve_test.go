@@ -413,6 +413,9 @@ func sinkPeer(ctx context.Context, d *verbs.Device, l *verbs.Listener) {
 	buf := make([]byte, 1<<20)
 	mr, _ := pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
 	pdata, _ := mr.Remote().MarshalBinary()
+	// What the sink writes back comes from memory nobody writes into.
+	src := make([]byte, 64<<10)
+	srcMR, _ := pd.RegMR(src, 0)
 	for {
 		req, err := l.GetRequest(ctx)
 		if err != nil {
@@ -433,7 +436,7 @@ func sinkPeer(ctx context.Context, d *verbs.Device, l *verbs.Listener) {
 				write:
 					for out := 0; ; {
 						for ; out < 4; out++ {
-							if qp.PostSend(verbs.SendWR{Op: verbs.OpWrite, Flags: verbs.Signaled, SGL: []verbs.SGE{mr.SGE(0, 64<<10)},
+							if qp.PostSend(verbs.SendWR{Op: verbs.OpWrite, Flags: verbs.Signaled, SGL: []verbs.SGE{srcMR.SGE(0, 64<<10)},
 								RemoteAddr: target.Addr, RKey: target.RKey}) != nil {
 								break write // the connection is over
 							}
