@@ -174,7 +174,7 @@ func TestUpServesUnprivilegedClients(t *testing.T) {
 	args := fmt.Sprintf("up --tap %s --addr 10.77.231.1/24 --ctl %s --socket %s --socket-group %d", tapName, filepath.Join(dir, "ctl.sock"), sock, gid)
 	up := exec.Command(bin)
 	up.Env = append(os.Environ(), upChildEnv+"="+args)
-	var upOut bytes.Buffer
+	var upOut syncBuf
 	up.Stdout, up.Stderr = &upOut, &upOut
 	if err := up.Start(); err != nil {
 		t.Fatal(err)
@@ -211,7 +211,7 @@ func TestUpServesUnprivilegedClients(t *testing.T) {
 		return c
 	}
 	lst := client("listen 10.77.231.1:7471")
-	var lout bytes.Buffer
+	var lout syncBuf
 	lst.Stdout, lst.Stderr = &lout, &lout
 	if err := lst.Start(); err != nil {
 		t.Fatal(err)
