@@ -56,6 +56,11 @@ type Limits struct {
 	// MaxWR bounds a queue's depth (default 16384): its ring is service
 	// memory.
 	MaxWR int
+	// MRs bounds the registrations (default 4096): each is a mapping in
+	// the service (the kernel allows a process about 65,000) and an STag.
+	MRs int
+	// PDs and SRQs bound the other objects (default 1024 each).
+	PDs, SRQs int
 }
 
 func (l Limits) withDefaults() Limits {
@@ -73,6 +78,15 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxWR <= 0 {
 		l.MaxWR = 16384
+	}
+	if l.MRs <= 0 {
+		l.MRs = 4096
+	}
+	if l.PDs <= 0 {
+		l.PDs = 1024
+	}
+	if l.SRQs <= 0 {
+		l.SRQs = 1024
 	}
 	return l
 }
@@ -264,19 +278,20 @@ type session struct {
 
 	wmu sync.Mutex // one writer at a time
 
-	mu       sync.Mutex
-	next     uint64
-	pds      map[uint64]*PD
-	cqs      map[uint64]*servedCQ
-	mrs      map[uint64]*servedMR
-	srqs     map[uint64]*servedSRQ
-	qps      map[uint32]*servedQP
-	lns      map[uint64]*Listener
-	reqs     map[uint64]*ConnRequest
-	inflight map[uint32]context.CancelFunc
-	mrBytes  int64
-	conns    int
-	calls    sync.WaitGroup
+	mu        sync.Mutex
+	next      uint64
+	pds       map[uint64]*PD
+	cqs       map[uint64]*servedCQ
+	mrs       map[uint64]*servedMR
+	srqs      map[uint64]*servedSRQ
+	qps       map[uint32]*servedQP
+	lns       map[uint64]*Listener
+	reqs      map[uint64]*ConnRequest
+	inflight  map[uint32]context.CancelFunc
+	mrBytes   int64
+	mrPending int // registrations under way (counted against Limits.MRs)
+	conns     int
+	calls     sync.WaitGroup
 
 	// Fast path.
 	ctl      []byte
@@ -586,6 +601,12 @@ func (x *session) handle64() uint64 {
 // --- PD, MR ---
 
 func (x *session) allocPD(b *svc.Builder) error {
+	x.mu.Lock()
+	n := len(x.pds)
+	x.mu.Unlock()
+	if n >= x.lim.PDs {
+		return fmt.Errorf("%w: %d PDs", ErrLimit, n)
+	}
 	pd, err := x.dev.AllocPD()
 	if err != nil {
 		return err
@@ -653,6 +674,16 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 		x.mu.Unlock()
 		return fmt.Errorf("%w: %d MR bytes registered, limit %d", ErrLimit, x.mrBytes, x.lim.MRBytes)
 	}
+	if len(x.mrs)+x.mrPending >= x.lim.MRs {
+		x.mu.Unlock()
+		return fmt.Errorf("%w: %d MRs", ErrLimit, len(x.mrs))
+	}
+	x.mrPending++
+	defer func() {
+		x.mu.Lock()
+		x.mrPending--
+		x.mu.Unlock()
+	}()
 	x.mrBytes += int64(n)
 	x.mu.Unlock()
 	mapping, part, err := svc.MapFile(fds[0], int64(off), int(n), true)
@@ -853,6 +884,12 @@ func (x *session) createSRQ(b *svc.Builder, m svc.Msg) ([]int, error) {
 		return nil, err
 	}
 	maxWR, maxSGE := m.Arg(1), m.Arg(2)
+	x.mu.Lock()
+	n := len(x.srqs)
+	x.mu.Unlock()
+	if n >= x.lim.SRQs {
+		return nil, fmt.Errorf("%w: %d SRQs", ErrLimit, n)
+	}
 	if maxWR == 0 || maxWR > uint64(x.lim.MaxWR) || maxSGE == 0 || maxSGE > 64 {
 		return nil, fmt.Errorf("%w: SRQ of %d WRs, %d SGEs", ErrInvalidArgument, maxWR, maxSGE)
 	}

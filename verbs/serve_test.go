@@ -705,17 +705,24 @@ func srqClient(ctx context.Context, d *verbs.Device, l *verbs.Listener, n int) e
 			return fmt.Errorf("receive %d: bytes differ", i)
 		}
 	}
+	established := false
 	for {
 		select {
 		case e := <-d.Events():
+			if e.Type == verbs.EventEstablished && e.QPNum == qp.Num() {
+				established = true
+			}
 			if e.Type == verbs.EventSRQLimitReached {
 				if e.SRQ != srq {
 					return errors.New("SRQ limit event names another SRQ")
 				}
+				if !established {
+					return errors.New("no ESTABLISHED event for the QP before the SRQ limit event")
+				}
 				return nil
 			}
 		case <-ctx.Done():
-			return errors.New("no SRQ limit event")
+			return fmt.Errorf("no SRQ limit event (ESTABLISHED seen: %v)", established)
 		}
 	}
 }
@@ -838,7 +845,7 @@ func TestServiceFastPathAllocs(t *testing.T) {
 // frees it may allocate again; another client has limits of its own.
 func TestServiceLimits(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{QPs: 2, CQs: 2, MRBytes: 1 << 20, Conns: 1})
+	path, _ := startService(t, p.a, verbs.Limits{QPs: 2, CQs: 2, MRBytes: 1<<20 + 16384, Conns: 1, MRs: 3, PDs: 2})
 	a := connectService(t, path)
 	pd, _ := a.AllocPD()
 	cq1, err := a.CreateCQ(8)
@@ -883,6 +890,22 @@ func TestServiceLimits(t *testing.T) {
 	}
 	if _, err := a.Listen(netip.AddrPort{}, verbs.ListenConfig{}); !errors.Is(err, verbs.ErrLimit) {
 		t.Fatalf("second listener with a limit of 1: %v, want ErrLimit", err)
+	}
+	// Registrations are counted too, however small.
+	if _, err := pd.RegMR(mem.Bytes()[:4096], verbs.AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pd.RegMR(mem.Bytes()[8192:12288], verbs.AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pd.RegMR(mem.Bytes()[16384:20480], verbs.AccessLocalWrite); !errors.Is(err, verbs.ErrLimit) {
+		t.Fatalf("fourth MR with a limit of 3: %v, want ErrLimit", err)
+	}
+	if _, err := a.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.AllocPD(); !errors.Is(err, verbs.ErrLimit) {
+		t.Fatalf("third PD with a limit of 2: %v, want ErrLimit", err)
 	}
 	// Memory that is not from zerocopy.AllocShared cannot be registered.
 	if _, err := pd.RegMR(make([]byte, 4096), verbs.AccessLocalWrite); !errors.Is(err, verbs.ErrNotShared) {
