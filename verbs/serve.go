@@ -61,6 +61,9 @@ type Limits struct {
 	MRs int
 	// PDs and SRQs bound the other objects (default 1024 each).
 	PDs, SRQs int
+	// RingBytes bounds the shared memory of the client's queues (default
+	// 256 MiB): the service makes it, and the client can touch all of it.
+	RingBytes int64
 }
 
 func (l Limits) withDefaults() Limits {
@@ -87,6 +90,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.SRQs <= 0 {
 		l.SRQs = 1024
+	}
+	if l.RingBytes <= 0 {
+		l.RingBytes = 256 << 20
 	}
 	return l
 }
@@ -289,7 +295,8 @@ type session struct {
 	reqs      map[uint64]*ConnRequest
 	inflight  map[uint32]context.CancelFunc
 	mrBytes   int64
-	mrPending int // registrations under way (counted against Limits.MRs)
+	mrPending int   // registrations under way (counted against Limits.MRs)
+	ringBytes int64 // queue memory made for the client
 	conns     int
 	calls     sync.WaitGroup
 
@@ -593,6 +600,33 @@ func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []i
 	return nil, fmt.Errorf("%w: unknown request %v", ErrInvalidArgument, t)
 }
 
+// ringMemfd makes a ring memfd of n bytes, counted against
+// Limits.RingBytes until dropRing.
+func (x *session) ringMemfd(name string, n int) (int, []byte, error) {
+	x.mu.Lock()
+	if x.ringBytes+int64(n) > x.lim.RingBytes {
+		x.mu.Unlock()
+		return -1, nil, fmt.Errorf("%w: %d bytes of queue memory, limit %d", ErrLimit, x.ringBytes, x.lim.RingBytes)
+	}
+	x.ringBytes += int64(n)
+	x.mu.Unlock()
+	fd, mem, err := svc.NewMemfd(name, n)
+	if err != nil {
+		x.dropRing(mem, n)
+	}
+	return fd, mem, err
+}
+
+// dropRing unmaps a ring's memory and uncounts it.
+func (x *session) dropRing(mem []byte, n int) {
+	if mem != nil {
+		svc.Unmap(mem)
+	}
+	x.mu.Lock()
+	x.ringBytes -= int64(n)
+	x.mu.Unlock()
+}
+
 func (x *session) handle64() uint64 {
 	x.next++
 	return x.next
@@ -767,21 +801,21 @@ func (x *session) createCQ(b *svc.Builder, cqe uint64) ([]int, error) {
 	}
 	x.mu.Unlock()
 	capacity := svc.RingCap(int(cqe))
-	fd, mem, err := svc.NewMemfd("rdmatap-cq", svc.RingBytes(capacity, svc.CQEntrySize))
+	fd, mem, err := x.ringMemfd("rdmatap-cq", svc.RingBytes(capacity, svc.CQEntrySize))
 	if err != nil {
 		return nil, err
 	}
 	ring, _ := svc.InitRing(mem, capacity, svc.CQEntrySize)
 	ev, err := svc.NewEventfd()
 	if err != nil {
-		svc.Unmap(mem)
+		x.dropRing(mem, len(mem))
 		closeFd(fd)
 		return nil, err
 	}
 	evDup, err := svc.Dup(ev.Fd())
 	if err != nil {
 		ev.Close()
-		svc.Unmap(mem)
+		x.dropRing(mem, len(mem))
 		closeFd(fd)
 		return nil, err
 	}
@@ -842,7 +876,7 @@ func (s *servedCQ) push(cq *CQ, c *iwarp.Completion) bool {
 func (s *servedCQ) retire() {
 	s.cq.mu.Lock()
 	s.dead = true
-	svc.Unmap(s.mem)
+	s.x.dropRing(s.mem, len(s.mem))
 	s.ev.Close()
 	s.cq.mu.Unlock()
 	s.cq.Close()
@@ -899,7 +933,7 @@ func (x *session) createSRQ(b *svc.Builder, m svc.Msg) ([]int, error) {
 	}
 	capacity := svc.RingCap(int(maxWR))
 	esize := svc.RecvEntrySize(int(maxSGE))
-	fd, mem, err := svc.NewMemfd("rdmatap-srq", svc.RingBytes(capacity, esize))
+	fd, mem, err := x.ringMemfd("rdmatap-srq", svc.RingBytes(capacity, esize))
 	if err != nil {
 		return nil, err
 	}
@@ -939,7 +973,7 @@ func (x *session) destroySRQ(h uint64) error {
 			break
 		}
 	}
-	svc.Unmap(s.mem)
+	x.dropRing(s.mem, len(s.mem))
 	return nil
 }
 
@@ -1021,7 +1055,7 @@ func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
 	if srq == nil {
 		total += svc.RingBytes(rqCap, svc.RecvEntrySize(cfg.MaxRecvSGE))
 	}
-	fd, mem, err := svc.NewMemfd("rdmatap-qp", total)
+	fd, mem, err := x.ringMemfd("rdmatap-qp", total)
 	if err != nil {
 		qp.Close()
 		return nil, err
@@ -1123,7 +1157,7 @@ func (x *session) releaseQP(q *servedQP) {
 		q.blocked = false
 		x.blocked.Add(-1)
 	}
-	svc.Unmap(q.mem)
+	x.dropRing(q.mem, len(q.mem))
 	x.ringMu.Unlock()
 	x.mu.Lock()
 	q.scq.refs--

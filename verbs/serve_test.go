@@ -845,7 +845,7 @@ func TestServiceFastPathAllocs(t *testing.T) {
 // frees it may allocate again; another client has limits of its own.
 func TestServiceLimits(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{QPs: 2, CQs: 2, MRBytes: 1<<20 + 16384, Conns: 1, MRs: 3, PDs: 2})
+	path, _ := startService(t, p.a, verbs.Limits{QPs: 2, CQs: 2, MRBytes: 1<<20 + 16384, Conns: 1, MRs: 3, PDs: 2, RingBytes: 1 << 20})
 	a := connectService(t, path)
 	pd, _ := a.AllocPD()
 	cq1, err := a.CreateCQ(8)
@@ -912,6 +912,11 @@ func TestServiceLimits(t *testing.T) {
 		t.Fatalf("Go memory: %v, want ErrNotShared", err)
 	}
 	b := connectService(t, path)
+	// Queue memory is the service's: a CQ of 32768 entries needs 1 MiB
+	// and its header.
+	if _, err := b.CreateCQ(32768); !errors.Is(err, verbs.ErrLimit) {
+		t.Fatalf("a CQ beyond the ring memory limit: %v, want ErrLimit", err)
+	}
 	for i := 0; i < 2; i++ {
 		if _, err := b.CreateCQ(8); err != nil {
 			t.Fatalf("another client's CQ %d: %v", i, err)

@@ -22,6 +22,8 @@ type serviceFlags struct {
 	qps      int
 	cqs      int
 	mrBytes  string
+	mrs      int
+	ring     string
 	conns    int
 	pollSpin time.Duration
 }
@@ -32,6 +34,8 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.qps, "client-qps", 1024, "per-client limit on QPs")
 	fs.IntVar(&f.cqs, "client-cqs", 1024, "per-client limit on CQs")
 	fs.StringVar(&f.mrBytes, "client-mr-bytes", "16G", "per-client limit on registered memory (suffix K, M, G)")
+	fs.IntVar(&f.mrs, "client-mrs", 4096, "per-client limit on memory registrations")
+	fs.StringVar(&f.ring, "client-ring-bytes", "256M", "per-client limit on the shared memory of its queues (suffix K, M, G)")
 	fs.IntVar(&f.conns, "client-conns", 1024, "per-client limit on connections and listeners")
 	fs.DurationVar(&f.pollSpin, "poll-spin", 50*time.Microsecond, "how long a client's ring poller spins after its last work request before it sleeps")
 }
@@ -63,14 +67,18 @@ func (f *serviceFlags) check() (verbs.Limits, int, error) {
 		}
 		return lim, -1, nil
 	}
-	if f.qps < 1 || f.cqs < 1 || f.conns < 1 {
-		return lim, -1, fmt.Errorf("%w: --client-qps, --client-cqs and --client-conns must be at least 1", errUsage)
+	if f.qps < 1 || f.cqs < 1 || f.conns < 1 || f.mrs < 1 {
+		return lim, -1, fmt.Errorf("%w: --client-qps, --client-cqs, --client-mrs and --client-conns must be at least 1", errUsage)
 	}
 	mr, err := parseBytes(f.mrBytes)
 	if err != nil {
 		return lim, -1, fmt.Errorf("%w: --client-mr-bytes: %v", errUsage, err)
 	}
-	lim = verbs.Limits{QPs: f.qps, CQs: f.cqs, MRBytes: mr, Conns: f.conns}
+	ring, err := parseBytes(f.ring)
+	if err != nil {
+		return lim, -1, fmt.Errorf("%w: --client-ring-bytes: %v", errUsage, err)
+	}
+	lim = verbs.Limits{QPs: f.qps, CQs: f.cqs, MRBytes: mr, MRs: f.mrs, RingBytes: ring, Conns: f.conns}
 	gid := -1
 	if f.group != "" {
 		if n, err := strconv.Atoi(f.group); err == nil && n >= 0 {

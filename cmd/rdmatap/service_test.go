@@ -32,9 +32,9 @@ func TestServiceFlags(t *testing.T) {
 			t.Errorf("%q: exit %d, want 2 (%s)", args, code, errOut.String())
 		}
 	}
-	f := serviceFlags{socket: "/x", mrBytes: "3M", qps: 2, cqs: 3, conns: 4, group: "0"}
+	f := serviceFlags{socket: "/x", mrBytes: "3M", ring: "5K", mrs: 6, qps: 2, cqs: 3, conns: 4, group: "0"}
 	lim, gid, err := f.check()
-	if err != nil || lim.MRBytes != 3<<20 || lim.QPs != 2 || lim.CQs != 3 || lim.Conns != 4 || gid != 0 {
+	if err != nil || lim.MRBytes != 3<<20 || lim.RingBytes != 5<<10 || lim.MRs != 6 || lim.QPs != 2 || lim.CQs != 3 || lim.Conns != 4 || gid != 0 {
 		t.Fatalf("%+v %d %v", lim, gid, err)
 	}
 }
@@ -247,7 +247,7 @@ func TestViaService(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "rt0.sock")
 	var mu sync.Mutex
 	clients := 0
-	sf := serviceFlags{socket: sock, qps: 64, cqs: 64, conns: 64, mrBytes: "1G", pollSpin: 50 * time.Microsecond}
+	sf := serviceFlags{socket: sock, qps: 64, cqs: 64, conns: 64, mrs: 64, mrBytes: "1G", ring: "64M", pollSpin: 50 * time.Microsecond}
 	srv, err := sf.start(a.Dev, func(format string, args ...any) {
 		if strings.HasSuffix(format, "connected") {
 			mu.Lock()
