@@ -5,4 +5,11 @@
 // and librdmacm nouns, with Go idioms on top: every blocking call takes a
 // context, errors are typed and work with errors.Is, and the data path
 // allocates nothing per operation.
+//
+// A Device comes from Open (an embedded device on this process's netstack)
+// or from Connect (a device a running service offers over a unix socket,
+// `rdmatap up --socket`, usable without privileges); the API is the same.
+// Serve is the service side. remote.go and serve.go describe the split:
+// the slow path over the socket, memory as the client's own memfd pages,
+// and the queues as rings in shared memory.
 package verbs

@@ -62,7 +62,7 @@ import (
 // ManualProgress is ignored).
 
 // ErrUnsupported reports an operation a device cannot do (a device of a
-// service: fast-register MRs, memory windows, manual progress).
+// service: fast-register MRs, memory windows and their work requests).
 var ErrUnsupported = fmt.Errorf("verbs: %w", errors.ErrUnsupported)
 
 // ErrLimit reports a per-client limit of the service.
