@@ -226,6 +226,10 @@ func (cl *client) fail(err error) {
 	for _, q := range cl.qps {
 		qps = append(qps, q)
 	}
+	cqs := make([]*remoteCQ, 0, len(cl.cqs))
+	for cq := range cl.cqs {
+		cqs = append(cqs, cq.rc)
+	}
 	cl.mu.Unlock()
 	close(cl.done)
 	for _, ch := range pend {
@@ -233,6 +237,12 @@ func (cl *client) fail(err error) {
 	}
 	for _, q := range qps {
 		q.r.finish(err)
+	}
+	// Wake CQ waiters: no service is left to ring their eventfds.
+	for _, rc := range cqs {
+		if !rc.dead.Load() {
+			rc.ev.Signal()
+		}
 	}
 }
 
@@ -545,6 +555,11 @@ func (cq *CQ) remoteWait(ctx context.Context, dst []WC) (int, error) {
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
+		select {
+		case <-rc.cl.done:
+			return 0, rc.cl.sessionErr() // the service is gone
+		default:
+		}
 		if time.Since(start) < spinWait {
 			runtime.Gosched()
 			continue
@@ -614,6 +629,11 @@ func (cq *CQ) remoteWaitEvent(ctx context.Context) error {
 		cq.mu.Unlock()
 		if rc.dead.Load() {
 			return net.ErrClosed
+		}
+		select {
+		case <-rc.cl.done:
+			return rc.cl.sessionErr()
+		default:
 		}
 		rc.ring.Waiting.Add(1)
 		if rc.ring.Events.Load() != rc.seen {

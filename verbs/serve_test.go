@@ -1036,3 +1036,51 @@ func TestServiceSlowPathOrdering(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestServiceGone: when the service goes, a client blocked in CQ.Wait and
+// in GetRequest returns an error, its QPs end, and later calls fail.
+func TestServiceGone(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, srv := startService(t, p.a, verbs.Limits{})
+	d := connectService(t, path)
+	pd, _ := d.AllocPD()
+	cq, _ := d.CreateCQ(8)
+	qp, _ := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+	l, err := d.Listen(netip.AddrPort{}, verbs.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	waitErr := make(chan error, 1)
+	go func() {
+		var wc [1]verbs.WC
+		_, err := cq.Wait(ctx, wc[:])
+		waitErr <- err
+	}()
+	reqErr := make(chan error, 1)
+	go func() {
+		_, err := l.GetRequest(ctx)
+		reqErr <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // both asleep
+	srv.Close()
+	for what, ch := range map[string]chan error{"CQ.Wait": waitErr, "GetRequest": reqErr} {
+		select {
+		case err := <-ch:
+			if err == nil || ctx.Err() != nil {
+				t.Errorf("%s returned %v after the service went", what, err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s still blocked after the service went", what)
+		}
+	}
+	select {
+	case <-qp.Done():
+	case <-ctx.Done():
+		t.Fatal("QP not done after the service went")
+	}
+	if _, err := d.AllocPD(); err == nil {
+		t.Error("AllocPD succeeded without a service")
+	}
+}
