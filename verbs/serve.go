@@ -351,6 +351,13 @@ func (x *session) run() {
 	go x.eventWriter()
 	for {
 		m, fds, err := svc.Read(x.conn, buf, oob, fdbuf[:0])
+		if errors.Is(err, svc.ErrTruncated) || errors.Is(err, svc.ErrFDs) {
+			// Too long, or too many descriptors (closed already): an
+			// error for this message, and the session goes on.
+			x.logf("malformed message: %v", err)
+			x.reply(&svc.Builder{}, svc.TError, 0, nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err))
+			continue
+		}
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				x.logf("socket: %v", err)

@@ -153,6 +153,15 @@ func TestServiceMalformedMessages(t *testing.T) {
 	expectErr("unknown type", m, svc.StatusInvalidArgument)
 	m, _ = r.send([]byte{1, 2, 3}, 0)
 	expectErr("3-byte datagram", m, svc.StatusInvalidArgument)
+	m, _ = r.send(make([]byte, 3*svc.MaxMessage), 0)
+	expectErr("datagram longer than any message", m, svc.StatusInvalidArgument)
+	fds := make([]int, svc.MaxFDs+2)
+	for i := range fds {
+		fds[i], _ = unix.Eventfd(0, unix.EFD_CLOEXEC)
+		defer unix.Close(fds[i])
+	}
+	m, _ = r.send(b.Reset(svc.TAllocPD, 0, 0).Msg(), 0, fds...)
+	expectErr("six descriptors", m, svc.StatusInvalidArgument)
 	// Handles that name nothing.
 	m, _ = r.call(svc.TDestroyQP, []uint64{12345}, nil)
 	expectErr("DESTROY_QP of no QP", m, svc.StatusInvalidArgument)
