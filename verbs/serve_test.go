@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -380,6 +381,40 @@ func TestServiceChild(t *testing.T) {
 	var peer verbs.RemoteBuf
 	if err := peer.UnmarshalBinary(conn.PeerPrivateData()); err != nil {
 		t.Fatal(err)
+	}
+	if os.Getenv(syscallEnv) != "" {
+		// Busy polling: small Writes, 16 in flight, Poll without Wait.
+		const ops = 50000
+		wcs := make([]verbs.WC, 16)
+		wr := verbs.SendWR{Op: verbs.OpWrite, Flags: verbs.Signaled, SGL: []verbs.SGE{mr.SGE(0, 64)}, RemoteAddr: peer.Addr, RKey: peer.RKey}
+		before, err := readSyscalls()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for posted, done, out := 0, 0, 0; done < ops; {
+			for out < 16 && posted < ops {
+				if err := qp.PostSend(wr); err != nil {
+					t.Fatal(err)
+				}
+				out++
+				posted++
+			}
+			n := cq.Poll(wcs)
+			for _, wc := range wcs[:n] {
+				if wc.Status != verbs.StatusSuccess {
+					t.Fatalf("write: %v", wc.Status)
+				}
+			}
+			out -= n
+			done += n
+		}
+		after, err := readSyscalls()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// (one of them is the read of /proc/self/io itself)
+		fmt.Printf("child: %d work requests, %d read/write system calls\n", ops, after-before-1)
+		return
 	}
 	fmt.Fprintln(os.Stderr, "child: transferring")
 	wcs := make([]verbs.WC, 16)
@@ -1082,5 +1117,76 @@ func TestServiceGone(t *testing.T) {
 	}
 	if _, err := d.AllocPD(); err == nil {
 		t.Error("AllocPD succeeded without a service")
+	}
+}
+
+// syscallEnv makes TestServiceChild's process count its own system calls
+// around a busy-polling loop instead of writing until it is killed.
+const syscallEnv = "RDMATAP_SVC_CHILD_COUNT"
+
+// readSyscalls returns the read- and write-type system calls this process
+// has made (/proc/self/io syscr + syscw).
+func readSyscalls() (int, error) {
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		var v int
+		if _, err := fmt.Sscanf(line, "syscr: %d", &v); err == nil {
+			n += v
+		}
+		if _, err := fmt.Sscanf(line, "syscw: %d", &v); err == nil {
+			n += v
+		}
+	}
+	return n, nil
+}
+
+// TestServiceBusyPollNoSyscalls: a client process that busy-polls (posts
+// 64-byte RDMA Writes, 16 in flight, and polls its CQ without waiting)
+// makes next to no read or write system calls per work request: the
+// rings, not the socket or the doorbell, carry them. The doorbell is
+// written only when the service's poller has fallen asleep (the client
+// was off its CPU for longer than the poller's spin), which the bound
+// allows for on a loaded machine.
+func TestServiceBusyPollNoSyscalls(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("in a child")
+	}
+	if _, err := readSyscalls(); err != nil {
+		t.Skipf("skipping: /proc/self/io is not readable: %v", err)
+	}
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, verbs.Limits{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sink, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	go sinkPeer(ctx, p.b, sink)
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe, "-test.run=^TestServiceChild$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), childEnv+"="+path, childPeerEnv+"="+netip.AddrPortFrom(p.nb.Addrs()[0].Addr(), sink.Addr().Port()).String(),
+		syscallEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("client process: %v\n%s", err, out)
+	}
+	var ops, calls int
+	for _, line := range strings.Split(string(out), "\n") {
+		if _, err := fmt.Sscanf(strings.TrimSpace(line), "child: %d work requests, %d read/write system calls", &ops, &calls); err == nil {
+			break
+		}
+	}
+	if ops == 0 {
+		t.Fatalf("no count from the client process:\n%s", out)
+	}
+	t.Logf("%d work requests and completions, %d read/write system calls in the client (%.4f per work request)", ops, calls, float64(calls)/float64(ops))
+	if float64(calls) > 0.02*float64(ops) {
+		t.Errorf("%d system calls for %d work requests: the fast path is not syscall-free", calls, ops)
 	}
 }
