@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -247,6 +251,8 @@ func BenchmarkServiceRatios(b *testing.B) {
 // RDMATAP_FAIR_MS milliseconds (default 2000) all at once. It reports the
 // total rate, the slowest client's share of the fair share (issue #13: no
 // client below 0.5) and Jain's fairness index over the clients.
+// RDMATAP_FAIR_EMBEDDED=1 runs the same clients on the embedded device
+// instead, as the control.
 func BenchmarkServiceFairness(b *testing.B) {
 	nClients := envInt("RDMATAP_FAIR_CLIENTS", 64)
 	nQPs := envInt("RDMATAP_FAIR_QPS", 16)
@@ -274,8 +280,12 @@ func BenchmarkServiceFairness(b *testing.B) {
 		bytes int64
 	}
 	clients := make([]*client, nClients)
+	embedded := os.Getenv("RDMATAP_FAIR_EMBEDDED") != "" // the control: the same clients on the embedded device
 	for i := range clients {
-		d := connectService(b, path)
+		d := p.a
+		if !embedded {
+			d = connectService(b, path)
+		}
 		c := &client{index: map[uint32]int{}}
 		pd, _ := d.AllocPD()
 		if c.cq, err = d.CreateCQ(4 * nQPs); err != nil {
@@ -378,5 +388,154 @@ func BenchmarkServiceFairness(b *testing.B) {
 	b.ReportMetric(sum/elapsed.Seconds()/1e6, "total-MB/s")
 	b.ReportMetric(least/fair, "min-share")
 	b.ReportMetric(sum*sum/(float64(nClients)*sq), "jain")
+	b.ReportMetric(0, "ns/op")
+}
+
+// pingEnv makes TestServiceChild's process run this many 64-byte Write
+// round trips (after a warm-up) against the peer and print their time.
+const pingEnv = "RDMATAP_SVC_CHILD_PINGS"
+
+// pongPeer accepts one connection on l whose private data is the
+// initiator's RemoteBuf and answers each 64-byte Write with one (the
+// ponger of benchConn, for a client in another process).
+func pongPeer(ctx context.Context, d *verbs.Device, l *verbs.Listener) error {
+	c := &benchConn{}
+	pd, _ := d.AllocPD()
+	cq, _ := d.CreateCQ(16)
+	var err error
+	if c.pqp, err = pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, ManualProgress: true}); err != nil {
+		return err
+	}
+	c.pbuf = make([]byte, 128)
+	if c.pmr, err = pd.RegMR(c.pbuf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		return err
+	}
+	req, err := l.GetRequest(ctx)
+	if err != nil {
+		return err
+	}
+	if err := c.premote.UnmarshalBinary(req.PrivateData()); err != nil {
+		return err
+	}
+	pdata, _ := c.pmr.Remote().MarshalBinary()
+	if _, err := req.Accept(ctx, c.pqp, verbs.ConnParams{PrivateData: pdata}); err != nil {
+		return err
+	}
+	c.startPonger()
+	go func() {
+		<-ctx.Done()
+		c.pqp.Close()
+	}()
+	return nil
+}
+
+// childPings is the client of BenchmarkServicePingPongProcess, in its own
+// process: the same pings as benchConn's, through the service.
+func childPings(t *testing.T, d *verbs.Device, raddr netip.AddrPort, n int) {
+	ctx := context.Background()
+	pd, _ := d.AllocPD()
+	cq, _ := d.CreateCQ(16)
+	c := &benchConn{cq: cq}
+	var err error
+	if c.qp, err = pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq}); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := zerocopy.AllocShared("ping", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.buf = mem.Bytes()
+	if c.mr, err = pd.RegMR(c.buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		t.Fatal(err)
+	}
+	pdata, _ := c.mr.Remote().MarshalBinary()
+	conn, err := d.Dial(ctx, c.qp, raddr, verbs.ConnParams{PrivateData: pdata})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.remote.UnmarshalBinary(conn.PeerPrivateData()); err != nil {
+		t.Fatal(err)
+	}
+	var next uint32
+	if err := c.pings(&next, 500); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	if err := c.pings(&next, n); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("child: %d round trips in %d ns\n", n, time.Since(t0).Nanoseconds())
+}
+
+// BenchmarkServicePingPongProcess measures the 64 B RDMA Write round trip
+// with the client in its own process (the test binary run again),
+// through the service, against the same pings from an embedded client in
+// this process, alternating (RDMATAP_BENCH_ROUNDS, default 5; 2000×b.N
+// round trips a side per round). It reports the medians and their
+// difference (issue #13: ≤ 2 µs added).
+func BenchmarkServicePingPongProcess(b *testing.B) {
+	p := newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	peerAddr := p.nb.Addrs()[0].Addr()
+	path, _ := startService(b, p.a, verbs.Limits{})
+	emb := benchConnect(b, p.a, p.b, peerAddr, 128, true)
+	emb.startPonger()
+	var embNext uint32
+	if err := emb.pings(&embNext, 500); err != nil {
+		b.Fatal(err)
+	}
+	exe, _ := os.Executable()
+	n := 2000 * max(b.N, 1)
+	var embRTT, svcRTT, add []float64
+	b.ResetTimer()
+	for r := range envInt("RDMATAP_BENCH_ROUNDS", 5) {
+		embRound := func() float64 {
+			t0 := time.Now()
+			if err := emb.pings(&embNext, n); err != nil {
+				b.Fatal(err)
+			}
+			return float64(time.Since(t0).Nanoseconds()) / float64(n) / 1e3
+		}
+		svcRound := func() float64 {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			l, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			perr := make(chan error, 1)
+			go func() { perr <- pongPeer(ctx, p.b, l) }()
+			cmd := exec.Command(exe, "-test.run=^TestServiceChild$", "-test.count=1")
+			cmd.Env = append(os.Environ(), childEnv+"="+path, childPeerEnv+"="+netip.AddrPortFrom(peerAddr, l.Addr().Port()).String(),
+				pingEnv+"="+strconv.Itoa(n))
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				b.Fatalf("client process: %v\n%s", err, out)
+			}
+			if err := <-perr; err != nil {
+				b.Fatal(err)
+			}
+			var k int
+			var ns int64
+			for _, line := range strings.Split(string(out), "\n") {
+				if _, err := fmt.Sscanf(line, "child: %d round trips in %d ns", &k, &ns); err == nil {
+					return float64(ns) / float64(k) / 1e3
+				}
+			}
+			b.Fatalf("no timing from the client process:\n%s", out)
+			return 0
+		}
+		var e, s float64
+		if r%2 == 0 {
+			e, s = embRound(), svcRound()
+		} else {
+			s, e = svcRound(), embRound()
+		}
+		embRTT, svcRTT, add = append(embRTT, e), append(svcRTT, s), append(add, s-e)
+	}
+	b.StopTimer()
+	b.ReportMetric(median(embRTT), "emb-rtt-µs")
+	b.ReportMetric(median(svcRTT), "svc-rtt-µs")
+	b.ReportMetric(median(add), "add-µs")
 	b.ReportMetric(0, "ns/op")
 }

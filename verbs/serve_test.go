@@ -351,6 +351,10 @@ func TestServiceChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	raddr := netip.MustParseAddrPort(os.Getenv(childPeerEnv))
+	if n := envInt(pingEnv, 0); n > 0 {
+		childPings(t, d, raddr, n)
+		return
+	}
 	pd, err := d.AllocPD()
 	if err != nil {
 		t.Fatal(err)
