@@ -51,7 +51,11 @@ import (
 type Limits struct {
 	QPs     int   // default 1024
 	CQs     int   // default 1024
-	MRBytes int64 // bytes registered at once (default 16 GiB)
+	// MRBytes bounds the bytes registered at once (default 1 GiB). A
+	// client's memfd may be sparse: pages the service places data into
+	// are allocated then, and the kernel charges shared memory to the
+	// task that allocates it, the service.
+	MRBytes int64
 	Conns   int   // connections (dialed or accepted) and listeners (default 1024)
 	// MaxWR bounds a queue's depth (default 16384): its ring is service
 	// memory.
@@ -74,7 +78,7 @@ func (l Limits) withDefaults() Limits {
 		l.CQs = 1024
 	}
 	if l.MRBytes <= 0 {
-		l.MRBytes = 16 << 30
+		l.MRBytes = 1 << 30
 	}
 	if l.Conns <= 0 {
 		l.Conns = 1024

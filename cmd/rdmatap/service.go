@@ -33,7 +33,7 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.group, "socket-group", "", "group (name or number) that owns the service socket (default: this process's group)")
 	fs.IntVar(&f.qps, "client-qps", 1024, "per-client limit on QPs")
 	fs.IntVar(&f.cqs, "client-cqs", 1024, "per-client limit on CQs")
-	fs.StringVar(&f.mrBytes, "client-mr-bytes", "16G", "per-client limit on registered memory (suffix K, M, G)")
+	fs.StringVar(&f.mrBytes, "client-mr-bytes", "1G", "per-client limit on registered memory (suffix K, M, G)")
 	fs.IntVar(&f.mrs, "client-mrs", 4096, "per-client limit on memory registrations")
 	fs.StringVar(&f.ring, "client-ring-bytes", "256M", "per-client limit on the shared memory of its queues (suffix K, M, G)")
 	fs.IntVar(&f.conns, "client-conns", 1024, "per-client limit on connections and listeners")
