@@ -49,14 +49,14 @@ import (
 
 // Limits bound what one client may hold. Zero fields take the defaults.
 type Limits struct {
-	QPs     int   // default 1024
-	CQs     int   // default 1024
+	QPs int // default 1024
+	CQs int // default 1024
 	// MRBytes bounds the bytes registered at once (default 1 GiB). A
 	// client's memfd may be sparse: pages the service places data into
 	// are allocated then, and the kernel charges shared memory to the
 	// task that allocates it, the service.
 	MRBytes int64
-	Conns   int   // connections (dialed or accepted) and listeners (default 1024)
+	Conns   int // connections (dialed or accepted) and listeners (default 1024)
 	// MaxWR bounds a queue's depth (default 16384): its ring is service
 	// memory.
 	MaxWR int
