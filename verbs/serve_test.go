@@ -456,9 +456,6 @@ func TestServiceChild(t *testing.T) {
 // Writes into it, four in flight, for as long as the connection lasts.
 func sinkPeer(ctx context.Context, d *verbs.Device, l *verbs.Listener) {
 	pd, _ := d.AllocPD()
-	buf := make([]byte, 1<<20)
-	mr, _ := pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
-	pdata, _ := mr.Remote().MarshalBinary()
 	// What the sink writes back comes from memory nobody writes into.
 	src := make([]byte, 64<<10)
 	srcMR, _ := pd.RegMR(src, 0)
@@ -467,6 +464,9 @@ func sinkPeer(ctx context.Context, d *verbs.Device, l *verbs.Listener) {
 		if err != nil {
 			return
 		}
+		// Each connection writes into memory of its own.
+		mr, _ := pd.RegMR(make([]byte, 1<<20), verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+		pdata, _ := mr.Remote().MarshalBinary()
 		cq, _ := d.CreateCQ(16)
 		qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
 		if err != nil {
@@ -501,6 +501,7 @@ func sinkPeer(ctx context.Context, d *verbs.Device, l *verbs.Listener) {
 			}
 			qp.Close()
 			cq.Close()
+			mr.Dereg()
 		}()
 	}
 }
@@ -846,6 +847,9 @@ func TestServiceSRQAndEvents(t *testing.T) {
 // the WRs, so no network code runs). Everything runs in this process, so
 // the count covers both sides.
 func TestServiceFastPathAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("skipping: the race detector allocates")
+	}
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	path, _ := startService(t, p.a, verbs.Limits{})
 	d := connectService(t, path)
