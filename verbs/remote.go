@@ -33,7 +33,9 @@ import (
 //
 //   - Slow path: one SOCK_SEQPACKET message per call (svc.Msg), answered
 //     by a reply with the same sequence number; a call whose context ends
-//     sends a Cancel and returns the context's error. Alloc and destroy,
+//     sends a Cancel and still waits for the reply: the context's error
+//     if the service abandoned the call, else what it did (so a
+//     connection request it had taken is not lost). Alloc and destroy,
 //     register and deregister, dial, listen, get request, accept, reject,
 //     disconnect and QP state queries go this way.
 //   - Memory: an MR's buffer must lie in a zerocopy.AllocShared (memfd)
@@ -270,24 +272,30 @@ func (cl *client) call(ctx context.Context, b *svc.Builder, seqSet func(*svc.Bui
 		cl.mu.Unlock()
 		return reply{}, fmt.Errorf("verbs: service: %w", err)
 	}
+	var r reply
+	var ok bool
 	select {
-	case r, ok := <-ch:
-		if !ok {
-			return reply{}, cl.sessionErr()
-		}
-		if st := r.m.Status(); st != svc.StatusOK {
-			closeFDs(r.fds)
-			return reply{}, statusError(st, r.m.Payload())
-		}
-		return r, nil
+	case r, ok = <-ch:
 	case <-ctx.Done():
-		cl.mu.Lock()
-		delete(cl.pending, seq)
-		cl.mu.Unlock()
+		// Ask the service to abandon the call, and take its answer all
+		// the same: what it did (a request it had already taken, a
+		// connection it had made) must not be lost between the two.
 		var cb svc.Builder
 		svc.Write(cl.conn, cb.Reset(svc.TCancel, 0, 0).Args(uint64(seq)).Msg())
-		return reply{}, ctx.Err()
+		r, ok = <-ch
+		if ok && (r.m.Status() == svc.StatusCanceled || r.m.Status() == svc.StatusTimeout) {
+			closeFDs(r.fds)
+			return reply{}, ctx.Err()
+		}
 	}
+	if !ok {
+		return reply{}, cl.sessionErr()
+	}
+	if st := r.m.Status(); st != svc.StatusOK {
+		closeFDs(r.fds)
+		return reply{}, statusError(st, r.m.Payload())
+	}
+	return r, nil
 }
 
 func (cl *client) sessionErr() error {

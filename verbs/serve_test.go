@@ -1208,3 +1208,50 @@ func TestServiceBusyPollNoSyscalls(t *testing.T) {
 		t.Errorf("%d system calls for %d work requests: the fast path is not syscall-free", calls, ops)
 	}
 }
+
+// TestServiceCancel: a blocking call whose context ends returns the
+// context's error, the service abandons it (Cancel), and the next call on
+// the same listener gets the next request.
+func TestServiceCancel(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, verbs.Limits{})
+	d := connectService(t, path)
+	l, err := d.Listen(netip.AddrPort{}, verbs.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+		_, err := l.GetRequest(ctx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("GetRequest with nobody dialing: %v, want DeadlineExceeded", err)
+		}
+	}
+	// A canceled GetRequest must not have taken the request the next one
+	// is for.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dialed := make(chan error, 1)
+	go func() {
+		pd, _ := p.b.AllocPD()
+		cq, _ := p.b.CreateCQ(4)
+		qp, _ := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+		_, err := p.b.Dial(ctx, qp, netip.AddrPortFrom(p.na.Addrs()[0].Addr(), l.Addr().Port()), verbs.ConnParams{PrivateData: []byte("hi")})
+		dialed <- err
+	}()
+	req, err := l.GetRequest(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(req.PrivateData()) != "hi" {
+		t.Fatalf("private data %q", req.PrivateData())
+	}
+	if err := req.Reject([]byte("no")); err != nil {
+		t.Fatal(err)
+	}
+	var rej *verbs.RejectedError
+	if err := <-dialed; !errors.As(err, &rej) || string(rej.PrivateData) != "no" {
+		t.Fatalf("dial: %v, want a rejection with private data %q", err, "no")
+	}
+}
