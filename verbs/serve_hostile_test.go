@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -468,4 +469,126 @@ func FuzzServiceRequest(f *testing.F) {
 			t.Fatalf("%d descriptors open, %d with the service idle", len(ents), fuzzService.fds)
 		}
 	})
+}
+
+// FuzzServiceRing writes arbitrary bytes into a raw client's send and
+// receive ring entries (and arbitrary producer indexes) for a QP not yet
+// connected (the engine queues and checks what the service posts), rings
+// the doorbell, and checks that the service still serves
+// the client, or has ended that client's session alone, and never
+// crashes.
+func FuzzServiceRing(f *testing.F) {
+	e := make([]byte, svc.SendEntrySize(1))
+	svc.PutSend(e, &iwarp.SendWR{ID: 1, Op: iwarp.WRWrite, SGL: []iwarp.SGE{{Addr: 0x1000, Length: 8, LKey: 0x100}}, RemoteAddr: 1, RKey: 2})
+	f.Add(e, []byte{1, 2, 3}, uint32(1), uint32(1))
+	f.Add(e, e, uint32(1<<31), uint32(2))
+	f.Fuzz(func(t *testing.T, sqEntry, rqEntry []byte, sqProd, rqProd uint32) {
+		fuzzRingService(t)
+		r, m := dialRaw(t, fuzzRing.path, svc.Version)
+		if m.Status() != svc.StatusOK {
+			t.Fatalf("HELLO: %d", m.Status())
+		}
+		pd := r.alive()
+		m, fds := r.call(svc.TCreateCQ, []uint64{16}, nil)
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		cq := m.Arg(0)
+		m, fds = r.call(svc.TCreateQP, []uint64{pd, cq, cq, 0, 4, 4, 1, 1, 0, 0}, nil)
+		if m.Status() != svc.StatusOK || len(fds) != 1 {
+			t.Fatalf("CREATE_QP: %d", m.Status())
+		}
+		mem, err := svc.MapRing(fds[0])
+		unix.Close(fds[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer svc.Unmap(mem)
+		sq, err := svc.OpenRing(mem[:m.Arg(1)])
+		if err != nil {
+			t.Fatal(err)
+		}
+		rq, err := svc.OpenRing(mem[m.Arg(1):])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := uint32(0); i < uint32(sq.Cap()); i++ {
+			copy(sq.Entry(i), sqEntry)
+		}
+		for i := uint32(0); i < uint32(rq.Cap()); i++ {
+			copy(rq.Entry(i), rqEntry)
+		}
+		rq.Prod.Store(rqProd % 8)
+		sq.Prod.Store(sqProd)
+		r.bell.Signal()
+		// Either the session still answers, or it has been ended (an
+		// index out of range); the service goes on either way.
+		r.seq++
+		var b svc.Builder
+		svc.Write(r.conn, b.Reset(svc.TAllocPD, r.seq, 0).Msg())
+		r.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		for {
+			m, fds, err := svc.Read(r.conn, r.buf, r.oob, nil)
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+			if errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) {
+				break // ended (with our request unread: a reset)
+			}
+			if err != nil {
+				t.Fatalf("the service neither answered nor ended the session: %v", err)
+			}
+			if m.Check() == nil && m.Type() == svc.TAllocPD && m.Seq() == r.seq {
+				break
+			}
+		}
+		// Another client is served.
+		r2, m := dialRaw(t, fuzzRing.path, svc.Version)
+		if m.Status() != svc.StatusOK {
+			t.Fatalf("another client's HELLO: %d", m.Status())
+		}
+		r2.alive()
+		// Both sessions end once their clients go.
+		r.conn.Close()
+		r2.conn.Close()
+		deadline := time.Now().Add(5 * time.Second)
+		for fuzzRing.srv.Clients() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d sessions still open 5 s after their clients left", fuzzRing.srv.Clients())
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	})
+}
+
+var fuzzRing struct {
+	path string
+	srv  *verbs.Server
+}
+
+func fuzzRingService(t *testing.T) {
+	if fuzzRing.path != "" {
+		return
+	}
+	na, _, err := netstack.NewPair(netstack.PairConfig{Link: testLink})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := verbs.Open(na, verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "rdmatap-fuzz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "rt0.sock")
+	ln, err := verbs.ListenSocket(path, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fuzzRing.srv, err = verbs.Serve(d, ln, verbs.ServeConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	fuzzRing.path = path
 }
