@@ -117,6 +117,10 @@ type ServeConfig struct {
 	// 1.1, 0.8-0.9 and 0.5 of embedded with no spin, 50 µs and 1 ms on
 	// 2 shared cores, while the 64 B round trip gained from the spin.
 	PollSpin time.Duration
+	// MaxClients bounds the sessions at once (default 1024); a
+	// connection beyond it is closed at once, with a log line. Each
+	// session holds descriptors and goroutines whatever its limits.
+	MaxClients int
 }
 
 // Server serves a device to clients on a unix socket.
@@ -187,6 +191,9 @@ func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
 	if cfg.PollSpin == 0 {
 		cfg.PollSpin = 50 * time.Microsecond
 	}
+	if cfg.MaxClients <= 0 {
+		cfg.MaxClients = 1024
+	}
 	s := &Server{dev: d, ln: ln, cfg: cfg, sessions: map[*session]struct{}{}, qpOwner: map[uint32]*session{}}
 	s.hook = s.routeEvent
 	if !d.hook.CompareAndSwap(nil, &s.hook) {
@@ -251,6 +258,14 @@ func (s *Server) acceptLoop() {
 			s.mu.Unlock()
 			c.Close()
 			return
+		}
+		if len(s.sessions) >= s.cfg.MaxClients {
+			n := len(s.sessions)
+			s.mu.Unlock()
+			cred, _ := svc.PeerCred(c)
+			s.cfg.Logf("service: refusing a client (uid %d pid %d): %d clients already", cred.UID, cred.PID, n)
+			c.Close()
+			continue
 		}
 		s.nextID++
 		x := newSession(s, c, s.nextID)

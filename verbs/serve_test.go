@@ -1255,3 +1255,35 @@ func TestServiceCancel(t *testing.T) {
 		t.Fatalf("dial: %v, want a rejection with private data %q", err, "no")
 	}
 }
+
+// TestServiceMaxClients: clients beyond ServeConfig.MaxClients are
+// refused; those served go on, and a place freed is taken again.
+func TestServiceMaxClients(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, srv := startServiceCfg(t, p.a, verbs.ServeConfig{MaxClients: 2})
+	a := connectService(t, path)
+	b, err := verbs.Connect(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if c, err := verbs.Connect(ctx, path); err == nil {
+		c.Close()
+		t.Fatal("a third client was served with MaxClients 2")
+	}
+	if _, err := a.AllocPD(); err != nil {
+		t.Fatalf("a served client after the refusal: %v", err)
+	}
+	b.Close()
+	for deadline := time.Now().Add(5 * time.Second); srv.Clients() != 1; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d clients after one left", srv.Clients())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c := connectService(t, path)
+	if _, err := c.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+}

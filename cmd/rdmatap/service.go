@@ -26,6 +26,7 @@ type serviceFlags struct {
 	ring     string
 	conns    int
 	pollSpin time.Duration
+	clients  int
 }
 
 func (f *serviceFlags) register(fs *flag.FlagSet) {
@@ -37,6 +38,7 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.mrs, "client-mrs", 4096, "per-client limit on memory registrations")
 	fs.StringVar(&f.ring, "client-ring-bytes", "256M", "per-client limit on the shared memory of its queues (suffix K, M, G)")
 	fs.IntVar(&f.conns, "client-conns", 1024, "per-client limit on connections and listeners")
+	fs.IntVar(&f.clients, "max-clients", 1024, "clients served at once; more are refused")
 	fs.DurationVar(&f.pollSpin, "poll-spin", 50*time.Microsecond, "how long a client's ring poller spins after its last work request before it sleeps")
 }
 
@@ -108,7 +110,7 @@ func (f *serviceFlags) start(d *verbs.Device, logf func(string, ...any)) (*verbs
 	if spin == 0 {
 		spin = -1
 	}
-	srv, err := verbs.Serve(d, ln, verbs.ServeConfig{Limits: lim, Logf: logf, PollSpin: spin})
+	srv, err := verbs.Serve(d, ln, verbs.ServeConfig{Limits: lim, Logf: logf, PollSpin: spin, MaxClients: f.clients})
 	if err != nil {
 		ln.Close()
 		return nil, err
