@@ -593,12 +593,33 @@ func TestServiceClientDeath(t *testing.T) {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	// The kill moments span twice the time a client takes to start
+	// transferring here and now (at least 120 ms): some die before they
+	// connect, some while they set up, most in the middle of the Writes.
+	span := 120 * time.Millisecond
+	{
+		cmd := exec.Command(exe, "-test.run=^TestServiceChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), childEnv+"="+path, childPeerEnv+"="+sinkAddr.String())
+		var out syncBuffer
+		cmd.Stderr, cmd.Stdout = &out, &out
+		t0 := time.Now()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for !strings.Contains(out.String(), "child: transferring") && time.Since(t0) < 10*time.Second {
+			time.Sleep(time.Millisecond)
+		}
+		span = max(span, 2*time.Since(t0))
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Logf("a client starts transferring after %v; kill moments span %v", time.Since(t0), span)
+	}
 	const parallel = 4
 	sem := make(chan struct{}, parallel)
 	var wg sync.WaitGroup
 	var transferring atomic.Int32
 	for i := 0; i < kills; i++ {
-		delay := time.Duration(rng.IntN(120)) * time.Millisecond
+		delay := time.Duration(rng.Int64N(int64(span)))
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
@@ -1286,4 +1307,22 @@ func TestServiceMaxClients(t *testing.T) {
 	if _, err := c.AllocPD(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's output and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
