@@ -25,7 +25,9 @@ import (
 //     see it: 4-tuple, flags and TCP checksum checked, bytes already read
 //     trimmed, and its offset in the receive stream (Conn.TapSegments).
 //  2. Where it lies (seen): in order with no hole pending, it is left to
-//     the receiver, which reads it from TCP a moment later; filling the
+//     the receiver, which reads it from TCP a moment later, unless it is
+//     short and the idle receiver waits for exactly it (fed, see below:
+//     a small message's latency is two goroutine hand-offs less); filling the
 //     hole the receiver waits at, it is fed to the receiver (feed), which
 //     then delivers in order whatever was placed beyond (deliverPlaced);
 //     beyond a hole, it is queued for the receive goroutine (or placed at
@@ -125,6 +127,7 @@ type SegmentStats struct {
 	FedBytes        atomic.Uint64 // payload bytes of hole-filling segments the tap fed the receiver (counted in PlacedBytes too)
 	DeliveredEarly  atomic.Uint64 // FPDUs delivered in order by the tap, before TCP handed them over
 	Queued          atomic.Uint64 // segments beyond a hole placed by the receive goroutine rather than the link's
+	QuickFed        atomic.Uint64 // short segments in order fed to the idle receiver by the tap
 
 	// Hole fills: a segment that filled a hole in the stream, and the
 	// time from its arrival to the completion of the next message in
@@ -158,6 +161,11 @@ type placedFPDU struct {
 	// behind placed FPDUs; the in-order path treats it as not placed.
 	small []byte
 }
+
+// quickFeed is the longest segment payload that arrives in order and is
+// fed to an idle receiver from the tap (see placeRetain): longer ones are
+// bulk, whose copy belongs on the receive goroutine, not the link's.
+const quickFeed = 512
 
 // smallFPDU is the longest FPDU kept whole for delivery from the tap.
 const smallFPDU = 64
@@ -337,10 +345,35 @@ func (p *segPlacer) placeRetain(off uint64, payload [][]byte, retain func() func
 	if p.observe || (arrival == segInOrder || arrival == segOld) && !p.eager {
 		// In order, the stream places the segment as soon as the
 		// receiver reads it: placing it here would only move the copy
-		// onto the link's goroutine, ahead of TCP.
+		// onto the link's goroutine, ahead of TCP. A short one, though,
+		// is fed to an idle receiver that waits for exactly it: its
+		// message completes now, not after TCP's goroutine has taken
+		// the segment and woken the receive goroutine (two hand-offs of
+		// a small message's latency).
+		quick := arrival == segInOrder && !p.observe && p.rx != nil && n <= quickFeed
+		if quick {
+			p.busy++
+		}
 		p.mu.Unlock()
 		p.wv = nil
 		clear(p.dv)
+		if quick {
+			ok, delivered := p.feed(v, off, n, false)
+			p.mu.Lock()
+			p.busy--
+			p.mu.Unlock()
+			if ok {
+				p.stats.QuickFed.Add(1)
+			}
+			if delivered > 0 {
+				// The consumer of what was delivered was just made
+				// runnable on this P, behind this goroutine's work for
+				// the rest of the packet (TCP's share, the next packet):
+				// let it run first. In-memory ping-pong: 21–23 µs
+				// round trips with this, 25 µs without, on 2 cores.
+				runtime.Gosched()
+			}
+		}
 		return
 	}
 	if arrival == segAhead && retain != nil && !p.markers && len(p.jobs) < maxSegJobs {
@@ -440,7 +473,7 @@ func (p *segPlacer) frame(v segView, off uint64, n, arrival int, marked bool, mf
 		// What was queued beyond the hole is placed first, so that the
 		// receiver can be handed all of it.
 		p.workLocked()
-		if p.feed(v, off, n) {
+		if ok, _ := p.feed(v, off, n, true); ok {
 			return
 		}
 	}
@@ -907,29 +940,33 @@ func (p *segPlacer) finished(e *placedFPDU, crc uint32) {
 	p.mu.Unlock()
 }
 
-// feed hands a segment that fills the hole the receiver waits at straight
-// to the receiver, then delivers the FPDUs placed beyond it that now lie in
-// order: their messages complete now, not when TCP has handed the stream
-// over. It reports false, having done nothing, when the receiver is busy
-// (it will read the segment from TCP) or stands elsewhere.
-func (p *segPlacer) feed(v segView, off uint64, n int) bool {
+// feed hands a segment that fills the hole the receiver waits at, or a
+// short one in order that it waits for, straight to the receiver, then
+// delivers the FPDUs placed beyond it that now lie in order: their
+// messages complete now, not when TCP has handed the stream over. It
+// reports false, having done nothing, when the receiver is busy (it will
+// read the segment from TCP) or stands elsewhere.
+//
+// readAhead lets it read from TCP what the receiver has not read before
+// the segment first; delivered is the number of FPDUs delivered.
+func (p *segPlacer) feed(v segView, off uint64, n int, readAhead bool) (ok bool, delivered uint64) {
 	qp := p.qp
 	if !qp.rxMu.TryLock() {
-		return false
+		return false, 0
 	}
 	defer qp.rxMu.Unlock()
 	r := p.rx
-	if r.offset < off && r.state != rxDead {
+	if readAhead && r.offset < off && r.state != rxDead {
 		// The receiver has not read all TCP holds before the hole yet
 		// (TCP gets this segment only after the tap): read it now.
 		if _, err := qp.stream.TryReadTo(r.in, 0); err != nil {
 			r.flushStats()
-			return false // the receiver's goroutine sees the error too
+			return false, 0 // the receiver's goroutine sees the error too
 		}
 	}
 	at := r.offset
 	if at < off || at >= off+uint64(n) || r.state == rxDead {
-		return false
+		return false, 0
 	}
 	skip := int(at - off)
 	placed, fpdus := r.n.placed, r.n.fpdus
@@ -945,9 +982,10 @@ func (p *segPlacer) feed(v segView, off uint64, n int) bool {
 	p.stats.FedBytes.Add(fed)
 	p.stats.PlacedBytes.Add(fed)
 	r.deliverPlaced()
-	p.stats.DeliveredEarly.Add(r.n.fpdus - fpdus)
+	delivered = r.n.fpdus - fpdus
+	p.stats.DeliveredEarly.Add(delivered)
 	r.flushStats()
-	return true
+	return true, delivered
 }
 
 // placedAt returns the placement record of the FPDU at stream offset at, if

@@ -49,6 +49,8 @@ func BenchmarkNetwork(b *testing.B) {
 //
 // The goal of the performance issue is t_typical at most half the kernel
 // round trip: ratio = t_typical / (kernel round trip / 2) at most 1.
+// RDMATAP_BENCH_PLACEMENT=segment runs both endpoints with --placement
+// segment (short messages then complete from the segment tap).
 func BenchmarkNetworkLatency(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("skipping: the network benchmark needs root (TAPs, bridge, namespaces)")
@@ -71,6 +73,9 @@ func BenchmarkNetworkLatency(b *testing.B) {
 func rdmatapLat(b *testing.B, op string, iters int) float64 {
 	n := newNetns(b, 1500)
 	args := []string{"lat", op, "-s", "2", "-n", strconv.Itoa(iters)}
+	if pl := os.Getenv("RDMATAP_BENCH_PLACEMENT"); pl != "" {
+		args = append(args, "--placement", pl)
+	}
 	srv := n.start(b, append(args, n.endpointArgs(0)...)...)
 	n.ready(b, 0)
 	cl := n.start(b, append(append([]string{args[0], args[1], n.ips[0]}, args[2:]...), n.endpointArgs(1)...)...)
