@@ -45,6 +45,10 @@ type Config struct {
 	// this, a connection waiting for it would wait forever. Default 30 s;
 	// negative: never.
 	PeerTimeout time.Duration
+	// AckDelay is how long a pure ACK that acknowledges less than a full
+	// segment may wait for the connection's next segment to carry it
+	// (see ackdelay.go). Default DefaultAckDelay; negative: never delay.
+	AckDelay time.Duration
 }
 
 // DefaultPeerTimeout is Config.PeerTimeout's default.
@@ -173,7 +177,11 @@ func New(cfg Config) (*Stack, error) {
 		}
 	}
 
-	nic := newTapLink(cfg.Link)
+	ackDelay := cfg.AckDelay
+	if ackDelay == 0 {
+		ackDelay = DefaultAckDelay
+	}
+	nic := newTapLink(cfg.Link, ackDelay)
 	if terr := s.CreateNIC(nicID, nic); terr != nil {
 		return fail("create NIC", terr)
 	}
@@ -548,4 +556,12 @@ func fromTCPIPAddr(a tcpip.Address) netip.Addr {
 		return netip.AddrFrom16(a.As16()).Unmap()
 	}
 	return netip.Addr{}
+}
+
+// AckDelayStats reports what the link's ACK delaying did (Config.AckDelay).
+func (s *Stack) AckDelayStats() AckDelayStats {
+	if s.nic.acks == nil {
+		return AckDelayStats{}
+	}
+	return s.nic.acks.stats()
 }

@@ -76,6 +76,9 @@ func rdmatapLat(b *testing.B, op string, iters int) float64 {
 	if pl := os.Getenv("RDMATAP_BENCH_PLACEMENT"); pl != "" {
 		args = append(args, "--placement", pl)
 	}
+	if d := os.Getenv("RDMATAP_BENCH_ACK_DELAY"); d != "" {
+		args = append(args, "--ack-delay", d)
+	}
 	srv := n.start(b, append(args, n.endpointArgs(0)...)...)
 	n.ready(b, 0)
 	cl := n.start(b, append(append([]string{args[0], args[1], n.ips[0]}, args[2:]...), n.endpointArgs(1)...)...)
