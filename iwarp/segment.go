@@ -128,6 +128,7 @@ type SegmentStats struct {
 	DeliveredEarly  atomic.Uint64 // FPDUs delivered in order by the tap, before TCP handed them over
 	Queued          atomic.Uint64 // segments beyond a hole placed by the receive goroutine rather than the link's
 	QuickFed        atomic.Uint64 // short segments in order fed to the idle receiver by the tap
+	QuickFedBytes   atomic.Uint64 // ... their payload bytes (counted in PlacedBytes too)
 
 	// Hole fills: a segment that filled a hole in the stream, and the
 	// time from its arrival to the completion of the next message in
@@ -358,7 +359,7 @@ func (p *segPlacer) placeRetain(off uint64, payload [][]byte, retain func() func
 		p.wv = nil
 		clear(p.dv)
 		if quick {
-			ok, delivered := p.feed(v, off, n, false)
+			ok, delivered := p.feed(v, off, n, true)
 			p.mu.Lock()
 			p.busy--
 			p.mu.Unlock()
@@ -473,7 +474,7 @@ func (p *segPlacer) frame(v segView, off uint64, n, arrival int, marked bool, mf
 		// What was queued beyond the hole is placed first, so that the
 		// receiver can be handed all of it.
 		p.workLocked()
-		if ok, _ := p.feed(v, off, n, true); ok {
+		if ok, _ := p.feed(v, off, n, false); ok {
 			return
 		}
 	}
@@ -947,16 +948,17 @@ func (p *segPlacer) finished(e *placedFPDU, crc uint32) {
 // reports false, having done nothing, when the receiver is busy (it will
 // read the segment from TCP) or stands elsewhere.
 //
-// readAhead lets it read from TCP what the receiver has not read before
-// the segment first; delivered is the number of FPDUs delivered.
-func (p *segPlacer) feed(v segView, off uint64, n int, readAhead bool) (ok bool, delivered uint64) {
+// A hole-filling segment (quick false) may first read from TCP what the
+// receiver has not read before it; delivered is the number of FPDUs
+// delivered.
+func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, delivered uint64) {
 	qp := p.qp
 	if !qp.rxMu.TryLock() {
 		return false, 0
 	}
 	defer qp.rxMu.Unlock()
 	r := p.rx
-	if readAhead && r.offset < off && r.state != rxDead {
+	if !quick && r.offset < off && r.state != rxDead {
 		// The receiver has not read all TCP holds before the hole yet
 		// (TCP gets this segment only after the tap): read it now.
 		if _, err := qp.stream.TryReadTo(r.in, 0); err != nil {
@@ -979,7 +981,11 @@ func (p *segPlacer) feed(v segView, off uint64, n int, readAhead bool) (ok bool,
 		skip = 0
 	}
 	fed := r.n.placed - placed
-	p.stats.FedBytes.Add(fed)
+	if quick {
+		p.stats.QuickFedBytes.Add(fed)
+	} else {
+		p.stats.FedBytes.Add(fed)
+	}
 	p.stats.PlacedBytes.Add(fed)
 	r.deliverPlaced()
 	delivered = r.n.fpdus - fpdus

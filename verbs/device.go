@@ -205,7 +205,7 @@ func (d *Device) Stats() Stats {
 		Refused:     g.Refused.Load(), RefusedCRC: g.RefusedCRC.Load(), RefusedHeader: g.RefusedHeader.Load(), RefusedSTag: g.RefusedSTag.Load(),
 		BadChecksum: g.BadChecksum.Load(), OutOfWindow: g.OutOfWindow.Load(), BadFlags: g.BadFlags.Load(),
 		Duplicates: g.Duplicates.Load(), Mismatches: g.Mismatches.Load(),
-		Fed: g.FedBytes.Load(), DeliveredEarly: g.DeliveredEarly.Load(), Queued: g.Queued.Load(), QuickFed: g.QuickFed.Load(),
+		Fed: g.FedBytes.Load(), DeliveredEarly: g.DeliveredEarly.Load(), Queued: g.Queued.Load(), QuickFed: g.QuickFed.Load(), QuickFedBytes: g.QuickFedBytes.Load(),
 		HoleFills: g.HoleFills.Load(), HoleFillTime: time.Duration(g.HoleFillNanos.Load()),
 	}
 	for i := range s.RxOps {
@@ -263,8 +263,9 @@ type SegmentStats struct {
 	Queued uint64
 	// Short segments that arrived in order and were fed to the idle
 	// receiver by the tap: their messages completed without waiting for
-	// TCP's goroutine and a wake-up of the receive goroutine.
-	QuickFed uint64
+	// TCP's goroutine and a wake-up of the receive goroutine; and their
+	// payload bytes (counted in PlacedEarly too).
+	QuickFed, QuickFedBytes uint64
 	// Hole fills timed (DeviceConfig.TimeHoleFills) and their total time
 	// from the filling segment's arrival to the next message completed.
 	HoleFills    uint64
