@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -159,4 +160,21 @@ func TestRedialSamePortTakesNewPort(t *testing.T) {
 		t.Errorf("Dial took %v, want about %v (one unanswered SYN)", d, dialFirstSYNWait)
 	}
 	<-acc
+}
+
+// TestDialNoRoute: Dial's own route lookup (for the source address it
+// binds) fails as gVisor's Connect did, at once.
+func TestDialNoRoute(t *testing.T) {
+	a, _ := newTestPair(t, PairConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := a.Dial(ctx, netip.MustParseAddrPort("198.51.100.1:80"))
+	if !errors.Is(err, syscall.ENETUNREACH) && !errors.Is(err, syscall.EHOSTUNREACH) {
+		t.Fatalf("Dial without a route: %v, want ENETUNREACH or EHOSTUNREACH", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("Dial took %v", d)
+	}
+	t.Logf("%v", err)
 }
