@@ -489,7 +489,9 @@ func (s *Stack) dialOnce(ctx context.Context, raddr netip.AddrPort, wait time.Du
 // (it does after sending a Terminate), which drops the SYN unless its
 // sequence number is higher than the old connection's (see
 // dialNewPortTries). A port this stack still holds (a connection of its own
-// in TIME-WAIT, a listener) is skipped.
+// in TIME-WAIT, a listener) is skipped. A bound port is not shared between
+// destinations, as gVisor's own pick shares it: the stack's outgoing
+// connections take at most the whole ephemeral range at once.
 func (s *Stack) bindLocalPort(ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumber, raddr netip.AddrPort) (uint16, tcpip.Error) {
 	// Bind the source address the route gives, as Connect would pick: a
 	// port bound to the unspecified address is reserved under it, but
