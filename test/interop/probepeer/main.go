@@ -511,12 +511,13 @@ func (c *conn) atomic() (string, error) {
 // frPage bytes.
 const frPage = 4096
 
-// frPages returns n pages of frPage bytes, zeroed.
+// frPages returns n pages of frPage bytes, zeroed, each its own
+// allocation: the fast-register MR maps them as a page list, so siw's
+// accesses across a page boundary go through it.
 func frPages(n int) [][]byte {
-	pool := make([]byte, n*frPage)
 	pgs := make([][]byte, n)
 	for i := range pgs {
-		pgs[i] = pool[i*frPage : (i+1)*frPage : len(pool)]
+		pgs[i] = make([]byte, frPage)
 	}
 	return pgs
 }
@@ -606,8 +607,8 @@ func (c *conn) refused(code iwarp.TermCode) (string, error) {
 
 var termDDPInvalidSTag = iwarp.TermCode{Layer: iwarp.LayerDDP, EType: iwarp.ETypeTaggedBuffer, Code: iwarp.CodeDDPInvalidSTag}
 
-// fastReg: a fast-register MR over a page list, registered VA-based with
-// a REG_MR; siw Writes 3000 bytes into it across a page boundary (they
+// fastReg: a fast-register MR over a page list of separate buffers,
+// registered VA-based with a REG_MR; siw Writes 3000 bytes into it across a page boundary (they
 // must land in the right pages) and Reads back what we put there; Local
 // Invalidate; a REG_MR under the next key (IncRKey), zero-based, over
 // other pages, which siw Writes across a page boundary; then siw Writes
@@ -626,7 +627,7 @@ func (c *conn) fastReg(pd *verbs.PD) (string, error) {
 		return "", err
 	}
 	r1 := mr.Remote()
-	if r1.Addr == 0 || r1.Len != 3*frPage-off1 {
+	if r1.Addr == 0 || r1.Len != 3*frPage-off1 || mr.Bytes() != nil {
 		return "", fmt.Errorf("VA-based registration %+v", r1)
 	}
 	if err := c.sendSync(fmt.Sprintf("fr %x %x %d", r1.RKey, r1.Addr, r1.Len)); err != nil {
@@ -698,7 +699,7 @@ func (c *conn) fastReg(pd *verbs.PD) (string, error) {
 			return "", fmt.Errorf("byte %d of the first registration changed", i)
 		}
 	}
-	return fmt.Sprintf("REG_MR %#x (VA, 3 pages from offset %d): siw's Write landed, its Read got our bytes; Local Invalidate; REG_MR %#x (zero-based, pages 2-3): siw's Write across the page boundary landed; siw's Write with %#x refused: %s",
+	return fmt.Sprintf("REG_MR %#x (VA, 3 separate pages from offset %d): siw's Write landed, its Read got our bytes; Local Invalidate; REG_MR %#x (zero-based, pages 2-3): siw's Write across the page boundary landed; siw's Write with %#x refused: %s",
 		r1.RKey, off1, r2.RKey, r1.RKey, term), nil
 }
 
