@@ -77,13 +77,17 @@ type receiver struct {
 	payLen int
 	payPos int
 	dst    []byte          // tagged destination
-	reg    *Region         // the region dst lies in
+	reg    *Region         // the region dst (or dstv) lies in
 	sgl    zerocopy.SGList // untagged destination
 	sglOff int
 	crc    uint32
 	trail  [7]byte
 	trHave int
 	trNeed int
+	// dstv is a tagged destination in a region over separate pages:
+	// the FPDU's payload in the pages it spans (backed by dstvBuf).
+	dstv    zerocopy.SGList
+	dstvBuf zerocopy.SGList
 
 	expect [numQN]uint32
 	cur    rxMsg
@@ -402,7 +406,7 @@ func (r *receiver) onHeader() {
 	hl := r.need - MPALengthSize
 	r.payLen = r.ulpdu - hl
 	r.payPos = 0
-	r.dst, r.reg, r.sgl = nil, nil, nil
+	r.dst, r.reg, r.sgl, r.dstv = nil, nil, nil, nil
 	r.last = h.Last()
 	r.trHave, r.trNeed = 0, FPDUPad(r.ulpdu)+MPACRCSize
 	if r.crcOn {
@@ -445,6 +449,8 @@ func (r *receiver) placedHere(e *placedFPDU) bool {
 	switch {
 	case r.dst != nil:
 		return r.op.Tagged() && e.addr == unsafe.Pointer(unsafe.SliceData(r.dst))
+	case r.dstv != nil:
+		return false // the placer leaves pages alone (segPlacer.writeDst)
 	case r.sgl != nil:
 		return r.op.IsSend() && e.wqe == r.cur.wqe.id && e.addr == sglAddr(r.sgl, r.sglOff)
 	}
@@ -527,6 +533,15 @@ func (r *receiver) checkWrite(h DDPHeader) (TermCode, bool) {
 	if to+uint64(r.payLen) < to {
 		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPTOWrap}, true
 	}
+	if reg.Paged() {
+		dstv, ok := reg.Pieces(r.dstvBuf[:0], to, uint64(r.payLen))
+		if !ok {
+			return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, true
+		}
+		r.dstvBuf = dstv
+		r.dstv, r.reg = dstv, reg
+		return TermCode{}, false
+	}
 	dst, ok := reg.Slice(to, uint64(r.payLen))
 	if !ok {
 		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, true
@@ -558,6 +573,11 @@ func (r *receiver) checkReadResponse(h DDPHeader) (TermCode, bool) {
 	}
 	if h.TO() != o.sinkTO+uint64(o.placed) || uint64(o.placed)+uint64(r.payLen) > uint64(o.size) {
 		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, true
+	}
+	if o.sinkPaged {
+		r.dstvBuf, _ = o.sinkReg.Pieces(r.dstvBuf[:0], h.TO(), uint64(r.payLen))
+		r.dstv, r.reg = r.dstvBuf, o.sinkReg
+		return TermCode{}, false
 	}
 	r.dst, r.reg = o.sink[o.placed:int(o.placed)+r.payLen], o.sinkReg
 	return TermCode{}, false
@@ -592,7 +612,7 @@ func (r *receiver) checkReadRequest(h DDPHeader) (TermCode, bool) {
 	if to+uint64(rr.Size()) < to {
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeTOWrap}, true
 	}
-	if _, ok := reg.Slice(to, uint64(rr.Size())); !ok {
+	if _, ok := reg.InBounds(to, uint64(rr.Size())); !ok {
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeBaseBounds}, true
 	}
 	return TermCode{}, false
@@ -642,11 +662,12 @@ func (r *receiver) checkAtomicRequest(h DDPHeader) (TermCode, bool) {
 	if to+AtomicTargetSize < to {
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeTOWrap}, true
 	}
-	word, ok := reg.Slice(to, AtomicTargetSize)
-	if !ok {
+	if _, ok := reg.InBounds(to, AtomicTargetSize); !ok {
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeBaseBounds}, true
 	}
-	if !aligned8(word) {
+	// In a region over separate pages, a word across two pages is not
+	// one aligned word either.
+	if word, ok := reg.Slice(to, AtomicTargetSize); !ok || !aligned8(word) {
 		// The target must be a naturally aligned 64-bit word: only
 		// that can be updated atomically (and with sync/atomic).
 		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnspecified}, true
@@ -787,6 +808,8 @@ func (r *receiver) place(b []byte) bool {
 			return true
 		}
 		r.placeBytes(d, b)
+	case r.dstv != nil:
+		r.placePaged(b)
 	case r.sgl != nil:
 		if r.crcOn {
 			_, r.crc = r.sgl.PlaceFromCRC(r.sglOff+r.payPos, b, r.crc)
@@ -805,7 +828,7 @@ func (r *receiver) place(b []byte) bool {
 // holdDst holds the regions of the current destination (see Region).
 func (r *receiver) holdDst() bool {
 	switch {
-	case r.dst != nil:
+	case r.dst != nil || r.dstv != nil:
 		return r.held.hold(r.reg)
 	case r.sgl != nil:
 		return r.held.holdAll(r.cur.regs)
@@ -819,7 +842,7 @@ func (r *receiver) holdDst() bool {
 // while posted is a local protection error on its completion.
 func (r *receiver) fenced() {
 	hl := r.need - MPALengthSize
-	if r.dst != nil {
+	if r.dst != nil || r.dstv != nil {
 		r.fail(TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPInvalidSTag}, hl)
 		return
 	}
@@ -827,6 +850,31 @@ func (r *receiver) fenced() {
 	qp.complete(qp.cfg.RecvCQ, Completion{ID: r.cur.wqe.id, Status: StatusLocalProtection, Op: CompRecv})
 	r.cur.active = false
 	r.fail(TermCode{LayerDDP, ETypeDDPCatastrophic, 0}, hl)
+}
+
+// placePaged places b at r.payPos of a tagged destination over separate
+// pages; a Write's last aligned word is stored last and atomically, as
+// for one run of memory, when it lies in one page.
+func (r *receiver) placePaged(b []byte) {
+	k := len(b)
+	var wd []byte
+	if r.op == OpWrite && r.last && r.payPos+len(b) == r.payLen && len(b) >= 4 {
+		last := r.dstv[len(r.dstv)-1]
+		if len(last) >= 4 && lastWordAligned(last, len(last)) {
+			k, wd = len(b)-4, last[len(last)-4:]
+		}
+	}
+	if r.crcOn {
+		_, r.crc = r.dstv.PlaceFromCRC(r.payPos, b[:k], r.crc)
+	} else {
+		r.dstv.PlaceFrom(r.payPos, b[:k])
+	}
+	if wd != nil {
+		if r.crcOn {
+			r.crc = zerocopy.UpdateCRC32C(r.crc, b[k:])
+		}
+		storeWord(wd, b[k:])
+	}
 }
 
 func (r *receiver) placeBytes(d, b []byte) {
@@ -1120,13 +1168,18 @@ func (r *receiver) endReadRequest(h DDPHeader) {
 	r.expect[QNReadReq]++
 	var src []byte
 	var reg *Region
+	paged := false
 	if rr.Size() > 0 {
 		// Checked in checkReadRequest; the region may have been
 		// deregistered since, which the lookup catches (and the TX path
 		// holds it while it sends from it).
 		reg = qp.cfg.Mem.Lookup(rr.SourceSTag())
 		var ok bool
-		if reg != nil {
+		if reg != nil && reg.Paged() {
+			// The TX path takes the pieces (irqEntry.srcPaged).
+			_, ok = reg.InBounds(rr.SourceTO(), uint64(rr.Size()))
+			paged = true
+		} else if reg != nil {
 			src, ok = reg.Slice(rr.SourceTO(), uint64(rr.Size()))
 		}
 		if !ok {
@@ -1141,7 +1194,8 @@ func (r *receiver) endReadRequest(h DDPHeader) {
 		return
 	}
 	e := &qp.irq[(qp.irqHead+qp.irqN)%len(qp.irq)]
-	*e = irqEntry{sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO(), src: src, srcReg: reg}
+	*e = irqEntry{sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO(), src: src, srcReg: reg,
+		srcPaged: paged, srcTO: rr.SourceTO(), srcLen: uint64(rr.Size())}
 	qp.irqN++
 	qp.mu.Unlock()
 	qp.wake()

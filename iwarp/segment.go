@@ -728,12 +728,12 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 	var dst []byte
 	var sgl zerocopy.SGList
 	var wqe uint64
-	var ok bool
+	var ok, paged bool
 	switch {
 	case op == OpWrite:
-		dst, ok = p.writeDst(h, payLen)
+		dst, ok, paged = p.writeDst(h, payLen)
 	case op == OpReadResponse:
-		dst, ok = p.readResponseDst(h, payLen)
+		dst, ok, paged = p.readResponseDst(h, payLen)
 	default:
 		sgl, wqe, ok = p.sendDst(h, payLen)
 		if !ok {
@@ -742,6 +742,12 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 			p.learn(at + uint64(total))
 			return true
 		}
+	}
+	if paged {
+		// Memory over separate pages: the stream places it.
+		p.stats.LeftInOrder.Add(1)
+		p.learn(at + uint64(total))
+		return true
 	}
 	if !ok {
 		p.stats.Refused.Add(1)
@@ -809,15 +815,20 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 }
 
 // writeDst is where an RDMA Write's payload goes, checked as the in-order
-// path checks it (STag, PD, access, bounds), with its region held.
-func (p *segPlacer) writeDst(h DDPHeader, payLen int) ([]byte, bool) {
+// path checks it (STag, PD, access, bounds), with its region held. paged:
+// the region lies over separate pages, which the placer leaves to the
+// stream (so the in-order path never meets a payload placed in pieces).
+func (p *segPlacer) writeDst(h DDPHeader, payLen int) (dst []byte, ok, paged bool) {
 	qp := p.qp
 	reg := qp.cfg.Mem.Lookup(h.STag())
 	if reg == nil || !reg.Associated(qp.cfg.PD, qp.cfg.Num) || reg.Access&AccessRemoteWrite == 0 || h.TO()+uint64(payLen) < h.TO() {
-		return nil, false
+		return nil, false, false
 	}
-	dst, ok := reg.Slice(h.TO(), uint64(payLen))
-	return dst, ok && p.held.hold(reg)
+	if reg.Paged() {
+		return nil, false, true
+	}
+	dst, ok = reg.Slice(h.TO(), uint64(payLen))
+	return dst, ok && p.held.hold(reg), false
 }
 
 // readResponseDst is where a Read Response's payload goes: the sink of the
@@ -825,7 +836,7 @@ func (p *segPlacer) writeDst(h DDPHeader, payLen int) ([]byte, bool) {
 // Response is tagged by the Read's sink STag and TO), with the sink's
 // region held. The in-order path checks the response against the oldest
 // outstanding Read, as ever.
-func (p *segPlacer) readResponseDst(h DDPHeader, payLen int) ([]byte, bool) {
+func (p *segPlacer) readResponseDst(h DDPHeader, payLen int) (dst []byte, ok, paged bool) {
 	qp := p.qp
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
@@ -836,12 +847,15 @@ func (p *segPlacer) readResponseDst(h DDPHeader, payLen int) ([]byte, bool) {
 		}
 		off := h.TO() - o.sinkTO
 		if off+uint64(payLen) > uint64(o.size) || o.sinkReg == nil {
-			return nil, false
+			return nil, false, false
+		}
+		if o.sinkPaged {
+			return nil, false, true
 		}
 		dst := o.sink[off : off+uint64(payLen)]
-		return dst, p.held.hold(o.sinkReg)
+		return dst, p.held.hold(o.sinkReg), false
 	}
-	return nil, false
+	return nil, false, false
 }
 
 // sendDst is where a Send's payload goes: the receive its MSN selects,

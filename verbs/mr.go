@@ -55,6 +55,21 @@ func (pd *PD) ID() uint32 { return pd.id }
 // Go memory does not move, so no pinning is needed; memory from
 // zerocopy.Alloc is page-aligned and can be shared between processes.
 func (pd *PD) RegMR(buf []byte, acc Access) (*MR, error) {
+	return pd.regMR(buf, iwarp.BufferAddr(buf), acc)
+}
+
+// RegMRIOVA registers buf as RegMR does, with iova as the address of its
+// first byte (ibv_reg_mr_iova): SGEs and peers address byte i of buf as
+// iova+i. With AccessZeroBased the addresses start at 0 whatever iova is.
+// The address range must not wrap.
+func (pd *PD) RegMRIOVA(buf []byte, iova uint64, acc Access) (*MR, error) {
+	if iova+uint64(len(buf)) < iova {
+		return nil, fmt.Errorf("%w: IOVA %#x + %d bytes wraps", ErrInvalidArgument, iova, len(buf))
+	}
+	return pd.regMR(buf, iova, acc)
+}
+
+func (pd *PD) regMR(buf []byte, iova uint64, acc Access) (*MR, error) {
 	if acc&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic|AccessZeroBased|AccessMWBind) != 0 {
 		return nil, fmt.Errorf("%w: access flags %#x not supported", ErrInvalidArgument, uint32(acc))
 	}
@@ -73,7 +88,7 @@ func (pd *PD) RegMR(buf []byte, acc Access) (*MR, error) {
 	}
 	r := &iwarp.Region{Buf: buf, Access: acc, PD: pd.id, Kind: iwarp.KindMR}
 	if acc&AccessZeroBased == 0 {
-		r.Base = iwarp.BufferAddr(buf)
+		r.Base = iova
 	}
 	if _, err := pd.dev.mem.Register(r); err != nil {
 		return nil, err
@@ -103,11 +118,12 @@ func (m *MR) reg() *iwarp.Region {
 	return m.r
 }
 
-// Bytes returns the registered memory.
+// Bytes returns the registered memory; nil for a fast-register MR mapped
+// over pages that do not follow one another in memory (see MapPages).
 func (m *MR) Bytes() []byte { return m.reg().Buf }
 
 // Len returns the region's length.
-func (m *MR) Len() int { return len(m.reg().Buf) }
+func (m *MR) Len() int { return int(m.reg().Len()) }
 
 // Addr returns the address of the first byte as SGEs and remote peers use
 // it: the virtual address, or 0 for a zero-based region.
@@ -127,8 +143,8 @@ func (m *MR) Valid() bool { return m.reg().Valid() }
 // It panics if the range is outside the MR, like slicing does.
 func (m *MR) SGE(off, n int) SGE {
 	r := m.reg()
-	if off < 0 || n < 0 || off+n > len(r.Buf) {
-		panic(fmt.Sprintf("verbs: SGE [%d:%d] outside MR of %d bytes", off, off+n, len(r.Buf)))
+	if off < 0 || n < 0 || uint64(off+n) > r.Len() {
+		panic(fmt.Sprintf("verbs: SGE [%d:%d] outside MR of %d bytes", off, off+n, r.Len()))
 	}
 	return SGE{Addr: r.Base + uint64(off), Length: uint32(n), LKey: r.STag()}
 }
@@ -136,7 +152,7 @@ func (m *MR) SGE(off, n int) SGE {
 // Remote returns the descriptor a peer needs to access the whole MR.
 func (m *MR) Remote() RemoteBuf {
 	r := m.reg()
-	return RemoteBuf{Addr: r.Base, Len: uint64(len(r.Buf)), RKey: r.STag()}
+	return RemoteBuf{Addr: r.Base, Len: r.Len(), RKey: r.STag()}
 }
 
 // Dereg invalidates the MR and frees its STag. It is idempotent. It fails
