@@ -262,5 +262,50 @@ func TestAckDelayPingPong(t *testing.T) {
 		if delay == 0 && sb.Coalesced < rounds/2 {
 			t.Fatalf("server coalesced %d of %d ACKs", sb.Coalesced, rounds)
 		}
+		// A held ACK must not look like loss to the sender (a tail-loss
+		// probe or a timeout would retransmit on this clean link).
+		for _, st := range []*Stack{a, b} {
+			if r := st.Stack().Stats().TCP.Retransmits.Value(); r != 0 {
+				t.Fatalf("AckDelay %v: %d retransmissions on a clean link", delay, r)
+			}
+		}
+	}
+}
+
+// TestAckDelayPipelined: small messages several at a time (the sender has
+// more than one segment outstanding, so its tail-loss probe comes after
+// two round trips, not 200 ms): held ACKs cause no retransmission.
+func TestAckDelayPipelined(t *testing.T) {
+	a, b := newTestPair(t, PairConfig{})
+	c, s := connect(t, a, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const total = 64 << 10
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, total)
+		done <- s.ReadFull(ctx, buf)
+	}()
+	msg := make([]byte, 100)
+	for sent := 0; sent < total; sent += len(msg) {
+		n := min(len(msg), total-sent)
+		if _, err := c.Write(ctx, msg[:n]); err != nil {
+			t.Fatal(err)
+		}
+		if sent%(8*len(msg)) == 0 {
+			time.Sleep(100 * time.Microsecond) // a pause: the ACKs of the last few are held
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("server %+v", b.AckDelayStats())
+	if b.AckDelayStats().Held == 0 {
+		t.Fatal("no ACK was held")
+	}
+	for _, st := range []*Stack{a, b} {
+		if r := st.Stack().Stats().TCP.Retransmits.Value(); r != 0 {
+			t.Fatalf("%d retransmissions on a clean link", r)
+		}
 	}
 }
