@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"rdmatap/zerocopy"
 )
 
 // Access is a set of memory access rights (the ibv_access_flags values).
@@ -53,8 +55,10 @@ const (
 // that begins after sees it invalid (valid and users are sequentially
 // consistent atomics, so one of the two always sees the other's store).
 type Region struct {
+	// Buf is the region's memory, one run of bytes; it is nil for a
+	// region over a page list of separate buffers (see pages, Pieces).
 	Buf    []byte
-	Base   uint64 // TO of Buf[0]
+	Base   uint64 // TO of the first byte
 	Access Access
 	PD     uint32
 	Kind   RegionKind
@@ -64,6 +68,9 @@ type Region struct {
 	QPOnly bool
 	// MWType is a window's type (KindMW only).
 	MWType MWType
+
+	// pages, when not nil, holds the region's bytes instead of Buf.
+	pages *pageList
 
 	stag  uint32
 	valid atomic.Bool
@@ -171,18 +178,82 @@ func (h *holds) drop() {
 	h.regs = h.regs[:0]
 }
 
-// Slice returns the bytes [to, to+n) of the region, or ok=false when that
-// range is not inside the region (the base-and-bounds check).
-func (r *Region) Slice(to uint64, n uint64) ([]byte, bool) {
+// Len returns the region's length in bytes.
+func (r *Region) Len() uint64 {
+	if r.pages != nil {
+		return r.pages.n
+	}
+	return uint64(len(r.Buf))
+}
+
+// Paged reports whether the region's bytes are a page list of separate
+// buffers (Buf is nil): reach them with Pieces.
+func (r *Region) Paged() bool { return r.pages != nil }
+
+// InBounds returns the offset in the region of TO to, or ok=false when
+// [to, to+n) is not inside the region (the base-and-bounds check).
+func (r *Region) InBounds(to, n uint64) (uint64, bool) {
 	if to < r.Base {
-		return nil, false
+		return 0, false
 	}
 	off := to - r.Base
-	size := uint64(len(r.Buf))
+	size := r.Len()
 	if off > size || n > size-off {
+		return 0, false
+	}
+	return off, true
+}
+
+// Slice returns the bytes [to, to+n) of the region, or ok=false when that
+// range is not inside the region (the base-and-bounds check) or, in a
+// region over separate pages, not inside one page (see Pieces).
+func (r *Region) Slice(to uint64, n uint64) ([]byte, bool) {
+	off, ok := r.InBounds(to, n)
+	if !ok {
 		return nil, false
 	}
+	if r.pages != nil {
+		return r.pages.slice(off, n)
+	}
 	return r.Buf[off : off+n], true
+}
+
+// copyOut copies bytes [to, to+n) of the region, which the caller has
+// checked lie inside it, into dst and returns how many it copied.
+func (r *Region) copyOut(dst []byte, to, n uint64) int {
+	off := to - r.Base
+	if r.pages == nil {
+		return copy(dst, r.Buf[off:off+n])
+	}
+	k := 0
+	i, o := r.pages.locate(off)
+	for n > 0 && k < len(dst) {
+		b := r.pages.pieces[i][o:]
+		if uint64(len(b)) > n {
+			b = b[:n]
+		}
+		c := copy(dst[k:], b)
+		k += c
+		n -= uint64(c)
+		i, o = i+1, 0
+	}
+	return k
+}
+
+// Pieces appends to dst the bytes [to, to+n) of the region, in as many
+// pieces as the pages they lie in (one for a region of one run), or
+// returns ok=false when the range is not inside the region.
+func (r *Region) Pieces(dst zerocopy.SGList, to, n uint64) (zerocopy.SGList, bool) {
+	off, ok := r.InBounds(to, n)
+	switch {
+	case !ok:
+		return dst, false
+	case r.pages != nil:
+		return r.pages.appendPieces(dst, off, n), true
+	case n > 0:
+		dst = append(dst, r.Buf[off:off+n])
+	}
+	return dst, true
 }
 
 // BufferAddr returns the virtual address of b's first byte, the default TO

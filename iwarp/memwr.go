@@ -98,11 +98,11 @@ func (t *transmitter) execLocal(w *sendWQE) bool {
 // STag with its access; the MR must be invalid.
 func (qp *QP) fastReg(wr *SendWR) error {
 	m := wr.MR
-	buf, ok := m.mapping()
+	buf, pages, iova, ok := m.mapping()
 	if !ok {
 		return fmt.Errorf("%w: REG_MR of an MR with no pages mapped", ErrInvalidWR)
 	}
-	r := &Region{Buf: buf, Base: BufferAddr(buf), Access: wr.Access, PD: m.pd, Kind: KindFRMR}
+	r := &Region{Buf: buf, pages: pages, Base: iova, Access: wr.Access, PD: m.pd, Kind: KindFRMR}
 	if wr.Access&AccessZeroBased != 0 {
 		r.Base = 0
 	}

@@ -102,11 +102,16 @@ func (w *Window) bind(qp *QP, b *MWBind, stag uint32) error {
 	if b.Addr+b.Length < b.Addr {
 		return fmt.Errorf("%w: window wraps", ErrInvalidWR)
 	}
-	buf, ok := mr.Slice(b.Addr, b.Length)
+	off, ok := mr.InBounds(b.Addr, b.Length)
 	if !ok {
 		return fmt.Errorf("%w: window [%#x, +%d) outside the MR", ErrInvalidWR, b.Addr, b.Length)
 	}
-	r := &Region{Buf: buf, Base: b.Addr, Access: b.Access, PD: w.pd, Kind: KindMW, MWType: w.typ, parent: mr}
+	r := &Region{Base: b.Addr, Access: b.Access, PD: w.pd, Kind: KindMW, MWType: w.typ, parent: mr}
+	if mr.Paged() {
+		r.pages = mr.pages.sub(off, b.Length) // the window's part of the pages
+	} else {
+		r.Buf = mr.Buf[off : off+b.Length]
+	}
 	if b.Access&AccessZeroBased != 0 {
 		r.Base = 0
 	}

@@ -135,3 +135,44 @@ func BenchmarkEngineFPDUsBaseline(b *testing.B) {
 		copy(dst, mid[:size])
 	}
 }
+
+// BenchmarkEngineRxFPDUs is the receive side of BenchmarkEngineFPDUs
+// alone (a QP's receive goroutine is the busiest at 1420-byte FPDUs): the
+// 64 KiB Write is framed once, then parsed, checked and placed again and
+// again, CRC on and off.
+func BenchmarkEngineRxFPDUs(b *testing.B) {
+	for _, crc := range []bool{true, false} {
+		name := "crc=off"
+		if crc {
+			name = "crc=on"
+		}
+		b.Run(name, func(b *testing.B) {
+			const size = 64 << 10
+			acc := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
+			a, r := newTestEnd(b, size, acc), newTestEnd(b, size, acc)
+			s := &sinkStream{buf: make([]byte, 2*size), mp: 1420}
+			if err := a.qp.Start(s, ConnParams{Initiator: true, CRC: crc, IRD: 1, ORD: 1}); err != nil {
+				b.Fatal(err)
+			}
+			r.qp.rx.init(ConnParams{Initiator: true, CRC: crc})
+			time.Sleep(10 * time.Millisecond)
+			wr := SendWR{Op: WRWrite, SGL: []SGE{a.sge(0, size)}, RemoteAddr: r.reg.Base, RKey: r.reg.STag()}
+			if _, err := a.qp.PostSend(wr); err != nil {
+				b.Fatal(err)
+			}
+			stream := s.buf[:s.n]
+			b.SetBytes(size)
+			for b.Loop() {
+				for p := stream; len(p) > 0; {
+					k := min(len(p), 65536)
+					r.qp.rx.Write(p[:k])
+					p = p[k:]
+				}
+				r.qp.rx.flushStats()
+			}
+			if r.qp.rx.state == rxDead {
+				b.Fatal("receiver failed")
+			}
+		})
+	}
+}

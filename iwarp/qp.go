@@ -213,6 +213,9 @@ type orqEntry struct {
 	placed   uint32
 	sink     []byte
 	sinkReg  *Region // the region sink lies in
+	// sinkPaged: the sink lies in a region over separate pages (sink is
+	// nil; the Read Response's pieces come from sinkReg.Pieces).
+	sinkPaged bool
 	// inv is what a Read with local invalidate invalidates when its data
 	// has arrived.
 	inv *Region
@@ -225,6 +228,11 @@ type irqEntry struct {
 	sinkTO   uint64
 	src      []byte
 	srcReg   *Region // the region src lies in
+	// srcPaged: the source lies in a region over separate pages (src is
+	// nil): srcLen bytes from TO srcTO of srcReg.
+	srcPaged bool
+	srcTO    uint64
+	srcLen   uint64
 	// An executed atomic: the Atomic Response to send.
 	atomic   bool
 	reqID    uint32
@@ -614,15 +622,15 @@ func (qp *QP) gatherInline(e *sendWQE) (int, error) {
 	n := 0
 	buf := e.inline[:cap(e.inline)]
 	for _, s := range e.sgl {
-		b, r, st := qp.localSlice(s, 0)
-		if st == StatusSuccess && len(b) > 0 && !r.acquire() {
+		r, st := qp.localRegion(s, 0)
+		if st == StatusSuccess && s.Length > 0 && !r.acquire() {
 			st = StatusLocalProtection // deregistered since the lookup
 		}
 		if st != StatusSuccess {
 			return 0, fmt.Errorf("%w: inline SGE lkey %#x: %v", ErrInvalidWR, s.LKey, st)
 		}
-		n += copy(buf[n:], b)
-		if len(b) > 0 {
+		if s.Length > 0 {
+			n += r.copyOut(buf[n:], s.Addr, uint64(s.Length))
 			r.release()
 		}
 	}
@@ -632,11 +640,12 @@ func (qp *QP) gatherInline(e *sendWQE) (int, error) {
 // localSlice resolves a local SGE, checking the STag, PD, bounds and the
 // access the operation needs. The slice may be touched only while its
 // region is held (see Region).
+// In a region over separate pages, the SGE must lie in one page (an
+// atomic's 8 bytes); see localRegion for any SGE.
 func (qp *QP) localSlice(s SGE, need Access) ([]byte, *Region, Status) {
-	r := qp.cfg.Mem.Lookup(s.LKey)
-	// A window's STag is for remote access only.
-	if r == nil || r.PD != qp.cfg.PD || r.Access&need != need || r.Kind == KindMW {
-		return nil, nil, StatusLocalProtection
+	r, st := qp.localRegion(s, need)
+	if st != StatusSuccess {
+		return nil, nil, st
 	}
 	b, ok := r.Slice(s.Addr, uint64(s.Length))
 	if !ok {
@@ -645,21 +654,37 @@ func (qp *QP) localSlice(s SGE, need Access) ([]byte, *Region, Status) {
 	return b, r, StatusSuccess
 }
 
+// localRegion checks a local SGE as localSlice does and returns the region
+// it lies in (reach its bytes with Region.Pieces).
+func (qp *QP) localRegion(s SGE, need Access) (*Region, Status) {
+	r := qp.cfg.Mem.Lookup(s.LKey)
+	// A window's STag is for remote access only.
+	if r == nil || r.PD != qp.cfg.PD || r.Access&need != need || r.Kind == KindMW {
+		return nil, StatusLocalProtection
+	}
+	if _, ok := r.InBounds(s.Addr, uint64(s.Length)); !ok {
+		return nil, StatusLocalProtection
+	}
+	return r, StatusSuccess
+}
+
 // resolveSGL turns an SGL into slices of registered memory, and the
 // regions they lie in into regs (which must be held around any access).
 func (qp *QP) resolveSGL(dst zerocopy.SGList, regs []*Region, sgl []SGE, need Access) (zerocopy.SGList, []*Region, int, Status) {
 	dst, regs = dst[:0], regs[:0]
 	n := 0
 	for _, s := range sgl {
-		b, r, st := qp.localSlice(s, need)
+		r, st := qp.localRegion(s, need)
 		if st != StatusSuccess {
 			return dst, regs, 0, st
 		}
-		if len(b) > 0 {
-			dst = append(dst, b)
+		if s.Length > 0 {
+			// One piece, or one per page of a region over
+			// separate pages.
+			dst, _ = r.Pieces(dst, s.Addr, uint64(s.Length))
 			regs = append(regs, r)
 		}
-		n += len(b)
+		n += int(s.Length)
 	}
 	return dst, regs, n, StatusSuccess
 }

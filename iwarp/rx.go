@@ -77,13 +77,17 @@ type receiver struct {
 	payLen int
 	payPos int
 	dst    []byte          // tagged destination
-	reg    *Region         // the region dst lies in
+	reg    *Region         // the region dst (or dstv) lies in
 	sgl    zerocopy.SGList // untagged destination
 	sglOff int
 	crc    uint32
 	trail  [7]byte
 	trHave int
 	trNeed int
+	// dstv is a tagged destination in a region over separate pages:
+	// the FPDU's payload in the pages it spans (backed by dstvBuf).
+	dstv    zerocopy.SGList
+	dstvBuf zerocopy.SGList
 
 	expect [numQN]uint32
 	cur    rxMsg
@@ -114,6 +118,16 @@ type receiver struct {
 	// Counters, kept locally and added to the shared Stats after each
 	// read: atomics per FPDU would bounce a cache line between QPs.
 	n rxCounts
+
+	// rresp is the head of the ORQ, copied under qp.mu when the first
+	// FPDU of its Read Response arrives (rrespOn until the last one), so
+	// that the FPDUs after it are checked and counted without the lock:
+	// two qp.mu round trips per FPDU, a cache line shared with the TX
+	// goroutine and posters, were an eighth of an RDMA Read's CPU at
+	// MTU 1500. Only this goroutine takes the head off the ORQ, and
+	// nobody changes it while it is there.
+	rresp   orqEntry
+	rrespOn bool
 }
 
 type rxCounts struct {
@@ -163,6 +177,7 @@ func (r *receiver) init(p ConnParams) {
 		r.expect[i] = 1
 	}
 	r.hasImm = false
+	r.rresp, r.rrespOn = orqEntry{}, false
 	if r.cur.wqe.sgl == nil {
 		r.cur.wqe.sgl = make([]SGE, 0, r.qp.cfg.RQ.MaxSGE())
 		r.cur.dst = make(zerocopy.SGList, 0, r.qp.cfg.RQ.MaxSGE())
@@ -391,7 +406,7 @@ func (r *receiver) onHeader() {
 	hl := r.need - MPALengthSize
 	r.payLen = r.ulpdu - hl
 	r.payPos = 0
-	r.dst, r.reg, r.sgl = nil, nil, nil
+	r.dst, r.reg, r.sgl, r.dstv = nil, nil, nil, nil
 	r.last = h.Last()
 	r.trHave, r.trNeed = 0, FPDUPad(r.ulpdu)+MPACRCSize
 	if r.crcOn {
@@ -434,6 +449,8 @@ func (r *receiver) placedHere(e *placedFPDU) bool {
 	switch {
 	case r.dst != nil:
 		return r.op.Tagged() && e.addr == unsafe.Pointer(unsafe.SliceData(r.dst))
+	case r.dstv != nil:
+		return false // the placer leaves pages alone (segPlacer.writeDst)
 	case r.sgl != nil:
 		return r.op.IsSend() && e.wqe == r.cur.wqe.id && e.addr == sglAddr(r.sgl, r.sglOff)
 	}
@@ -516,6 +533,15 @@ func (r *receiver) checkWrite(h DDPHeader) (TermCode, bool) {
 	if to+uint64(r.payLen) < to {
 		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPTOWrap}, true
 	}
+	if reg.Paged() {
+		dstv, ok := reg.Pieces(r.dstvBuf[:0], to, uint64(r.payLen))
+		if !ok {
+			return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, true
+		}
+		r.dstvBuf = dstv
+		r.dstv, r.reg = dstv, reg
+		return TermCode{}, false
+	}
 	dst, ok := reg.Slice(to, uint64(r.payLen))
 	if !ok {
 		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, true
@@ -525,14 +551,19 @@ func (r *receiver) checkWrite(h DDPHeader) (TermCode, bool) {
 }
 
 func (r *receiver) checkReadResponse(h DDPHeader) (TermCode, bool) {
-	qp := r.qp
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	if qp.orqN == 0 {
-		// A Read Response nobody asked for.
-		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
+	o := &r.rresp
+	if !r.rrespOn {
+		qp := r.qp
+		qp.mu.Lock()
+		if qp.orqN == 0 {
+			qp.mu.Unlock()
+			// A Read Response nobody asked for.
+			return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
+		}
+		*o = qp.orq[qp.orqHead]
+		qp.mu.Unlock()
+		r.rrespOn = true
 	}
-	o := &qp.orq[qp.orqHead]
 	if o.op != WRRead {
 		// Responses come in the order of the requests: an atomic's is due.
 		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
@@ -542,6 +573,11 @@ func (r *receiver) checkReadResponse(h DDPHeader) (TermCode, bool) {
 	}
 	if h.TO() != o.sinkTO+uint64(o.placed) || uint64(o.placed)+uint64(r.payLen) > uint64(o.size) {
 		return TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, true
+	}
+	if o.sinkPaged {
+		r.dstvBuf, _ = o.sinkReg.Pieces(r.dstvBuf[:0], h.TO(), uint64(r.payLen))
+		r.dstv, r.reg = r.dstvBuf, o.sinkReg
+		return TermCode{}, false
 	}
 	r.dst, r.reg = o.sink[o.placed:int(o.placed)+r.payLen], o.sinkReg
 	return TermCode{}, false
@@ -576,7 +612,7 @@ func (r *receiver) checkReadRequest(h DDPHeader) (TermCode, bool) {
 	if to+uint64(rr.Size()) < to {
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeTOWrap}, true
 	}
-	if _, ok := reg.Slice(to, uint64(rr.Size())); !ok {
+	if _, ok := reg.InBounds(to, uint64(rr.Size())); !ok {
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeBaseBounds}, true
 	}
 	return TermCode{}, false
@@ -626,11 +662,12 @@ func (r *receiver) checkAtomicRequest(h DDPHeader) (TermCode, bool) {
 	if to+AtomicTargetSize < to {
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeTOWrap}, true
 	}
-	word, ok := reg.Slice(to, AtomicTargetSize)
-	if !ok {
+	if _, ok := reg.InBounds(to, AtomicTargetSize); !ok {
 		return TermCode{LayerRDMAP, ETypeRemoteProtection, CodeBaseBounds}, true
 	}
-	if !aligned8(word) {
+	// In a region over separate pages, a word across two pages is not
+	// one aligned word either.
+	if word, ok := reg.Slice(to, AtomicTargetSize); !ok || !aligned8(word) {
 		// The target must be a naturally aligned 64-bit word: only
 		// that can be updated atomically (and with sync/atomic).
 		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnspecified}, true
@@ -771,6 +808,8 @@ func (r *receiver) place(b []byte) bool {
 			return true
 		}
 		r.placeBytes(d, b)
+	case r.dstv != nil:
+		r.placePaged(b)
 	case r.sgl != nil:
 		if r.crcOn {
 			_, r.crc = r.sgl.PlaceFromCRC(r.sglOff+r.payPos, b, r.crc)
@@ -789,7 +828,7 @@ func (r *receiver) place(b []byte) bool {
 // holdDst holds the regions of the current destination (see Region).
 func (r *receiver) holdDst() bool {
 	switch {
-	case r.dst != nil:
+	case r.dst != nil || r.dstv != nil:
 		return r.held.hold(r.reg)
 	case r.sgl != nil:
 		return r.held.holdAll(r.cur.regs)
@@ -803,7 +842,7 @@ func (r *receiver) holdDst() bool {
 // while posted is a local protection error on its completion.
 func (r *receiver) fenced() {
 	hl := r.need - MPALengthSize
-	if r.dst != nil {
+	if r.dst != nil || r.dstv != nil {
 		r.fail(TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPInvalidSTag}, hl)
 		return
 	}
@@ -811,6 +850,31 @@ func (r *receiver) fenced() {
 	qp.complete(qp.cfg.RecvCQ, Completion{ID: r.cur.wqe.id, Status: StatusLocalProtection, Op: CompRecv})
 	r.cur.active = false
 	r.fail(TermCode{LayerDDP, ETypeDDPCatastrophic, 0}, hl)
+}
+
+// placePaged places b at r.payPos of a tagged destination over separate
+// pages; a Write's last aligned word is stored last and atomically, as
+// for one run of memory, when it lies in one page.
+func (r *receiver) placePaged(b []byte) {
+	k := len(b)
+	var wd []byte
+	if r.op == OpWrite && r.last && r.payPos+len(b) == r.payLen && len(b) >= 4 {
+		last := r.dstv[len(r.dstv)-1]
+		if len(last) >= 4 && lastWordAligned(last, len(last)) {
+			k, wd = len(b)-4, last[len(last)-4:]
+		}
+	}
+	if r.crcOn {
+		_, r.crc = r.dstv.PlaceFromCRC(r.payPos, b[:k], r.crc)
+	} else {
+		r.dstv.PlaceFrom(r.payPos, b[:k])
+	}
+	if wd != nil {
+		if r.crcOn {
+			r.crc = zerocopy.UpdateCRC32C(r.crc, b[k:])
+		}
+		storeWord(wd, b[k:])
+	}
 }
 
 func (r *receiver) placeBytes(d, b []byte) {
@@ -1064,19 +1128,21 @@ func (r *receiver) endSend(h DDPHeader) {
 }
 
 func (r *receiver) endReadResponse(h DDPHeader) {
+	r.rresp.placed += uint32(r.payLen)
+	if !h.Last() {
+		return
+	}
+	placed := r.rresp.placed
+	r.rresp, r.rrespOn = orqEntry{}, false
 	qp := r.qp
 	qp.mu.Lock()
 	o := &qp.orq[qp.orqHead]
-	o.placed += uint32(r.payLen)
-	if !h.Last() {
-		qp.mu.Unlock()
-		return
-	}
-	if o.placed != o.size {
+	if placed != o.size {
 		qp.mu.Unlock()
 		r.fail(TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, len(h))
 		return
 	}
+	o.placed = placed
 	c := Completion{ID: o.id, Op: CompRead, ByteLen: o.size}
 	report := o.signaled && !o.rtr
 	inv := o.inv
@@ -1102,13 +1168,18 @@ func (r *receiver) endReadRequest(h DDPHeader) {
 	r.expect[QNReadReq]++
 	var src []byte
 	var reg *Region
+	paged := false
 	if rr.Size() > 0 {
 		// Checked in checkReadRequest; the region may have been
 		// deregistered since, which the lookup catches (and the TX path
 		// holds it while it sends from it).
 		reg = qp.cfg.Mem.Lookup(rr.SourceSTag())
 		var ok bool
-		if reg != nil {
+		if reg != nil && reg.Paged() {
+			// The TX path takes the pieces (irqEntry.srcPaged).
+			_, ok = reg.InBounds(rr.SourceTO(), uint64(rr.Size()))
+			paged = true
+		} else if reg != nil {
 			src, ok = reg.Slice(rr.SourceTO(), uint64(rr.Size()))
 		}
 		if !ok {
@@ -1123,7 +1194,8 @@ func (r *receiver) endReadRequest(h DDPHeader) {
 		return
 	}
 	e := &qp.irq[(qp.irqHead+qp.irqN)%len(qp.irq)]
-	*e = irqEntry{sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO(), src: src, srcReg: reg}
+	*e = irqEntry{sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO(), src: src, srcReg: reg,
+		srcPaged: paged, srcTO: rr.SourceTO(), srcLen: uint64(rr.Size())}
 	qp.irqN++
 	qp.mu.Unlock()
 	qp.wake()

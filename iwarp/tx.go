@@ -172,19 +172,25 @@ func (t *transmitter) drain(inline bool) bool {
 				continue
 			}
 			f := DDPFields{Opcode: OpReadResponse, STag: e.sinkSTag, TO: e.sinkTO}
+			n := len(e.src)
 			t.src = append(t.src[:0], e.src)
 			t.regs = append(t.regs[:0], e.srcReg)
-			if len(e.src) == 0 {
+			if e.srcPaged {
+				// Checked when the request arrived.
+				t.src, _ = e.srcReg.Pieces(t.src[:0], e.srcTO, e.srcLen)
+				n = int(e.srcLen)
+			}
+			if n == 0 {
 				t.src, t.regs = t.src[:0], t.regs[:0]
 			}
-			ok := t.send(&f, t.src, t.regs, len(e.src), nil)
+			ok := t.send(&f, t.src, t.regs, n, nil)
 			if !ok && t.fw.cut {
 				// The source was deregistered under the Read
 				// Response: the peer's Read fails (RFC 5040
 				// would have refused its STag from the start).
 				t.cutOff(TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag})
 			}
-			e.src, e.srcReg = nil, nil
+			e.src, e.srcReg, e.srcPaged = nil, nil, false
 			if !ok {
 				return true
 			}
@@ -352,13 +358,26 @@ func (t *transmitter) claimORQ() bool {
 	var reg *Region
 	var stag uint32
 	var to uint64
+	var paged bool
+	size := 0
 	if len(w.sgl) == 1 {
-		b, r, st := qp.localSlice(w.sgl[0], AccessLocalWrite)
+		s := w.sgl[0]
+		r, st := qp.localRegion(s, AccessLocalWrite)
+		if st == StatusSuccess && !(r.Paged() && !w.wr.Op.IsAtomic()) {
+			// A contiguous sink (an atomic's 8 bytes must lie in
+			// one page).
+			var ok bool
+			if sink, ok = r.Slice(s.Addr, uint64(s.Length)); !ok {
+				st = StatusLocalProtection
+			}
+		} else if st == StatusSuccess {
+			paged = true // placed through sinkReg.Pieces
+		}
 		if st != StatusSuccess {
 			t.readSt = st
 			return false
 		}
-		sink, reg, stag, to = b, r, w.sgl[0].LKey, w.sgl[0].Addr
+		reg, stag, to, size = r, s.LKey, s.Addr, int(s.Length)
 	}
 	op := w.wr.Op
 	var inv *Region
@@ -378,7 +397,7 @@ func (t *transmitter) claimORQ() bool {
 	}
 	o := &qp.orq[(qp.orqHead+qp.orqN)%len(qp.orq)]
 	*o = orqEntry{id: w.wr.ID, signaled: w.signaled, op: op, reqID: id,
-		sinkSTag: stag, sinkTO: to, size: uint32(len(sink)), sink: sink, sinkReg: reg, inv: inv}
+		sinkSTag: stag, sinkTO: to, size: uint32(size), sink: sink, sinkReg: reg, sinkPaged: paged, inv: inv}
 	qp.orqN++
 	return true
 }

@@ -2,9 +2,12 @@ package netstack
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"hash/maphash"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -45,6 +48,10 @@ type Config struct {
 	// this, a connection waiting for it would wait forever. Default 30 s;
 	// negative: never.
 	PeerTimeout time.Duration
+	// AckDelay is how long a pure ACK that acknowledges less than a full
+	// segment may wait for the connection's next segment to carry it
+	// (see ackdelay.go). Default DefaultAckDelay; negative: never delay.
+	AckDelay time.Duration
 }
 
 // DefaultPeerTimeout is Config.PeerTimeout's default.
@@ -69,6 +76,9 @@ type Stack struct {
 	conns     map[*Conn]struct{}
 	listeners map[*Listener]struct{}
 	closeOnce sync.Once
+
+	portSeed maphash.Seed  // bindLocalPort's secret
+	portNext atomic.Uint32 // bindLocalPort's counter
 }
 
 // New builds a stack: IPv4, IPv6 (duplicate address detection off: the
@@ -173,7 +183,11 @@ func New(cfg Config) (*Stack, error) {
 		}
 	}
 
-	nic := newTapLink(cfg.Link)
+	ackDelay := cfg.AckDelay
+	if ackDelay == 0 {
+		ackDelay = DefaultAckDelay
+	}
+	nic := newTapLink(cfg.Link, ackDelay)
 	if terr := s.CreateNIC(nicID, nic); terr != nil {
 		return fail("create NIC", terr)
 	}
@@ -216,6 +230,7 @@ func New(cfg Config) (*Stack, error) {
 		has6:        has6,
 		conns:       make(map[*Conn]struct{}),
 		listeners:   make(map[*Listener]struct{}),
+		portSeed:    maphash.MakeSeed(),
 	}, nil
 }
 
@@ -325,9 +340,15 @@ func (s *Stack) setPeerTimeout(ep tcpip.Endpoint) {
 }
 
 // Dial opens a TCP connection to raddr. ctx cancels the wait for the
-// handshake (the half-open endpoint is then closed and ctx.Err() returned).
+// handshake (the half-open endpoint is then closed and an error wrapping
+// ctx.Err() returned; when a SYN was out, it says so).
 // The connection has Nagle's algorithm off. Errors: *OpError matching
 // syscall.ECONNREFUSED, ErrTimeout, syscall.ENETUNREACH..., or ctx.Err().
+//
+// Dial picks the local port itself rather than leaving it to gVisor, and
+// abandons a SYN that stays unanswered for another from a new port; both
+// are for a peer that holds an earlier connection with the same ports in
+// TIME-WAIT, see localPort and dialNewPortTries.
 func (s *Stack) Dial(ctx context.Context, raddr netip.AddrPort) (*Conn, error) {
 	addr := raddr.Addr().Unmap()
 	if !addr.IsValid() || addr.IsUnspecified() || raddr.Port() == 0 || addr.Zone() != "" {
@@ -336,6 +357,67 @@ func (s *Stack) Dial(ctx context.Context, raddr netip.AddrPort) (*Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	raddr = netip.AddrPortFrom(addr, raddr.Port())
+	var ports []uint16 // local ports whose SYN went unanswered
+	wait := dialFirstSYNWait
+	for try := 0; ; try++ {
+		if try == dialNewPortTries {
+			wait = 0 // the last try leaves the retransmissions to gVisor
+		}
+		c, port, err := s.dialOnce(ctx, raddr, wait)
+		if err == errSYNUnanswered {
+			ports = append(ports, port)
+			wait *= 2
+			continue
+		}
+		if err != nil && port != 0 && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			ports = append(ports, port)
+			return nil, &OpError{Op: "dial", Addr: raddr.String(), Err: &synUnansweredError{ports: ports, err: err}}
+		}
+		return c, err
+	}
+}
+
+// dialFirstSYNWait is how long Dial waits for the answer to its first SYN
+// before it sends another from a new local port: gVisor's initial
+// retransmission timeout, when gVisor would send the same SYN again.
+const dialFirstSYNWait = time.Second
+
+// dialNewPortTries is how many times Dial gives up an unanswered SYN for one
+// from a new local port (waiting 1, 2, 4 s), before it leaves the last one
+// to gVisor's own retransmissions and timeout. A SYN that meets a gVisor
+// peer's TIME-WAIT for the same ports is dropped without an answer unless
+// its sequence number is above the old connection's last one (RFC 1122
+// 4.2.2.13; gVisor's ISN clock ticks every 64 ns, so a connection that
+// carried more bytes than 15.6 per microsecond of its life leaves the next
+// ISN for its ports below), and its retransmissions are the same SYN: only
+// a new port ends the wait before the peer's TIME-WAIT does (60 s).
+const dialNewPortTries = 3
+
+// errSYNUnanswered is dialOnce's report of a SYN that got no answer in time.
+var errSYNUnanswered = errors.New("netstack: SYN unanswered")
+
+// synUnansweredError is the error of a Dial whose context ended while its
+// SYN was unanswered.
+type synUnansweredError struct {
+	ports []uint16
+	err   error // ctx.Err()
+}
+
+func (e *synUnansweredError) Error() string {
+	return fmt.Sprintf("no answer to the SYN from local port(s) %v (peer down or unreachable, or holding each port's earlier connection in TIME-WAIT): %v", e.ports, e.err)
+}
+
+func (e *synUnansweredError) Unwrap() error { return e.err }
+
+func (e *synUnansweredError) Timeout() bool { return errors.Is(e.err, context.DeadlineExceeded) }
+
+// dialOnce makes one connection attempt from a local port it picks. With
+// wait > 0 an attempt whose SYN is still unanswered after wait is aborted
+// and returns errSYNUnanswered. port is the local port used (0 if none was
+// bound).
+func (s *Stack) dialOnce(ctx context.Context, raddr netip.AddrPort, wait time.Duration) (_ *Conn, port uint16, _ error) {
+	addr := raddr.Addr()
 	proto := ipv4.ProtocolNumber
 	if addr.Is6() {
 		proto = ipv6.ProtocolNumber
@@ -343,7 +425,7 @@ func (s *Stack) Dial(ctx context.Context, raddr netip.AddrPort) (*Conn, error) {
 	wq := new(waiter.Queue)
 	ep, terr := s.s.NewEndpoint(tcp.ProtocolNumber, proto, wq)
 	if terr != nil {
-		return nil, opError("dial", raddr.String(), terr)
+		return nil, 0, opError("dial", raddr.String(), terr)
 	}
 	ep.SocketOptions().SetDelayOption(false)
 	s.setPeerTimeout(ep)
@@ -351,19 +433,36 @@ func (s *Stack) Dial(ctx context.Context, raddr netip.AddrPort) (*Conn, error) {
 	if !s.trackConn(c) {
 		c.release()
 		ep.Close()
-		return nil, closedError("dial")
+		return nil, 0, closedError("dial")
+	}
+	port, terr = s.bindLocalPort(ep, proto, raddr)
+	if terr != nil {
+		c.Abort()
+		return nil, 0, opError("dial", raddr.String(), terr)
 	}
 
 	terr = ep.Connect(tcpip.FullAddress{NIC: nicID, Addr: toTCPIPAddr(addr), Port: raddr.Port()})
 	if _, ok := terr.(*tcpip.ErrConnectStarted); ok {
 		terr = nil
+		var timeout <-chan time.Time
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			timeout = t.C
+		}
 		for waiting := true; waiting; {
 			select {
 			case <-ctx.Done():
 				c.Abort()
-				return nil, ctx.Err()
+				return nil, port, ctx.Err()
 			case <-c.closedCh:
-				return nil, closedError("dial")
+				return nil, port, closedError("dial")
+			case <-timeout:
+				if tcp.EndpointState(ep.State()) == tcp.StateSynSent {
+					c.Abort()
+					return nil, port, errSYNUnanswered
+				}
+				continue // answered: the handshake is ending
 			case <-c.writeCh:
 			}
 			if terr = ep.LastError(); terr != nil {
@@ -382,10 +481,50 @@ func (s *Stack) Dial(ctx context.Context, raddr netip.AddrPort) (*Conn, error) {
 	}
 	if terr != nil {
 		c.Abort()
-		return nil, opError("dial", raddr.String(), terr)
+		return nil, port, opError("dial", raddr.String(), terr)
 	}
 	c.initAddrs()
-	return c, nil
+	return c, port, nil
+}
+
+// bindLocalPort binds ep to the next free local port for raddr (RFC 6056
+// section 3.3.3, Algorithm 3): the ports for one destination follow each
+// other from an offset hashed from it, and a stack-wide counter moves on
+// with every pick, so a port comes back for the same destination only
+// after the whole ephemeral range has been used. gVisor's own pick is
+// random (Algorithm 1), and a port picked again for the same server port
+// within a minute meets the server's TIME-WAIT if the server closed first
+// (it does after sending a Terminate), which drops the SYN unless its
+// sequence number is higher than the old connection's (see
+// dialNewPortTries). A port this stack still holds (a connection of its own
+// in TIME-WAIT, a listener) is skipped. A bound port is not shared between
+// destinations, as gVisor's own pick shares it: the stack's outgoing
+// connections take at most the whole ephemeral range at once.
+func (s *Stack) bindLocalPort(ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumber, raddr netip.AddrPort) (uint16, tcpip.Error) {
+	// Bind the source address the route gives, as Connect would pick: a
+	// port bound to the unspecified address is reserved under it, but
+	// gVisor releases a connected endpoint's port under its local
+	// address, and the reservation would never be freed.
+	r, terr := s.s.FindRoute(nicID, tcpip.Address{}, toTCPIPAddr(raddr.Addr()), proto, false)
+	if terr != nil {
+		return 0, terr
+	}
+	laddr := r.LocalAddress()
+	r.Release()
+	first, last := s.s.PortRange()
+	n := uint32(last) - uint32(first) + 1
+	off := uint32(maphash.Comparable(s.portSeed, raddr))
+	for i := uint32(0); i < n; i++ {
+		p := uint16(uint32(first) + (off+s.portNext.Add(1))%n)
+		terr := ep.Bind(tcpip.FullAddress{Addr: laddr, Port: p})
+		if terr == nil {
+			return p, nil
+		}
+		if _, ok := terr.(*tcpip.ErrPortInUse); !ok {
+			return 0, terr
+		}
+	}
+	return 0, &tcpip.ErrNoPortAvailable{}
 }
 
 // Listener is a listening TCP endpoint.
@@ -548,4 +687,12 @@ func fromTCPIPAddr(a tcpip.Address) netip.Addr {
 		return netip.AddrFrom16(a.As16()).Unmap()
 	}
 	return netip.Addr{}
+}
+
+// AckDelayStats reports what the link's ACK delaying did (Config.AckDelay).
+func (s *Stack) AckDelayStats() AckDelayStats {
+	if s.nic.acks == nil {
+		return AckDelayStats{}
+	}
+	return s.nic.acks.stats()
 }

@@ -2,6 +2,7 @@ package netstack
 
 import (
 	"sync/atomic"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
@@ -22,12 +23,37 @@ type tapLink struct {
 	stack.LinkEndpoint
 	d    atomic.Pointer[stack.NetworkDispatcher]
 	taps atomic.Pointer[connTaps]
+	// acks delays pure ACKs (see ackdelay.go); nil: off.
+	acks *ackDelay
 	// views gathers a packet's views (one packet at a time: a link
 	// delivers from one goroutine; the taps serialize per connection).
 	views [][]byte
 }
 
-func newTapLink(l stack.LinkEndpoint) *tapLink { return &tapLink{LinkEndpoint: l} }
+func newTapLink(l stack.LinkEndpoint, ackDelay time.Duration) *tapLink {
+	t := &tapLink{LinkEndpoint: l}
+	if ackDelay > 0 {
+		t.acks = newAckDelay(l, ackDelay)
+	}
+	return t
+}
+
+// WritePackets implements stack.LinkEndpoint: outbound packets pass the
+// ACK delaying, when it is on.
+func (l *tapLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	if l.acks != nil {
+		return l.acks.writePackets(pkts)
+	}
+	return l.LinkEndpoint.WritePackets(pkts)
+}
+
+// Close implements stack.LinkEndpoint: held ACKs are dropped first.
+func (l *tapLink) Close() {
+	if l.acks != nil {
+		l.acks.close()
+	}
+	l.LinkEndpoint.Close()
+}
 
 // Attach implements stack.LinkEndpoint: the link delivers to tapLink,
 // which delivers to the stack.

@@ -71,9 +71,9 @@ func BenchmarkNetworkLatency(b *testing.B) {
 func rdmatapLat(b *testing.B, op string, iters int) float64 {
 	n := newNetns(b, 1500)
 	args := []string{"lat", op, "-s", "2", "-n", strconv.Itoa(iters)}
-	srv := n.start(b, append(args, n.endpointArgs(0)...)...)
+	srv := n.start(b, append(args, benchEndpointArgs(n, 0)...)...)
 	n.ready(b, 0)
-	cl := n.start(b, append(append([]string{args[0], args[1], n.ips[0]}, args[2:]...), n.endpointArgs(1)...)...)
+	cl := n.start(b, append(append([]string{args[0], args[1], n.ips[0]}, args[2:]...), benchEndpointArgs(n, 1)...)...)
 	out, err := cl.wait(b, 2*time.Minute)
 	if err != nil {
 		b.Fatalf("client: %v\n%s\nserver:\n%s", err, out, srv.out.String())
@@ -163,10 +163,10 @@ func cpuSeconds(ps *os.ProcessState) float64 {
 func rdmatapWrite(b *testing.B, total int) (float64, float64) {
 	n := newNetns(b, 1500)
 	iters := total >> 20
-	srv := n.start(b, append([]string{"bw", "write", "-s", "1048576", "-n", strconv.Itoa(iters)}, n.endpointArgs(0)...)...)
+	srv := n.start(b, append([]string{"bw", "write", "-s", "1048576", "-n", strconv.Itoa(iters)}, benchEndpointArgs(n, 0)...)...)
 	n.ready(b, 0)
 	start := time.Now()
-	cl := n.start(b, append([]string{"bw", "write", n.ips[0], "-s", "1048576", "-n", strconv.Itoa(iters)}, n.endpointArgs(1)...)...)
+	cl := n.start(b, append([]string{"bw", "write", n.ips[0], "-s", "1048576", "-n", strconv.Itoa(iters)}, benchEndpointArgs(n, 1)...)...)
 	out, err := cl.wait(b, 5*time.Minute)
 	el := time.Since(start).Seconds()
 	if err != nil {
@@ -300,4 +300,19 @@ func TestKernelTCPHelper(t *testing.T) {
 		}
 		c.Close()
 	}
+}
+
+// benchEndpointArgs is endpointArgs with what the environment asks of the
+// network benchmarks' endpoints: RDMATAP_BENCH_PLACEMENT (--placement,
+// e.g. segment) and RDMATAP_BENCH_ACK_DELAY (--ack-delay, e.g. 0 for none),
+// for comparisons side by side.
+func benchEndpointArgs(n *netns, i int) []string {
+	var extra []string
+	if pl := os.Getenv("RDMATAP_BENCH_PLACEMENT"); pl != "" {
+		extra = append(extra, "--placement", pl)
+	}
+	if d := os.Getenv("RDMATAP_BENCH_ACK_DELAY"); d != "" {
+		extra = append(extra, "--ack-delay", d)
+	}
+	return n.endpointArgs(i, extra...)
 }

@@ -40,6 +40,36 @@ const benchMsg = 1 << 20
 // RDMATAP_BENCH_MTU=1500 for 1420-byte FPDUs on a GSO link.
 var benchLink = netstack.LinkConfig{MTU: uint32(envInt("RDMATAP_BENCH_MTU", 65535))}
 
+// benchStack is the benchmarks' stack configuration: RDMATAP_BENCH_ACK_DELAY
+// (a duration; 0 for none) sets netstack.Config.AckDelay, for comparisons
+// side by side.
+var benchStack = netstack.Config{AckDelay: benchAckDelay()}
+
+func benchAckDelay() time.Duration {
+	v := os.Getenv("RDMATAP_BENCH_ACK_DELAY")
+	if v == "" {
+		return 0 // the default
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		panic("RDMATAP_BENCH_ACK_DELAY: want a duration such as 50us or 0")
+	}
+	if d == 0 {
+		return -1 // none
+	}
+	return d
+}
+
+// benchPair is newPairLink on the benchmarks' link and stack configuration.
+func benchPair(b testing.TB, ca, cb verbs.DeviceConfig) *pair {
+	b.Helper()
+	na, nb, err := netstack.NewPair(netstack.PairConfig{Link: benchLink, Stack: benchStack})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return pairOn(b, na, nb, ca, cb)
+}
+
 // workload is a benchmark body that can run n more operations on an
 // established setup, so that a benchmark and the interleaved rounds of
 // BenchmarkRatios share it.
@@ -69,7 +99,7 @@ func drain(cq *verbs.CQ, wc []verbs.WC, n int) error {
 // rdmaBulk keeps a window of 1 MiB RDMA Writes or Reads in flight between
 // two endpoints, rotating over 16 slots of the peer's MR.
 func rdmaBulk(b *testing.B, op verbs.Opcode, crc bool) workload {
-	return rdmaBulkOn(b, newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{}), op, crc)
+	return rdmaBulkOn(b, benchPair(b, verbs.DeviceConfig{}, verbs.DeviceConfig{}), op, crc)
 }
 
 // rdmaBulkOn is rdmaBulk between the devices of p.
@@ -162,7 +192,7 @@ func (w *copyWriter) Write(p []byte) (int, error) {
 }
 
 func tcpPair(b *testing.B) (*netstack.Conn, *netstack.Conn) {
-	na, nb, err := netstack.NewPair(netstack.PairConfig{Link: benchLink})
+	na, nb, err := netstack.NewPair(netstack.PairConfig{Link: benchLink, Stack: benchStack})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -294,7 +324,7 @@ func waitFlag(qp *verbs.QP, p *uint32, v uint32) error {
 // word change and writes 64 bytes back (ib_write_lat). Each end's MR is
 // [receive area 64 B | send area 64 B]. One operation is one round trip.
 func rdmaPingPong(b *testing.B) workload {
-	p := newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	p := benchPair(b, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	cl := newEndCfg(b, p.a, 128, verbs.QPConfig{ManualProgress: true})
 	sv := newEndCfg(b, p.b, 128, verbs.QPConfig{ManualProgress: true})
 	connectEnds(b, p, cl, sv, verbs.ConnParams{})

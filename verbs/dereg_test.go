@@ -32,22 +32,21 @@ func TestDeregFencesMemory(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	cl := newFenceSide(t, p.a)
 	sv := newFenceSide(t, p.b)
+	// One listener for every round: the side that sends the Terminate
+	// closes first and keeps the connection in TIME-WAIT, and the
+	// rounds also check that a redial to the same server port does not
+	// meet it (netstack's TestRedialAfterServerClosesFirst).
+	l, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	raddr := netip.AddrPortFrom(p.nb.Addrs()[0].Addr(), l.Addr().Port())
 	rng := rand.New(rand.NewPCG(1, 2))
 	var mid, terminated, ops int
 	for i := 0; i < rounds; i++ {
-		// A listener (a server port) per round: the side that sends the
-		// Terminate closes first and keeps the connection in TIME-WAIT,
-		// and gVisor takes a new SYN for that 4-tuple only if its
-		// sequence number is higher, so a client port picked again for
-		// the same server port within the minute could hang the dial.
-		l, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		raddr := netip.AddrPortFrom(p.nb.Addrs()[0].Addr(), l.Addr().Port())
 		delay := time.Duration(rng.IntN(1500)) * time.Microsecond
 		st := fenceRound(t, p, l, raddr, cl, sv, delay, i%2 == 1)
-		l.Close()
 		if st.ok > 0 {
 			mid++
 		}

@@ -214,7 +214,7 @@ func (d *Device) Stats() Stats {
 		Refused:     g.Refused.Load(), RefusedCRC: g.RefusedCRC.Load(), RefusedHeader: g.RefusedHeader.Load(), RefusedSTag: g.RefusedSTag.Load(),
 		BadChecksum: g.BadChecksum.Load(), OutOfWindow: g.OutOfWindow.Load(), BadFlags: g.BadFlags.Load(),
 		Duplicates: g.Duplicates.Load(), Mismatches: g.Mismatches.Load(),
-		Fed: g.FedBytes.Load(), DeliveredEarly: g.DeliveredEarly.Load(), Queued: g.Queued.Load(),
+		Fed: g.FedBytes.Load(), DeliveredEarly: g.DeliveredEarly.Load(), Queued: g.Queued.Load(), QuickFed: g.QuickFed.Load(), QuickFedBytes: g.QuickFedBytes.Load(),
 		HoleFills: g.HoleFills.Load(), HoleFillTime: time.Duration(g.HoleFillNanos.Load()),
 	}
 	for i := range s.RxOps {
@@ -270,6 +270,11 @@ type SegmentStats struct {
 	// Segments beyond a hole placed by the QP's receive goroutine (idle
 	// while the hole holds the stream back) rather than on the link's.
 	Queued uint64
+	// Short segments that arrived in order and were fed to the idle
+	// receiver by the tap: their messages completed without waiting for
+	// TCP's goroutine and a wake-up of the receive goroutine; and their
+	// payload bytes (counted in PlacedEarly too).
+	QuickFed, QuickFedBytes uint64
 	// Hole fills timed (DeviceConfig.TimeHoleFills) and their total time
 	// from the filling segment's arrival to the next message completed.
 	HoleFills    uint64

@@ -74,10 +74,13 @@ func (pd *PD) AllocMR(maxPages int) (*MR, error) {
 
 // MapPages sets the memory the MR's next REG_MR maps: length bytes from
 // offset in the first of pages, each pageSize bytes (a power of two from
-// 512), at most the MR's maxPages. rdmatap maps one run of memory: the
-// pages must follow one another in one allocation (pieces of one buffer,
-// such as zerocopy.Alloc memory). Call it before posting the REG_MR and
-// not again until that has completed.
+// 512), at most the MR's maxPages. The pages may be separate buffers: the
+// registration's Tagged Offsets run through them in order (RFC 5040), so
+// a Write or Read across a page boundary continues in the next page of
+// the list, and nothing beyond the last mapped byte is reachable. Pages
+// that follow one another in memory are mapped as one run. The IOVA (see
+// SetIOVA) becomes the first byte's address. Call it before posting the
+// REG_MR and not again until that has completed.
 func (m *MR) MapPages(pages [][]byte, pageSize, offset, length int) error {
 	if m.fr == nil {
 		return fmt.Errorf("%w: not a fast-register MR", ErrInvalidArgument)
@@ -89,8 +92,11 @@ func (m *MR) MapPages(pages [][]byte, pageSize, offset, length int) error {
 }
 
 // MapSG sets the memory the MR's next REG_MR maps to the bytes the SGEs
-// name (ib_map_mr_sg): SGEs in regular MRs of the MR's PD, following one
-// another in memory, spanning at most maxPages pages of pageSize. The
+// name (ib_map_mr_sg): SGEs in regular MRs of the MR's PD, spanning at
+// most maxPages pages of pageSize. SGEs may leave gaps, as ib_map_mr_sg
+// allows: where one does not follow the one before in memory, that one
+// must end and this one start on a page boundary (an address that is a
+// multiple of pageSize, such as zerocopy.Alloc memory gives). The
 // mapping takes the bytes, not those MRs.
 func (m *MR) MapSG(sgl []SGE, pageSize int) error {
 	if m.fr == nil {
@@ -102,10 +108,27 @@ func (m *MR) MapSG(sgl []SGE, pageSize int) error {
 	return nil
 }
 
+// SetIOVA sets the address the MR's next VA-based REG_MR gives its first
+// mapped byte (the kernel verbs' mr->iova, set by ib_map_mr_sg and
+// changeable before the REG_MR is posted): peers then address byte i of
+// the mapping as iova+i, and local SGEs too. MapPages and MapSG reset it
+// to the first byte's address; a zero-based registration
+// (AccessZeroBased) starts at 0 whatever it is. Call it after mapping.
+func (m *MR) SetIOVA(iova uint64) error {
+	if m.fr == nil {
+		return fmt.Errorf("%w: not a fast-register MR (RegMRIOVA sets a regular MR's)", ErrInvalidArgument)
+	}
+	if err := m.fr.SetIOVA(iova); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	return nil
+}
+
 // RegWR returns the REG_MR work request (ib_reg_wr) that registers the
 // mapped memory of fast-register MR m under rkey (m's STag with a new
 // key: IncRKey(m.RKey())) with access acc; AccessZeroBased makes its
-// Tagged Offsets start at 0, else at the first byte's virtual address.
+// Tagged Offsets start at 0, else at the IOVA (the first byte's virtual
+// address unless SetIOVA changed it).
 // The MR must be invalid when it executes, and the key must change.
 func (m *MR) RegWR(id uint64, flags SendFlags, rkey STag, acc Access) SendWR {
 	return SendWR{ID: id, Op: OpRegMR, Flags: flags, MR: m.fr, RKey: rkey, Access: acc}
@@ -161,7 +184,7 @@ func (mw *MW) Valid() bool { return mw.w.Current().Valid() }
 // its first byte's address (0 when zero-based), its length and its STag.
 func (mw *MW) Remote() RemoteBuf {
 	r := mw.w.Current()
-	return RemoteBuf{Addr: r.Base, Len: uint64(len(r.Buf)), RKey: r.STag()}
+	return RemoteBuf{Addr: r.Base, Len: r.Len(), RKey: r.STag()}
 }
 
 // Dealloc unbinds the window and frees its STag (ibv_dealloc_mw). It is

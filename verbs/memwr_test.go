@@ -243,16 +243,30 @@ func TestFastRegisterPostErrors(t *testing.T) {
 		t.Fatalf("AllocMR(0): %v", err)
 	}
 	buf := make([]byte, 4*4096)
-	a, b := make([]byte, 4096), make([]byte, 4096)
+	fresh, err := sv.pd.AllocMR(2)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for name, err := range map[string]error{
-		"too many pages":      frmr.MapPages(pages(buf, 4096), 4096, 0, 4096),
-		"page size":           frmr.MapPages(pages(buf, 4096)[:2], 3000, 0, 100),
-		"offset past a page":  frmr.MapPages(pages(buf, 4096)[:2], 4096, 4096, 1),
-		"length past pages":   frmr.MapPages(pages(buf, 4096)[:2], 4096, 10, 8190),
-		"discontiguous pages": frmr.MapPages([][]byte{a, b}, 4096, 0, 8192),
-		"short page":          frmr.MapPages([][]byte{buf[:100]}, 4096, 0, 10),
-		"SGE of no MR":        frmr.MapSG([]verbs.SGE{{Addr: 1, Length: 1, LKey: 0xffffff00}}, 4096),
-		"not fast-register":   sv.mr.MapPages(pages(buf, 4096)[:1], 4096, 0, 1),
+		"IOVA before mapping": fresh.SetIOVA(0x1000),
+		"IOVA that wraps": func() error {
+			if err := fresh.MapPages(pages(buf, 4096)[:1], 4096, 0, 4096); err != nil {
+				return err
+			}
+			return fresh.SetIOVA(1<<64 - 4096)
+		}(),
+		"IOVA of a regular MR": sv.mr.SetIOVA(0x1000),
+		"regular MR IOVA that wraps": func() error {
+			_, err := sv.pd.RegMRIOVA(buf, 1<<64-4096, verbs.AccessLocalWrite)
+			return err
+		}(),
+		"too many pages":     frmr.MapPages(pages(buf, 4096), 4096, 0, 4096),
+		"page size":          frmr.MapPages(pages(buf, 4096)[:2], 3000, 0, 100),
+		"offset past a page": frmr.MapPages(pages(buf, 4096)[:2], 4096, 4096, 1),
+		"length past pages":  frmr.MapPages(pages(buf, 4096)[:2], 4096, 10, 8190),
+		"short page":         frmr.MapPages([][]byte{buf[:100]}, 4096, 0, 10),
+		"SGE of no MR":       frmr.MapSG([]verbs.SGE{{Addr: 1, Length: 1, LKey: 0xffffff00}}, 4096),
+		"not fast-register":  sv.mr.MapPages(pages(buf, 4096)[:1], 4096, 0, 1),
 	} {
 		if !errors.Is(err, verbs.ErrInvalidArgument) {
 			t.Errorf("%s: %v", name, err)

@@ -56,6 +56,21 @@ func (pd *PD) ID() uint32 { return pd.id }
 // Go memory does not move, so no pinning is needed; memory from
 // zerocopy.Alloc is page-aligned and can be shared between processes.
 func (pd *PD) RegMR(buf []byte, acc Access) (*MR, error) {
+	return pd.regMR(buf, iwarp.BufferAddr(buf), acc)
+}
+
+// RegMRIOVA registers buf as RegMR does, with iova as the address of its
+// first byte (ibv_reg_mr_iova): SGEs and peers address byte i of buf as
+// iova+i. With AccessZeroBased the addresses start at 0 whatever iova is.
+// The address range must not wrap.
+func (pd *PD) RegMRIOVA(buf []byte, iova uint64, acc Access) (*MR, error) {
+	if iova+uint64(len(buf)) < iova {
+		return nil, fmt.Errorf("%w: IOVA %#x + %d bytes wraps", ErrInvalidArgument, iova, len(buf))
+	}
+	return pd.regMR(buf, iova, acc)
+}
+
+func (pd *PD) regMR(buf []byte, iova uint64, acc Access) (*MR, error) {
 	if acc&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic|AccessZeroBased|AccessMWBind) != 0 {
 		return nil, fmt.Errorf("%w: access flags %#x not supported", ErrInvalidArgument, uint32(acc))
 	}
@@ -68,9 +83,14 @@ func (pd *PD) RegMR(buf []byte, acc Access) (*MR, error) {
 		return nil, fmt.Errorf("%w: remote atomic requires local write", ErrInvalidArgument)
 	}
 	if pd.rh != 0 {
+		if iova != iwarp.BufferAddr(buf) {
+			// The service registers the client's pages at the client's
+			// addresses (and checks they agree with the file offset).
+			return nil, fmt.Errorf("%w: RegMRIOVA on a device of a service", ErrUnsupported)
+		}
 		return pd.remoteRegMRCounted(buf, acc)
 	}
-	return pd.regMRAt(buf, iwarp.BufferAddr(buf), acc)
+	return pd.regMRAt(buf, iova, acc)
 }
 
 // regMRAt registers buf with base as the address of its first byte (a
@@ -126,11 +146,12 @@ func (m *MR) reg() *iwarp.Region {
 	return m.r
 }
 
-// Bytes returns the registered memory.
+// Bytes returns the registered memory; nil for a fast-register MR mapped
+// over pages that do not follow one another in memory (see MapPages).
 func (m *MR) Bytes() []byte { return m.reg().Buf }
 
 // Len returns the region's length.
-func (m *MR) Len() int { return len(m.reg().Buf) }
+func (m *MR) Len() int { return int(m.reg().Len()) }
 
 // Addr returns the address of the first byte as SGEs and remote peers use
 // it: the virtual address, or 0 for a zero-based region.
@@ -159,8 +180,8 @@ func (m *MR) Valid() bool {
 // It panics if the range is outside the MR, like slicing does.
 func (m *MR) SGE(off, n int) SGE {
 	r := m.reg()
-	if off < 0 || n < 0 || off+n > len(r.Buf) {
-		panic(fmt.Sprintf("verbs: SGE [%d:%d] outside MR of %d bytes", off, off+n, len(r.Buf)))
+	if off < 0 || n < 0 || uint64(off+n) > r.Len() {
+		panic(fmt.Sprintf("verbs: SGE [%d:%d] outside MR of %d bytes", off, off+n, r.Len()))
 	}
 	return SGE{Addr: r.Base + uint64(off), Length: uint32(n), LKey: m.stag()}
 }
@@ -168,7 +189,7 @@ func (m *MR) SGE(off, n int) SGE {
 // Remote returns the descriptor a peer needs to access the whole MR.
 func (m *MR) Remote() RemoteBuf {
 	r := m.reg()
-	return RemoteBuf{Addr: r.Base, Len: uint64(len(r.Buf)), RKey: m.stag()}
+	return RemoteBuf{Addr: r.Base, Len: r.Len(), RKey: m.stag()}
 }
 
 // Dereg invalidates the MR and frees its STag. It is idempotent. It fails

@@ -32,6 +32,7 @@ type endpointFlags struct {
 	pcap      string
 	noOffload bool
 	name      string
+	ackDelay  time.Duration
 	lab       labFlags
 	// via: use the device a running `rdmatap up --socket` serves instead
 	// of a TAP of this process's own (no privileges needed).
@@ -50,6 +51,7 @@ func (f *endpointFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.pcap, "pcap", "", "capture the endpoint's frames to this pcap file")
 	fs.BoolVar(&f.noOffload, "no-offload", false, "plain TAP: no virtio-net header, no TSO/checksum offload")
 	fs.StringVar(&f.name, "name", "rt0", "RDMA device name")
+	fs.DurationVar(&f.ackDelay, "ack-delay", netstack.DefaultAckDelay, "longest a TCP ACK of less than a segment waits to ride on the next segment (0: never)")
 	fs.StringVar(&f.via, "via", "", "use the device a running `rdmatap up --socket SOCKET` serves (instead of --tap/--addr; no root needed)")
 	f.lab.register(fs, tapLabHelp)
 }
@@ -84,6 +86,9 @@ func (f *endpointFlags) check() (netip.Prefix, netip.Addr, verbs.RTR, error) {
 	}
 	if f.mtu < 576 || f.mtu > 65521 {
 		return none, netip.Addr{}, 0, fmt.Errorf("%w: --mtu must be 576..65521", errUsage)
+	}
+	if f.ackDelay < 0 || f.ackDelay > 100*time.Millisecond {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --ack-delay must be 0..100ms", errUsage)
 	}
 	if f.mpaRev != 1 && f.mpaRev != 2 {
 		return none, netip.Addr{}, 0, fmt.Errorf("%w: --mpa-rev must be 1 or 2", errUsage)
@@ -163,7 +168,7 @@ func (f *endpointFlags) open() (*endpoint, error) {
 	}
 	// Outside the capture, so that the capture shows what is on the wire.
 	link, e.impair = f.lab.wrap(link)
-	e.Net, err = netstack.New(netstack.Config{Link: link, Addrs: []netip.Prefix{pfx}, Gateway: gw, CongestionControl: "cubic"})
+	e.Net, err = netstack.New(netstack.Config{Link: link, Addrs: []netip.Prefix{pfx}, Gateway: gw, CongestionControl: "cubic", AckDelay: ackDelayConfig(f.ackDelay)})
 	if err != nil {
 		e.Close()
 		return nil, err
@@ -245,4 +250,12 @@ func regMem(pd *verbs.PD, n int, acc verbs.Access) ([]byte, *verbs.MR, error) {
 	}
 	mr, err := pd.RegMR(b, acc)
 	return b, mr, err
+}
+
+// ackDelayConfig maps --ack-delay to netstack.Config.AckDelay (0: off).
+func ackDelayConfig(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

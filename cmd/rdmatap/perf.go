@@ -266,6 +266,19 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 	default:
 		return o, nil, fmt.Errorf("%w: unknown verb %q (want write, read, send or atomic)", errUsage, pos[0])
 	}
+	// perftest refuses what a test cannot use (perftest_parameters.c):
+	// -A outside the atomic tests, -I on Reads and atomics (no inline
+	// data), -o outside Reads and atomics.
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	switch {
+	case (given["A"] || given["atomic_type"]) && o.verb != perfAtomic:
+		return o, nil, fmt.Errorf("%w: -A: not an atomic test (the atomic operation is for rdmatap %s atomic)", errUsage, name)
+	case (given["I"] || given["inline_size"]) && (o.verb == perfRead || o.verb == perfAtomic):
+		return o, nil, fmt.Errorf("%w: -I: Reads and atomics carry no inline data", errUsage)
+	case (given["o"] || given["outs"]) && o.verb != perfRead && o.verb != perfAtomic:
+		return o, nil, fmt.Errorf("%w: -o: outstanding requests are for read and atomic tests", errUsage)
+	}
 	switch atomicType {
 	case "FETCH_AND_ADD":
 		o.atomic = perfFetchAdd
@@ -596,8 +609,13 @@ func (o *perfOpts) testInfo() map[string]any {
 	if o.test == perfLat {
 		kind = "Latency"
 	}
+	test := perfVerbStr[o.verb] + "_"
+	if o.verb == perfAtomic {
+		// perftest names the operation in the test: Atomic_FETCH_AND_ADD_BW_Test.
+		test += perfAtomicStr[o.atomic] + "_"
+	}
 	m := map[string]any{
-		"test":            perfVerbStr[o.verb] + "_" + kind + "_Test",
+		"test":            test + kind + "_Test",
 		"Dual_port":       "OFF",
 		"Device":          o.devName,
 		"Number_of_qps":   o.qps,
@@ -619,9 +637,6 @@ func (o *perfOpts) testInfo() map[string]any {
 	}
 	if o.test == perfBW {
 		m["CQ_Moderation"] = o.cqMod
-	}
-	if o.verb == perfAtomic {
-		m["Atomic_type"] = perfAtomicStr[o.atomic]
 	}
 	if o.oneSided() {
 		m["Outstand_reads"] = o.outs

@@ -447,9 +447,48 @@ func TestPerfAtomic(t *testing.T) {
 			}
 		})
 	}
-	for _, args := range [][]string{{"atomic", "-s", "16"}, {"atomic", "-a"}, {"atomic", "-A", "SWAP"}} {
-		if _, _, err := parsePerfFlags(perfBW, args, io.Discard); !errors.Is(err, errUsage) {
+	// perftest refuses these (perftest_parameters.c): a size for an
+	// atomic, -A outside the atomic tests, -I on Reads and atomics, -o
+	// outside Reads and atomics.
+	for _, args := range [][]string{{"atomic", "-s", "16"}, {"atomic", "-a"}, {"atomic", "-A", "SWAP"},
+		{"write", "-A", "CMP_AND_SWAP"}, {"read", "--atomic_type", "FETCH_AND_ADD"},
+		{"atomic", "-I", "8"}, {"read", "-I", "0"}, {"send", "-o", "4"}, {"write", "--outs", "1"}} {
+		for _, test := range []perfTestKind{perfBW, perfLat} {
+			if _, _, err := parsePerfFlags(test, args, io.Discard); !errors.Is(err, errUsage) {
+				t.Errorf("%v: %v", args, err)
+			}
+		}
+	}
+	for _, args := range [][]string{{"read", "-o", "4"}, {"atomic", "-o", "4", "-A", "CMP_AND_SWAP"}, {"write", "-I", "64"}} {
+		if _, _, err := parsePerfFlags(perfBW, args, io.Discard); err != nil {
 			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
+
+// TestPerfAtomicJSON: perftest's JSON names the atomic operation in the
+// test (Atomic_FETCH_AND_ADD_BW_Test, Atomic_CMP_AND_SWAP_Latency_Test).
+func TestPerfAtomicJSON(t *testing.T) {
+	for _, c := range []struct {
+		test perfTestKind
+		typ  string
+		want string
+	}{{perfBW, "FETCH_AND_ADD", "Atomic_FETCH_AND_ADD_BW_Test"}, {perfLat, "CMP_AND_SWAP", "Atomic_CMP_AND_SWAP_Latency_Test"}} {
+		cli, srv := perfRun(t, c.test, "atomic", "-A", c.typ, "-n", "20", "-j")
+		outs := []string{cli, srv}
+		if c.test == perfLat {
+			outs = outs[:1] // a one-sided lat server reports nothing
+		}
+		for _, out := range outs {
+			var doc struct {
+				TestInfo map[string]any `json:"test_info"`
+			}
+			if err := json.Unmarshal([]byte(out), &doc); err != nil {
+				t.Fatalf("not JSON: %v\n%s", err, out)
+			}
+			if doc.TestInfo["test"] != c.want {
+				t.Errorf("test %q, want %q", doc.TestInfo["test"], c.want)
+			}
 		}
 	}
 }

@@ -6,7 +6,7 @@
 // the VM) against rdmatap's probepeer for the verbs rping and perftest
 // never use (TestSiwProbe). README.md has the tables of the last run.
 //
-//	sudo RDMATAP_INTEROP=1 go test ./test/interop/ -v -timeout 40m
+//	sudo RDMATAP_INTEROP=1 go test -count=1 ./test/interop/ -v -timeout 40m
 //
 // The VM harness is shared/interop/siw-vm (a sibling of the repository);
 // guest/plan.sh is the guest side of the sweep and the probe (boot.sh

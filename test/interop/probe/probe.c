@@ -27,6 +27,19 @@
  *   solicited_out  siw sends the same; rdmatap checks WCSolicited
  *   atomic         rdmatap posts a Fetch&Add to siw's memory: siw answers
  *                  with a Terminate, its QP fails, the memory is unchanged
+ *   fastreg        rdmatap fast-registers a page list (REG_MR) and sends
+ *                  "fr RKEY ADDR LEN": siw Writes 3000 bytes at ADDR+1000
+ *                  and Reads back what rdmatap put there (byte i is
+ *                  i*3+5); rdmatap Local Invalidates, registers other pages
+ *                  zero-based under the next key ("fr2 ..."), siw Writes 16
+ *                  bytes at 4090 of it; then siw Writes with the old STag
+ *                  and its QP must fail (rdmatap checks its Terminate)
+ *   read_inv       rdmatap Reads siw's data region with local invalidate
+ *                  of its sink and sends "ri RKEY ADDR": siw's Write to the
+ *                  sink's STag must fail its QP
+ *   solicited_notify  siw sends two Sends, pauses, then a Send with
+ *                  Solicited Event; rdmatap's CQ, armed solicited-only,
+ *                  must raise one event, with all three receives in it
  *
  * Build: gcc -O2 -Wall -o probe probe.c -lrdmacm -libverbs
  */
@@ -69,7 +82,8 @@ struct conn {
 	struct pdata pend_peer;
 };
 
-static const char *cells[] = {"sendinv_in", "sendinv_out", "srq", "solicited_in", "solicited_out", "atomic", NULL};
+static const char *cells[] = {"sendinv_in", "sendinv_out", "srq", "solicited_in", "solicited_out", "atomic",
+			      "fastreg", "read_inv", "solicited_notify", NULL};
 static int failed;
 static char why[256];
 
@@ -403,8 +417,129 @@ static int atomic(struct conn *c)
 	return flushed && same ? 0 : -1;
 }
 
+/* rdma posts a signaled RDMA Write or Read (wr_id 200) of n bytes at the
+ * start of the data region to or from addr under rkey. */
+static int rdma(struct conn *c, enum ibv_wr_opcode op, int n, uint64_t addr, uint32_t rkey)
+{
+	struct ibv_sge sge = {.addr = (uintptr_t)c->dbuf, .length = n, .lkey = c->data->lkey};
+	struct ibv_send_wr wr = {.wr_id = 200, .sg_list = &sge, .num_sge = 1, .opcode = op,
+				 .send_flags = IBV_SEND_SIGNALED}, *badwr;
+	wr.wr.rdma.remote_addr = addr;
+	wr.wr.rdma.rkey = rkey;
+	int rv = ibv_post_send(c->id->qp, &wr, &badwr);
+	return rv ? bad("post %s: %s", op == IBV_WR_RDMA_READ ? "read" : "write", strerror(rv)) : 0;
+}
+
+/* wait_send waits for send WR wrid's completion, skipping other sends' (no
+ * receive may complete meanwhile). */
+static int wait_send(struct conn *c, uint64_t wrid, int ms)
+{
+	struct ibv_wc wc;
+	for (;;) {
+		if (wait_wc(c, &wc, ms))
+			return -1;
+		if (wc.opcode & IBV_WC_RECV)
+			return bad("a receive (\"%s\") came while waiting for a send", slot(c, &wc));
+		if (wc.status != IBV_WC_SUCCESS)
+			return bad("send %d completion: %s", (int)wc.wr_id, ibv_wc_status_str(wc.status));
+		if (wc.wr_id == wrid)
+			return 0;
+	}
+}
+
+/* failed waits up to 5 s for a flushed completion: the QP failed. */
+static int qp_failed(struct conn *c)
+{
+	struct ibv_wc wc;
+	while (!wait_wc(c, &wc, 5000))
+		if (wc.status == IBV_WC_WR_FLUSH_ERR)
+			return 1;
+	return 0;
+}
+
+static int fastreg(struct conn *c)
+{
+	struct ibv_wc wc;
+	unsigned rkey, rkey2, len, len2;
+	unsigned long long addr, addr2;
+	char m[CTL];
+	if (wait_recv(c, &wc, 10000))
+		return -1;
+	if (sscanf(slot(c, &wc), "fr %x %llx %u", &rkey, &addr, &len) != 3 || len < 4000)
+		return bad("received \"%s\", want fr RKEY ADDR LEN", slot(c, &wc));
+	if (rdma(c, IBV_WR_RDMA_WRITE, 3000, addr + 1000, rkey) || wait_send(c, 200, 10000) ||
+	    post_send(c, IBV_WR_SEND, 0, "written", 0) || wait_recv(c, &wc, 10000))
+		return -1;
+	if (strcmp(slot(c, &wc), "check"))
+		return bad("received \"%s\", want check", slot(c, &wc));
+	memset(c->dbuf, 0, 3000);
+	if (rdma(c, IBV_WR_RDMA_READ, 3000, addr + 1000, rkey) || wait_send(c, 200, 10000))
+		return -1;
+	int rok = 1;
+	for (int i = 0; i < 3000; i++)
+		rok &= c->dbuf[i] == (char)(i * 3 + 5);
+	if (post_send(c, IBV_WR_SEND, 0, rok ? "read ok" : "read bad", 0))
+		return -1;
+	if (!rok)
+		return bad("our Read through the peer's STag %#x returned other bytes", rkey);
+	if (wait_recv(c, &wc, 10000))
+		return -1;
+	if (sscanf(slot(c, &wc), "fr2 %x %llx %u", &rkey2, &addr2, &len2) != 3 || len2 < 4106)
+		return bad("received \"%s\", want fr2 RKEY ADDR LEN", slot(c, &wc));
+	if (rdma(c, IBV_WR_RDMA_WRITE, 16, addr2 + 4090, rkey2) || wait_send(c, 200, 10000) ||
+	    post_send(c, IBV_WR_SEND, 0, "w2", 0) || wait_recv(c, &wc, 10000))
+		return -1;
+	snprintf(m, sizeof m, "%s", slot(c, &wc));
+	if (strcmp(m, "ok"))
+		return bad("peer's verdict on our Write through STag %#x: %s", rkey2, m);
+	/* The old STag: the peer must refuse it and end the connection. */
+	if (rdma(c, IBV_WR_RDMA_WRITE, 8, addr, rkey))
+		return -1;
+	int f = qp_failed(c);
+	snprintf(why, sizeof why, "Write and Read through STag %#x (VA %#llx), Write through %#x (zero-based) placed; "
+				  "our Write with the invalidated %#x: QP %s",
+		 rkey, addr, rkey2, rkey, f ? "failed" : "still up");
+	return f ? 0 : -1;
+}
+
+static int read_inv(struct conn *c)
+{
+	struct ibv_wc wc;
+	unsigned rkey;
+	unsigned long long addr;
+	if (wait_recv(c, &wc, 10000))
+		return -1;
+	if (sscanf(slot(c, &wc), "ri %x %llx", &rkey, &addr) != 2)
+		return bad("received \"%s\", want ri RKEY ADDR", slot(c, &wc));
+	if (rdma(c, IBV_WR_RDMA_WRITE, 8, addr, rkey))
+		return -1;
+	int f = qp_failed(c);
+	snprintf(why, sizeof why, "our Write to the peer's Read sink %#x after its Read with invalidate: QP %s",
+		 rkey, f ? "failed" : "still up");
+	return f ? 0 : -1;
+}
+
+static int solicited_notify(struct conn *c)
+{
+	struct ibv_wc wc;
+	if (post_send(c, IBV_WR_SEND, 0, "plain-1", 0) || wait_send(c, 100, 10000) ||
+	    post_send(c, IBV_WR_SEND, 0, "plain-2", 0) || wait_send(c, 100, 10000))
+		return -1;
+	usleep(700000);
+	if (post_send(c, IBV_WR_SEND, IBV_SEND_SOLICITED, "solicited", 0) || wait_recv(c, &wc, 10000))
+		return -1;
+	snprintf(why, sizeof why, "peer's verdict: %s", slot(c, &wc));
+	return strcmp(slot(c, &wc), "ok") ? -1 : 0;
+}
+
 static int run_cell(struct conn *c, const char *cell)
 {
+	if (!strcmp(cell, "fastreg"))
+		return fastreg(c);
+	if (!strcmp(cell, "read_inv"))
+		return read_inv(c);
+	if (!strcmp(cell, "solicited_notify"))
+		return solicited_notify(c);
 	if (!strcmp(cell, "sendinv_in"))
 		return sendinv_in(c);
 	if (!strcmp(cell, "sendinv_out"))
@@ -435,7 +570,7 @@ static int cell_num(const char *cell)
 /* prepare posts the cell's receives (before the connection is up). */
 static int prepare(struct conn *c, const char *cell, int server)
 {
-	int n = !strcmp(cell, "srq") || !strcmp(cell, "solicited_in") ? 4 : 2;
+	int n = !strcmp(cell, "srq") || !strcmp(cell, "solicited_in") ? 4 : !strcmp(cell, "fastreg") ? 5 : 2;
 	/* First: receives complete in the order they were posted. */
 	if (server && post_recv(c, HELLO))
 		return -1;
@@ -535,11 +670,11 @@ static void local(void)
 	}
 	struct ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
 	int mwerr = errno;
-	result("fastreg", "SKIP", "libibverbs has no fast-registration work request (IB_WR_REG_MR is for kernel consumers); "
+	result("fastreg_siw", "SKIP", "libibverbs has no fast-registration work request (IB_WR_REG_MR is for kernel consumers); "
 				 "memory windows: ibv_alloc_mw %s", mw ? "succeeded" : strerror(mwerr));
 	if (mw)
 		ibv_dealloc_mw(mw);
-	result("read_inv", "SKIP", "libibverbs has no RDMA Read with Invalidate (IB_WR_RDMA_READ_WITH_INV is for kernel consumers)");
+	result("read_inv_siw", "SKIP", "libibverbs has no RDMA Read with Invalidate (IB_WR_RDMA_READ_WITH_INV is for kernel consumers)");
 	/* Local Invalidate: libsiw maps IBV_WR_LOCAL_INV to no opcode. */
 	struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
 	struct ibv_qp_init_attr qa = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,

@@ -12,6 +12,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -28,7 +29,8 @@ import (
 	"rdmatap/verbs"
 )
 
-var cellNum = map[string]uint8{"sendinv_in": 1, "sendinv_out": 2, "srq": 3, "solicited_in": 4, "solicited_out": 5, "atomic": 6}
+var cellNum = map[string]uint8{"sendinv_in": 1, "sendinv_out": 2, "srq": 3, "solicited_in": 4, "solicited_out": 5, "atomic": 6,
+	"fastreg": 7, "read_inv": 8, "solicited_notify": 9}
 
 const (
 	dataSize = 4096
@@ -97,10 +99,6 @@ func main() {
 		}
 		fmt.Printf("PEER %s %s %s\n", cell, st, detail)
 	}
-	// What rdmatap has no verbs for yet.
-	fmt.Println("PEER fastreg SKIP not implemented in rdmatap: no fast registration or Local Invalidate work request (memory windows and fast registration are being written on another branch)")
-	fmt.Println("PEER read_inv SKIP not implemented in rdmatap: no RDMA Read with Local Invalidate")
-	fmt.Println("PEER solicited_notify SKIP not implemented in rdmatap: a CQ cannot be armed for solicited completions only (CQ.Wait wakes on any completion); WCSolicited is reported")
 	if failed {
 		os.Exit(1)
 	}
@@ -145,8 +143,17 @@ func (p *peer) run(cell string) (string, error) {
 	}
 	defer c.close()
 	nrecv := 2
-	if cell == "srq" || cell == "solicited_out" {
+	switch cell {
+	case "srq", "solicited_out", "solicited_notify", "fastreg":
 		nrecv = 4
+	}
+	if cell == "solicited_notify" {
+		// Armed before the hello exchange, so that no completion can
+		// come before the arming: the hello (a plain Send) must raise
+		// no event either.
+		if err := c.rcq.ReqNotify(true); err != nil {
+			return "", err
+		}
 	}
 	if p.l != nil { // first: receives complete in the order they were posted
 		if err := c.postRecv(hello); err != nil {
@@ -192,6 +199,12 @@ func (p *peer) run(cell string) (string, error) {
 		return c.solicitedOut()
 	case "atomic":
 		return c.atomic()
+	case "fastreg":
+		return c.fastReg(p.pd)
+	case "read_inv":
+		return c.readInv(p.pd)
+	case "solicited_notify":
+		return c.solicitedNotify()
 	}
 	return "", nil
 }
@@ -492,4 +505,281 @@ func (c *conn) atomic() (string, error) {
 		return "", errors.New(detail)
 	}
 	return detail, nil
+}
+
+// The fast-registration cells map a fast-register MR onto pages of
+// frPage bytes.
+const frPage = 4096
+
+// frPages returns n pages of frPage bytes, zeroed, each its own
+// allocation: the fast-register MR maps them as a page list, so siw's
+// accesses across a page boundary go through it.
+func frPages(n int) [][]byte {
+	pgs := make([][]byte, n)
+	for i := range pgs {
+		pgs[i] = make([]byte, frPage)
+	}
+	return pgs
+}
+
+// pageBytes returns the n bytes at byte off of the page list (the pages
+// in order), which may span pages.
+func pageBytes(pgs [][]byte, off, n int) []byte {
+	b := make([]byte, 0, n)
+	for n > 0 {
+		p := pgs[off/frPage][off%frPage:]
+		k := min(n, len(p))
+		b = append(b, p[:k]...)
+		off, n = off+k, n-k
+	}
+	return b
+}
+
+// putPageBytes writes b at byte off of the page list.
+func putPageBytes(pgs [][]byte, off int, b []byte) {
+	for len(b) > 0 {
+		k := copy(pgs[off/frPage][off%frPage:], b)
+		off, b = off+k, b[k:]
+	}
+}
+
+// siwPattern is probe.c's data region: byte i is i*7+1.
+func siwPattern(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + 1)
+	}
+	return b
+}
+
+// regMR fast-registers mr over pgs (length bytes from offset in the
+// first) under the next key.
+func (c *conn) regMR(mr *verbs.MR, pgs [][]byte, offset, length int, acc verbs.Access) error {
+	if err := mr.MapPages(pgs, frPage, offset, length); err != nil {
+		return err
+	}
+	if err := c.qp.PostSend(mr.RegWR(400, verbs.Signaled, verbs.IncRKey(mr.RKey()), acc)); err != nil {
+		return err
+	}
+	wc, err := wait(c.scq, 10*time.Second)
+	if err != nil {
+		return fmt.Errorf("REG_MR: %w", err)
+	}
+	if wc.Status != verbs.StatusSuccess || wc.Op != verbs.WCRegMR || !mr.Valid() {
+		return fmt.Errorf("REG_MR completed %v (op %v), MR valid %v", wc.Status, wc.Op, mr.Valid())
+	}
+	return nil
+}
+
+// sendSync sends msg and waits for its completion.
+func (c *conn) sendSync(msg string) error {
+	if err := c.send(msg, verbs.OpSend, 0, 0); err != nil {
+		return err
+	}
+	return c.sent()
+}
+
+// expectMsg waits for a receive and checks its message starts with want.
+func (c *conn) expectMsg(want string) (string, error) {
+	_, msg, err := c.recv()
+	if err != nil {
+		return "", fmt.Errorf("waiting for %q: %w", want, err)
+	}
+	if len(msg) < len(want) || msg[:len(want)] != want {
+		return msg, fmt.Errorf("received %q, want %q", msg, want)
+	}
+	return msg, nil
+}
+
+// refused waits for the QP to end with a Terminate we sent with code.
+func (c *conn) refused(code iwarp.TermCode) (string, error) {
+	select {
+	case <-c.qp.Done():
+	case <-time.After(10 * time.Second):
+		return "", errors.New("the peer's access did not end the connection")
+	}
+	var term *verbs.TerminateError
+	if !errors.As(c.qp.Err(), &term) || term.Received || term.Code != code {
+		return "", fmt.Errorf("QP ended with %v, want the Terminate %v sent", c.qp.Err(), code)
+	}
+	return fmt.Sprintf("Terminate sent: %v", term.Code), nil
+}
+
+var termDDPInvalidSTag = iwarp.TermCode{Layer: iwarp.LayerDDP, EType: iwarp.ETypeTaggedBuffer, Code: iwarp.CodeDDPInvalidSTag}
+
+// fastReg: a fast-register MR over a page list of separate buffers,
+// registered VA-based with a REG_MR; siw Writes 3000 bytes into it across a page boundary (they
+// must land in the right pages) and Reads back what we put there; Local
+// Invalidate; a REG_MR under the next key (IncRKey), zero-based, over
+// other pages, which siw Writes across a page boundary; then siw Writes
+// with the old STag, which we must refuse (DDP / Tagged Buffer / Invalid
+// STag).
+func (c *conn) fastReg(pd *verbs.PD) (string, error) {
+	mr, err := pd.AllocMR(4)
+	if err != nil {
+		return "", err
+	}
+	defer mr.Dereg()
+	pgs := frPages(4)
+	const off1 = 2048 // the first registration starts in the middle of page 0
+	acc := verbs.AccessLocalWrite | verbs.AccessRemoteRead | verbs.AccessRemoteWrite
+	if err := c.regMR(mr, pgs[:3], off1, 3*frPage-off1, acc); err != nil {
+		return "", err
+	}
+	r1 := mr.Remote()
+	if r1.Addr == 0 || r1.Len != 3*frPage-off1 || mr.Bytes() != nil {
+		return "", fmt.Errorf("VA-based registration %+v", r1)
+	}
+	if err := c.sendSync(fmt.Sprintf("fr %x %x %d", r1.RKey, r1.Addr, r1.Len)); err != nil {
+		return "", err
+	}
+	// siw: Write of its data region's first 3000 bytes at TO+1000.
+	if _, err := c.expectMsg("written"); err != nil {
+		return "", err
+	}
+	if got := pageBytes(pgs, off1+1000, 3000); !bytes.Equal(got, siwPattern(3000)) {
+		return "", fmt.Errorf("siw's Write through STag %#x did not land in the pages", r1.RKey)
+	}
+	// siw Reads 3000 bytes from TO+1000: byte i is i*3+5.
+	put := make([]byte, 3000)
+	for i := range put {
+		put[i] = byte(i*3 + 5)
+	}
+	putPageBytes(pgs, off1+1000, put)
+	if err := c.sendSync("check"); err != nil {
+		return "", err
+	}
+	if _, err := c.expectMsg("read ok"); err != nil {
+		return "", fmt.Errorf("siw's Read through the fast-register MR: %w", err)
+	}
+	if err := c.qp.PostSend(verbs.SendWR{ID: 401, Op: verbs.OpLocalInv, Flags: verbs.Signaled, InvalidateRKey: r1.RKey}); err != nil {
+		return "", err
+	}
+	wc, err := wait(c.scq, 10*time.Second)
+	if err != nil {
+		return "", fmt.Errorf("Local Invalidate: %w", err)
+	}
+	if wc.Status != verbs.StatusSuccess || wc.Op != verbs.WCLocalInv || mr.Valid() {
+		return "", fmt.Errorf("Local Invalidate completed %v (op %v), MR valid %v", wc.Status, wc.Op, mr.Valid())
+	}
+	// Pages 2 and 3, zero-based, under the next key.
+	if err := c.regMR(mr, pgs[2:], 0, 2*frPage, acc|verbs.AccessZeroBased); err != nil {
+		return "", err
+	}
+	r2 := mr.Remote()
+	if r2.Addr != 0 || r2.RKey != verbs.IncRKey(r1.RKey) {
+		return "", fmt.Errorf("second registration %+v after STag %#x", r2, r1.RKey)
+	}
+	if err := c.sendSync(fmt.Sprintf("fr2 %x %x %d", r2.RKey, r2.Addr, r2.Len)); err != nil {
+		return "", err
+	}
+	// siw: Write of 16 bytes at TO 4090, across pages 2 and 3; its data
+	// region holds what it Read (i*3+5).
+	if _, err := c.expectMsg("w2"); err != nil {
+		return "", err
+	}
+	ok := bytes.Equal(pageBytes(pgs, 2*frPage+4090, 16), put[:16])
+	v := "ok"
+	if !ok {
+		v = "bad"
+	}
+	if err := c.sendSync(v); err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", fmt.Errorf("siw's Write through the zero-based STag %#x did not land in pages 2 and 3", r2.RKey)
+	}
+	// siw Writes with the old STag.
+	term, err := c.refused(termDDPInvalidSTag)
+	if err != nil {
+		return "", err
+	}
+	for i, b := range pageBytes(pgs, off1, 2*frPage-off1) {
+		if (i < 1000 || i >= 4000) && b != 0 {
+			return "", fmt.Errorf("byte %d of the first registration changed", i)
+		}
+	}
+	return fmt.Sprintf("REG_MR %#x (VA, 3 separate pages from offset %d): siw's Write landed, its Read got our bytes; Local Invalidate; REG_MR %#x (zero-based, pages 2-3): siw's Write across the page boundary landed; siw's Write with %#x refused: %s",
+		r1.RKey, off1, r2.RKey, r1.RKey, term), nil
+}
+
+// readInv: an RDMA Read with local invalidate of siw's data region into a
+// fast-register MR: the data lands, the sink's STag is invalid when the
+// Read completes, and siw's Write to it afterwards is refused (DDP /
+// Tagged Buffer / Invalid STag).
+func (c *conn) readInv(pd *verbs.PD) (string, error) {
+	mr, err := pd.AllocMR(2)
+	if err != nil {
+		return "", err
+	}
+	defer mr.Dereg()
+	pgs := frPages(2)
+	if err := c.regMR(mr, pgs, 512, 2*frPage-512, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		return "", err
+	}
+	const n = 4000 // from 512 in page 0 across into page 1
+	sink := mr.RKey()
+	if err := c.qp.PostSend(verbs.SendWR{ID: 500, Op: verbs.OpReadInv, Flags: verbs.Signaled,
+		SGL: []verbs.SGE{mr.SGE(0, n)}, RemoteAddr: c.raddr, RKey: c.rkey, InvalidateRKey: sink}); err != nil {
+		return "", err
+	}
+	wc, err := wait(c.scq, 10*time.Second)
+	if err != nil {
+		return "", fmt.Errorf("Read with invalidate: %w", err)
+	}
+	valid := mr.Valid()
+	if wc.Status != verbs.StatusSuccess || wc.Op != verbs.WCRead || wc.ByteLen != n || valid {
+		return "", fmt.Errorf("Read with invalidate completed %v (op %v, %d bytes), sink valid %v", wc.Status, wc.Op, wc.ByteLen, valid)
+	}
+	if !bytes.Equal(pageBytes(pgs, 512, n), siwPattern(n)) {
+		return "", errors.New("the Read's data did not land in the sink's pages")
+	}
+	if err := c.sendSync(fmt.Sprintf("ri %x %x", sink, mr.Addr())); err != nil {
+		return "", err
+	}
+	term, err := c.refused(termDDPInvalidSTag)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("Read of %d bytes into STag %#x landed, the STag invalid at completion; siw's Write to it refused: %s", n, sink, term), nil
+}
+
+// solicitedNotify: our receive CQ is armed solicited-only before the
+// connection; siw sends two Sends, pauses, and sends a Send with
+// Solicited Event. The event must come once, with all three receives
+// in the CQ (had it fired for a plain Send, the solicited one would not
+// be there yet), and not again without a new arming.
+func (c *conn) solicitedNotify() (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.rcq.WaitEvent(ctx); err != nil {
+		return "", fmt.Errorf("no completion event: %w", err)
+	}
+	wcs := make([]verbs.WC, 8)
+	n := c.rcq.Poll(wcs)
+	var got []string
+	for _, wc := range wcs[:n] {
+		got = append(got, fmt.Sprintf("%s(solicited %v)", c.cbuf[int(wc.ID)*slot:int(wc.ID)*slot+int(wc.ByteLen)], wc.Flags&verbs.WCSolicited != 0))
+	}
+	detail := fmt.Sprintf("at the event the CQ held %v", got)
+	ok := n == 3
+	for i, wc := range wcs[:min(n, 3)] {
+		ok = ok && wc.Status == verbs.StatusSuccess && (wc.Flags&verbs.WCSolicited != 0) == (i == 2)
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel2()
+	if err := c.rcq.WaitEvent(ctx2); err == nil {
+		ok, detail = false, detail+"; a second event without arming again"
+	}
+	v := "ok"
+	if !ok {
+		v = "bad"
+	}
+	if err := c.sendSync(v); err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", errors.New(detail)
+	}
+	return detail + "; one event", nil
 }
