@@ -201,3 +201,30 @@ func FuzzMarkerTiles(f *testing.F) {
 		checkMarkerTiles(t, rand.New(rand.NewPCG(seed, 5044)), "fuzz", s, int(n%(256<<10)), int(prefix%8), crcOn, tagged)
 	})
 }
+
+// TestMarkerTilesAllocs: framing a tiled message, reading it out through
+// the inserter, and asking RecordRest and fpduEnd allocate nothing.
+func TestMarkerTilesAllocs(t *testing.T) {
+	msg := make([]byte, 100<<10)
+	src := zerocopy.SGList{msg}
+	f := DDPFields{Opcode: OpWrite, STag: 1}
+	var m markerInserter
+	m.reset(true)
+	var w fpduWriter
+	buf := make([]byte, 64<<10)
+	if n := testing.AllocsPerRun(20, func() {
+		w.reset(&f, src, len(msg), nil, MarkersMaxFPDU(1420), false, nil)
+		w.tileMarked(m.tile(1420))
+		m.inner = &w
+		for m.Len() > 0 {
+			if _, err := m.Read(buf[:min(len(buf), m.Len(), 1000+m.RecordRest())]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !w.fpduEnd(0) {
+			t.Fatal("fpduEnd(0) is false")
+		}
+	}); n != 0 {
+		t.Errorf("%v allocations per tiled message", n)
+	}
+}
