@@ -26,7 +26,8 @@ import (
 //     its ORQ entry before its request can reach the wire.
 //  3. Framing: the message is cut into FPDUs no larger than the
 //     connection's current maximum segment payload, so every FPDU fits a
-//     TCP segment.
+//     TCP segment. With MPA markers, each FPDU is sized where it starts so
+//     that with the markers among it it fills one segment (markerTiles).
 //  4. Copy: netstack's Endpoint.Write pulls the bytes through fpduWriter (a
 //     tcpip.Payloader), which writes headers, copies payload from the
 //     registered memory straight into the stack's buffers, and computes
