@@ -44,10 +44,13 @@ import (
 //
 // Transmit: markerInserter wraps the FPDU producer (fpduWriter) as the
 // tcpip.Payloader of the stream's WritePayload, inserts the markers and
-// writes the CRC field over the marked FPDU. Receive: markerStripper sits
-// between the stream and the receiver, checks each FPDUPTR and the CRC,
-// and forwards the FPDU stream without markers in sub-slices of what the
-// stream gave it. Both keep their position for the whole connection.
+// writes the CRC field over the marked FPDU; the producer sizes each FPDU
+// so that with its markers it fills one TCP segment (markerTiles), and the
+// inserter keeps writes on those segments (RecordRest). Receive:
+// markerStripper sits between the stream and the receiver, checks each
+// FPDUPTR and the CRC, and forwards the FPDU stream without markers in
+// sub-slices of what the stream gave it. Both keep their position for the
+// whole connection.
 const (
 	// MPAMarkerSize is the size of a marker.
 	MPAMarkerSize = 4
@@ -122,6 +125,65 @@ func MarkerFPDUStart(w uint64, m MPAMarker) uint64 {
 func MarkersMaxFPDU(seg int) int {
 	seg = min(seg, maxMarkedFPDU)
 	return max(seg-MPAMarkerSize*((seg+MPAMarkerInterval-1)/MPAMarkerInterval), 0) &^ 3
+}
+
+// markerTiles lays a message's FPDUs out on the TCP segments of a marked
+// stream, so that the sender is aligned as RFC 5044 Appendix A asks:
+// every segment starts with an FPDU and holds it whole. MarkersMaxFPDU
+// alone does not do that: it leaves room for the most markers an FPDU
+// could meet, so most FPDUs with their markers are shorter than a
+// segment, TCP packs the next FPDU's start behind them, and from then on
+// segments are cut inside FPDUs, where their markers point back to FPDUs
+// that began in an earlier segment.
+//
+// TCP (no GSO, Nagle off) cuts a write into segments of its maximum
+// payload from the write's start; a message is one WritePayload, and a
+// write the stack cuts short is completed to the end of its tile next
+// (markerInserter.RecordRest), so the segments of a message starting at
+// stream offset w0 are its tiles [w0+k*size, w0+(k+1)*size). FPDU k takes
+// exactly the FPDU-stream octets that fall in tile k: with the markers
+// among them it fills the segment. A tile that begins at a marker begins
+// with that marker (FPDUPTR 0, pointing to the FPDU right after it); one
+// whose last 4 octets are a marker ends between two FPDUs, with that
+// marker. Only a message's last FPDU ends early. As tile k holds 4 octets
+// of marker per 512, the FPDUs of a message differ in length by 4 octets
+// here and there, all multiples of 4 (no pad but in the last), and none
+// is longer with its markers than the segment, as with MarkersMaxFPDU.
+type markerTiles struct {
+	w0, d0 uint64 // the message's first stream octet, and its FPDU-stream offset
+	size   uint64 // the tile, a multiple of 4; 0: the message is not tiled
+}
+
+// minMarkerTile is the least tile: one that carries an FPDU with payload
+// (60 FPDU-stream octets at worst, of which 24 are header and CRC).
+const minMarkerTile = 64
+
+// newMarkerTiles tiles a message starting at stream offset w0 (FPDU-stream
+// offset d0) by segment payloads of seg octets, rounded down to a multiple
+// of 4 and kept short enough for FPDUPTR; seg <= 0 tiles nothing.
+func newMarkerTiles(w0, d0 uint64, seg int) markerTiles {
+	if seg <= 0 {
+		return markerTiles{w0: w0, d0: d0}
+	}
+	return markerTiles{w0: w0, d0: d0, size: uint64(min(max(seg, minMarkerTile), maxMarkedFPDU) &^ 3)}
+}
+
+// start returns where the message's FPDU k begins, in FPDU-stream octets
+// from the message's first: at the first FPDU-stream octet of tile k.
+func (t markerTiles) start(k int) int {
+	return int(MarkerDataOffset(t.w0+uint64(k)*t.size) - t.d0)
+}
+
+// rest returns the stream octets from stream offset w to the end of the
+// tile w lies in; 0 at a tile boundary, or for a message not tiled.
+func (t markerTiles) rest(w uint64) int {
+	if t.size == 0 {
+		return 0
+	}
+	if r := (w - t.w0) % t.size; r != 0 {
+		return int(t.size - r)
+	}
+	return 0
 }
 
 // ErrMarker reports a marker whose FPDUPTR does not point to the start of
@@ -288,14 +350,35 @@ func (f *markerFramer) sized(n int) {
 type markerInserter struct {
 	inner tcpip.Payloader
 	crcOn bool
-	wire  uint64 // stream octets produced, markers included
-	data  uint64 // FPDU-stream octets taken from producers
+	wire  uint64      // stream octets produced, markers included
+	data  uint64      // FPDU-stream octets taken from producers
+	tiles markerTiles // the message's segments (see tile)
 	fr    markerFramer
 	mk    [MPAMarkerSize]byte // the marker being written (here, not on the stack: the CRC call would move it to the heap)
 }
 
 // reset starts a connection's stream at its first octet.
 func (m *markerInserter) reset(crcOn bool) { *m = markerInserter{crcOn: crcOn} }
+
+// tile starts a message at the current position, to be cut into segments
+// of seg octets (0: not tiled), and returns its tiles, by which the
+// producer sizes its FPDUs (fpduWriter.tileMarked).
+func (m *markerInserter) tile(seg int) markerTiles {
+	m.tiles = newMarkerTiles(m.wire, m.data, seg)
+	return m.tiles
+}
+
+// RecordRest implements netstack.RecordPayloader in stream octets: what is
+// left of the tile being produced (the FPDU, the markers among it
+// included), so that a write the stack cut short is completed to the end
+// of a segment and the next write, which TCP cuts into segments from its
+// start, starts on the next tile. 0 for a message not tiled.
+func (m *markerInserter) RecordRest() int {
+	if r := m.tiles.rest(m.wire); r > 0 {
+		return min(r, m.Len())
+	}
+	return 0
+}
 
 // Len implements tcpip.Payloader: the octets the rest of the message takes
 // with its markers.

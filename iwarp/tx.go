@@ -26,7 +26,8 @@ import (
 //     its ORQ entry before its request can reach the wire.
 //  3. Framing: the message is cut into FPDUs no larger than the
 //     connection's current maximum segment payload, so every FPDU fits a
-//     TCP segment.
+//     TCP segment. With MPA markers, each FPDU is sized where it starts so
+//     that with the markers among it it fills one segment (markerTiles).
 //  4. Copy: netstack's Endpoint.Write pulls the bytes through fpduWriter (a
 //     tcpip.Payloader), which writes headers, copies payload from the
 //     registered memory straight into the stack's buffers, and computes
@@ -574,9 +575,12 @@ func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, regs []*Region, n 
 		max = mp
 	}
 	if t.mkOn {
-		max = MarkersMaxFPDU(max)
+		// Each FPDU with its markers fills one segment of max octets.
+		t.fw.reset(f, src, n, extra, MarkersMaxFPDU(max), t.crcOn, t.stats)
+		t.fw.tileMarked(t.mk.tile(max))
+	} else {
+		t.fw.reset(f, src, n, extra, max, t.crcOn, t.stats)
 	}
-	t.fw.reset(f, src, n, extra, max, t.crcOn, t.stats)
 	t.fw.regs = regs
 	w0, d0 := t.mk.wire, t.mk.data
 	sent, err := qp.stream.WritePayload(qp.ctx, t.payload())
@@ -644,6 +648,9 @@ func (t *transmitter) sendTerminate() {
 	n := Terminate(body[:]).Encode(tf)
 	f := DDPFields{Opcode: OpTerminate, Last: true, QN: QNTerminate, MSN: 1}
 	t.fw.reset(&f, nil, 0, body[:n], 1<<16, t.crcOn, t.stats)
+	if t.mkOn {
+		t.mk.tile(0) // one FPDU, the last
+	}
 	ok := true
 	if _, err := qp.stream.WritePayload(qp.ctx, t.payload()); err != nil {
 		ok = false
@@ -671,6 +678,7 @@ type fpduWriter struct {
 	torn   bool // ... inside an FPDU (set by transmitter.send)
 	total  int
 	maxPay int
+	tiles  markerTiles // with markers: FPDU k fills tile k (tileMarked); size 0: every FPDU but the last has maxPay
 	crcOn  bool
 	stats  *Stats
 
@@ -708,10 +716,8 @@ func (w *fpduWriter) reset(f *DDPFields, src zerocopy.SGList, n int, extra []byt
 	w.stats = stats
 	w.off, w.stage, w.fpdus = 0, fwNext, 0
 	w.regs, w.cut, w.torn = nil, false, false
-	hs := DDPUntaggedHeaderSize
-	if f.Opcode.Tagged() {
-		hs = DDPTaggedHeaderSize
-	}
+	w.tiles = markerTiles{}
+	hs := w.headerSize()
 	// The largest FPDU that fits a segment, a multiple of 4 so that only
 	// the last FPDU of a message needs a pad (as siw does).
 	fp := min(maxFPDU, MPALengthSize+MaxULPDU) &^ 3
@@ -728,17 +734,61 @@ func (w *fpduWriter) reset(f *DDPFields, src zerocopy.SGList, n int, extra []byt
 	w.size = w.remain
 }
 
+// headerSize returns the size of the message's DDP and RDMAP headers.
+func (w *fpduWriter) headerSize() int {
+	if w.f.Opcode.Tagged() {
+		return DDPTaggedHeaderSize
+	}
+	return DDPUntaggedHeaderSize
+}
+
+// tileMarked sizes the FPDUs of the message reset framed by the tiles of
+// a marked stream rather than by one maximum: FPDU k but the last carries
+// the payload that makes it, with the markers the inserter puts among it,
+// fill tile k (see markerTiles). A message without payload is one FPDU
+// anyway.
+func (w *fpduWriter) tileMarked(t markerTiles) {
+	if t.size == 0 || w.total == 0 {
+		return
+	}
+	w.tiles = t
+	hs := w.headerSize()
+	k := w.tiledFPDUs()
+	w.remain = t.start(k-1) + FPDULen(hs+w.total-w.tiledPayload(k-1))
+	w.size = w.remain
+}
+
+// tiledPayload returns the payload that the first k FPDUs of a tiled
+// message carry when all are full.
+func (w *fpduWriter) tiledPayload(k int) int {
+	return w.tiles.start(k) - k*(MPALengthSize+w.headerSize()+MPACRCSize)
+}
+
+// tiledFPDUs returns how many FPDUs a tiled message takes: the fewest
+// whose full payloads hold it. A tile's FPDU-stream octets vary by one
+// marker from tile to tile, so the estimate from the mean is off by a few
+// FPDUs at most.
+func (w *fpduWriter) tiledFPDUs() int {
+	per := int(w.tiles.size)*markerRun/MPAMarkerInterval - (MPALengthSize + w.headerSize() + MPACRCSize)
+	k := max(1, (w.total+per-1)/per)
+	for k > 1 && w.tiledPayload(k-1) >= w.total {
+		k--
+	}
+	for w.tiledPayload(k) < w.total {
+		k++
+	}
+	return k
+}
+
 // RecordRest implements netstack.RecordPayloader: the bytes left of the
 // FPDU being produced. Every FPDU of a message but the last has the same
-// length.
+// length. (With markers, the markerInserter around the writer is the
+// RecordPayloader.)
 func (w *fpduWriter) RecordRest() int {
 	if w.remain == 0 {
 		return 0
 	}
-	hs := DDPUntaggedHeaderSize
-	if w.f.Opcode.Tagged() {
-		hs = DDPTaggedHeaderSize
-	}
+	hs := w.headerSize()
 	full := FPDULen(hs + w.maxPay)
 	done := w.size - w.remain
 	if k := w.total / w.maxPay; done < k*full {
@@ -819,17 +869,33 @@ func (w *fpduWriter) Read(p []byte) (int, error) {
 
 // fpduEnd reports whether the first n bytes of the message end at an FPDU
 // boundary. Every FPDU of a message with payload but the last has the same
-// length (and only a Read Request, which has none, carries extra).
+// length (and only a Read Request, which has none, carries extra), unless
+// the message is tiled.
 func (w *fpduWriter) fpduEnd(n int64) bool {
-	hs := DDPUntaggedHeaderSize
-	if w.f.Opcode.Tagged() {
-		hs = DDPTaggedHeaderSize
+	if w.tiles.size != 0 {
+		if n >= int64(w.size) {
+			return n == int64(w.size)
+		}
+		// FPDU k starts near k tiles' worth of FPDU-stream octets.
+		k := int(n * MPAMarkerInterval / (int64(w.tiles.size) * markerRun))
+		for k > 0 && int64(w.tiles.start(k)) > n {
+			k--
+		}
+		for int64(w.tiles.start(k+1)) <= n {
+			k++
+		}
+		return int64(w.tiles.start(k)) == n
 	}
-	return n%int64(FPDULen(hs+w.maxPay)) == 0
+	return n%int64(FPDULen(w.headerSize()+w.maxPay)) == 0
 }
 
 func (w *fpduWriter) startFPDU() {
-	w.segLen = min(w.maxPay, w.total-w.off)
+	if w.tiles.size != 0 {
+		k := int(w.fpdus)
+		w.segLen = min(w.tiles.start(k+1)-w.tiles.start(k)-(MPALengthSize+w.headerSize()+MPACRCSize), w.total-w.off)
+	} else {
+		w.segLen = min(w.maxPay, w.total-w.off)
+	}
 	w.segPos = 0
 	w.f.Last = w.off+w.segLen == w.total
 	if w.f.Opcode.Tagged() {

@@ -29,6 +29,7 @@ import (
 // completion latency of 64 KiB Writes (each followed by a Send; the time
 // from posting to the receiver's completion; lower is better), and the
 // 64-byte Send ping-pong round trip without impairment (lower is better).
+// RDMATAP_PLACEMENT_MARKERS=1 negotiates MPA markers in both directions.
 func BenchmarkPlacement(b *testing.B) {
 	rounds := envInt("RDMATAP_BENCH_ROUNDS", 9)
 	only := os.Getenv("RDMATAP_BENCH_ONLY")
@@ -36,6 +37,8 @@ func BenchmarkPlacement(b *testing.B) {
 	// RFC 5044's rules frame no FPDU beyond a hole, and segment placement
 	// can only place what arrives in order.
 	crc := os.Getenv("RDMATAP_PLACEMENT_CRC") != "0"
+	// MPA markers, both directions, with RDMATAP_PLACEMENT_MARKERS=1.
+	markers := os.Getenv("RDMATAP_PLACEMENT_MARKERS") == "1"
 	lossy := netstack.ImpairConfig{Seed: 17, LossRate: 0.01, ReorderRate: 0.01}
 	link := netstack.LinkConfig{MTU: 1500, NoGSO: os.Getenv("RDMATAP_PLACEMENT_GSO") != "1"}
 	type side struct {
@@ -49,11 +52,12 @@ func BenchmarkPlacement(b *testing.B) {
 			icfg = lossy
 		}
 		s := &side{}
-		p := impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl, TimeHoleFills: impair})
+		tx := verbs.DeviceConfig{Markers: markers}
+		p := impairedPair(b, icfg, link, tx, verbs.DeviceConfig{Placement: pl, TimeHoleFills: impair, Markers: markers})
 		s.bulk, s.rx = rdmaBulkOn(b, p, verbs.OpWrite, crc), p.b
-		s.lat, s.p99 = latStream(b, impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl}), crc)
+		s.lat, s.p99 = latStream(b, impairedPair(b, icfg, link, tx, verbs.DeviceConfig{Placement: pl, Markers: markers}), crc)
 		if !impair {
-			s.pp = rdmaPingPongOn(b, impairedPair(b, icfg, link, verbs.DeviceConfig{}, verbs.DeviceConfig{Placement: pl}), crc)
+			s.pp = rdmaPingPongOn(b, impairedPair(b, icfg, link, tx, verbs.DeviceConfig{Placement: pl, Markers: markers}), crc)
 		}
 		return s
 	}
@@ -141,8 +145,8 @@ func BenchmarkPlacement(b *testing.B) {
 	}
 	for i, c := range cmps {
 		g := c.seg.rx.Stats().Segment
-		b.Logf("%s: segment side: placed early %d bytes (%d beyond holes, %d fed), %d FPDUs delivered early, %d segments queued for the receive goroutine; by stream %d, by alignment %d, unframed %d; hole fills %d",
-			c.name, g.PlacedEarly, g.OutOfOrder, g.Fed, g.DeliveredEarly, g.Queued, g.ByStream, g.ByAlignment, g.Unframed, g.HoleFills)
+		b.Logf("%s: segment side: placed early %d bytes (%d beyond holes, %d fed), %d FPDUs delivered early, %d segments queued for the receive goroutine; FPDUs by marker %d, by stream %d, by alignment %d, unframed %d; hole fills %d",
+			c.name, g.PlacedEarly, g.OutOfOrder, g.Fed, g.DeliveredEarly, g.Queued, g.ByMarker, g.ByStream, g.ByAlignment, g.Unframed, g.HoleFills)
 		f := figs[i]
 		b.Logf("%s: throughput segment/stream rounds %.3f", c.name, sorted(f.thr))
 		b.Logf("%s: p99 64 KiB completion segment/stream rounds %.3f", c.name, sorted(f.lat))
