@@ -303,8 +303,13 @@ func TestAckDelayPipelined(t *testing.T) {
 	if b.AckDelayStats().Held == 0 {
 		t.Fatal("no ACK was held")
 	}
+	// With several segments outstanding the sender's probe timeout is two
+	// smoothed round trips, microseconds here: a goroutine scheduled late
+	// (the race detector, a loaded machine) draws a spurious probe now and
+	// then with ACKs never held too (5 and 7 runs of 40 under -race, with
+	// and without). ACKs held past it would draw one per pause.
 	for _, st := range []*Stack{a, b} {
-		if r := st.Stack().Stats().TCP.Retransmits.Value(); r != 0 {
+		if r := st.Stack().Stats().TCP.Retransmits.Value(); r > 3 {
 			t.Fatalf("%d retransmissions on a clean link", r)
 		}
 	}
