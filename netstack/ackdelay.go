@@ -73,9 +73,11 @@ type ackSlot struct {
 }
 
 type ackDelay struct {
-	next      stack.LinkEndpoint
-	delay     time.Duration
-	threshold uint32 // ACKs covering fewer bytes than this are held
+	next  stack.LinkEndpoint
+	delay time.Duration
+	// ACKs covering fewer bytes than this are held: less than a full
+	// segment over IPv4 and over IPv6.
+	threshold4, threshold6 uint32
 
 	stripes [ackStripes]sync.Mutex
 	slots   [ackSlots]ackSlot
@@ -94,11 +96,18 @@ type ackDelay struct {
 func newAckDelay(next stack.LinkEndpoint, delay time.Duration) *ackDelay {
 	a := &ackDelay{next: next, delay: delay}
 	mtu := next.MTU()
-	a.threshold = maxAckHold
-	if mtu > 52 && mtu-52 < maxAckHold {
-		a.threshold = mtu - 52 // IPv4 and TCP headers with timestamps
-	}
+	// A full segment: the MTU less the IP and TCP headers (with
+	// timestamps; without them a full segment is 12 bytes longer, and
+	// still not held).
+	a.threshold4, a.threshold6 = fullSegment(mtu, 20+32), fullSegment(mtu, 40+32)
 	return a
+}
+
+func fullSegment(mtu, headers uint32) uint32 {
+	if mtu > headers && mtu-headers < maxAckHold {
+		return mtu - headers
+	}
+	return maxAckHold
 }
 
 func (a *ackDelay) stats() AckDelayStats {
@@ -225,7 +234,7 @@ func (a *ackDelay) writePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 			}
 		}
 		if flags == header.TCPFlagAck && pkt.Data().Size() == 0 && s.known && !a.closed.Load() &&
-			seqGT(ack, s.lastAck) && ack-s.lastAck < a.threshold && !hasSACK(th) {
+			seqGT(ack, s.lastAck) && ack-s.lastAck < a.threshold(k) && !hasSACK(th) {
 			if since.IsZero() {
 				since = time.Now()
 			}
@@ -257,6 +266,15 @@ func (a *ackDelay) writePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 		return 0, err
 	}
 	return pkts.Len(), nil
+}
+
+// threshold is the acknowledged bytes below which an ACK of k's
+// connection may be held.
+func (a *ackDelay) threshold(k ackKey) uint32 {
+	if k.src.Len() == 16 {
+		return a.threshold6
+	}
+	return a.threshold4
 }
 
 // dropHeld releases s's held ACK, if any; its stripe is locked.

@@ -314,3 +314,23 @@ func TestAckDelayPipelined(t *testing.T) {
 		}
 	}
 }
+
+// TestAckDelayFullSegment: an ACK of a full segment goes out at once, one
+// of less is held; a full segment is shorter over IPv6 (MTU 1500: 1,448
+// bytes with timestamps over IPv4, 1,428 over IPv6).
+func TestAckDelayFullSegment(t *testing.T) {
+	for _, tc := range []struct {
+		v6   bool
+		full uint32
+	}{{false, 1448}, {true, 1428}} {
+		r := newAckRig(t, time.Hour)
+		r.send(ackSeg{sport: 3, dport: 4, ack: 10, v6: tc.v6})
+		r.expect("first", 10)
+		r.send(ackSeg{sport: 3, dport: 4, ack: 10 + tc.full, v6: tc.v6})
+		r.expect("a full segment", 10+tc.full)
+		r.send(ackSeg{sport: 3, dport: 4, ack: 10 + 2*tc.full - 1, v6: tc.v6})
+		r.expect("less than a segment") // held
+		r.send(ackSeg{sport: 3, dport: 4, ack: 10 + 3*tc.full, v6: tc.v6})
+		r.expect("two segments in all", 10+3*tc.full)
+	}
+}
