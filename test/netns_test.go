@@ -386,3 +386,76 @@ func TestUpExitsWhenTAPDeleted(t *testing.T) {
 		t.Fatalf("up's output does not say the TAP is gone:\n%s", out)
 	}
 }
+
+// TestViaServiceAcrossBridge: a process without privileges (nobody, dropped
+// with setpriv) runs ping, bw write and lat send with --via against a
+// running `rdmatap up --socket` on one TAP, with a plain rdmatap endpoint
+// on the other TAP of the bridge as the peer: the tools as clients of the
+// service, across a network, as issue #13 asks.
+func TestViaServiceAcrossBridge(t *testing.T) {
+	needRoot(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("skipping: setpriv (util-linux) is missing")
+	}
+	n := newNetns(t, 1500)
+	// nobody must be able to run the binary and reach the socket.
+	dir, err := os.MkdirTemp("", "rdmatap-via")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	bin := filepath.Join(dir, "rdmatap")
+	if data, err := os.ReadFile(rdmatapBin); err != nil || os.WriteFile(bin, data, 0o755) != nil {
+		t.Fatalf("copying rdmatap: %v", err)
+	}
+	sock := filepath.Join(dir, "svc.sock")
+	up := n.start(t, append([]string{"up", "--socket", sock, "--socket-group", "65534", "--ctl", filepath.Join(dir, "ctl.sock")}, n.endpointArgs(0)...)...)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no service socket after 15 s; up:\n%s", up.out.String())
+		}
+	}
+	for _, tc := range []struct {
+		name       string
+		server     []string
+		client     []string
+		wantClient *regexp.Regexp
+	}{
+		{"ping", []string{"ping", "-s", "-a", n.ips[1]}, []string{"ping", "-c", "-a", n.ips[1], "-C", "20", "-v"}, nil},
+		{"bw-write", []string{"bw", "write", "-n", "200", "-s", "65536", "--verify"}, []string{"bw", "write", n.ips[1], "-n", "200", "-s", "65536", "--verify"},
+			regexp.MustCompile(`(?m)^\s*65536\s+200\s+[\d.]+\s+[\d.]+\s+[\d.]+`)},
+		{"lat-send", []string{"lat", "send", "-n", "500", "-s", "2"}, []string{"lat", "send", n.ips[1], "-n", "500", "-s", "2"},
+			regexp.MustCompile(`(?m)^\s*2\s+500\s+[\d.]+\s+[\d.]+\s+[\d.]+`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := n.start(t, append(tc.server, n.endpointArgs(1)...)...)
+			n.ready(t, 1)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			c := exec.CommandContext(ctx, setpriv, append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", bin}, append(tc.client, "--via", sock)...)...)
+			out, err := c.CombinedOutput()
+			if err != nil {
+				t.Fatalf("client as nobody: %v\n%s\nserver:\n%s\nup:\n%s", err, out, srv.out.String(), up.out.String())
+			}
+			if tc.name == "ping" {
+				if got := len(pingLine.FindAllString(string(out), -1)); got != 20 {
+					t.Fatalf("client printed %d ping data lines, want 20:\n%s", got, out)
+				}
+			} else if !tc.wantClient.Match(out) {
+				t.Fatalf("no result row in the client's output:\n%s", out)
+			}
+			sout, err := srv.wait(t, 30*time.Second)
+			if err != nil {
+				t.Fatalf("server: %v\n%s", err, sout)
+			}
+		})
+	}
+	if !strings.Contains(up.out.String(), "uid 65534") {
+		t.Errorf("up did not log the client's uid:\n%s", up.out.String())
+	}
+}
