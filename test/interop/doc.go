@@ -4,7 +4,9 @@
 // sweep, both roles, CRC off and on (TestSiwPerftest); and a C probe
 // (probe/probe.c, built on the host against Debian's rdma-core and run in
 // the VM) against rdmatap's probepeer for the verbs rping and perftest
-// never use (TestSiwProbe). README.md has the tables of the last run.
+// never use (TestSiwProbe); and rdmatap's tools as an unprivileged client
+// of `rdmatap up --socket` (TestSiwViaService). README.md has the tables of
+// the last run.
 //
 //	sudo RDMATAP_INTEROP=1 go test -count=1 ./test/interop/ -v -timeout 40m
 //

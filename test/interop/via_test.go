@@ -1,0 +1,105 @@
+package interop
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestSiwViaService runs rping and perftest's bandwidth programs against
+// siw with rdmatap's side a process without privileges (nobody, dropped
+// with setpriv) that uses, with --via, the device a running `rdmatap up
+// --socket` serves on the harness's TAP: issue #13's tools as clients of
+// the service, against a real iWARP peer.
+func TestSiwViaService(t *testing.T) {
+	e := setup(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("skipping: setpriv (util-linux) is missing")
+	}
+	dir, err := os.MkdirTemp("", "rdmatap-via")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	bin := filepath.Join(dir, "rdmatap")
+	if data, err := os.ReadFile(e.bin); err != nil || os.WriteFile(bin, data, 0o755) != nil {
+		t.Fatalf("copying rdmatap: %v", err)
+	}
+	sock := filepath.Join(dir, "svc.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	up := exec.CommandContext(ctx, "ip", "netns", "exec", e.ns, e.bin, "up", "--socket", sock, "--socket-group", "65534",
+		"--ctl", filepath.Join(dir, "ctl.sock"), "--tap", ourTap, "--addr", ourIP+"/24")
+	upOut := &syncBuilder{}
+	up.Stdout, up.Stderr = upOut, upOut
+	if err := up.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		up.Wait()
+	}()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no service socket after 15 s")
+		}
+	}
+	v := e.bootVM(t, "fix", 4096, "server", "rping", "write", "read", "send")
+	for _, test := range []string{"rping", "write", "read", "send"} {
+		if !v.waitReady(t, test) {
+			t.Errorf("%s: VM server never ready:\n%s", test, tail(v.log.Bytes(), 30))
+			continue
+		}
+		args := []string{"bw", test, vmIP, "-F", "-R", "-s", "4096", "-n", "20"}
+		if test == "rping" {
+			args = []string{"ping", "-c", "-a", vmIP, "-C", "5", "-v", "-V"}
+		}
+		cctx, ccancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		c := exec.CommandContext(cctx, setpriv, append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", bin}, append(args, "--via", sock)...)...)
+		out, err := c.CombinedOutput()
+		ccancel()
+		if err != nil {
+			t.Errorf("%s as nobody through the service against siw: %v\n%s", test, err, out)
+			continue
+		}
+		t.Logf("%s through the service: passed", test)
+	}
+	<-v.done
+	for test, res := range v.results() {
+		t.Logf("VM side %s: %s", test, res)
+		if !strings.HasPrefix(res, "PASS") {
+			t.Errorf("VM side %s: %s", test, res)
+		}
+	}
+	if !strings.Contains(upOut.String(), "uid 65534") {
+		t.Errorf("up did not log the client's uid:\n%s", upOut.String())
+	}
+}
+
+// syncBuilder is a strings.Builder two streams write to.
+type syncBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuilder) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuilder) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
