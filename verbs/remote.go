@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -1041,8 +1042,11 @@ func (d *Device) remoteDial(ctx context.Context, qp *QP, raddr netip.AddrPort, p
 
 func (d *Device) remoteListen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, error) {
 	addr := "" // any address, any port
-	if laddr.IsValid() {
+	switch {
+	case laddr.IsValid():
 		addr = laddr.String()
+	case laddr.Port() != 0:
+		addr = ":" + strconv.Itoa(int(laddr.Port())) // any address, this port (perftest's 18515)
 	}
 	r, err := d.rc.do(context.Background(), svc.TListen, func(b *svc.Builder) {
 		b.Args(uint64(cfg.Backlog), uint64(cfg.MPATimeout)).String(addr)

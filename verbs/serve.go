@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -1571,10 +1572,16 @@ func (x *session) listen(b *svc.Builder, m svc.Msg) error {
 	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 1 {
 		return fmt.Errorf("%w: LISTEN needs an address", ErrInvalidArgument)
 	}
-	var laddr netip.AddrPort // empty: any address, any port
-	if len(f[0]) > 0 {
+	var laddr netip.AddrPort // empty: any address, any port; ":PORT": any address, that port
+	if a := string(f[0]); strings.HasPrefix(a, ":") {
+		port, err := strconv.ParseUint(a[1:], 10, 16)
+		if err != nil {
+			return fmt.Errorf("%w: listen port %q", ErrInvalidArgument, a[1:])
+		}
+		laddr = netip.AddrPortFrom(netip.Addr{}, uint16(port))
+	} else if len(a) > 0 {
 		var err error
-		if laddr, err = netip.ParseAddrPort(string(f[0])); err != nil {
+		if laddr, err = netip.ParseAddrPort(a); err != nil {
 			return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 		}
 	}

@@ -1326,3 +1326,34 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestServiceListenPort: a listener on any address and a given port (as
+// perftest's servers listen on 18515) gets that port through the service,
+// and a peer reaches it there.
+func TestServiceListenPort(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, verbs.Limits{})
+	d := connectService(t, path)
+	const port = 18515
+	l, err := d.Listen(netip.AddrPortFrom(netip.Addr{}, port), verbs.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if got := l.Addr().Port(); got != port {
+		t.Fatalf("listening on port %d, want %d", got, port)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pctx, pcancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- srqPeer(pctx, p.b, netip.AddrPortFrom(p.na.Addrs()[0].Addr(), port), 6) }()
+	err = srqClient(ctx, d, l, 6)
+	pcancel()
+	if perr := <-errc; perr != nil {
+		t.Errorf("peer: %v", perr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
