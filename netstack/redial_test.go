@@ -178,3 +178,40 @@ func TestDialNoRoute(t *testing.T) {
 	}
 	t.Logf("%v", err)
 }
+
+// TestRelistenAfterServerClosesFirst: a server that closed its connections
+// first (they sit in TIME-WAIT for a minute) listens on the same port again
+// at once, and is reached there; a second listener on a port in use is
+// still refused.
+func TestRelistenAfterServerClosesFirst(t *testing.T) {
+	a, b := newTestPair(t, PairConfig{})
+	const port = 18515
+	for i := 0; i < 3; i++ {
+		ln, err := b.Listen(netip.AddrPortFrom(netip.Addr{}, port), 4)
+		if err != nil {
+			t.Fatalf("round %d: listen: %v", i, err)
+		}
+		if _, err := b.Listen(netip.AddrPortFrom(netip.Addr{}, port), 4); err == nil {
+			t.Fatalf("round %d: a second listener on port %d was accepted", i, port)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ch := make(chan *Conn, 1)
+		go func() {
+			c, _ := ln.Accept(ctx)
+			ch <- c
+		}()
+		c, err := a.Dial(ctx, netip.AddrPortFrom(b.Addrs()[0].Addr(), port))
+		if err != nil {
+			t.Fatalf("round %d: dial: %v", i, err)
+		}
+		s := <-ch
+		if s == nil {
+			t.Fatalf("round %d: no connection accepted", i)
+		}
+		s.Close() // the server closes first: its side waits in TIME-WAIT
+		c.Close()
+		ln.Close()
+		cancel()
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -579,6 +579,12 @@ func (s *Stack) Listen(laddr netip.AddrPort, backlog int) (*Listener, error) {
 	if proto == ipv6.ProtocolNumber && bindAddr.Len() == 0 {
 		ep.SocketOptions().SetV6Only(false)
 	}
+	// SO_REUSEADDR, as Go's net package and most servers set it: a port
+	// whose last connection this side closed first (its TIME-WAIT lasts a
+	// minute) can be listened on again at once. Without it a server that
+	// restarts on its port — perftest's 18515, a second client of the
+	// service — got "port is in use".
+	ep.SocketOptions().SetReuseAddress(true)
 	l := &Listener{s: s, ep: ep, wq: wq, closedCh: make(chan struct{})}
 	l.entry, l.notify = waiter.NewChannelEntry(waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr)
 	wq.EventRegister(&l.entry)
