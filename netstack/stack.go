@@ -75,6 +75,7 @@ type Stack struct {
 	nic       *tapLink  // the NIC's link: cfg.Link, watched by the taps
 	conns     map[*Conn]struct{}
 	listeners map[*Listener]struct{}
+	listenMu  sync.Mutex // one Listen at a time: its port check and bind go together
 	closeOnce sync.Once
 
 	portSeed maphash.Seed  // bindLocalPort's secret
@@ -583,8 +584,20 @@ func (s *Stack) Listen(laddr netip.AddrPort, backlog int) (*Listener, error) {
 	// whose last connection this side closed first (its TIME-WAIT lasts a
 	// minute) can be listened on again at once. Without it a server that
 	// restarts on its port — perftest's 18515, a second client of the
-	// service — got "port is in use".
-	ep.SocketOptions().SetReuseAddress(true)
+	// service — got "port is in use". gVisor then lets a listener share a
+	// port with another listener too, which Linux refuses: listenerOn
+	// keeps that refusal. Only a listener on a given port needs it: with
+	// the flag, gVisor's pick of an ephemeral port may hand out one that
+	// another flagged listener holds.
+	s.listenMu.Lock()
+	defer s.listenMu.Unlock()
+	if laddr.Port() != 0 {
+		if s.listenerOn(addr, laddr.Port()) {
+			ep.Close()
+			return nil, opError("listen", laddr.String(), &tcpip.ErrPortInUse{})
+		}
+		ep.SocketOptions().SetReuseAddress(true)
+	}
 	l := &Listener{s: s, ep: ep, wq: wq, closedCh: make(chan struct{})}
 	l.entry, l.notify = waiter.NewChannelEntry(waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr)
 	wq.EventRegister(&l.entry)
@@ -608,6 +621,21 @@ func (s *Stack) Listen(laddr netip.AddrPort, backlog int) (*Listener, error) {
 		return nil, closedError("listen")
 	}
 	return l, nil
+}
+
+// listenerOn reports whether a listener of this stack holds port on addr
+// (or on all addresses, or addr is unspecified: they overlap).
+func (s *Stack) listenerOn(addr netip.Addr, port uint16) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	any := !addr.IsValid() || addr.IsUnspecified()
+	for l := range s.listeners {
+		la := l.addr.Addr()
+		if l.addr.Port() == port && (any || !la.IsValid() || la.IsUnspecified() || la == addr) {
+			return true
+		}
+	}
+	return false
 }
 
 func (l *Listener) closeEndpoint() {
