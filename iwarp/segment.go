@@ -134,6 +134,7 @@ type SegmentStats struct {
 	// time from its arrival to the completion of the next message in
 	// order (the one the hole held back), in nanoseconds.
 	HoleFills, HoleFillNanos atomic.Uint64
+	HoleFillHist             DurationHist // their times
 }
 
 // placedFPDU is an FPDU placed from a segment, waiting for the in-order
@@ -1112,8 +1113,10 @@ func (p *segPlacer) messageDone(end uint64) {
 	p.fillAt = time.Time{}
 	p.mu.Unlock()
 	if !at.IsZero() && whole {
+		d := time.Since(at)
 		p.stats.HoleFills.Add(1)
-		p.stats.HoleFillNanos.Add(uint64(time.Since(at)))
+		p.stats.HoleFillNanos.Add(uint64(d))
+		p.stats.HoleFillHist.Add(d)
 	}
 }
 

@@ -216,6 +216,7 @@ func (d *Device) Stats() Stats {
 		Duplicates: g.Duplicates.Load(), Mismatches: g.Mismatches.Load(),
 		Fed: g.FedBytes.Load(), DeliveredEarly: g.DeliveredEarly.Load(), Queued: g.Queued.Load(), QuickFed: g.QuickFed.Load(), QuickFedBytes: g.QuickFedBytes.Load(),
 		HoleFills: g.HoleFills.Load(), HoleFillTime: time.Duration(g.HoleFillNanos.Load()),
+		HoleFillHist: g.HoleFillHist.Load(),
 	}
 	for i := range s.RxOps {
 		out.RxOps[i] = s.RxOps[i].Load()
@@ -279,6 +280,9 @@ type SegmentStats struct {
 	// from the filling segment's arrival to the next message completed.
 	HoleFills    uint64
 	HoleFillTime time.Duration
+	// HoleFillHist holds the same times by size (HoleFillHist.Quantile(0.5)
+	// is the median; Sub of an earlier snapshot, what came in between).
+	HoleFillHist iwarp.Histogram
 }
 
 // AsyncEventType is the kind of an asynchronous event.

@@ -131,6 +131,7 @@ func segmentCounters(v verbs.Stats) []statKV {
 		{"seg_bad_tcp_checksum", g.BadChecksum}, {"seg_out_of_window", g.OutOfWindow}, {"seg_bad_tcp_flags", g.BadFlags},
 		{"seg_duplicate_bytes", g.Duplicates}, {"seg_mismatches", g.Mismatches},
 		{"seg_fed_bytes", g.Fed}, {"seg_fpdus_delivered_early", g.DeliveredEarly}, {"seg_segments_queued", g.Queued}, {"seg_quick_fed", g.QuickFed}, {"seg_quick_fed_bytes", g.QuickFedBytes},
+		{"seg_hole_fills", g.HoleFills}, {"seg_hole_fill_p50_ns", uint64(g.HoleFillHist.Quantile(0.5))}, {"seg_hole_fill_p99_ns", uint64(g.HoleFillHist.Quantile(0.99))},
 	}
 }
 
@@ -163,6 +164,11 @@ func placementReport(mode iwarp.Placement, who string, v verbs.Stats) string {
 	fmt.Fprintf(&b, "\n  FPDUs located by marker %d, by alignment %d, by the stream %d; %d left in order; %d segments unframed", g.ByMarker, g.ByAlignment, g.ByStream, g.LeftInOrder, g.Unframed)
 	fmt.Fprintf(&b, "\n  refused by validation %d (CRC %d, header %d, STag %d); segments refused by TCP: bad checksum %d, out of window %d, bad flags %d; mismatches %d",
 		g.Refused, g.RefusedCRC, g.RefusedHeader, g.RefusedSTag, g.BadChecksum, g.OutOfWindow, g.BadFlags, g.Mismatches)
+	if g.HoleFills > 0 {
+		h := &g.HoleFillHist
+		fmt.Fprintf(&b, "\n  %d hole fills timed, from the filling segment's arrival to the completion it held back: p50 %v, p90 %v, p99 %v, mean %v",
+			g.HoleFills, h.Quantile(0.5), h.Quantile(0.9), h.Quantile(0.99), g.HoleFillTime/time.Duration(g.HoleFills))
+	}
 	return b.String()
 }
 
