@@ -564,6 +564,15 @@ func (s *markerStripper) marker(w uint64) error {
 	return nil
 }
 
+// skipTo moves the stripper, standing at an FPDU boundary, on to the
+// FPDU boundary at FPDU-stream offset d, as if it had been handed the
+// marked stream up to there: the FPDUs in between were delivered another
+// way (segment placement). A marker right at d is still to come.
+func (s *markerStripper) skipTo(d uint64) {
+	s.data, s.wire = d, markerWireEnd(d)
+	s.fr = markerFramer{}
+}
+
 func (s *markerStripper) fail(n, total int, err error) (int, error) {
 	s.err = err
 	if s.onErr != nil {

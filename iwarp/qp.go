@@ -423,7 +423,7 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 		seg.observe = qp.cfg.Placement != PlacementSegment
 		var untap func()
 		var err error
-		if rs, ok := s.(SegmentRetainer); ok && !seg.observe && !p.MarkersRx && !qp.cfg.ManualProgress {
+		if rs, ok := s.(SegmentRetainer); ok && !seg.observe && !qp.cfg.ManualProgress {
 			// Segments beyond a hole go to the receive goroutine.
 			qp.rx.waitOr = rs.WaitReadableOr
 			untap, err = rs.TapSegmentsRetain(seg.placeRetain, &seg.stats.ConnTapStats)
@@ -439,13 +439,14 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 		}
 		qp.seg, qp.segUntap = seg, untap
 		qp.rx.seg = seg
-		if !seg.observe && !p.MarkersRx {
+		if !seg.observe {
 			// A segment that fills the hole the receiver waits at is
 			// fed to it from the tap; TCP's copy is then skipped.
 			seg.rx = &qp.rx
 			seg.rxNext = qp.rx.expect[QNSend]
 			qp.rx.pubActive, qp.rx.pubExpect = false, qp.rx.expect[QNSend]
-			qp.rx.tcp = tcpFeed{r: &qp.rx, off: qp.rx.offset}
+			_, at := qp.rx.fedTo()
+			qp.rx.tcp = tcpFeed{r: &qp.rx, off: at}
 			qp.rx.in = &qp.rx.tcp
 		}
 	}

@@ -1021,6 +1021,27 @@ func (r *receiver) publishSends() {
 // their processing. It stops at the first FPDU not placed, or one the
 // receiver stands inside. rxMu is held (the tap's feed).
 func (r *receiver) deliverPlaced() {
+	if !r.seg.markers {
+		r.deliverRun()
+		return
+	}
+	// With markers the receiver is fed through the stripper, which must
+	// stand at the same FPDU boundary (between its Writes, never inside an
+	// FPDU); after delivering, it moves on to where the receiver stands,
+	// and TCP's copy of what was delivered never reaches it (tcpFeed).
+	// The tap checked the markers within each FPDU it placed.
+	if r.mk.err != nil || r.mk.fr.state != mfStart || r.mk.data != r.offset {
+		return
+	}
+	from := r.offset
+	r.deliverRun()
+	if r.offset != from && r.state != rxDead {
+		r.mk.skipTo(r.offset)
+	}
+}
+
+// deliverRun delivers the placed FPDUs that follow in order from r.offset.
+func (r *receiver) deliverRun() {
 	for r.state == rxHeader && r.have == 0 {
 		e := r.seg.placedAt(r.offset)
 		if e == nil {
@@ -1056,6 +1077,16 @@ func (r *receiver) deliverPlaced() {
 	}
 }
 
+// fedTo is where the stream's bytes go with segment placement, and how
+// far it has had them: the receiver at its stream offset or, with markers,
+// the stripper in front of it at its offset in the marked stream.
+func (r *receiver) fedTo() (io.Writer, uint64) {
+	if r.seg.markers {
+		return &r.mk, r.mk.wire
+	}
+	return r, r.offset
+}
+
 // tcpFeed is the receiver's input with segment placement: the bytes TCP
 // hands over, less those the tap fed the receiver first.
 type tcpFeed struct {
@@ -1071,12 +1102,13 @@ func (f *tcpFeed) Write(p []byte) (int, error) {
 	n := len(p)
 	off := f.off
 	f.off += uint64(n)
-	if done := f.r.offset; off < done {
+	w, done := f.r.fedTo()
+	if off < done {
 		k := min(uint64(n), done-off)
 		p = p[k:]
 	}
 	if len(p) > 0 {
-		f.r.Write(p)
+		w.Write(p)
 		// FPDUs the tap placed beyond a hole TCP has just filled are
 		// delivered now, ahead of TCP handing them over.
 		f.r.deliverPlaced()

@@ -127,6 +127,7 @@ type rxOutcome struct {
 	n     rxCounts
 	state int
 	comps []Completion
+	seg   *SegmentStats // segment placement's (feedSegments)
 }
 
 // feedReceiver runs data through a fresh QP's receive path in pieces of
@@ -155,13 +156,18 @@ func feedReceiver(t *testing.T, data []byte, crc bool, piece int) rxOutcome {
 // startFuzzQP starts a QP of PD 1 on mem with receive queue rq over a
 // nullStream, for the fuzzers to feed.
 func startFuzzQP(t *testing.T, mem *MemTable, rq *RecvQueue, crc bool) (*QP, *nullStream, *testCQ) {
+	return startFuzzQPWith(t, mem, rq, ConnParams{CRC: crc, IRD: 2, ORD: 2})
+}
+
+// startFuzzQPWith is startFuzzQP with the given connection parameters.
+func startFuzzQPWith(t *testing.T, mem *MemTable, rq *RecvQueue, p ConnParams) (*QP, *nullStream, *testCQ) {
 	rcq := newTestCQ()
 	qp, err := NewQP(QPConfig{Num: 1, PD: 1, Mem: mem, SendCQ: newTestCQ(), RecvCQ: rcq, RQ: rq})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := &nullStream{closed: make(chan struct{})}
-	if err := qp.Start(s, ConnParams{CRC: crc, IRD: 2, ORD: 2}); err != nil {
+	if err := qp.Start(s, p); err != nil {
 		t.Fatal(err)
 	}
 	return qp, s, rcq

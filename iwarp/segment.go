@@ -122,6 +122,7 @@ type SegmentStats struct {
 	RefusedCRC      atomic.Uint64 // ... the MPA CRC did not verify
 	RefusedHeader   atomic.Uint64 // ... DDP or RDMAP version, or no payload
 	RefusedSTag     atomic.Uint64 // ... STag, PD, access or bounds check failed
+	RefusedMarker   atomic.Uint64 // ... an MPA marker within the FPDU pointed elsewhere
 	Duplicates      atomic.Uint64 // payload bytes of FPDUs placed already or reached in order
 	Mismatches      atomic.Uint64 // placed FPDUs whose in-order bytes differed (stream terminated)
 	FedBytes        atomic.Uint64 // payload bytes of hole-filling segments the tap fed the receiver (counted in PlacedBytes too)
@@ -357,10 +358,10 @@ func (p *segPlacer) placeRetain(off uint64, payload [][]byte, retain func() func
 			p.busy++
 		}
 		p.mu.Unlock()
-		p.wv = nil
-		clear(p.dv)
 		if quick {
 			ok, delivered := p.feed(v, off, n, true)
+			p.wv = nil
+			clear(p.dv)
 			p.mu.Lock()
 			p.busy--
 			p.mu.Unlock()
@@ -375,11 +376,22 @@ func (p *segPlacer) placeRetain(off uint64, payload [][]byte, retain func() func
 				// round trips with this, 25 µs without, on 2 cores.
 				runtime.Gosched()
 			}
+		} else {
+			p.wv = nil
+			clear(p.dv)
 		}
 		return
 	}
-	if arrival == segAhead && retain != nil && !p.markers && len(p.jobs) < maxSegJobs {
-		p.jobs = append(p.jobs, segJob{off: off, views: slices.Clone(payload), release: retain()})
+	if arrival == segAhead && retain != nil && len(p.jobs) < maxSegJobs {
+		// Queued as it came (with markers, the marked segment: the
+		// receive goroutine removes them again).
+		woff := off
+		if p.markers {
+			woff = p.woff
+			p.wv = nil
+			clear(p.dv)
+		}
+		p.jobs = append(p.jobs, segJob{off: woff, views: slices.Clone(payload), release: retain()})
 		p.mu.Unlock()
 		p.stats.Queued.Add(1)
 		select {
@@ -455,7 +467,16 @@ func (p *segPlacer) nextJob() (segJob, bool) {
 // runJob places a queued segment (its busy count taken) and releases it.
 func (p *segPlacer) runJob(j segJob) {
 	v := segView(j.views)
-	p.frame(v, j.off, v.size(), segAhead, false, 0)
+	off, n := j.off, v.size()
+	var mfirst uint64
+	var marked bool
+	if p.markers {
+		p.wv, p.woff, p.wn = v, off, n
+		off, mfirst, marked = p.demark(v, off, n)
+		v = p.dv
+		n = v.size()
+	}
+	p.frame(v, off, n, segAhead, marked, mfirst)
 	j.release()
 }
 
@@ -474,7 +495,17 @@ func (p *segPlacer) frame(v segView, off uint64, n, arrival int, marked bool, mf
 	if arrival == segFill && p.rx != nil {
 		// What was queued beyond the hole is placed first, so that the
 		// receiver can be handed all of it.
-		p.workLocked()
+		if p.markers {
+			// The queued segments use the scratch views: this one's
+			// are made again after them.
+			wv, woff, wn := p.wv, p.woff, p.wn
+			p.workLocked()
+			p.wv, p.woff, p.wn = wv, woff, wn
+			p.demark(wv, woff, wn)
+			v = p.dv
+		} else {
+			p.workLocked()
+		}
 		if ok, _ := p.feed(v, off, n, false); ok {
 			return
 		}
@@ -569,6 +600,45 @@ func (p *segPlacer) wireCRC(at uint64, total int) (uint32, bool) {
 	p.wv.copyOut(c[:], int(we-MPACRCSize-p.woff))
 	field := binary.LittleEndian.Uint32(c[:])
 	return field, p.wv.crc(0, int(ws-p.woff), int(we-MPACRCSize-ws)) == field
+}
+
+// What checkMarkers found.
+const (
+	markersGood   = iota
+	markersBad    // a marker points elsewhere
+	markersUnseen // the marker right before the FPDU is not in the segment
+)
+
+// checkMarkers checks the markers of the FPDU at FPDU-stream offset at
+// (total octets) in the marked segment being placed, as the in-order
+// path's stripper would (RFC 5044 §5): each marker within the FPDU points
+// back to its ULPDU_Length field, and one right before it, at the
+// boundary, points nowhere. An FPDU the tap places may be delivered
+// without passing the stripper, so every marker it carries, the boundary
+// one included, must have been checked here.
+func (p *segPlacer) checkMarkers(at uint64, total int) int {
+	ws := MarkerWireOffset(at)
+	we := MarkerWireOffset(at+uint64(total)-1) + 1
+	var mk [MPAMarkerSize]byte
+	for m := ws - ws%MPAMarkerInterval; m < we; m += MPAMarkerInterval {
+		want := m - ws
+		if m < ws {
+			if m+MPAMarkerSize != ws {
+				continue // inside the FPDU before: checked with it
+			}
+			want = 0
+		}
+		if m < p.woff || m+MPAMarkerSize > p.woff+uint64(p.wn) {
+			// Only the boundary marker can lie outside: the FPDU is
+			// whole in the segment.
+			return markersUnseen
+		}
+		p.wv.copyOut(mk[:], int(m-p.woff))
+		if uint64(MPAMarker(mk[:]).FPDUPtr()) != want {
+			return markersBad
+		}
+	}
+	return markersGood
 }
 
 // How a segment arrived, relative to the contiguous data the tap has seen.
@@ -697,6 +767,21 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 			p.stats.Refused.Add(1)
 			p.stats.RefusedCRC.Add(1)
 			return false
+		}
+	}
+	if p.markers {
+		switch p.checkMarkers(at, total) {
+		case markersBad:
+			// The in-order path meets the bad marker and terminates.
+			p.stats.Refused.Add(1)
+			p.stats.RefusedMarker.Add(1)
+			return false
+		case markersUnseen:
+			// Its boundary marker came in an earlier segment: the
+			// stream checks it, and places the FPDU.
+			p.stats.LeftInOrder.Add(1)
+			p.learn(at + uint64(total))
+			return true
 		}
 	}
 	if byMarker {
@@ -973,15 +1058,21 @@ func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, del
 	}
 	defer qp.rxMu.Unlock()
 	r := p.rx
-	if !quick && r.offset < off && r.state != rxDead {
+	if p.markers {
+		// The marked segment goes to the stripper in front of the
+		// receiver, at its offset in the marked stream.
+		v, off, n = p.wv, p.woff, p.wn
+	}
+	w, at := r.fedTo()
+	if !quick && at < off && r.state != rxDead {
 		// The receiver has not read all TCP holds before the hole yet
 		// (TCP gets this segment only after the tap): read it now.
 		if _, err := qp.stream.TryReadTo(r.in, 0); err != nil {
 			r.flushStats()
 			return false, 0 // the receiver's goroutine sees the error too
 		}
+		w, at = r.fedTo()
 	}
-	at := r.offset
 	if at < off || at >= off+uint64(n) || r.state == rxDead {
 		return false, 0
 	}
@@ -992,7 +1083,7 @@ func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, del
 			skip -= len(b)
 			continue
 		}
-		r.Write(b[skip:])
+		w.Write(b[skip:])
 		skip = 0
 	}
 	fed := r.n.placed - placed

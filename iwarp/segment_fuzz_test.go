@@ -12,7 +12,11 @@ import (
 // now and then), and TCP hands the receiver the contiguous prefix of what
 // the tap has seen, sometimes at once, sometimes later (so that the tap
 // finds the receiver waiting at a hole it fills, or busy elsewhere).
-func feedSegments(t *testing.T, data []byte, crc bool, seed uint64, segment bool) rxOutcome {
+//
+// With markers the stream is marked first (RFC 5044 §5; a trailing partial
+// FPDU is dropped) and the tap and TCP see the marked stream; mflip, when
+// not zero, corrupts the FPDUPTR of one of its markers.
+func feedSegments(t *testing.T, data []byte, crc bool, seed uint64, segment, markers bool, mflip uint16) rxOutcome {
 	// guard: the fuzzers' region (remote access, at 0x10000) between
 	// guard pages, then the receive buffers' region (local access only,
 	// at 0x20000) between guard pages: Sends and Writes never overlap.
@@ -24,15 +28,24 @@ func feedSegments(t *testing.T, data []byte, crc bool, seed uint64, segment bool
 	for i := 0; i < 4; i++ {
 		rq.Post(uint64(i), []SGE{{Addr: rbuf.Base + uint64(i*1024), Length: 1024, LKey: rbuf.STag()}})
 	}
-	qp, s, rcq := startFuzzQP(t, mem, rq, crc)
+	var rm refMarked
+	if markers {
+		data = wholeFPDUs(data)
+		rm = refMark(data, crc)
+		data = rm.wire
+		if n := (len(data) + MPAMarkerInterval - 1) / MPAMarkerInterval; mflip != 0 && n > 0 {
+			data[int(mflip)%n*MPAMarkerInterval+2+int(mflip>>15)] ^= byte(mflip>>7) | 1
+		}
+	}
+	qp, s, rcq := startFuzzQPWith(t, mem, rq, ConnParams{CRC: crc, IRD: 2, ORD: 2, MarkersRx: markers})
 	if !segment {
 		qp.rxMu.Lock()
-		qp.rx.Write(data)
+		qp.rx.in.Write(data)
 		qp.rxMu.Unlock()
 		return finishFeed(qp, s, rcq, guard)
 	}
 	// What QP.Start sets up for a stream that hands over its segments.
-	seg := newSegPlacer(qp, crc, false)
+	seg := newSegPlacer(qp, crc, markers)
 	seg.rx = &qp.rx
 	seg.rxNext = qp.rx.expect[QNSend]
 	qp.rxMu.Lock()
@@ -48,12 +61,25 @@ func feedSegments(t *testing.T, data []byte, crc bool, seed uint64, segment bool
 	if rng.IntN(2) == 0 {
 		// Cut where FPDUs end, one to three FPDUs a segment, as an aligned
 		// sender does (RFC 5044 Appendix A): the tap can frame them.
+		// (With markers: where they end in the marked stream, each
+		// marker at a boundary sent with the FPDU it precedes.)
+		fpdus := data
+		if markers {
+			fpdus = rm.fpdus
+		}
+		wireAt := func(d int) int {
+			if markers {
+				return rm.wireEnd(d)
+			}
+			return d
+		}
 		off, start, k := 0, 0, 1+rng.IntN(3)
-		for off+MPALengthSize <= len(data) {
-			off += FPDULen(int(data[off])<<8 | int(data[off+1]))
-			if k--; k == 0 || off >= len(data) {
-				pieces = append(pieces, piece{start, min(off, len(data))})
-				start, k = min(off, len(data)), 1+rng.IntN(3)
+		for off+MPALengthSize <= len(fpdus) {
+			off += FPDULen(int(fpdus[off])<<8 | int(fpdus[off+1]))
+			if k--; k == 0 || off >= len(fpdus) {
+				end := wireAt(min(off, len(fpdus)))
+				pieces = append(pieces, piece{start, end})
+				start, k = end, 1+rng.IntN(3)
 			}
 		}
 		if start < len(data) {
@@ -105,7 +131,9 @@ func feedSegments(t *testing.T, data []byte, crc bool, seed uint64, segment bool
 	}
 	seg.work()
 	deliver()
-	return finishFeed(qp, s, rcq, guard)
+	out := finishFeed(qp, s, rcq, guard)
+	out.seg = seg.stats
+	return out
 }
 
 // finishFeed ends a fed QP and collects what it did.
@@ -164,6 +192,19 @@ func writesOverlap(data []byte) bool {
 // comes out of segment placement exactly as out of stream placement —
 // memory and completions — however the segments were cut, ordered and
 // duplicated.
+// wholeFPDUs returns the whole FPDUs data begins with.
+func wholeFPDUs(data []byte) []byte {
+	off := 0
+	for off+MPALengthSize <= len(data) {
+		n := FPDULen(int(data[off])<<8 | int(data[off+1]))
+		if off+n > len(data) {
+			break
+		}
+		off += n
+	}
+	return data[:off]
+}
+
 func FuzzSegmentDelivery(f *testing.F) {
 	var stream []byte
 	for i := 0; i < 6; i++ {
@@ -173,19 +214,24 @@ func FuzzSegmentDelivery(f *testing.F) {
 	stream = append(stream, rawFPDU(rawULPDU(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1, MO: 90}, bytes.Repeat([]byte{'b'}, 90)), true)...)
 	stream = append(stream, rawFPDU(rawULPDU(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 2}, nil), true)...)
 	stream = append(stream, rawFPDU(rawULPDU(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 3}, bytes.Repeat([]byte{'c'}, 70)), true)...)
-	f.Add(stream, true, uint64(1))
-	f.Add(stream, true, uint64(7))
+	f.Add(stream, true, uint64(1), false, uint16(0))
+	f.Add(stream, true, uint64(7), false, uint16(0))
+	f.Add(stream, true, uint64(7), true, uint16(0))
+	f.Add(stream, false, uint64(4), true, uint16(0))
+	f.Add(stream, true, uint64(9), true, uint16(0x8101))
 	var plain []byte
 	for i := 0; i < 4; i++ {
 		plain = append(plain, rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, Last: i == 3, STag: fuzzSTag, TO: 0x10400 + uint64(64*i)}, bytes.Repeat([]byte{9}, 64)), false)...)
 	}
-	f.Add(plain, false, uint64(3))
+	f.Add(plain, false, uint64(3), false, uint16(0))
+	f.Add(plain, false, uint64(3), true, uint16(2))
 	bad := append([]byte(nil), stream...)
 	bad[200] ^= 0x40
-	f.Add(bad, true, uint64(5))
-	f.Add(extensionStream(false), false, uint64(2))
-	f.Fuzz(func(t *testing.T, data []byte, crc bool, seed uint64) {
-		got := feedSegments(t, data, crc, seed, true)
+	f.Add(bad, true, uint64(5), false, uint16(0))
+	f.Add(extensionStream(false), false, uint64(2), false, uint16(0))
+	f.Add(extensionStream(false), false, uint64(2), true, uint16(0))
+	f.Fuzz(func(t *testing.T, data []byte, crc bool, seed uint64, markers bool, mflip uint16) {
+		got := feedSegments(t, data, crc, seed, true, markers, mflip)
 		for _, g := range [][2]int{{0, 4096}, {8192, 3 * 4096}, {4 * 4096, 5 * 4096}} {
 			for i, c := range got.mem[g[0]:g[1]] {
 				if c != 0 {
@@ -193,7 +239,11 @@ func FuzzSegmentDelivery(f *testing.F) {
 				}
 			}
 		}
-		want := feedSegments(t, data, crc, seed, false)
+		want := feedSegments(t, data, crc, seed, false, markers, mflip)
+		if want.term != nil && want.term.Code.Layer == LayerLLP && got.term == nil {
+			// A bad marker is never delivered from the tap unchecked.
+			t.Fatalf("stream placement terminated (%+v), segment placement did not", want.term.Code)
+		}
 		if want.term != nil || want.state == rxDead || writesOverlap(data) {
 			// Placed early beyond the error, or two Writes to the same
 			// bytes (which RFC 5041 places in either order): allowed to
@@ -219,4 +269,45 @@ func FuzzSegmentDelivery(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSegmentMarkerChecked: a marker that points elsewhere, inside an FPDU
+// the tap could place and deliver, is caught: the tap refuses the FPDU,
+// and the in-order path meets the marker and terminates with the LLP
+// layer's MPA "marker and ULP PDU pointer mismatch" (RFC 5044 §8), as
+// stream placement does; nothing lands outside the region.
+func TestSegmentMarkerChecked(t *testing.T) {
+	var stream []byte
+	for i := 0; i < 6; i++ {
+		stream = append(stream, rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, Last: true, STag: fuzzSTag, TO: 0x10000 + uint64(300*i)}, bytes.Repeat([]byte{byte(i + 1)}, 300)), true)...)
+	}
+	refused := uint64(0)
+	for _, crc := range []bool{false, true} {
+		for seed := uint64(1); seed <= 40; seed++ {
+			// The marker at 1024 (the third) lies inside the fourth FPDU.
+			for _, flip := range []uint16{2, 2 | 1<<15} {
+				want := feedSegments(t, stream, crc, seed, false, true, flip)
+				got := feedSegments(t, stream, crc, seed, true, true, flip)
+				for _, o := range []rxOutcome{want, got} {
+					if o.term == nil || o.term.Code != (TermCode{LayerLLP, ETypeMPA, CodeFPDUStart}) {
+						t.Fatalf("crc %v seed %d flip %#x: terminate %+v, want the marker mismatch", crc, seed, flip, o.term)
+					}
+				}
+				for _, g := range [][2]int{{0, 4096}, {8192, 3 * 4096}, {4 * 4096, 5 * 4096}} {
+					if bytes.IndexFunc(got.mem[g[0]:g[1]], func(r rune) bool { return r != 0 }) >= 0 {
+						t.Fatal("guard written")
+					}
+				}
+				refused += got.seg.RefusedMarker.Load()
+			}
+			// Unflipped, the same cuts go through whole.
+			if o := feedSegments(t, stream, crc, seed, true, true, 0); o.term != nil || o.seg.RefusedMarker.Load() != 0 {
+				t.Fatalf("crc %v seed %d: good markers: terminate %+v, %d refused", crc, seed, o.term, o.seg.RefusedMarker.Load())
+			}
+		}
+	}
+	if refused == 0 {
+		t.Fatal("the tap never met the bad marker")
+	}
+	t.Logf("FPDUs refused for their marker: %d", refused)
 }

@@ -211,7 +211,7 @@ func (d *Device) Stats() Stats {
 		EarlySends: g.SendBytes.Load(), EarlyReadResponses: g.ReadRespBytes.Load(),
 		ByMarker: g.ByMarker.Load(), ByStream: g.ByStream.Load(), ByAlignment: g.ByAlignment.Load(), Unframed: g.Unframed.Load(),
 		LeftInOrder: g.LeftInOrder.Load(),
-		Refused:     g.Refused.Load(), RefusedCRC: g.RefusedCRC.Load(), RefusedHeader: g.RefusedHeader.Load(), RefusedSTag: g.RefusedSTag.Load(),
+		Refused:     g.Refused.Load(), RefusedCRC: g.RefusedCRC.Load(), RefusedHeader: g.RefusedHeader.Load(), RefusedSTag: g.RefusedSTag.Load(), RefusedMarker: g.RefusedMarker.Load(),
 		BadChecksum: g.BadChecksum.Load(), OutOfWindow: g.OutOfWindow.Load(), BadFlags: g.BadFlags.Load(),
 		Duplicates: g.Duplicates.Load(), Mismatches: g.Mismatches.Load(),
 		Fed: g.FedBytes.Load(), DeliveredEarly: g.DeliveredEarly.Load(), Queued: g.Queued.Load(), QuickFed: g.QuickFed.Load(), QuickFedBytes: g.QuickFedBytes.Load(),
@@ -256,8 +256,8 @@ type SegmentStats struct {
 	// FPDUs left to the stream by design (untagged ones but short ones
 	// kept for delivery, Read Responses), and by a failed check, in all
 	// and by reason.
-	LeftInOrder                                     uint64
-	Refused, RefusedCRC, RefusedHeader, RefusedSTag uint64
+	LeftInOrder                                                    uint64
+	Refused, RefusedCRC, RefusedHeader, RefusedSTag, RefusedMarker uint64
 	// Segments refused before DDP saw them: TCP checksum, outside the
 	// receive window, flags.
 	BadChecksum, OutOfWindow, BadFlags uint64

@@ -127,7 +127,7 @@ func segmentCounters(v verbs.Stats) []statKV {
 		{"seg_placed_early_send_bytes", g.EarlySends}, {"seg_placed_early_read_response_bytes", g.EarlyReadResponses},
 		{"seg_fpdus_by_marker", g.ByMarker}, {"seg_fpdus_by_stream", g.ByStream}, {"seg_fpdus_by_alignment", g.ByAlignment},
 		{"seg_unframed_segments", g.Unframed}, {"seg_fpdus_left_in_order", g.LeftInOrder},
-		{"seg_refused", g.Refused}, {"seg_refused_crc", g.RefusedCRC}, {"seg_refused_header", g.RefusedHeader}, {"seg_refused_stag", g.RefusedSTag},
+		{"seg_refused", g.Refused}, {"seg_refused_crc", g.RefusedCRC}, {"seg_refused_header", g.RefusedHeader}, {"seg_refused_stag", g.RefusedSTag}, {"seg_refused_marker", g.RefusedMarker},
 		{"seg_bad_tcp_checksum", g.BadChecksum}, {"seg_out_of_window", g.OutOfWindow}, {"seg_bad_tcp_flags", g.BadFlags},
 		{"seg_duplicate_bytes", g.Duplicates}, {"seg_mismatches", g.Mismatches},
 		{"seg_fed_bytes", g.Fed}, {"seg_fpdus_delivered_early", g.DeliveredEarly}, {"seg_segments_queued", g.Queued}, {"seg_quick_fed", g.QuickFed}, {"seg_quick_fed_bytes", g.QuickFedBytes},
@@ -162,8 +162,8 @@ func placementReport(mode iwarp.Placement, who string, v verbs.Stats) string {
 	fmt.Fprintf(&b, "\n  %d bytes placed before TCP delivered them, %d of them out of order (beyond a hole), %d fed to the receiver with the segment that filled its hole; %d duplicate bytes skipped", g.PlacedEarly, g.OutOfOrder, g.Fed, g.Duplicates)
 	fmt.Fprintf(&b, "\n  %d FPDUs delivered in order before TCP handed them over (their messages completed then); %d segments beyond holes placed by the receive goroutine; %d short segments in order (%d bytes) fed to the waiting receiver", g.DeliveredEarly, g.Queued, g.QuickFed, g.QuickFedBytes)
 	fmt.Fprintf(&b, "\n  FPDUs located by marker %d, by alignment %d, by the stream %d; %d left in order; %d segments unframed", g.ByMarker, g.ByAlignment, g.ByStream, g.LeftInOrder, g.Unframed)
-	fmt.Fprintf(&b, "\n  refused by validation %d (CRC %d, header %d, STag %d); segments refused by TCP: bad checksum %d, out of window %d, bad flags %d; mismatches %d",
-		g.Refused, g.RefusedCRC, g.RefusedHeader, g.RefusedSTag, g.BadChecksum, g.OutOfWindow, g.BadFlags, g.Mismatches)
+	fmt.Fprintf(&b, "\n  refused by validation %d (CRC %d, header %d, STag %d, marker %d); segments refused by TCP: bad checksum %d, out of window %d, bad flags %d; mismatches %d",
+		g.Refused, g.RefusedCRC, g.RefusedHeader, g.RefusedSTag, g.RefusedMarker, g.BadChecksum, g.OutOfWindow, g.BadFlags, g.Mismatches)
 	if g.HoleFills > 0 {
 		h := &g.HoleFillHist
 		fmt.Fprintf(&b, "\n  %d hole fills timed, from the filling segment's arrival to the completion it held back: p50 %v, p90 %v, p99 %v, mean %v",

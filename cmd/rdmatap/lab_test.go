@@ -55,7 +55,7 @@ func TestDemoPlacementUnderImpairment(t *testing.T) {
 		}
 		num(`(\d+) of them out of order`)
 		num(`FPDUs located by marker (\d+)`)
-		num(`refused by validation (\d+) \(CRC \d+, header \d+, STag \d+\)`)
+		num(`refused by validation (\d+) \(CRC \d+, header \d+, STag \d+, marker \d+\)`)
 		num(`(\d+) duplicate bytes skipped`)
 		// Same seed, same impairment: the decisions follow the packet
 		// sequence, which TCP's timing changes from run to run, so the
