@@ -203,7 +203,11 @@ type orqEntry struct {
 	id       uint64
 	signaled bool
 	rtr      bool // the zero-length Read of an RTR: no completion
-	op       WROp // WRRead or an atomic
+	// probe: the zero-length Read behind an Immediate Data message, whose
+	// WR (op, probeLen bytes) completes with its response (QP.probesImm).
+	probe    bool
+	probeLen uint32
+	op       WROp // WRRead, an atomic, or (probe) a WR with Immediate
 	reqID    uint32
 	// For a Read, the sink of the Read Response; for an atomic, the 8
 	// bytes that receive the original value.
@@ -265,10 +269,16 @@ type QP struct {
 	orq     []orqEntry
 	orqHead int
 	orqN    int
-	irq     []irqEntry
-	irqHead int
-	irqN    int
-	txGate  bool // responder: TX waits for the first inbound FPDU
+	// immOK: the peer has answered the Read behind an Immediate Data
+	// message, so it takes them (see probesImm).
+	immOK bool
+	// The opcode of the message the peer's Terminate names, if it did.
+	termOp      Opcode
+	termOpKnown bool
+	irq         []irqEntry
+	irqHead     int
+	irqN        int
+	txGate      bool // responder: TX waits for the first inbound FPDU
 	// held: an initiator's TX waits out FirstFPDUDelay after the MPA
 	// Reply (holdTimer ends it); posts meanwhile queue, nothing is sent.
 	held      bool
@@ -401,6 +411,8 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	qp.ctx, qp.cancel = context.WithCancel(context.Background())
 	ord := max(p.ORD, 1)
 	qp.orq = make([]orqEntry, ord)
+	qp.immOK = false
+	qp.termOp, qp.termOpKnown = 0, false
 	qp.irq = make([]irqEntry, max(p.IRD, 1))
 	// The responder stays silent until the initiator's first FPDU: siw
 	// resets a connection whose reply is followed by early bytes, and
@@ -737,13 +749,31 @@ func (qp *QP) terminate(code TermCode, offending []byte, segLen int) {
 	qp.mu.Unlock()
 }
 
-// terminated handles a Terminate from the peer.
-func (qp *QP) terminated(code TermCode) {
+// probesImm reports whether a WR of op waits for a zero-length RDMA Read
+// sent right behind its Immediate Data message, holding an ORQ entry, and
+// completes with that Read's response: RFC 7306 gives no way to ask a peer
+// whether it takes Immediate Data, and one that does not (Linux siw)
+// answers with a Terminate, which completes the WR with the error it
+// names rather than with a success reported when the bytes left. Once a
+// response came, the peer is known to take them and WRs with Immediate
+// complete as Sends and Writes do. Not with ORD 0 (the peer takes no
+// Reads). qp.mu is held.
+func (qp *QP) probesImm(op WROp) bool {
+	return op.hasImm() && !qp.immOK && qp.params.ORD > 0
+}
+
+// needsORQ reports whether a WR of op takes an ORQ entry; qp.mu is held.
+func (qp *QP) needsORQ(op WROp) bool { return op.usesORQ() || qp.probesImm(op) }
+
+// terminated handles a Terminate from the peer; op, when known, is the
+// opcode of the message it names.
+func (qp *QP) terminated(code TermCode, op Opcode, opKnown bool) {
 	if qp.cfg.Stats != nil {
 		qp.cfg.Stats.TermRecv.Add(1)
 	}
 	te := &TerminateError{Code: code, Received: true}
 	qp.mu.Lock()
+	qp.termOp, qp.termOpKnown = op, opKnown
 	if qp.state < StateTerminate {
 		qp.state = StateTerminate
 	}
@@ -757,6 +787,20 @@ func (qp *QP) terminated(code TermCode) {
 	// endpoint lock there), and closing the stream takes that lock:
 	// fail from another goroutine. The receiver discards what follows.
 	go qp.fail(te, false)
+}
+
+// termAnswers reports whether a Terminate naming a message of opcode op
+// answers the outstanding request o.
+func termAnswers(op Opcode, o *orqEntry) bool {
+	switch op {
+	case OpImmediate, OpImmediateSE:
+		return o.probe
+	case OpAtomicRequest:
+		return o.op.IsAtomic()
+	case OpReadRequest:
+		return !o.probe && !o.op.IsAtomic()
+	}
+	return true
 }
 
 // fail moves the QP to ERROR: it closes (or resets) the stream, lets both
@@ -816,10 +860,20 @@ func (qp *QP) flush() {
 		term = qp.termErr
 	}
 	var out []Completion
-	// Outstanding Reads and atomics: the oldest, which the peer's
-	// Terminate answers (they are answered in order), gets the remote
-	// error, the rest are flushed.
-	for qp.orqN > 0 {
+	// Outstanding Reads, atomics and Immediate Data probes: the one the
+	// peer's Terminate answers gets the remote error, the rest are
+	// flushed. That is the oldest of the kind of message the Terminate
+	// names (they are answered in order), or without a name the oldest.
+	blame := -1
+	if term != nil {
+		for i := 0; i < qp.orqN && blame < 0; i++ {
+			o := &qp.orq[(qp.orqHead+i)%len(qp.orq)]
+			if !o.rtr && (!qp.termOpKnown || termAnswers(qp.termOp, o)) {
+				blame = i
+			}
+		}
+	}
+	for i := 0; qp.orqN > 0; i++ {
 		o := &qp.orq[qp.orqHead]
 		qp.orqHead = (qp.orqHead + 1) % len(qp.orq)
 		qp.orqN--
@@ -827,10 +881,9 @@ func (qp *QP) flush() {
 			continue
 		}
 		c := Completion{ID: o.id, Status: StatusWRFlush, Op: wrCompOp(o.op)}
-		if term != nil {
+		if i == blame {
 			c.Status = statusForTerminate(term.Code)
 			c.Term = term.Code
-			term = nil
 		}
 		out = append(out, c)
 	}

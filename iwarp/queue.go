@@ -52,6 +52,9 @@ func (o WROp) IsAtomic() bool { return o == WRAtomicCmpSwap || o == WRAtomicFetc
 // (an outstanding RDMA Read or atomic, bounded by ORD).
 func (o WROp) usesORQ() bool { return o == WRRead || o == WRReadInv || o.IsAtomic() }
 
+// hasImm reports whether o sends an Immediate Data message (RFC 7306).
+func (o WROp) hasImm() bool { return o == WRWriteImm || o == WRSendImm }
+
 // local reports whether o is a memory registration operation, which
 // executes at the QP and sends nothing.
 func (o WROp) local() bool { return o == WRLocalInv || o == WRRegMR || o == WRBindMW || o == wrBindMW1 }

@@ -564,7 +564,7 @@ func (r *receiver) checkReadResponse(h DDPHeader) (TermCode, bool) {
 		qp.mu.Unlock()
 		r.rrespOn = true
 	}
-	if o.op != WRRead {
+	if o.op != WRRead && !o.probe {
 		// Responses come in the order of the requests: an atomic's is due.
 		return TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, true
 	}
@@ -966,9 +966,17 @@ func (r *receiver) endFPDU() {
 		r.endImmediate(h)
 		r.publishSends()
 	case OpTerminate:
-		code, _ := DecodeTerminateLenient(Terminate(h.Payload()))
+		t := Terminate(h.Payload())
+		code, _ := DecodeTerminateLenient(t)
+		var op Opcode
+		var known bool
+		if t.Validate() == nil {
+			if dh, ok := t.DDPHeader(); ok {
+				op, known = dh.Opcode(), true
+			}
+		}
 		r.state = rxDead
-		r.qp.terminated(code)
+		r.qp.terminated(code, op, known)
 	default:
 		r.endSend(h)
 		r.publishSends()
@@ -1176,6 +1184,12 @@ func (r *receiver) endReadResponse(h DDPHeader) {
 	}
 	o.placed = placed
 	c := Completion{ID: o.id, Op: CompRead, ByteLen: o.size}
+	if o.probe {
+		// The peer took the Immediate Data before it: the WR is done,
+		// and the peer takes them.
+		c.Op, c.ByteLen = wrCompOp(o.op), o.probeLen
+		qp.immOK = true
+	}
 	report := o.signaled && !o.rtr
 	inv := o.inv
 	o.inv = nil

@@ -35,9 +35,12 @@ import (
 //     The source regions are held during each of netstack's reads, never
 //     while it waits for send-buffer space; one deregistered meanwhile
 //     cuts the message off (see fpduWriter.Read).
-//  5. Completion: a Send or Write (with Immediate too) completes once TCP
-//     has the bytes; a Read completes when its last Read Response segment
-//     has been placed, an atomic when its Atomic Response has arrived.
+//  5. Completion: a Send or Write completes once TCP has the bytes; a Read
+//     completes when its last Read Response segment has been placed, an
+//     atomic when its Atomic Response has arrived. One with Immediate
+//     completes as a Send or Write once the peer has shown it takes
+//     Immediate Data; until then with the response to a zero-length Read
+//     sent right behind it (QP.probesImm).
 
 const irqBurst = 4 // Read Responses served in a row while sends wait
 
@@ -82,6 +85,7 @@ type transmitter struct {
 	// sent.
 	atomicID uint32
 	readSt   Status // why claimORQ failed (not readOK)
+	probing  bool   // the WR being sent holds an ORQ entry for its probe (claimProbe)
 	buf      [rxHdrMax + 8]byte
 }
 
@@ -234,7 +238,7 @@ func (qp *QP) postInline() {
 // a Terminate), and it is a small Send or Write. qp.mu is held.
 func (qp *QP) directOK(wr *SendWR) bool {
 	if qp.state != StateRTS || qp.txHeld() || qp.rtrDue || qp.sqN > 0 || qp.irqN > 0 || qp.term != nil ||
-		wr.Op.usesORQ() || wr.Flags&FlagFence != 0 && qp.orqN > 0 {
+		qp.needsORQ(wr.Op) || wr.Flags&FlagFence != 0 && qp.orqN > 0 {
 		return false
 	}
 	n := 0
@@ -311,7 +315,7 @@ func (t *transmitter) pick(inline bool) txJob {
 			return jobNone
 		}
 		e := &qp.sq[qp.sqHead]
-		if e.wr.Op.usesORQ() && qp.orqN == len(qp.orq) || wqeBytes(e) > inlineTXMax {
+		if qp.needsORQ(e.wr.Op) && qp.orqN == len(qp.orq) || wqeBytes(e) > inlineTXMax {
 			return jobNone
 		}
 	}
@@ -326,7 +330,7 @@ func (t *transmitter) pick(inline bool) txJob {
 	t.burst = 0
 	if qp.sqN > 0 {
 		e := &qp.sq[qp.sqHead]
-		if (e.wr.Op.usesORQ() && qp.orqN == len(qp.orq)) || (e.wr.Flags&FlagFence != 0 && qp.orqN > 0) {
+		if (qp.needsORQ(e.wr.Op) && qp.orqN == len(qp.orq)) || (e.wr.Flags&FlagFence != 0 && qp.orqN > 0) {
 			// Wait for a Read or Atomic Response to free an ORQ slot
 			// (ORD bounds Reads and atomics together, RFC 7306).
 			return jobNone
@@ -337,8 +341,11 @@ func (t *transmitter) pick(inline bool) txJob {
 		t.wqe.sgl = append(t.wqe.sgl[:0], e.sgl...)
 		// The slot may be reposted as soon as it is released: keep a copy.
 		t.wqe.inline = append(t.inlineBuf[:0], e.inline...)
+		t.probing = false
 		if e.wr.Op.usesORQ() {
 			t.readOK = t.claimORQ()
+		} else if qp.probesImm(e.wr.Op) {
+			t.claimProbe(e)
 		}
 		qp.sqHead = (qp.sqHead + 1) % len(qp.sq)
 		qp.sqN--
@@ -403,6 +410,46 @@ func (t *transmitter) claimORQ() bool {
 	return true
 }
 
+// claimProbe reserves the ORQ entry of the zero-length Read that follows
+// the Immediate Data message of e (see QP.probesImm); qp.mu held.
+func (t *transmitter) claimProbe(e *sendWQE) {
+	qp := t.qp
+	n := len(e.inline)
+	if !e.inlined {
+		n = 0
+		for _, s := range e.sgl {
+			n += int(s.Length)
+		}
+	}
+	qp.orq[(qp.orqHead+qp.orqN)%len(qp.orq)] = orqEntry{probe: true, id: e.wr.ID, signaled: e.signaled, op: e.wr.Op, probeLen: uint32(n)}
+	qp.orqN++
+	t.probing = true
+}
+
+// unprobe gives back the probe's ORQ entry of a WR that failed before its
+// Read went out (the entry is the last: no other is claimed meanwhile,
+// and no response can free it).
+func (t *transmitter) unprobe() {
+	if !t.probing {
+		return
+	}
+	t.probing = false
+	qp := t.qp
+	qp.mu.Lock()
+	qp.orqN--
+	qp.orq[(qp.orqHead+qp.orqN)%len(qp.orq)] = orqEntry{}
+	qp.mu.Unlock()
+}
+
+// sendProbe sends the zero-length Read behind a WR's Immediate Data
+// message; the WR completes with its response.
+func (t *transmitter) sendProbe() bool {
+	t.probing = false
+	ReadRequest(t.rr[:]).Encode(&ReadRequestFields{SourceSTag: 1})
+	f := DDPFields{Opcode: OpReadRequest, QN: QNReadReq, MSN: t.nextMSN(QNReadReq)}
+	return t.send(&f, nil, nil, 0, t.rr[:])
+}
+
 // sendWQE transmits the claimed send queue entry; false ends TX.
 func (t *transmitter) sendWQE() bool {
 	qp := t.qp
@@ -442,6 +489,7 @@ func (t *transmitter) sendWQE() bool {
 		src, regs, n, st = qp.resolveSGL(t.src, t.regs, w.sgl, 0)
 		t.src, t.regs = src, regs
 		if st != StatusSuccess {
+			t.unprobe()
 			return t.localError(w, st)
 		}
 	}
@@ -452,6 +500,7 @@ func (t *transmitter) sendWQE() bool {
 		f = DDPFields{Opcode: OpWrite, STag: w.wr.RKey, TO: w.wr.RemoteAddr}
 	case WRSend, WRSendInvalidate, WRSendImm:
 		if w.wr.Op == WRSendImm && !t.sendImmediate(w, ImmFlagForSend) {
+			t.unprobe()
 			qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
 			return false
 		}
@@ -465,6 +514,7 @@ func (t *transmitter) sendWQE() bool {
 		}
 	}
 	if !t.send(&f, src, regs, n, nil) {
+		t.unprobe()
 		if t.fw.cut {
 			// The source was deregistered while it was being sent.
 			qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusLocalProtection, Op: op})
@@ -475,8 +525,14 @@ func (t *transmitter) sendWQE() bool {
 		return false
 	}
 	if w.wr.Op == WRWriteImm && !t.sendImmediate(w, 0) {
+		t.unprobe()
 		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
 		return false
+	}
+	if t.probing {
+		// The WR completes with the probe's response (or the error
+		// the peer's Terminate names; a failed send flushes it).
+		return t.sendProbe()
 	}
 	if w.signaled {
 		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Op: op, ByteLen: uint32(n)})

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sort"
 	"sync"
@@ -503,15 +504,19 @@ func TestImmediateWithoutReceive(t *testing.T) {
 }
 
 // TestPeerWithoutExtensions: against a peer that lacks RFC 7306 (as Linux
-// siw does; here a device with NoExtensions), an atomic completes with
+// siw does; here a device with NoExtensions), an atomic, a Write with
+// Immediate and a Send with Immediate, signaled or not, complete with
 // "remote operation error" naming the peer's Terminate (RDMAP Remote
-// Operation / Unexpected OpCode), and a Write with Immediate takes the QP
-// down with that Terminate. The device without them reports ATOMIC_NONE
-// and refuses to post them.
+// Operation / Unexpected OpCode), which takes the QP down. The device
+// without them reports ATOMIC_NONE and refuses to post them.
 func TestPeerWithoutExtensions(t *testing.T) {
 	want := iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteOperation, Code: iwarp.CodeUnexpectedOpcode}
-	for _, op := range []verbs.Opcode{verbs.OpAtomicFetchAdd, verbs.OpWriteImm, verbs.OpSendImm} {
-		t.Run(op.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		op       verbs.Opcode
+		signaled bool
+	}{{verbs.OpAtomicFetchAdd, true}, {verbs.OpWriteImm, true}, {verbs.OpSendImm, true}, {verbs.OpWriteImm, false}, {verbs.OpSendImm, false}} {
+		op := tc.op
+		t.Run(fmt.Sprintf("%v/signaled=%v", op, tc.signaled), func(t *testing.T) {
 			p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{NoExtensions: true})
 			if a := p.b.Query().AtomicCap; a != verbs.AtomicNone {
 				t.Fatalf("atomic_cap %s", a)
@@ -524,20 +529,22 @@ func TestPeerWithoutExtensions(t *testing.T) {
 			if !errors.Is(err, iwarp.ErrInvalidWR) {
 				t.Fatalf("post on the device without extensions: %v", err)
 			}
-			if err := cl.qp.PostSend(verbs.SendWR{ID: 1, Op: op, Flags: verbs.Signaled, SGL: []verbs.SGE{cl.mr.SGE(0, 8)},
-				RemoteAddr: sv.mr.Addr(), RKey: sv.mr.RKey(), CompareAdd: 1}); err != nil {
+			flags := verbs.SendFlags(0)
+			if tc.signaled {
+				flags = verbs.Signaled
+			}
+			if err := cl.qp.PostSend(verbs.SendWR{ID: 1, Op: op, Flags: flags, SGL: []verbs.SGE{cl.mr.SGE(0, 8)},
+				RemoteAddr: sv.mr.Addr(), RKey: sv.mr.RKey(), CompareAdd: 1, Imm: 5}); err != nil {
 				t.Fatal(err)
 			}
 			if ev := waitEvent(t, p.b, verbs.EventTerminateSent); ev.Term != want {
 				t.Fatalf("peer sent %v, want %v", ev.Term, want)
 			}
+			// Never a success: the error the peer's Terminate names,
+			// signaled or not (an error always completes).
 			wc := wait1(t, cl.scq)
-			if op == verbs.OpAtomicFetchAdd {
-				if wc.Status != verbs.StatusRemoteOperation || wc.Term != want {
-					t.Fatalf("atomic completion %v %v", wc.Status, wc.Term)
-				}
-			} else if wc.ID != 1 {
-				t.Fatalf("completion %+v", wc)
+			if wc.ID != 1 || wc.Status != verbs.StatusRemoteOperation || wc.Term != want {
+				t.Fatalf("completion %+v (status %v, terminate %v)", wc, wc.Status, wc.Term)
 			}
 			<-cl.qp.Done()
 			var te *verbs.TerminateError
@@ -547,6 +554,91 @@ func TestPeerWithoutExtensions(t *testing.T) {
 			// The peer's receive was not consumed by the refused message.
 			if wc := wait1(t, sv.rcq); wc.ID != 3 || wc.Status != verbs.StatusWRFlush {
 				t.Fatalf("peer's receive %+v", wc)
+			}
+		})
+	}
+}
+
+// TestImmediateProbe: against a peer that takes Immediate Data, the first
+// WRs with Immediate complete once the zero-length Read sent behind them
+// is answered (what tells a peer without them, see
+// TestPeerWithoutExtensions); after that, no Read follows them. Every WR
+// completes successfully, in order, with its byte count, and the peer gets
+// every immediate value.
+func TestImmediateProbe(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	cl, sv := connect(t, p, 4096, verbs.ConnParams{})
+	const n = 12
+	for i := 0; i < n; i++ {
+		if err := sv.qp.PostRecv(verbs.RecvWR{ID: uint64(100 + i), SGL: []verbs.SGE{sv.mr.SGE(2048, 64)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	post := func(i int) {
+		op := verbs.OpWriteImm
+		if i%2 == 1 {
+			op = verbs.OpSendImm
+		}
+		if err := cl.qp.PostSend(verbs.SendWR{ID: uint64(i), Op: op, Flags: verbs.Signaled, SGL: []verbs.SGE{cl.mr.SGE(0, 16+i)},
+			RemoteAddr: sv.mr.Addr(), RKey: sv.mr.RKey(), Imm: uint32(1000 + i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(i int) {
+		wc := wait1(t, cl.scq)
+		if wc.ID != uint64(i) || wc.Status != verbs.StatusSuccess || wc.ByteLen != uint32(16+i) {
+			t.Fatalf("WR %d: completion %+v", i, wc)
+		}
+		rc := wait1(t, sv.rcq)
+		if rc.Status != verbs.StatusSuccess || rc.Flags&verbs.WCWithImm == 0 || rc.Imm != uint32(1000+i) {
+			t.Fatalf("WR %d: receive %+v", i, rc)
+		}
+	}
+	post(0)
+	check(0)
+	reads := p.a.Stats().TxOps[iwarp.OpReadRequest]
+	if reads != 1 {
+		t.Fatalf("%d Read Requests behind the first WR with Immediate, want 1", reads)
+	}
+	for i := 1; i < n; i++ {
+		post(i)
+	}
+	for i := 1; i < n; i++ {
+		check(i)
+	}
+	if r := p.a.Stats().TxOps[iwarp.OpReadRequest]; r != reads {
+		t.Fatalf("%d more Read Requests once the peer answered one", r-reads)
+	}
+}
+
+// TestTerminateBlamesItsMessage: with a Read outstanding before it, a WR
+// with Immediate that a peer without RFC 7306 refuses gets the error its
+// Terminate names (the Terminate carries the refused message's header),
+// and the Read is flushed.
+func TestTerminateBlamesItsMessage(t *testing.T) {
+	want := iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteOperation, Code: iwarp.CodeUnexpectedOpcode}
+	for _, op := range []verbs.Opcode{verbs.OpWriteImm, verbs.OpAtomicFetchAdd} {
+		t.Run(op.String(), func(t *testing.T) {
+			p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{NoExtensions: true})
+			cl, sv := connect(t, p, 1<<20, verbs.ConnParams{})
+			if err := cl.qp.PostSend(
+				verbs.SendWR{ID: 1, Op: verbs.OpRead, Flags: verbs.Signaled, SGL: []verbs.SGE{cl.mr.SGE(0, 1<<20)}, RemoteAddr: sv.mr.Addr(), RKey: sv.mr.RKey()},
+				verbs.SendWR{ID: 2, Op: op, Flags: verbs.Signaled, SGL: []verbs.SGE{cl.mr.SGE(0, 8)}, RemoteAddr: sv.mr.Addr(), RKey: sv.mr.RKey(), CompareAdd: 1},
+			); err != nil {
+				t.Fatal(err)
+			}
+			got := map[uint64]verbs.WC{}
+			for len(got) < 2 {
+				wc := wait1(t, cl.scq)
+				got[wc.ID] = wc
+			}
+			if wc := got[2]; wc.Status != verbs.StatusRemoteOperation || wc.Term != want {
+				t.Fatalf("refused WR: %+v", wc)
+			}
+			// The Read: flushed, or answered if its response beat the
+			// Terminate; never blamed.
+			if wc := got[1]; wc.Status != verbs.StatusWRFlush && wc.Status != verbs.StatusSuccess {
+				t.Fatalf("Read: %+v", wc)
 			}
 		})
 	}

@@ -29,6 +29,8 @@ var (
 		{"fastreg", "rdmatap's fast-register MR (REG_MR over a page list, VA-based, then Local Invalidate and zero-based under IncRKey): siw's Writes and Read land in the right pages, the old STag refused"},
 		{"read_inv", "RDMA Read with local invalidate by rdmatap from siw: data in the sink's pages, the sink's STag invalid, siw's Write to it refused"},
 		{"solicited_notify", "rdmatap's CQ armed solicited-only: one event, for siw's Send with Solicited Event only"},
+		{"imm_write", "RDMA Write with Immediate posted by rdmatap (siw has no Immediate Data: an error completion, never success; Terminate, both QPs fail)"},
+		{"imm_send", "Send with Immediate posted by rdmatap (as imm_write)"},
 	}
 	probeLocal = []struct{ name, what string }{
 		{"fastreg_siw", "fast registration and memory windows posted by siw's user library"},

@@ -27,6 +27,10 @@
  *   solicited_out  siw sends the same; rdmatap checks WCSolicited
  *   atomic         rdmatap posts a Fetch&Add to siw's memory: siw answers
  *                  with a Terminate, its QP fails, the memory is unchanged
+ *   imm_write      rdmatap posts an RDMA Write with Immediate (64 bytes at
+ *                  offset 64): siw answers its Immediate Data message with a
+ *                  Terminate, its QP fails, the first word is unchanged
+ *   imm_send       the same for a Send with Immediate
  *   fastreg        rdmatap fast-registers a page list (REG_MR) and sends
  *                  "fr RKEY ADDR LEN": siw Writes 3000 bytes at ADDR+1000
  *                  and Reads back what rdmatap put there (byte i is
@@ -83,7 +87,7 @@ struct conn {
 };
 
 static const char *cells[] = {"sendinv_in", "sendinv_out", "srq", "solicited_in", "solicited_out", "atomic",
-			      "fastreg", "read_inv", "solicited_notify", NULL};
+			      "fastreg", "read_inv", "solicited_notify", "imm_write", "imm_send", NULL};
 static int failed;
 static char why[256];
 
@@ -550,8 +554,8 @@ static int run_cell(struct conn *c, const char *cell)
 		return solicited_in(c);
 	if (!strcmp(cell, "solicited_out"))
 		return solicited_out(c);
-	if (!strcmp(cell, "atomic"))
-		return atomic(c);
+	if (!strcmp(cell, "atomic") || !strcmp(cell, "imm_write") || !strcmp(cell, "imm_send"))
+		return atomic(c); /* the same from siw's side: its QP fails, the word unchanged */
 	return bad("unknown cell");
 }
 

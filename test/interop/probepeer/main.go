@@ -30,7 +30,7 @@ import (
 )
 
 var cellNum = map[string]uint8{"sendinv_in": 1, "sendinv_out": 2, "srq": 3, "solicited_in": 4, "solicited_out": 5, "atomic": 6,
-	"fastreg": 7, "read_inv": 8, "solicited_notify": 9}
+	"fastreg": 7, "read_inv": 8, "solicited_notify": 9, "imm_write": 10, "imm_send": 11}
 
 const (
 	dataSize = 4096
@@ -199,6 +199,10 @@ func (p *peer) run(cell string) (string, error) {
 		return c.solicitedOut()
 	case "atomic":
 		return c.atomic()
+	case "imm_write":
+		return c.immediate(verbs.OpWriteImm)
+	case "imm_send":
+		return c.immediate(verbs.OpSendImm)
 	case "fastreg":
 		return c.fastReg(p.pd)
 	case "read_inv":
@@ -502,6 +506,34 @@ func (c *conn) atomic() (string, error) {
 	var term *verbs.TerminateError
 	if wc.Status == verbs.StatusSuccess || wc.Term == (verbs.WC{}).Term || c.qp.State() != verbs.QPError ||
 		!errors.As(c.qp.Err(), &term) || !term.Received {
+		return "", errors.New(detail)
+	}
+	return detail, nil
+}
+
+// immediate: siw has no Immediate Data (RFC 7306) either; it answers the
+// Immediate Data message with a Terminate. The WR must complete with an
+// error status, never success (rdmatap holds its completion for the
+// zero-length Read it sends behind it), and the QP fail with siw's
+// Terminate. The Write part of a Write with Immediate lands (64 bytes at
+// offset 64 of siw's data region, clear of the word siw checks).
+func (c *conn) immediate(op verbs.Opcode) (string, error) {
+	if err := c.qp.PostSend(verbs.SendWR{ID: 301, Op: op, Flags: verbs.Signaled,
+		SGL: []verbs.SGE{c.data.SGE(0, 64)}, RemoteAddr: c.raddr + 64, RKey: c.rkey, Imm: 0x1234}); err != nil {
+		return "", err
+	}
+	wc, err := wait(c.scq, 10*time.Second)
+	if err != nil {
+		return "", err
+	}
+	select {
+	case <-c.qp.Done():
+	case <-time.After(5 * time.Second):
+	}
+	detail := fmt.Sprintf("%v completed: %v (terminate %v); QP %v: %v", op, wc.Status, wc.Term, c.qp.State(), c.qp.Err())
+	var term *verbs.TerminateError
+	if wc.ID != 301 || wc.Status == verbs.StatusSuccess || wc.Status == verbs.StatusWRFlush || wc.Term == (verbs.WC{}).Term ||
+		c.qp.State() != verbs.QPError || !errors.As(c.qp.Err(), &term) || !term.Received {
 		return "", errors.New(detail)
 	}
 	return detail, nil
