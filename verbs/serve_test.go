@@ -317,17 +317,24 @@ func runOps(t *testing.T, d, peer *verbs.Device, peerAddr netip.Addr, seed uint6
 	}
 }
 
-// TestServiceSameCode runs the same application code (opsClient) on an
-// embedded device and on the same device through the service.
+// TestServiceSameCode runs the same application code (opsClient, and
+// memOpsClient for fast registration, invalidation and memory windows)
+// on an embedded device and on the same device through the service.
 func TestServiceSameCode(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	peerAddr := p.nb.Addrs()[0].Addr()
 	t.Run("embedded", func(t *testing.T) { runOps(t, p.a, p.b, peerAddr, 1) })
+	t.Run("embedded/memory", func(t *testing.T) { runMemOps(t, p.a, p.b, peerAddr, 2) })
 	path, srv := startService(t, p.a, verbs.Limits{})
 	t.Run("service", func(t *testing.T) {
 		d := connectService(t, path)
 		runOps(t, d, p.b, peerAddr, 100)
 		runOps(t, d, p.b, peerAddr, 200) // the same device again
+	})
+	t.Run("service/memory", func(t *testing.T) {
+		d := connectService(t, path)
+		runMemOps(t, d, p.b, peerAddr, 101)
+		runMemOps(t, d, p.b, peerAddr, 201)
 	})
 	deadline := time.Now().Add(5 * time.Second)
 	for srv.Clients() != 0 && time.Now().Before(deadline) {
