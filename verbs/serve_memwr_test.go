@@ -3,6 +3,7 @@ package verbs_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -11,6 +12,7 @@ import (
 
 	"rdmatap/iwarp"
 	"rdmatap/verbs"
+	"rdmatap/verbs/internal/svc"
 	"rdmatap/zerocopy"
 )
 
@@ -412,5 +414,224 @@ func runMemOps(t *testing.T, d, peer *verbs.Device, peerAddr netip.Addr, seed ui
 	}
 	if err := <-errc; err != nil {
 		t.Fatalf("peer: %v", err)
+	}
+}
+
+// TestServiceFastRegIsolation: a fast-register MR of a service maps only
+// memory its own client registered. Pages outside the client's MRs —
+// unregistered pages of its own memfd, Go memory, another client's
+// registered pages, a run that leaves an MR, addresses of the service's
+// own memory — are refused with ErrInvalidArgument; so is an SGE naming
+// another client's MR, and a window bound to another client's MR fails.
+// Pages a registration maps stay mapped in the service while it may use
+// them, even after the client deregisters the MR they came from, and are
+// unmapped when the fast-register MR is freed.
+func TestServiceFastRegIsolation(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	peerAddr := p.nb.Addrs()[0].Addr()
+	path, _ := startService(t, p.a, verbs.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sink, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	sinkDone := make(chan struct{})
+	go func() { defer close(sinkDone); sinkPeer(ctx, p.b, sink) }()
+	defer func() { cancel(); <-sinkDone }()
+	sinkAddr := netip.AddrPortFrom(peerAddr, sink.Addr().Port())
+
+	a := connectService(t, path)
+	apd, _ := a.AllocPD()
+	amem, err := zerocopy.AllocShared("a", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer amem.Close()
+	abuf := amem.Bytes()
+	for i := range abuf {
+		abuf[i] = 0xAA
+	}
+	// Only the first half is registered.
+	amr, err := apd.RegMR(abuf[:512<<10], verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := connectService(t, path)
+	bpd, _ := b.AllocPD()
+	bmem, err := zerocopy.AllocShared("b", 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bmem.Close()
+	bmr, err := bpd.RegMR(bmem.Bytes(), verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frmr, err := apd.AllocMR(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	goMem := make([]byte, 3*4096)
+	aligned := goMem[4096-int(iwarp.BufferAddr(goMem)%4096):]
+	for _, c := range []struct {
+		name  string
+		pages [][]byte
+	}{
+		{"unregistered pages of its own memfd", [][]byte{abuf[600<<10 : 604<<10]}},
+		{"Go memory", [][]byte{aligned[:4096]}},
+		{"another client's registered pages", [][]byte{bmem.Bytes()[:4096]}},
+		{"a run that leaves its MR", [][]byte{abuf[508<<10 : 512<<10], abuf[512<<10 : 516<<10]}},
+		{"a registered page, then an unregistered one", [][]byte{abuf[:4096], abuf[700<<10 : 704<<10]}},
+	} {
+		if err := frmr.MapPages(c.pages, 4096, 0, 4096*len(c.pages)); !errors.Is(err, verbs.ErrInvalidArgument) {
+			t.Errorf("MapPages over %s: %v", c.name, err)
+		}
+	}
+	if err := frmr.MapSG([]verbs.SGE{bmr.SGE(0, 4096)}, 4096); !errors.Is(err, verbs.ErrInvalidArgument) {
+		t.Errorf("MapSG over another client's MR: %v", err)
+	}
+
+	// A raw client names addresses of the service's own memory.
+	r, m := dialRaw(t, path, svc.Version)
+	if m.Status() != svc.StatusOK {
+		t.Fatalf("HELLO: %d", m.Status())
+	}
+	pdh := r.alive()
+	m, _ = r.call(svc.TAllocMR, []uint64{pdh, 16}, nil)
+	if m.Status() != svc.StatusOK {
+		t.Fatalf("ALLOC_MR: %d", m.Status())
+	}
+	frh := m.Arg(0)
+	run := func(addr, n uint64) []byte {
+		e := binary.LittleEndian.AppendUint64(nil, addr)
+		return binary.LittleEndian.AppendUint64(e, n)
+	}
+	for _, c := range []struct {
+		name string
+		ents []byte
+	}{
+		{"the service's heap", run(iwarp.BufferAddr(goMem)&^4095, 1)},
+		{"the service's client A's pages", run(iwarp.BufferAddr(abuf), 1)},
+		{"page zero", run(0, 1)},
+		{"2^31 pages", run(iwarp.BufferAddr(abuf), 1<<31)},
+		{"a run that wraps", run(1<<64-4096, 2)},
+	} {
+		m, _ := r.call(svc.TMapMR, []uint64{frh, svc.MapPages | svc.MapFirst | svc.MapLast, 4096, 0, 4096}, [][]byte{c.ents})
+		if m.Status() != svc.StatusInvalidArgument {
+			t.Errorf("MAP_MR over %s: status %d", c.name, m.Status())
+		}
+	}
+	sg := binary.LittleEndian.AppendUint64(nil, bmr.SGE(0, 0).Addr)
+	sg = binary.LittleEndian.AppendUint32(sg, 4096)
+	sg = binary.LittleEndian.AppendUint32(sg, bmr.LKey())
+	if m, _ := r.call(svc.TMapMR, []uint64{frh, svc.MapSG | svc.MapFirst | svc.MapLast, 4096, 0, 0}, [][]byte{sg}); m.Status() != svc.StatusInvalidArgument {
+		t.Errorf("MAP_MR over client B's lkey: status %d", m.Status())
+	}
+	// Entries without end, past what the MR could map.
+	big := make([]byte, svc.MapEntries*svc.MapEntrySize)
+	var st uint32
+	for i := 0; i < 3 && st == svc.StatusOK; i++ {
+		m, _ := r.call(svc.TMapMR, []uint64{frh, svc.MapPages, 4096, 0, 0}, [][]byte{big})
+		st = m.Status()
+	}
+	if st != svc.StatusInvalidArgument {
+		t.Errorf("MAP_MR entries beyond the MR's pages: status %d", st)
+	}
+	r.alive()
+
+	// A window of client A bound to client B's MR fails.
+	acq, _ := a.CreateCQ(16)
+	aqp, err := apd.CreateQP(verbs.QPConfig{SendCQ: acq, RecvCQ: acq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Dial(ctx, aqp, sinkAddr, verbs.ConnParams{}); err != nil {
+		t.Fatal(err)
+	}
+	mw, err := apd.AllocMW(verbs.MWType1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := aqp.BindMW(mw, 1, verbs.Signaled, verbs.BindInfo{MR: bmr, Addr: bmr.Addr(), Length: 4096, Access: verbs.AccessRemoteWrite}); err == nil {
+		wc, err := waitWC(ctx, acq, verbs.WCBindMW, -1)
+		if err == nil || wc.Status != verbs.StatusMWBind {
+			t.Errorf("a window bound to another client's MR: %v, %v", wc.Status, err)
+		}
+	} else if !errors.Is(err, iwarp.ErrInvalidWR) {
+		t.Errorf("a window bound to another client's MR: %v", err)
+	}
+	if mw.Valid() {
+		t.Error("the window is valid")
+	}
+	mw.Dealloc()
+
+	// The registered pages: 64 KiB of A's MR, which the sink writes into
+	// over a second connection; A deregisters the MR meanwhile.
+	if err := frmr.MapPages(pages(abuf[64<<10:128<<10], 4096), 4096, 0, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	// (The failed bind took aqp to ERROR: another QP registers.)
+	cq3, _ := a.CreateCQ(16)
+	qp3, err := apd.CreateQP(verbs.QPConfig{SendCQ: cq3, RecvCQ: cq3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Dial(ctx, qp3, sinkAddr, verbs.ConnParams{}); err != nil {
+		t.Fatal(err)
+	}
+	rkey := verbs.IncRKey(frmr.RKey())
+	if err := qp3.PostSend(frmr.RegWR(2, verbs.Signaled, rkey, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waitWC(ctx, cq3, verbs.WCRegMR, -1); err != nil {
+		t.Fatal(err)
+	}
+	cq2, _ := a.CreateCQ(16)
+	qp2, err := apd.CreateQP(verbs.QPConfig{SendCQ: cq2, RecvCQ: cq2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target, _ := frmr.Remote().MarshalBinary()
+	c2, err := a.Dial(ctx, qp2, sinkAddr, verbs.ConnParams{PrivateData: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sink, the responder, sends once we have (MPA's first FPDU).
+	var sinkMR verbs.RemoteBuf
+	if err := sinkMR.UnmarshalBinary(c2.PeerPrivateData()); err != nil {
+		t.Fatal(err)
+	}
+	if err := qp2.PostSend(verbs.SendWR{ID: 3, Op: verbs.OpWrite, Flags: verbs.Signaled, SGL: []verbs.SGE{amr.SGE(0, 8)},
+		RemoteAddr: sinkMR.Addr, RKey: sinkMR.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waitWC(ctx, cq2, verbs.WCWrite, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := amr.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	// The sink's Writes (of zeros) go on landing in the pages.
+	deadline := time.Now().Add(5 * time.Second)
+	for abuf[128<<10-1] != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if abuf[128<<10-1] != 0 || abuf[64<<10-1] != 0xAA || abuf[128<<10] != 0xAA {
+		t.Fatalf("the sink's Writes through the fast-register MR: last byte %#x, bytes around %#x %#x", abuf[128<<10-1], abuf[64<<10-1], abuf[128<<10])
+	}
+	held := countProc(t).memfdMaps
+	if err := frmr.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	// Freed: the service has let the pages go (its mapping of the MR;
+	// this process's own mapping of the memfd stays).
+	deadline = time.Now().Add(5 * time.Second)
+	for countProc(t).memfdMaps >= held && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if now := countProc(t); now.memfdMaps != held-1 {
+		t.Errorf("%d memfd mappings after the fast-register MR was freed, %d while it held its pages", now.memfdMaps, held)
 	}
 }
