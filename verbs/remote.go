@@ -376,9 +376,23 @@ func statusError(st uint32, payload []byte) error {
 		return wrap(ErrMarkers)
 	case svc.StatusNoMatchingRTR:
 		return wrap(ErrNoMatchingRTR)
+	case svc.StatusInvalidWR:
+		return &svcError{text: text, errs: []error{iwarp.ErrInvalidWR}}
+	case svc.StatusInvalidArgWR:
+		return &svcError{text: text, errs: []error{ErrInvalidArgument, iwarp.ErrInvalidWR}}
 	}
 	return errors.New("verbs: service: " + text)
 }
+
+// svcError is an error the service found, with its text as the service
+// gave it (it names the sentinels already) and the sentinels it matches.
+type svcError struct {
+	text string
+	errs []error
+}
+
+func (e *svcError) Error() string   { return e.text }
+func (e *svcError) Unwrap() []error { return e.errs }
 
 func (cl *client) event(m svc.Msg) {
 	e := AsyncEvent{Type: AsyncEventType(m.Arg(0)), QPNum: uint32(m.Arg(1)),

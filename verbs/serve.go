@@ -489,6 +489,10 @@ func errStatus(err error) (uint32, string) {
 		return svc.StatusMarkers, text
 	case errors.Is(err, ErrNoMatchingRTR):
 		return svc.StatusNoMatchingRTR, text
+	case errors.Is(err, iwarp.ErrInvalidWR) && errors.Is(err, ErrInvalidArgument):
+		return svc.StatusInvalidArgWR, text
+	case errors.Is(err, iwarp.ErrInvalidWR):
+		return svc.StatusInvalidWR, text
 	case errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrUnsupported), errors.Is(err, svc.ErrShort),
 		errors.Is(err, svc.ErrLength), errors.Is(err, svc.ErrType), errors.Is(err, svc.ErrArgs), errors.Is(err, svc.ErrTooLarge),
 		errors.Is(err, svc.ErrReserved):

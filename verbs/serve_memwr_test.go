@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -634,4 +635,145 @@ func TestServiceFastRegIsolation(t *testing.T) {
 	if now := countProc(t); now.memfdMaps != held-1 {
 		t.Errorf("%d memfd mappings after the fast-register MR was freed, %d while it held its pages", now.memfdMaps, held)
 	}
+}
+
+// memErrs is application code that makes the memory registration calls
+// and work requests fail in every way it can without a connection, and
+// returns what each failure matched, for TestServiceMemErrors to compare
+// between an embedded device and a device of a service.
+func memErrs(d *verbs.Device) ([]string, error) {
+	pd, err := d.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	defer pd.Close()
+	cq, err := d.CreateCQ(16)
+	if err != nil {
+		return nil, err
+	}
+	defer cq.Close()
+	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendSGE: 2})
+	if err != nil {
+		return nil, err
+	}
+	defer qp.Close()
+	mem, err := zerocopy.AllocShared("memerrs", 64<<10)
+	if err != nil {
+		return nil, err
+	}
+	defer mem.Close()
+	buf := mem.Bytes()
+	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessMWBind)
+	if err != nil {
+		return nil, err
+	}
+	defer mr.Dereg()
+	frmr, err := pd.AllocMR(4)
+	if err != nil {
+		return nil, err
+	}
+	defer frmr.Dereg()
+	mw1, err := pd.AllocMW(verbs.MWType1)
+	if err != nil {
+		return nil, err
+	}
+	defer mw1.Dealloc()
+	mw2, err := pd.AllocMW(verbs.MWType2)
+	if err != nil {
+		return nil, err
+	}
+	defer mw2.Dealloc()
+	var out []string
+	note := func(name string, err error) {
+		s := name + ":"
+		for _, c := range []struct {
+			n string
+			e error
+		}{{"invalid-argument", verbs.ErrInvalidArgument}, {"invalid-wr", iwarp.ErrInvalidWR}, {"too-many-sge", verbs.ErrTooManySGE},
+			{"busy", verbs.ErrBusy}, {"unsupported", verbs.ErrUnsupported}} {
+			if errors.Is(err, c.e) {
+				s += " " + c.n
+			}
+		}
+		var pe *verbs.PostError
+		if errors.As(err, &pe) {
+			s += fmt.Sprintf(" post-error@%d", pe.Index)
+		}
+		if err == nil {
+			s += " ok"
+		}
+		out = append(out, s)
+	}
+	_, err = pd.AllocMR(0)
+	note("AllocMR(0)", err)
+	_, err = pd.AllocMR(iwarp.MaxFastRegPages + 1)
+	note("AllocMR(too many)", err)
+	note("SetIOVA before a mapping", frmr.SetIOVA(1))
+	pg := pages(buf[:5*4096], 4096)
+	note("MapPages(none)", frmr.MapPages(nil, 4096, 0, 0))
+	note("MapPages(page size 1000)", frmr.MapPages(pg[:1], 1000, 0, 10))
+	note("MapPages(offset past the page)", frmr.MapPages(pg[:1], 4096, 4096, 0))
+	note("MapPages(length past the pages)", frmr.MapPages(pg[:1], 4096, 0, 4097))
+	note("MapPages(a short page)", frmr.MapPages([][]byte{buf[:100]}, 4096, 0, 10))
+	note("MapPages(5 pages of 4)", frmr.MapPages(pg, 4096, 0, 10))
+	note("MapSG(none)", frmr.MapSG(nil, 4096))
+	note("MapSG(page size 3)", frmr.MapSG([]verbs.SGE{mr.SGE(0, 10)}, 3))
+	note("MapSG(no MR)", frmr.MapSG([]verbs.SGE{{Addr: mr.Addr(), Length: 10, LKey: mr.LKey() ^ 0xffff00}}, 4096))
+	note("MapSG(outside the MR)", frmr.MapSG([]verbs.SGE{{Addr: mr.Addr() + 60<<10, Length: 8 << 10, LKey: mr.LKey()}}, 4096))
+	note("MapPages", frmr.MapPages(pg[:2], 4096, 0, 8192))
+	note("SetIOVA(wraps)", frmr.SetIOVA(1<<64-4096))
+	note("MapPages(a regular MR)", mr.MapPages(pg[:1], 4096, 0, 10))
+	note("SetIOVA(a regular MR)", mr.SetIOVA(0))
+	_, err = pd.RegMRIOVA(buf, 1<<64-100, verbs.AccessLocalWrite)
+	note("RegMRIOVA(wraps)", err)
+	rkey := verbs.IncRKey(frmr.RKey())
+	note("REG_MR(another index)", qp.PostSend(frmr.RegWR(1, 0, rkey+0x100, verbs.AccessLocalWrite)))
+	note("REG_MR(remote write alone)", qp.PostSend(frmr.RegWR(1, 0, rkey, verbs.AccessRemoteWrite)))
+	wr := frmr.RegWR(1, 0, rkey, verbs.AccessLocalWrite)
+	wr.SGL = []verbs.SGE{mr.SGE(0, 8)}
+	note("REG_MR(with an SGE)", qp.PostSend(wr))
+	wr = frmr.RegWR(1, 0, rkey, verbs.AccessLocalWrite)
+	wr.MR = nil
+	note("REG_MR(no MR)", qp.PostSend(wr))
+	_, err = pd.AllocMW(3)
+	note("AllocMW(type 3)", err)
+	bi := verbs.BindInfo{MR: mr, Addr: mr.Addr(), Length: 4096, Access: verbs.AccessRemoteWrite}
+	note("BIND_MW(type 1)", qp.PostSend(mw1.BindWR(1, 0, verbs.IncRKey(mw1.RKey()), bi)))
+	_, err = qp.BindMW(mw2, 1, 0, bi)
+	note("BindMW(type 2)", err)
+	_, err = qp.BindMW(nil, 1, 0, bi)
+	note("BindMW(no window)", err)
+	note("BIND_MW(another index)", qp.PostSend(mw2.BindWR(1, 0, verbs.IncRKey(mw2.RKey())+0x100, bi)))
+	note("BIND_MW(no MR)", qp.PostSend(mw2.BindWR(1, 0, verbs.IncRKey(mw2.RKey()), verbs.BindInfo{Length: 10})))
+	note("BIND_MW(local write)", qp.PostSend(mw2.BindWR(1, 0, verbs.IncRKey(mw2.RKey()),
+		verbs.BindInfo{MR: mr, Addr: mr.Addr(), Length: 10, Access: verbs.AccessLocalWrite})))
+	note("LOCAL_INV(with an SGE)", qp.PostSend(verbs.SendWR{Op: verbs.OpLocalInv, SGL: []verbs.SGE{mr.SGE(0, 8)}, InvalidateRKey: mr.RKey()}))
+	note("LOCAL_INV(solicited)", qp.PostSend(verbs.SendWR{Op: verbs.OpLocalInv, Flags: verbs.Solicited, InvalidateRKey: mr.RKey()}))
+	note("READ_INV(two SGEs)", qp.PostSend(verbs.SendWR{Op: verbs.OpReadInv, SGL: []verbs.SGE{mr.SGE(0, 8), mr.SGE(8, 8)}, InvalidateRKey: mr.RKey()}))
+	return out, nil
+}
+
+// TestServiceMemErrors: memory registration calls and work requests fail
+// the same way through the service as embedded.
+func TestServiceMemErrors(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	emb, err := memErrs(p.a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, _ := startService(t, p.a, verbs.Limits{})
+	d := connectService(t, path)
+	got, err := memErrs(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(emb) {
+		t.Fatalf("%d outcomes through the service, %d embedded", len(got), len(emb))
+	}
+	for i := range emb {
+		if got[i] != emb[i] {
+			t.Errorf("embedded %q, through the service %q", emb[i], got[i])
+		}
+	}
+	t.Logf("%d outcomes alike:\n%s", len(emb), strings.Join(emb, "\n"))
 }

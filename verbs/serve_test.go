@@ -1432,3 +1432,27 @@ func TestServiceListenPort(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestServiceStats: Device.Stats on a device of a service reports the
+// service's device's counters.
+func TestServiceStats(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	peerAddr := p.nb.Addrs()[0].Addr()
+	path, _ := startService(t, p.a, verbs.Limits{})
+	d := connectService(t, path)
+	if s := d.Stats(); s.TxFPDUs != 0 || s.RxFPDUs != 0 {
+		t.Fatalf("before any traffic: %+v", s)
+	}
+	runOps(t, d, p.b, peerAddr, 7)
+	got, want := d.Stats(), p.a.Stats()
+	if got.TxFPDUs == 0 || got.RxBytes == 0 || got.TxOps == [16]uint64{} {
+		t.Fatalf("after the transfers: %+v", got)
+	}
+	if got != want {
+		t.Fatalf("through the service %+v, the device's %+v", got, want)
+	}
+	d.Close()
+	if s := d.Stats(); s != (verbs.Stats{}) {
+		t.Fatalf("after Close: %+v", s)
+	}
+}

@@ -135,6 +135,8 @@ const (
 	StatusMarkers
 	StatusNoMatchingRTR
 	StatusTimeout
+	StatusInvalidWR    // iwarp.ErrInvalidWR (a work request or memory object refused)
+	StatusInvalidArgWR // both verbs.ErrInvalidArgument and iwarp.ErrInvalidWR
 )
 
 // MAP_MR's modes (its second argument) and the size of one entry of its
