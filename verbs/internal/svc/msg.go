@@ -72,8 +72,8 @@ const (
 	TDeallocPD
 	TCreateCQ
 	TDestroyCQ
-	TRegMR
-	TDeregMR
+	TRegMR   // PD, address, length, access, memfd offset, IOVA; the memfd → handle, STag
+	TDeregMR // an MR or fast-register MR
 	TCreateSRQ
 	TDestroySRQ
 	TSRQLimit
@@ -88,17 +88,17 @@ const (
 	TAccept
 	TReject
 	TCancel
-	TEvent  // service → client: an async event of one of the client's QPs or SRQs
-	TQPDone // service → client: a QP is in ERROR with every WR completed
-	TError  // service → client: a message it could not read (Seq when the header was readable)
-	TAllocMR
-	TMapMR
-	TSetIOVA
-	TAllocMW
-	TDeallocMW
-	TBindMW
-	TQueryMem
-	TStats
+	TEvent     // service → client: an async event of one of the client's QPs or SRQs
+	TQPDone    // service → client: a QP is in ERROR with every WR completed
+	TError     // service → client: a message it could not read (Seq when the header was readable)
+	TAllocMR   // PD, max pages → handle, STag (DEREG_MR frees it)
+	TMapMR     // MR, mode, page size, offset, length; entries → IOVA, length (see MapPages)
+	TSetIOVA   // MR, IOVA
+	TAllocMW   // PD, type → handle, STag
+	TDeallocMW // window
+	TBindMW    // QP, window, WR ID, flags, MR's STag, address, length, access → STag (a type 1 bind)
+	TQueryMem  // MR or window → STag, valid, base, length of its current (or last) registration
+	TStats     // → the device's Stats, little endian, as the payload's one field
 	tLast
 )
 
