@@ -987,6 +987,35 @@ func TestServiceFastPathAllocs(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("%.2f allocations per PostSend+PostRecv+Poll through the rings", allocs)
 	}
+	// Memory registration work requests: REG_MR and BIND_MW (which name
+	// their MR or window by handle), Local Invalidate.
+	frmr, err := pd.AllocMR(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := frmr.MapPages([][]byte{mem.Bytes()}, 4096, 0, 4096); err != nil {
+		t.Fatal(err)
+	}
+	mw, err := pd.AllocMW(verbs.MWType2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mwrs := []verbs.SendWR{
+		frmr.RegWR(2, 0, verbs.IncRKey(frmr.RKey()), verbs.AccessLocalWrite),
+		mw.BindWR(3, 0, verbs.IncRKey(mw.RKey()), verbs.BindInfo{MR: mr, Addr: mr.Addr(), Length: 64, Access: verbs.AccessRemoteRead}),
+		{ID: 4, Op: verbs.OpLocalInv, InvalidateRKey: mr.RKey()},
+	}
+	qp.Close()
+	qp, _ = pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendWR: 2048, MaxRecvWR: 16})
+	allocs = testing.AllocsPerRun(200, func() {
+		if err := qp.PostSend(mwrs...); err != nil {
+			t.Fatal(err)
+		}
+		runtime.Gosched()
+	})
+	if allocs != 0 {
+		t.Errorf("%.2f allocations per REG_MR+BIND_MW+LOCAL_INV posted through the ring", allocs)
+	}
 }
 
 // TestServiceLimits: a client stops at its limits with ErrLimit; what it
