@@ -81,6 +81,11 @@ func (pd *PD) AllocMR(maxPages int) (*MR, error) {
 // that follow one another in memory are mapped as one run. The IOVA (see
 // SetIOVA) becomes the first byte's address. Call it before posting the
 // REG_MR and not again until that has completed.
+//
+// On a device of a service the pages must lie in memory this process
+// registered (regular MRs of the device): the service maps nothing else,
+// and holds those pages until the fast-register MR is freed, even if
+// their MRs are deregistered first.
 func (m *MR) MapPages(pages [][]byte, pageSize, offset, length int) error {
 	if m.fr == nil {
 		return fmt.Errorf("%w: not a fast-register MR", ErrInvalidArgument)
@@ -100,7 +105,8 @@ func (m *MR) MapPages(pages [][]byte, pageSize, offset, length int) error {
 // allows: where one does not follow the one before in memory, that one
 // must end and this one start on a page boundary (an address that is a
 // multiple of pageSize, such as zerocopy.Alloc memory gives). The
-// mapping takes the bytes, not those MRs.
+// mapping takes the bytes, not those MRs (a service keeps their pages
+// mapped until the fast-register MR is freed).
 func (m *MR) MapSG(sgl []SGE, pageSize int) error {
 	if m.fr == nil {
 		return fmt.Errorf("%w: not a fast-register MR", ErrInvalidArgument)

@@ -110,7 +110,8 @@ func (pd *PD) regMRAt(buf []byte, base uint64, acc Access) (*MR, error) {
 // MR is a memory region: registered memory (RegMR), or a fast-register
 // MR (AllocMR) whose memory, key and access a REG_MR work request sets.
 // For a fast-register MR, the accessors report the current (or last)
-// registration.
+// registration; on a device of a service, the registration last posted
+// (the service executes it in send queue order).
 type MR struct {
 	pd *PD
 	r  *iwarp.Region    // RegMR
