@@ -281,6 +281,9 @@ func (qp *QP) BindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, erro
 	if qp.r != nil {
 		return qp.remoteBindMW(mw, id, flags, b)
 	}
+	if mw.r != nil {
+		return 0, &PostError{Err: fmt.Errorf("%w: BIND_MW of a window of another device", iwarp.ErrInvalidWR)}
+	}
 	stag, err := qp.iw.BindMW1(id, flags, mw.w, b.iwarp())
 	if err != nil {
 		return 0, &PostError{Err: err}

@@ -777,3 +777,53 @@ func TestServiceMemErrors(t *testing.T) {
 	}
 	t.Logf("%d outcomes alike:\n%s", len(emb), strings.Join(emb, "\n"))
 }
+
+// TestServiceMemObjectsOtherDevice: a fast-register MR or window of a
+// service used with an embedded QP, and the other way round, is refused
+// (never a crash: on a device of a service they are tokens).
+func TestServiceMemObjectsOtherDevice(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, verbs.Limits{})
+	d := connectService(t, path)
+	type side struct {
+		qp   *verbs.QP
+		frmr *verbs.MR
+		mw1  *verbs.MW
+		mw2  *verbs.MW
+		mr   *verbs.MR
+	}
+	mk := func(dev *verbs.Device) side {
+		pd, _ := dev.AllocPD()
+		cq, _ := dev.CreateCQ(16)
+		qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem, _ := zerocopy.AllocShared("other", 8192)
+		t.Cleanup(func() { mem.Close() })
+		mr, err := pd.RegMR(mem.Bytes(), verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessMWBind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		frmr, err := pd.AllocMR(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mw1, _ := pd.AllocMW(verbs.MWType1)
+		mw2, _ := pd.AllocMW(verbs.MWType2)
+		return side{qp, frmr, mw1, mw2, mr}
+	}
+	emb, svc := mk(p.a), mk(d)
+	for _, c := range []struct{ from, to side }{{emb, svc}, {svc, emb}} {
+		bi := verbs.BindInfo{MR: c.from.mr, Addr: c.from.mr.Addr(), Length: 64, Access: verbs.AccessRemoteWrite}
+		if err := c.to.qp.PostSend(c.from.frmr.RegWR(1, 0, verbs.IncRKey(c.from.frmr.RKey()), verbs.AccessLocalWrite)); !errors.Is(err, iwarp.ErrInvalidWR) {
+			t.Errorf("REG_MR of another device's MR: %v", err)
+		}
+		if err := c.to.qp.PostSend(c.from.mw2.BindWR(1, 0, verbs.IncRKey(c.from.mw2.RKey()), bi)); !errors.Is(err, iwarp.ErrInvalidWR) {
+			t.Errorf("BIND_MW of another device's window: %v", err)
+		}
+		if _, err := c.to.qp.BindMW(c.from.mw1, 1, 0, bi); !errors.Is(err, iwarp.ErrInvalidWR) {
+			t.Errorf("BindMW of another device's window: %v", err)
+		}
+	}
+}
