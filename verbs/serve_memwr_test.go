@@ -19,7 +19,9 @@ import (
 
 // Memory registration through the service: memOpsClient is application
 // code for the verbs API that uses fast registration, Local Invalidate,
-// RDMA Read with Invalidate, memory windows of both types and RegMRIOVA;
+// RDMA Read with Invalidate, memory windows of both types (bound,
+// invalidated locally and by the peer's Send with Invalidate) and
+// RegMRIOVA;
 // TestServiceSameCode runs it on an embedded device and through the
 // service.
 
@@ -31,6 +33,7 @@ import (
 const (
 	memWrite   = 'W' // RDMA Write fill(len, seed) to the buffer
 	memRead    = 'R' // RDMA Read the buffer and compare it with fill(len, seed)
+	memInv     = 'I' // answer with a Send with Invalidate of the buffer's STag
 	memQuit    = 'Q'
 	memAck     = 'A'
 	memBad     = 'X'
@@ -87,6 +90,7 @@ func memOpsClient(ctx context.Context, d *verbs.Device, raddr netip.AddrPort, se
 		return err
 	}
 	// command sends a command and waits for the answer.
+	var answer verbs.WC
 	command := func(c byte, rb verbs.RemoteBuf, s uint64) error {
 		id++
 		if err := qp.PostRecv(verbs.RecvWR{ID: id, SGL: []verbs.SGE{ctl.SGE(1<<10, 1+verbs.RemoteBufSize)}}); err != nil {
@@ -102,7 +106,7 @@ func memOpsClient(ctx context.Context, d *verbs.Device, raddr netip.AddrPort, se
 		if err := wait(verbs.WCSend); err != nil {
 			return err
 		}
-		if _, err := waitWC(ctx, cq, verbs.WCRecv, 1+verbs.RemoteBufSize); err != nil {
+		if answer, err = waitWC(ctx, cq, verbs.WCRecv, 1+verbs.RemoteBufSize); err != nil {
 			return err
 		}
 		if buf[1<<10] != memAck {
@@ -274,6 +278,27 @@ func memOpsClient(ctx context.Context, d *verbs.Device, raddr netip.AddrPort, se
 	if mw2.Valid() {
 		return errors.New("type 2 window valid after Local Invalidate")
 	}
+	// Bound again (the next key), and invalidated by the peer's Send
+	// with Invalidate.
+	wkey = verbs.IncRKey(wkey)
+	id++
+	if err := qp.PostSend(mw2.BindWR(id, verbs.Signaled, wkey, verbs.BindInfo{MR: mr, Addr: mr.SGE(40<<10, 0).Addr, Length: 8 << 10,
+		Access: verbs.AccessRemoteRead})); err != nil {
+		return err
+	}
+	if err := wait(verbs.WCBindMW); err != nil {
+		return err
+	}
+	if !mw2.Valid() || mw2.Remote().Addr != mr.SGE(40<<10, 0).Addr {
+		return fmt.Errorf("type 2 window bound again: valid %v, %+v", mw2.Valid(), mw2.Remote())
+	}
+	if err := command(memInv, mw2.Remote(), 0); err != nil {
+		return err
+	}
+	if answer.Flags&verbs.WCWithInvalidate == 0 || answer.InvalidatedRKey != wkey || mw2.Valid() {
+		return fmt.Errorf("after the peer's Send with Invalidate: flags %v, invalidated %#x (window %#x), valid %v",
+			answer.Flags, answer.InvalidatedRKey, wkey, mw2.Valid())
+	}
 
 	// 6. RegMRIOVA: the peer writes through an IOVA of our choosing.
 	iovaMR, err := pd.RegMRIOVA(buf[192<<10:200<<10], 0x7000_0000_0000, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
@@ -379,7 +404,11 @@ func memOpsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device) error {
 			}
 		}
 		buf[64<<10] = ans
-		if err := qp.PostSend(verbs.SendWR{ID: 4, Op: verbs.OpSend, Flags: verbs.Signaled, SGL: []verbs.SGE{mr.SGE(64<<10, 1+verbs.RemoteBufSize)}}); err != nil {
+		wr := verbs.SendWR{ID: 4, Op: verbs.OpSend, Flags: verbs.Signaled, SGL: []verbs.SGE{mr.SGE(64<<10, 1+verbs.RemoteBufSize)}}
+		if c == memInv {
+			wr.Op, wr.InvalidateRKey = verbs.OpSendInvalidate, rb.RKey
+		}
+		if err := qp.PostSend(wr); err != nil {
 			return err
 		}
 		if _, err := waitWC(ctx, cq, verbs.WCSend, 1+verbs.RemoteBufSize); err != nil {
