@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -50,12 +51,19 @@ func memOpsClient(ctx context.Context, d *verbs.Device, raddr netip.AddrPort, se
 		return err
 	}
 	defer pd.Close()
+	// Send and receive completions come in no set order between the two
+	// queues: one CQ each.
 	cq, err := d.CreateCQ(64)
 	if err != nil {
 		return err
 	}
 	defer cq.Close()
-	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+	rcq, err := d.CreateCQ(64)
+	if err != nil {
+		return err
+	}
+	defer rcq.Close()
+	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: rcq})
 	if err != nil {
 		return err
 	}
@@ -106,8 +114,8 @@ func memOpsClient(ctx context.Context, d *verbs.Device, raddr netip.AddrPort, se
 		if err := wait(verbs.WCSend); err != nil {
 			return err
 		}
-		if answer, err = waitWC(ctx, cq, verbs.WCRecv, 1+verbs.RemoteBufSize); err != nil {
-			return err
+		if answer, err = waitWC(ctx, rcq, verbs.WCRecv, 1+verbs.RemoteBufSize); err != nil {
+			return fmt.Errorf("command %c: %w (QP: %v)", c, err, qp.Err())
 		}
 		if buf[1<<10] != memAck {
 			return fmt.Errorf("command %c: the peer answers %q", c, buf[1<<10])
@@ -333,7 +341,12 @@ func memOpsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device) error {
 		return err
 	}
 	defer cq.Close()
-	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+	rcq, err := d.CreateCQ(64)
+	if err != nil {
+		return err
+	}
+	defer rcq.Close()
+	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: rcq})
 	if err != nil {
 		return err
 	}
@@ -358,7 +371,7 @@ func memOpsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device) error {
 		return err
 	}
 	for {
-		if _, err := waitWC(ctx, cq, verbs.WCRecv, memCmdSize); err != nil {
+		if _, err := waitWC(ctx, rcq, verbs.WCRecv, memCmdSize); err != nil {
 			return err
 		}
 		var rb verbs.RemoteBuf
@@ -439,8 +452,7 @@ func runMemOps(t *testing.T, d, peer *verbs.Device, peerAddr netip.Addr, seed ui
 	go func() { errc <- memOpsPeer(ctx, l, peer) }()
 	if err := memOpsClient(ctx, d, netip.AddrPortFrom(peerAddr, l.Addr().Port()), seed); err != nil {
 		cancel()
-		<-errc
-		t.Fatalf("client: %v", err)
+		t.Fatalf("client: %v (peer: %v)", err, <-errc)
 	}
 	if err := <-errc; err != nil {
 		t.Fatalf("peer: %v", err)
@@ -474,7 +486,7 @@ func TestServiceFastRegIsolation(t *testing.T) {
 
 	a := connectService(t, path)
 	apd, _ := a.AllocPD()
-	amem, err := zerocopy.AllocShared("a", 1<<20)
+	amem, err := zerocopy.AllocShared("frisolation-a", 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -651,19 +663,31 @@ func TestServiceFastRegIsolation(t *testing.T) {
 	if abuf[128<<10-1] != 0 || abuf[64<<10-1] != 0xAA || abuf[128<<10] != 0xAA {
 		t.Fatalf("the sink's Writes through the fast-register MR: last byte %#x, bytes around %#x %#x", abuf[128<<10-1], abuf[64<<10-1], abuf[128<<10])
 	}
-	held := countProc(t).memfdMaps
+	// A's memfd is mapped twice: by this process as the client, and by
+	// the service, which still holds the pages.
+	if n := memfdMaps(t, "frisolation-a"); n != 2 {
+		t.Fatalf("A's memory is mapped %d times while the fast-register MR maps it, want 2", n)
+	}
 	if err := frmr.Dereg(); err != nil {
 		t.Fatal(err)
 	}
-	// Freed: the service has let the pages go (its mapping of the MR;
-	// this process's own mapping of the memfd stays).
+	// Freed: the service has let the pages go.
 	deadline = time.Now().Add(5 * time.Second)
-	for countProc(t).memfdMaps >= held && time.Now().Before(deadline) {
+	for memfdMaps(t, "frisolation-a") != 1 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if now := countProc(t); now.memfdMaps != held-1 {
-		t.Errorf("%d memfd mappings after the fast-register MR was freed, %d while it held its pages", now.memfdMaps, held)
+	if n := memfdMaps(t, "frisolation-a"); n != 1 {
+		t.Errorf("A's memory is mapped %d times after the fast-register MR was freed, want 1 (the client's)", n)
 	}
+}
+
+// memfdMaps counts this process's mappings of memfds named name.
+func memfdMaps(t *testing.T, name string) int {
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Count(maps, []byte("/memfd:"+name+" "))
 }
 
 // memErrs is application code that makes the memory registration calls
