@@ -194,9 +194,14 @@ func (d *Device) Query() DeviceAttr {
 	}
 }
 
-// Stats returns a snapshot of the device counters (zero for a device of a
-// service).
+// Stats returns a snapshot of the device counters. On a device of a
+// service they are the service's device's: the traffic of all its
+// clients together (and of the service's own use of it), not this
+// client's alone; zero when the service cannot be asked (it is gone).
 func (d *Device) Stats() Stats {
+	if d.rc != nil {
+		return d.rc.stats()
+	}
 	s := &d.stats
 	out := Stats{
 		TxFPDUs: s.TxFPDUs.Load(), RxFPDUs: s.RxFPDUs.Load(),

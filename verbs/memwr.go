@@ -57,7 +57,7 @@ func IncRKey(k STag) STag { return k&^0xff | (k+1)&0xff }
 // (RegWR) registers it. Its first STag's key is drawn at random.
 func (pd *PD) AllocMR(maxPages int) (*MR, error) {
 	if pd.rh != 0 {
-		return nil, fmt.Errorf("%w: fast-register MRs on a device of a service", ErrUnsupported)
+		return pd.remoteAllocMR(maxPages)
 	}
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
@@ -81,9 +81,17 @@ func (pd *PD) AllocMR(maxPages int) (*MR, error) {
 // that follow one another in memory are mapped as one run. The IOVA (see
 // SetIOVA) becomes the first byte's address. Call it before posting the
 // REG_MR and not again until that has completed.
+//
+// On a device of a service the pages must lie in memory this process
+// registered (regular MRs of the device): the service maps nothing else,
+// and holds those pages until the fast-register MR is freed, even if
+// their MRs are deregistered first.
 func (m *MR) MapPages(pages [][]byte, pageSize, offset, length int) error {
 	if m.fr == nil {
 		return fmt.Errorf("%w: not a fast-register MR", ErrInvalidArgument)
+	}
+	if m.rfr != nil {
+		return m.remoteMapPages(pages, pageSize, offset, length)
 	}
 	if err := m.fr.MapPages(pages, pageSize, offset, length); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
@@ -97,10 +105,14 @@ func (m *MR) MapPages(pages [][]byte, pageSize, offset, length int) error {
 // allows: where one does not follow the one before in memory, that one
 // must end and this one start on a page boundary (an address that is a
 // multiple of pageSize, such as zerocopy.Alloc memory gives). The
-// mapping takes the bytes, not those MRs.
+// mapping takes the bytes, not those MRs (a service keeps their pages
+// mapped until the fast-register MR is freed).
 func (m *MR) MapSG(sgl []SGE, pageSize int) error {
 	if m.fr == nil {
 		return fmt.Errorf("%w: not a fast-register MR", ErrInvalidArgument)
+	}
+	if m.rfr != nil {
+		return m.remoteMapSG(sgl, pageSize)
 	}
 	if err := m.fr.MapSG(sgl, pageSize); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
@@ -117,6 +129,9 @@ func (m *MR) MapSG(sgl []SGE, pageSize int) error {
 func (m *MR) SetIOVA(iova uint64) error {
 	if m.fr == nil {
 		return fmt.Errorf("%w: not a fast-register MR (RegMRIOVA sets a regular MR's)", ErrInvalidArgument)
+	}
+	if m.rfr != nil {
+		return m.remoteSetIOVA(iova)
 	}
 	if err := m.fr.SetIOVA(iova); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
@@ -148,15 +163,16 @@ const (
 // starts unbound.
 type MW struct {
 	pd *PD
-	w  *iwarp.Window
+	w  *iwarp.Window // a device of a service: a token for work requests
 
 	once sync.Once
+	r    *remoteMW // a service's window (remote.go); nil when embedded
 }
 
 // AllocMW allocates a memory window (ibv_alloc_mw).
 func (pd *PD) AllocMW(t MWType) (*MW, error) {
 	if pd.rh != 0 {
-		return nil, fmt.Errorf("%w: memory windows on a device of a service", ErrUnsupported)
+		return pd.remoteAllocMW(t)
 	}
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
@@ -172,17 +188,37 @@ func (pd *PD) AllocMW(t MWType) (*MW, error) {
 }
 
 // Type returns the window's type.
-func (mw *MW) Type() MWType { return mw.w.Type() }
+func (mw *MW) Type() MWType {
+	if mw.r != nil {
+		return mw.r.typ
+	}
+	return mw.w.Type()
+}
 
-// RKey returns the window's STag (of its current or last binding).
-func (mw *MW) RKey() STag { return mw.w.STag() }
+// RKey returns the window's STag (of its current or last binding; on a
+// device of a service, of the binding last posted).
+func (mw *MW) RKey() STag {
+	if mw.r != nil {
+		return mw.r.remote().RKey
+	}
+	return mw.w.STag()
+}
 
-// Valid reports whether the window is bound.
-func (mw *MW) Valid() bool { return mw.w.Current().Valid() }
+// Valid reports whether the window is bound (on a device of a service,
+// the service is asked).
+func (mw *MW) Valid() bool {
+	if mw.r != nil {
+		return mw.r.valid()
+	}
+	return mw.w.Current().Valid()
+}
 
 // Remote returns the descriptor a peer needs to access the bound window:
 // its first byte's address (0 when zero-based), its length and its STag.
 func (mw *MW) Remote() RemoteBuf {
+	if mw.r != nil {
+		return mw.r.remote()
+	}
 	r := mw.w.Current()
 	return RemoteBuf{Addr: r.Base, Len: r.Len(), RKey: r.STag()}
 }
@@ -191,7 +227,11 @@ func (mw *MW) Remote() RemoteBuf {
 // idempotent.
 func (mw *MW) Dealloc() error {
 	mw.once.Do(func() {
-		mw.w.Release()
+		if mw.r != nil {
+			mw.r.dealloc(mw)
+		} else {
+			mw.w.Release()
+		}
 		mw.pd.mu.Lock()
 		mw.pd.mrs--
 		mw.pd.mu.Unlock()
@@ -237,6 +277,12 @@ func (mw *MW) BindWR(id uint64, flags SendFlags, rkey STag, b BindInfo) SendWR {
 func (qp *QP) BindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, error) {
 	if mw == nil || b.MR == nil && b.Length > 0 {
 		return 0, fmt.Errorf("%w: BindMW needs a window and an MR", ErrInvalidArgument)
+	}
+	if qp.r != nil {
+		return qp.remoteBindMW(mw, id, flags, b)
+	}
+	if mw.r != nil {
+		return 0, &PostError{Err: fmt.Errorf("%w: BIND_MW of a window of another device", iwarp.ErrInvalidWR)}
 	}
 	stag, err := qp.iw.BindMW1(id, flags, mw.w, b.iwarp())
 	if err != nil {

@@ -83,12 +83,7 @@ func (pd *PD) regMR(buf []byte, iova uint64, acc Access) (*MR, error) {
 		return nil, fmt.Errorf("%w: remote atomic requires local write", ErrInvalidArgument)
 	}
 	if pd.rh != 0 {
-		if iova != iwarp.BufferAddr(buf) {
-			// The service registers the client's pages at the client's
-			// addresses (and checks they agree with the file offset).
-			return nil, fmt.Errorf("%w: RegMRIOVA on a device of a service", ErrUnsupported)
-		}
-		return pd.remoteRegMRCounted(buf, acc)
+		return pd.remoteRegMRCounted(buf, iova, acc)
 	}
 	return pd.regMRAt(buf, iova, acc)
 }
@@ -115,7 +110,8 @@ func (pd *PD) regMRAt(buf []byte, base uint64, acc Access) (*MR, error) {
 // MR is a memory region: registered memory (RegMR), or a fast-register
 // MR (AllocMR) whose memory, key and access a REG_MR work request sets.
 // For a fast-register MR, the accessors report the current (or last)
-// registration.
+// registration; on a device of a service, the registration last posted
+// (the service executes it in send queue order).
 type MR struct {
 	pd *PD
 	r  *iwarp.Region    // RegMR
@@ -125,17 +121,34 @@ type MR struct {
 	freed bool
 
 	// A service's MR (remote.go): its handle and STag; r describes the
-	// client's own mapping.
+	// client's own mapping. A fast-register MR of a service has rfr too
+	// (and fr is a token that stands for it in work requests).
 	rh    uint64
 	rstag STag
+	rfr   *remoteFR
 }
 
 // stag returns the STag the MR's accessors report.
 func (m *MR) stag() STag {
+	if m.rfr != nil {
+		_, _, _, stag := m.rfr.view()
+		return stag
+	}
 	if m.rh != 0 {
 		return m.rstag
 	}
 	return m.reg().STag()
+}
+
+// view returns the registered bytes (nil when paged), the first byte's
+// address and the length.
+func (m *MR) view() ([]byte, uint64, uint64) {
+	if m.rfr != nil {
+		buf, base, n, _ := m.rfr.view()
+		return buf, base, n
+	}
+	r := m.reg()
+	return r.Buf, r.Base, r.Len()
 }
 
 // reg returns the region the MR's STag names now.
@@ -148,14 +161,23 @@ func (m *MR) reg() *iwarp.Region {
 
 // Bytes returns the registered memory; nil for a fast-register MR mapped
 // over pages that do not follow one another in memory (see MapPages).
-func (m *MR) Bytes() []byte { return m.reg().Buf }
+func (m *MR) Bytes() []byte {
+	b, _, _ := m.view()
+	return b
+}
 
 // Len returns the region's length.
-func (m *MR) Len() int { return int(m.reg().Len()) }
+func (m *MR) Len() int {
+	_, _, n := m.view()
+	return int(n)
+}
 
 // Addr returns the address of the first byte as SGEs and remote peers use
 // it: the virtual address, or 0 for a zero-based region.
-func (m *MR) Addr() uint64 { return m.reg().Base }
+func (m *MR) Addr() uint64 {
+	_, base, _ := m.view()
+	return base
+}
 
 // LKey returns the STag for local use (SGEs).
 func (m *MR) LKey() STag { return m.stag() }
@@ -166,8 +188,15 @@ func (m *MR) RKey() STag { return m.stag() }
 // Valid reports whether the MR can still be used (a Send with Invalidate,
 // a Local Invalidate or Dereg invalidates it).
 // On a device of a service it reports whether Dereg has run (an
-// invalidation by the peer is not seen).
+// invalidation by the peer is not seen), except for a fast-register MR,
+// whose state it asks the service for.
 func (m *MR) Valid() bool {
+	if m.rfr != nil {
+		m.mu.Lock()
+		f := m.freed
+		m.mu.Unlock()
+		return !f && m.remoteValid()
+	}
 	if m.rh != 0 {
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -179,17 +208,17 @@ func (m *MR) Valid() bool {
 // SGE returns the scatter-gather element for bytes [off, off+n) of the MR.
 // It panics if the range is outside the MR, like slicing does.
 func (m *MR) SGE(off, n int) SGE {
-	r := m.reg()
-	if off < 0 || n < 0 || uint64(off+n) > r.Len() {
-		panic(fmt.Sprintf("verbs: SGE [%d:%d] outside MR of %d bytes", off, off+n, r.Len()))
+	_, base, l := m.view()
+	if off < 0 || n < 0 || uint64(off+n) > l {
+		panic(fmt.Sprintf("verbs: SGE [%d:%d] outside MR of %d bytes", off, off+n, l))
 	}
-	return SGE{Addr: r.Base + uint64(off), Length: uint32(n), LKey: m.stag()}
+	return SGE{Addr: base + uint64(off), Length: uint32(n), LKey: m.stag()}
 }
 
 // Remote returns the descriptor a peer needs to access the whole MR.
 func (m *MR) Remote() RemoteBuf {
-	r := m.reg()
-	return RemoteBuf{Addr: r.Base, Len: r.Len(), RKey: m.stag()}
+	_, base, l := m.view()
+	return RemoteBuf{Addr: base, Len: l, RKey: m.stag()}
 }
 
 // Dereg invalidates the MR and frees its STag. It is idempotent. It fails
@@ -207,6 +236,7 @@ func (m *MR) Dereg() error {
 			return err
 		}
 		ok = true
+		m.pd.dev.rc.forget(m)
 	} else if m.fr != nil {
 		ok = m.fr.Release()
 	} else {
@@ -283,14 +313,14 @@ func (pd *PD) Close() error {
 	return nil
 }
 
-func (pd *PD) remoteRegMRCounted(buf []byte, acc Access) (*MR, error) {
+func (pd *PD) remoteRegMRCounted(buf []byte, iova uint64, acc Access) (*MR, error) {
 	pd.mu.Lock()
 	closed := pd.closed
 	pd.mu.Unlock()
 	if closed {
 		return nil, net.ErrClosed
 	}
-	m, err := pd.remoteRegMR(buf, acc)
+	m, err := pd.remoteRegMR(buf, iova, acc)
 	if err != nil {
 		return nil, err
 	}

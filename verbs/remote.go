@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"rdmatap/iwarp"
 	"rdmatap/verbs/internal/svc"
@@ -59,13 +61,22 @@ import (
 // room) at once, but an error the protocol engine finds later (an SGE
 // outside the client's registrations, a QP already in ERROR) arrives as
 // an error completion instead of a *PostError; the service's queue and
-// the ring each hold up to MaxSendWR (MaxRecvWR) WRs; fast-register MRs
-// and memory windows are not available; Stats are zero; QP.Progress does
-// nothing and WaitProgress only yields (the service progresses the QP;
+// the ring each hold up to MaxSendWR (MaxRecvWR) WRs; a fast-register
+// MR's and a window's accessors (RKey, Addr, Len, Remote) report the
+// registration or binding last posted, Valid asks the service; the pages
+// a fast-register MR maps must lie in memory the client registered (in
+// MRs of its own; the service maps nothing else); Stats are the service
+// device's, all its clients' traffic together; QP.Progress does nothing
+// and WaitProgress only yields (the service progresses the QP;
 // ManualProgress is ignored).
+//
+// Fast-register MRs and windows cross as handles: AllocMR, AllocMW,
+// MapPages, MapSG, SetIOVA and QP.BindMW are slow-path calls; the MR's
+// and window's fr and w fields are tokens that name them in REG_MR and
+// BIND_MW work requests, which go through the ring with the service's
+// handle in the entry (svc.PutSend).
 
-// ErrUnsupported reports an operation a device cannot do (a device of a
-// service: fast-register MRs, memory windows and their work requests).
+// ErrUnsupported reports an operation a device cannot do.
 var ErrUnsupported = fmt.Errorf("verbs: %w", errors.ErrUnsupported)
 
 // ErrLimit reports a per-client limit of the service.
@@ -92,8 +103,13 @@ type client struct {
 	qps     map[uint32]*QP
 	srqs    map[uint64]*SRQ
 	cqs     map[*CQ]struct{}
-	done    chan struct{}
-	wg      sync.WaitGroup
+	// Memory objects: the fast-register MRs and windows by the tokens
+	// their work requests carry, and the regular MRs by STag (MapSG).
+	frs    map[*iwarp.FastRegMR]*MR
+	mwt    map[*iwarp.Window]*MW
+	mrKeys map[STag]*MR
+	done   chan struct{}
+	wg     sync.WaitGroup
 }
 
 type reply struct {
@@ -113,7 +129,8 @@ func Connect(ctx context.Context, path string) (*Device, error) {
 	}
 	conn := c.(*net.UnixConn)
 	cl := &client{conn: conn, pending: map[uint32]chan reply{}, qps: map[uint32]*QP{}, srqs: map[uint64]*SRQ{},
-		cqs: map[*CQ]struct{}{}, done: make(chan struct{})}
+		cqs: map[*CQ]struct{}{}, frs: map[*iwarp.FastRegMR]*MR{}, mwt: map[*iwarp.Window]*MW{}, mrKeys: map[STag]*MR{},
+		done: make(chan struct{})}
 	var b svc.Builder
 	if err := svc.Write(conn, b.Reset(svc.THello, 0, 0).Args(svc.Magic, svc.Version).Msg()); err != nil {
 		conn.Close()
@@ -359,9 +376,23 @@ func statusError(st uint32, payload []byte) error {
 		return wrap(ErrMarkers)
 	case svc.StatusNoMatchingRTR:
 		return wrap(ErrNoMatchingRTR)
+	case svc.StatusInvalidWR:
+		return &svcError{text: text, errs: []error{iwarp.ErrInvalidWR}}
+	case svc.StatusInvalidArgWR:
+		return &svcError{text: text, errs: []error{ErrInvalidArgument, iwarp.ErrInvalidWR}}
 	}
 	return errors.New("verbs: service: " + text)
 }
+
+// svcError is an error the service found, with its text as the service
+// gave it (it names the sentinels already) and the sentinels it matches.
+type svcError struct {
+	text string
+	errs []error
+}
+
+func (e *svcError) Error() string   { return e.text }
+func (e *svcError) Unwrap() []error { return e.errs }
 
 func (cl *client) event(m svc.Msg) {
 	e := AsyncEvent{Type: AsyncEventType(m.Arg(0)), QPNum: uint32(m.Arg(1)),
@@ -429,6 +460,20 @@ func (cl *client) close() error {
 	return nil
 }
 
+// stats asks the service for its device's counters.
+func (cl *client) stats() Stats {
+	var st Stats
+	r, err := cl.do(context.Background(), svc.TStats, nil)
+	if err != nil {
+		return st
+	}
+	var f [1][]byte
+	if n, err := svc.Fields(r.m.Payload(), f[:]); err == nil && n == 1 {
+		binary.Decode(f[0], binary.LittleEndian, &st)
+	}
+	return st
+}
+
 // ring rings the service's doorbell if its poller sleeps.
 func (cl *client) ring() {
 	if cl.sleeping.Load() != 0 {
@@ -451,28 +496,426 @@ func (pd *PD) remoteClose() error {
 	return err
 }
 
-func (pd *PD) remoteRegMR(buf []byte, acc Access) (*MR, error) {
+func (pd *PD) remoteRegMR(buf []byte, iova uint64, acc Access) (*MR, error) {
 	fd, off, ok := zerocopy.Backing(buf)
 	if !ok {
 		return nil, ErrNotShared
 	}
 	va := iwarp.BufferAddr(buf)
-	r, err := pd.dev.rc.do(context.Background(), svc.TRegMR, func(b *svc.Builder) {
-		b.Args(pd.rh, va, uint64(len(buf)), uint64(acc), uint64(off))
+	cl := pd.dev.rc
+	r, err := cl.do(context.Background(), svc.TRegMR, func(b *svc.Builder) {
+		b.Args(pd.rh, va, uint64(len(buf)), uint64(acc), uint64(off), iova)
 	}, fd)
 	if err != nil {
 		return nil, err
 	}
 	reg := &iwarp.Region{Buf: buf, Access: acc, PD: pd.id, Kind: iwarp.KindMR}
 	if acc&AccessZeroBased == 0 {
-		reg.Base = va
+		reg.Base = iova
 	}
-	return &MR{pd: pd, r: reg, rh: r.m.Arg(0), rstag: STag(r.m.Arg(1))}, nil
+	m := &MR{pd: pd, r: reg, rh: r.m.Arg(0), rstag: STag(r.m.Arg(1))}
+	cl.mu.Lock()
+	cl.mrKeys[m.rstag] = m
+	cl.mu.Unlock()
+	return m, nil
 }
 
 func (m *MR) remoteDereg() error {
 	_, err := m.pd.dev.rc.do(context.Background(), svc.TDeregMR, func(b *svc.Builder) { b.Args(m.rh) })
 	return err
+}
+
+// forget drops a freed MR from the client's tables.
+func (cl *client) forget(m *MR) {
+	cl.mu.Lock()
+	if m.rfr != nil {
+		delete(cl.frs, m.fr)
+	} else if cl.mrKeys[m.rstag] == m {
+		delete(cl.mrKeys, m.rstag)
+	}
+	cl.mu.Unlock()
+}
+
+// --- fast-register MRs and memory windows ---
+
+// remoteFR is the client's side of a fast-register MR of a service: what
+// its next REG_MR maps and the registration last posted.
+type remoteFR struct {
+	maxPages int
+
+	mu     sync.Mutex
+	mapped bool
+	mapLen uint64
+	iova   uint64
+	buf    []byte // the mapped bytes when they are one run
+	// The registration last posted (the first STag until then).
+	stag    STag
+	base, n uint64
+	rbuf    []byte
+}
+
+func (f *remoteFR) view() ([]byte, uint64, uint64, STag) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rbuf, f.base, f.n, f.stag
+}
+
+// registered records a REG_MR posted with rkey and acc.
+func (f *remoteFR) registered(rkey STag, acc Access) {
+	f.mu.Lock()
+	f.stag, f.n, f.rbuf, f.base = rkey, f.mapLen, f.buf, f.iova
+	if acc&AccessZeroBased != 0 {
+		f.base = 0
+	}
+	f.mu.Unlock()
+}
+
+func (pd *PD) remoteAllocMR(maxPages int) (*MR, error) {
+	if maxPages <= 0 || maxPages > iwarp.MaxFastRegPages {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: fast-register MR of %d pages", iwarp.ErrInvalidWR, maxPages))
+	}
+	pd.mu.Lock()
+	closed := pd.closed
+	pd.mu.Unlock()
+	if closed {
+		return nil, net.ErrClosed
+	}
+	cl := pd.dev.rc
+	r, err := cl.do(context.Background(), svc.TAllocMR, func(b *svc.Builder) { b.Args(pd.rh, uint64(maxPages)) })
+	if err != nil {
+		return nil, err
+	}
+	m := &MR{pd: pd, fr: &iwarp.FastRegMR{}, rh: r.m.Arg(0), rstag: STag(r.m.Arg(1)),
+		rfr: &remoteFR{maxPages: maxPages, stag: STag(r.m.Arg(1))}}
+	cl.mu.Lock()
+	cl.frs[m.fr] = m
+	cl.mu.Unlock()
+	pd.mu.Lock()
+	pd.mrs++
+	pd.mu.Unlock()
+	return m, nil
+}
+
+// invalidWR is the error an embedded MR's map calls return for what
+// iwarp refuses.
+func invalidWR(format string, args ...any) error {
+	return fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: "+format, append([]any{iwarp.ErrInvalidWR}, args...)...))
+}
+
+func checkPageSize(pageSize int) error {
+	if pageSize < iwarp.MinPageSize || pageSize > iwarp.MaxPageSize || pageSize&(pageSize-1) != 0 {
+		return invalidWR("page size %d", pageSize)
+	}
+	return nil
+}
+
+// mapEntries sends a MAP_MR's entries, as many messages as they need,
+// and returns the IOVA and length of the mapping.
+func (m *MR) mapEntries(mode uint64, pageSize, offset, length int, ents []byte) (uint64, uint64, error) {
+	cl := m.pd.dev.rc
+	flags := uint64(svc.MapFirst)
+	for {
+		k := min(len(ents), svc.MapEntries*svc.MapEntrySize)
+		chunk := ents[:k]
+		ents = ents[k:]
+		if len(ents) == 0 {
+			flags |= svc.MapLast
+		}
+		r, err := cl.do(context.Background(), svc.TMapMR, func(b *svc.Builder) {
+			b.Args(m.rh, mode|flags, uint64(pageSize), uint64(offset), uint64(length)).Bytes(chunk)
+		})
+		if err != nil {
+			return 0, 0, err
+		}
+		if flags&svc.MapLast != 0 {
+			return r.m.Arg(0), r.m.Arg(1), nil
+		}
+		flags = 0
+	}
+}
+
+func (m *MR) remoteMapPages(pages [][]byte, pageSize, offset, length int) error {
+	f := m.rfr
+	if err := checkPageSize(pageSize); err != nil {
+		return err
+	}
+	if len(pages) == 0 || len(pages) > f.maxPages {
+		return invalidWR("%d pages, the MR maps 1 to %d", len(pages), f.maxPages)
+	}
+	if offset < 0 || offset >= pageSize || length < 0 || offset+length > len(pages)*pageSize {
+		return invalidWR("%d bytes at offset %d of %d pages of %d", length, offset, len(pages), pageSize)
+	}
+	// Runs of pages that follow one another in memory.
+	var ents []byte
+	var runAddr, runEnd uint64
+	var runN uint32
+	flush := func() {
+		if runN > 0 {
+			ents = binary.LittleEndian.AppendUint64(ents, runAddr)
+			ents = binary.LittleEndian.AppendUint64(ents, uint64(runN))
+		}
+	}
+	for i, p := range pages {
+		if len(p) != pageSize {
+			return invalidWR("page %d is %d bytes, not %d", i, len(p), pageSize)
+		}
+		a := iwarp.BufferAddr(p)
+		if runN > 0 && a == runEnd && runN < 1<<31 {
+			runN++
+		} else {
+			flush()
+			runAddr, runN = a, 1
+		}
+		runEnd = a + uint64(pageSize)
+	}
+	flush()
+	iova, n, err := m.mapEntries(svc.MapPages, pageSize, offset, length, ents)
+	if err != nil {
+		return err
+	}
+	var buf []byte
+	if len(ents) == svc.MapEntrySize {
+		buf = unsafe.Slice(unsafe.SliceData(pages[0]), len(pages)*pageSize)[offset : offset+length : offset+length]
+	}
+	f.setMapping(iova, n, buf)
+	return nil
+}
+
+func (f *remoteFR) setMapping(iova, n uint64, buf []byte) {
+	f.mu.Lock()
+	f.mapped, f.iova, f.mapLen, f.buf = true, iova, n, buf
+	f.mu.Unlock()
+}
+
+func (m *MR) remoteMapSG(sgl []SGE, pageSize int) error {
+	if err := checkPageSize(pageSize); err != nil {
+		return err
+	}
+	if len(sgl) == 0 {
+		return invalidWR("empty SGE list")
+	}
+	ents := make([]byte, 0, len(sgl)*svc.MapEntrySize)
+	for _, s := range sgl {
+		ents = binary.LittleEndian.AppendUint64(ents, s.Addr)
+		ents = binary.LittleEndian.AppendUint32(ents, s.Length)
+		ents = binary.LittleEndian.AppendUint32(ents, s.LKey)
+	}
+	iova, n, err := m.mapEntries(svc.MapSG, pageSize, 0, 0, ents)
+	if err != nil {
+		return err
+	}
+	// The bytes, when the SGEs make one run of this process's memory.
+	cl := m.pd.dev.rc
+	var buf []byte
+	one := true
+	for i, s := range sgl {
+		cl.mu.Lock()
+		mr := cl.mrKeys[s.LKey]
+		cl.mu.Unlock()
+		var b []byte
+		if mr != nil {
+			b, _ = mr.r.Slice(s.Addr, uint64(s.Length))
+		}
+		switch {
+		case b == nil && s.Length > 0:
+			one = false
+		case i == 0:
+			buf = b
+		case len(b) == 0:
+		case len(buf) > 0 && cap(buf)-len(buf) >= len(b) && unsafe.SliceData(buf[len(buf):len(buf)+1]) == unsafe.SliceData(b):
+			buf = buf[:len(buf)+len(b)]
+		default:
+			one = false
+		}
+	}
+	if !one {
+		buf = nil
+	}
+	m.rfr.setMapping(iova, n, buf)
+	return nil
+}
+
+func (m *MR) remoteSetIOVA(iova uint64) error {
+	_, err := m.pd.dev.rc.do(context.Background(), svc.TSetIOVA, func(b *svc.Builder) { b.Args(m.rh, iova) })
+	if err != nil {
+		return err
+	}
+	m.rfr.mu.Lock()
+	m.rfr.iova = iova
+	m.rfr.mu.Unlock()
+	return nil
+}
+
+// remoteValid asks the service whether a fast-register MR is valid.
+func (m *MR) remoteValid() bool {
+	r, err := m.pd.dev.rc.do(context.Background(), svc.TQueryMem, func(b *svc.Builder) { b.Args(m.rh) })
+	return err == nil && r.m.Arg(1) != 0
+}
+
+// remoteMW is the client's side of a window of a service: the binding
+// last posted.
+type remoteMW struct {
+	cl  *client
+	h   uint64
+	typ MWType
+
+	mu  sync.Mutex
+	buf RemoteBuf
+}
+
+func (pd *PD) remoteAllocMW(t MWType) (*MW, error) {
+	if t != MWType1 && t != MWType2 {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: window type %d", iwarp.ErrInvalidWR, t))
+	}
+	pd.mu.Lock()
+	closed := pd.closed
+	pd.mu.Unlock()
+	if closed {
+		return nil, net.ErrClosed
+	}
+	cl := pd.dev.rc
+	r, err := cl.do(context.Background(), svc.TAllocMW, func(b *svc.Builder) { b.Args(pd.rh, uint64(t)) })
+	if err != nil {
+		return nil, err
+	}
+	mw := &MW{pd: pd, w: &iwarp.Window{}, r: &remoteMW{cl: cl, h: r.m.Arg(0), typ: t, buf: RemoteBuf{RKey: STag(r.m.Arg(1))}}}
+	cl.mu.Lock()
+	cl.mwt[mw.w] = mw
+	cl.mu.Unlock()
+	pd.mu.Lock()
+	pd.mrs++
+	pd.mu.Unlock()
+	return mw, nil
+}
+
+func (r *remoteMW) remote() RemoteBuf {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.buf
+}
+
+// bound records a binding posted.
+func (r *remoteMW) bound(stag STag, b *iwarp.MWBind) {
+	r.mu.Lock()
+	r.buf = RemoteBuf{Addr: b.Addr, Len: b.Length, RKey: stag}
+	if b.Access&AccessZeroBased != 0 {
+		r.buf.Addr = 0
+	}
+	r.mu.Unlock()
+}
+
+func (r *remoteMW) valid() bool {
+	rep, err := r.cl.do(context.Background(), svc.TQueryMem, func(b *svc.Builder) { b.Args(r.h) })
+	return err == nil && rep.m.Arg(1) != 0
+}
+
+func (r *remoteMW) dealloc(mw *MW) {
+	r.cl.do(context.Background(), svc.TDeallocMW, func(b *svc.Builder) { b.Args(r.h) })
+	r.cl.mu.Lock()
+	delete(r.cl.mwt, mw.w)
+	r.cl.mu.Unlock()
+}
+
+func (qp *QP) remoteBindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, error) {
+	cl := qp.r.cl
+	if mw.r == nil || mw.r.cl != cl {
+		return 0, &PostError{Err: fmt.Errorf("%w: BIND_MW of a window of another device", iwarp.ErrInvalidWR)}
+	}
+	if mw.pd != qp.pd {
+		return 0, &PostError{Err: fmt.Errorf("%w: BIND_MW of a window of another protection domain", iwarp.ErrInvalidWR)}
+	}
+	if mw.r.typ != MWType1 {
+		return 0, &PostError{Err: fmt.Errorf("%w: a type 2 window is bound by a BIND_MW work request", iwarp.ErrInvalidWR)}
+	}
+	bi := b.iwarp()
+	if bi.Access&^windowAccess != 0 {
+		return 0, &PostError{Err: fmt.Errorf("%w: window access %#x (remote read, write, atomic, zero-based only)", iwarp.ErrInvalidWR, uint32(bi.Access))}
+	}
+	select {
+	case <-qp.r.done:
+		return 0, &PostError{Err: iwarp.ErrInvalidState}
+	default:
+	}
+	r, err := cl.do(context.Background(), svc.TBindMW, func(bb *svc.Builder) {
+		bb.Args(uint64(qp.r.num), mw.r.h, id, uint64(flags), uint64(bi.MR), bi.Addr, bi.Length, uint64(bi.Access))
+	})
+	if err != nil {
+		return 0, &PostError{Err: err}
+	}
+	stag := STag(r.m.Arg(0))
+	if bi.Length > 0 {
+		mw.r.bound(stag, &bi)
+	}
+	return stag, nil
+}
+
+// windowAccess are the rights a window may grant (iwarp's).
+const windowAccess = AccessRemoteRead | AccessRemoteWrite | AccessRemoteAtomic | AccessZeroBased
+
+// checkLocal checks a memory registration WR as the engine does at post
+// time, and returns the service's handle of its MR or window.
+func (r *remoteQP) checkLocal(qp *QP, wr *SendWR) (uint64, error) {
+	if len(wr.SGL) != 0 || wr.Flags&(Inline|Solicited) != 0 {
+		return 0, fmt.Errorf("%w: %v takes no SGEs, inline data or solicited event", iwarp.ErrInvalidWR, wr.Op)
+	}
+	switch wr.Op {
+	case OpRegMR:
+		r.cl.mu.Lock()
+		m := r.cl.frs[wr.MR]
+		r.cl.mu.Unlock()
+		switch {
+		case m == nil:
+			return 0, fmt.Errorf("%w: REG_MR without an MR", iwarp.ErrInvalidWR)
+		case m.pd != qp.pd:
+			return 0, fmt.Errorf("%w: REG_MR of an MR of another protection domain", iwarp.ErrInvalidWR)
+		case wr.RKey>>8 != m.rstag>>8:
+			return 0, fmt.Errorf("%w: REG_MR key %#x is not of the MR's STag %#x", iwarp.ErrInvalidWR, wr.RKey, m.stag())
+		}
+		all := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic | AccessMWBind | AccessZeroBased
+		switch {
+		case wr.Access&^all != 0:
+			return 0, fmt.Errorf("%w: access flags %#x", iwarp.ErrInvalidWR, uint32(wr.Access))
+		case wr.Access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && wr.Access&AccessLocalWrite == 0:
+			return 0, fmt.Errorf("%w: remote write and atomic access require local write", iwarp.ErrInvalidWR)
+		}
+		return m.rh, nil
+	case OpBindMW:
+		r.cl.mu.Lock()
+		w := r.cl.mwt[wr.MW]
+		r.cl.mu.Unlock()
+		switch {
+		case w == nil:
+			return 0, fmt.Errorf("%w: BIND_MW without a window", iwarp.ErrInvalidWR)
+		case w.pd != qp.pd:
+			return 0, fmt.Errorf("%w: BIND_MW of a window of another protection domain", iwarp.ErrInvalidWR)
+		case w.r.typ != MWType2:
+			return 0, fmt.Errorf("%w: a type 1 window is bound by QP.BindMW, not a work request", iwarp.ErrInvalidWR)
+		case wr.RKey>>8 != w.r.remote().RKey>>8:
+			return 0, fmt.Errorf("%w: BIND_MW key %#x is not of the window's STag %#x", iwarp.ErrInvalidWR, wr.RKey, w.r.remote().RKey)
+		case wr.Bind.MR == 0:
+			return 0, fmt.Errorf("%w: BIND_MW without an MR", iwarp.ErrInvalidWR)
+		case wr.Bind.Access&^windowAccess != 0:
+			return 0, fmt.Errorf("%w: window access %#x (remote read, write, atomic, zero-based only)", iwarp.ErrInvalidWR, uint32(wr.Bind.Access))
+		}
+		return w.r.h, nil
+	}
+	return 0, nil
+}
+
+// posted records what a memory registration WR just posted will register.
+func (r *remoteQP) posted(wr *SendWR) {
+	switch wr.Op {
+	case OpRegMR:
+		r.cl.mu.Lock()
+		m := r.cl.frs[wr.MR]
+		r.cl.mu.Unlock()
+		m.rfr.registered(wr.RKey, wr.Access)
+	case OpBindMW:
+		r.cl.mu.Lock()
+		w := r.cl.mwt[wr.MW]
+		r.cl.mu.Unlock()
+		w.r.bound(wr.RKey, &wr.Bind)
+	}
 }
 
 // --- CQ ---
@@ -817,18 +1260,23 @@ func (r *remoteQP) state() QPState {
 }
 
 // checkSend checks what the service would refuse at once, so the common
-// mistakes fail in PostSend as they do on an embedded device.
-func (r *remoteQP) checkSend(wr *SendWR) error {
+// mistakes fail in PostSend as they do on an embedded device; it returns
+// the handle of a REG_MR's MR or a BIND_MW's window.
+func (r *remoteQP) checkSend(qp *QP, wr *SendWR) (uint64, error) {
 	if !svc.SendOpAllowed(wr.Op) {
-		if wr.Op == OpRegMR || wr.Op == OpBindMW || wr.Op == OpLocalInv || wr.Op == OpReadInv {
-			return fmt.Errorf("%w: %v on a device of a service", ErrUnsupported, wr.Op)
-		}
-		return fmt.Errorf("%w: opcode %v", iwarp.ErrInvalidWR, wr.Op)
+		return 0, fmt.Errorf("%w: opcode %v", iwarp.ErrInvalidWR, wr.Op)
 	}
+	if wr.Op == OpRegMR || wr.Op == OpBindMW || wr.Op == OpLocalInv {
+		return r.checkLocal(qp, wr)
+	}
+	return 0, r.checkData(wr)
+}
+
+func (r *remoteQP) checkData(wr *SendWR) error {
 	if len(wr.SGL) > r.maxSendSGE {
 		return ErrTooManySGE
 	}
-	if (wr.Op == OpRead) && len(wr.SGL) > 1 {
+	if (wr.Op == OpRead || wr.Op == OpReadInv) && len(wr.SGL) > 1 {
 		return fmt.Errorf("%w: RDMA Read takes at most one SGE", ErrTooManySGE)
 	}
 	if wr.Flags&Inline != 0 {
@@ -857,7 +1305,8 @@ func (qp *QP) remotePostSend(wrs []SendWR) error {
 		return &PostError{Index: 0, Err: err}
 	}
 	for i := range wrs {
-		if err := r.checkSend(&wrs[i]); err != nil {
+		obj, err := r.checkSend(qp, &wrs[i])
+		if err != nil {
 			r.publishSQ()
 			return &PostError{Index: i, Err: err}
 		}
@@ -865,7 +1314,10 @@ func (qp *QP) remotePostSend(wrs []SendWR) error {
 			r.publishSQ()
 			return &PostError{Index: i, Err: ErrQueueFull}
 		}
-		svc.PutSend(r.sq.Entry(r.sqProd), &wrs[i])
+		svc.PutSend(r.sq.Entry(r.sqProd), &wrs[i], obj)
+		if obj != 0 {
+			r.posted(&wrs[i])
+		}
 		r.sqProd++
 		free--
 	}

@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -69,6 +70,10 @@ type Limits struct {
 	// RingBytes bounds the shared memory of the client's queues (default
 	// 256 MiB): the service makes it, and the client can touch all of it.
 	RingBytes int64
+	// FRPages bounds the pages all of a client's fast-register MRs may
+	// map (their maxPages; default 1<<20): a page list is service memory.
+	// Fast-register MRs and memory windows count against MRs too.
+	FRPages int
 }
 
 func (l Limits) withDefaults() Limits {
@@ -98,6 +103,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.RingBytes <= 0 {
 		l.RingBytes = 256 << 20
+	}
+	if l.FRPages <= 0 {
+		l.FRPages = 1 << 20
 	}
 	return l
 }
@@ -309,6 +317,9 @@ type session struct {
 	pds       map[uint64]*PD
 	cqs       map[uint64]*servedCQ
 	mrs       map[uint64]*servedMR
+	frmrs     map[uint64]*servedFRMR
+	mws       map[uint64]*MW
+	frPages   int // pages the fast-register MRs may map, counted against Limits.FRPages
 	srqs      map[uint64]*servedSRQ
 	qps       map[uint32]*servedQP
 	lns       map[uint64]*Listener
@@ -339,7 +350,8 @@ type session struct {
 func newSession(s *Server, c *net.UnixConn, id uint64) *session {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &session{srv: s, dev: s.dev, conn: c, id: id, lim: s.cfg.Limits, ctx: ctx, cancel: cancel,
-		pds: map[uint64]*PD{}, cqs: map[uint64]*servedCQ{}, mrs: map[uint64]*servedMR{}, srqs: map[uint64]*servedSRQ{},
+		pds: map[uint64]*PD{}, cqs: map[uint64]*servedCQ{}, mrs: map[uint64]*servedMR{}, frmrs: map[uint64]*servedFRMR{},
+		mws: map[uint64]*MW{}, srqs: map[uint64]*servedSRQ{},
 		qps: map[uint32]*servedQP{}, lns: map[uint64]*Listener{}, reqs: map[uint64]*ConnRequest{},
 		inflight: map[uint32]context.CancelFunc{}, ctlFd: -1, stop: make(chan struct{}),
 		events: make(chan AsyncEvent, 256)}
@@ -477,6 +489,10 @@ func errStatus(err error) (uint32, string) {
 		return svc.StatusMarkers, text
 	case errors.Is(err, ErrNoMatchingRTR):
 		return svc.StatusNoMatchingRTR, text
+	case errors.Is(err, iwarp.ErrInvalidWR) && errors.Is(err, ErrInvalidArgument):
+		return svc.StatusInvalidArgWR, text
+	case errors.Is(err, iwarp.ErrInvalidWR):
+		return svc.StatusInvalidWR, text
 	case errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrUnsupported), errors.Is(err, svc.ErrShort),
 		errors.Is(err, svc.ErrLength), errors.Is(err, svc.ErrType), errors.Is(err, svc.ErrArgs), errors.Is(err, svc.ErrTooLarge),
 		errors.Is(err, svc.ErrReserved):
@@ -622,6 +638,32 @@ func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []i
 		return nil, x.accept(ctx, b, m)
 	case svc.TReject:
 		return nil, x.reject(m)
+	case svc.TAllocMR:
+		return nil, x.allocMR(b, m)
+	case svc.TMapMR:
+		return nil, x.mapMR(b, m)
+	case svc.TSetIOVA:
+		f, err := x.frmr(m.Arg(0))
+		if err != nil {
+			return nil, err
+		}
+		return nil, f.mr.SetIOVA(m.Arg(1))
+	case svc.TAllocMW:
+		return nil, x.allocMW(b, m)
+	case svc.TDeallocMW:
+		return nil, x.deallocMW(m.Arg(0))
+	case svc.TBindMW:
+		return nil, x.bindMW(b, m)
+	case svc.TQueryMem:
+		return nil, x.queryMem(b, m.Arg(0))
+	case svc.TStats:
+		st := x.dev.Stats()
+		pay, err := binary.Append(nil, binary.LittleEndian, &st)
+		if err != nil {
+			return nil, err
+		}
+		b.Bytes(pay)
+		return nil, nil
 	}
 	closeFDs(fds)
 	return nil, fmt.Errorf("%w: unknown request %v", ErrInvalidArgument, t)
@@ -708,6 +750,12 @@ type servedMR struct {
 	mr      *MR
 	mapping []byte
 	n       int64
+	va      uint64 // the client's address of the first byte
+	// Under session.mu: the fast-register MRs that mapped pages of it
+	// (they may place into them until they are freed), and whether it
+	// has been deregistered; the pages are unmapped when both are done.
+	refs int
+	gone bool
 }
 
 func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
@@ -719,9 +767,12 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 	if err != nil {
 		return err
 	}
-	va, n, acc, off := m.Arg(1), m.Arg(2), Access(m.Arg(3)), m.Arg(4)
+	va, n, acc, off, iova := m.Arg(1), m.Arg(2), Access(m.Arg(3)), m.Arg(4), m.Arg(5)
 	if n == 0 || n > 1<<40 || off > 1<<50 || va+n < va {
 		return fmt.Errorf("%w: region of %d bytes at offset %d", ErrInvalidArgument, n, off)
+	}
+	if iova+n < iova {
+		return fmt.Errorf("%w: IOVA %#x + %d bytes wraps", ErrInvalidArgument, iova, n)
 	}
 	if va%4096 != off%4096 {
 		// The client maps the file from a page boundary, so its address
@@ -735,9 +786,9 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 		x.mu.Unlock()
 		return fmt.Errorf("%w: %d MR bytes registered, limit %d", ErrLimit, x.mrBytes, x.lim.MRBytes)
 	}
-	if len(x.mrs)+x.mrPending >= x.lim.MRs {
+	if x.memObjects()+x.mrPending >= x.lim.MRs {
 		x.mu.Unlock()
-		return fmt.Errorf("%w: %d MRs", ErrLimit, len(x.mrs))
+		return fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
 	}
 	x.mrPending++
 	defer func() {
@@ -750,10 +801,10 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 	mapping, part, err := svc.MapFile(fds[0], int64(off), int(n), true)
 	if err == nil {
 		var mr *MR
-		if mr, err = pd.regMRChecked(part, va, acc); err == nil {
+		if mr, err = pd.regMRChecked(part, iova, acc); err == nil {
 			x.mu.Lock()
 			h := x.handle64()
-			x.mrs[h] = &servedMR{mr: mr, mapping: mapping, n: int64(n)}
+			x.mrs[h] = &servedMR{mr: mr, mapping: mapping, n: int64(n), va: va}
 			x.mu.Unlock()
 			b.Args(h, uint64(mr.RKey()))
 			return nil
@@ -770,7 +821,7 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 
 // regMRChecked is RegMR's checks and registration at base.
 func (pd *PD) regMRChecked(buf []byte, base uint64, acc Access) (*MR, error) {
-	if acc&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic|AccessZeroBased) != 0 {
+	if acc&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic|AccessZeroBased|AccessMWBind) != 0 {
 		return nil, fmt.Errorf("%w: access flags %#x not supported", ErrInvalidArgument, uint32(acc))
 	}
 	if acc&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && acc&AccessLocalWrite == 0 {
@@ -779,26 +830,354 @@ func (pd *PD) regMRChecked(buf []byte, base uint64, acc Access) (*MR, error) {
 	return pd.regMRAt(buf, base, acc)
 }
 
+// memObjects counts the STags the client holds (session.mu held).
+func (x *session) memObjects() int { return len(x.mrs) + len(x.frmrs) + len(x.mws) }
+
 func (x *session) deregMR(h uint64) error {
 	x.mu.Lock()
 	r := x.mrs[h]
 	delete(x.mrs, h)
+	f := x.frmrs[h]
+	delete(x.frmrs, h)
 	x.mu.Unlock()
-	if r == nil {
-		return errNoHandle
+	switch {
+	case f != nil:
+		if err := x.releaseFRMR(f); err != nil {
+			x.mu.Lock()
+			x.frmrs[h] = f
+			x.mu.Unlock()
+			return err
+		}
+		return nil
+	case r != nil:
+		if err := x.releaseMR(r); err != nil {
+			x.mu.Lock()
+			x.mrs[h] = r
+			x.mu.Unlock()
+			return err
+		}
+		return nil
 	}
-	x.releaseMR(r)
-	return nil
+	return errNoHandle
 }
 
 // releaseMR invalidates the STag, waits out placements in progress, and
-// only then unmaps the client's pages.
-func (x *session) releaseMR(r *servedMR) {
-	r.mr.Dereg()
+// only then unmaps the client's pages, unless a fast-register MR still
+// maps some of them (then the last one freed unmaps them). It fails,
+// doing nothing, while windows are bound to the MR.
+func (x *session) releaseMR(r *servedMR) error {
+	if err := r.mr.Dereg(); err != nil {
+		return err
+	}
+	x.mu.Lock()
+	r.gone = true
+	unmap := r.refs == 0
+	x.mu.Unlock()
+	if unmap {
+		x.unmapMR(r)
+	}
+	return nil
+}
+
+func (x *session) unmapMR(r *servedMR) {
 	svc.Unmap(r.mapping)
 	x.mu.Lock()
 	x.mrBytes -= r.n
 	x.mu.Unlock()
+}
+
+// --- fast-register MRs and memory windows ---
+
+// servedFRMR is a client's fast-register MR. Its page lists name only
+// the client's registered memory (the service's mappings of it), and it
+// holds every regular MR whose pages it ever mapped until it is freed:
+// a registration of those pages may outlive the next MapPages, and the
+// pages must stay mapped while a peer may place into them.
+type servedFRMR struct {
+	mr   *MR
+	used map[*servedMR]struct{}
+	// A MAP_MR in several messages: the entries so far.
+	pend []byte
+}
+
+func (x *session) frmr(h uint64) (*servedFRMR, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if f := x.frmrs[h]; f != nil {
+		return f, nil
+	}
+	return nil, errNoHandle
+}
+
+func (x *session) allocMR(b *svc.Builder, m svc.Msg) error {
+	pd, err := x.pd(m.Arg(0))
+	if err != nil {
+		return err
+	}
+	maxPages := m.Arg(1)
+	if maxPages == 0 || maxPages > iwarp.MaxFastRegPages {
+		return fmt.Errorf("%w: fast-register MR of %d pages", ErrInvalidArgument, maxPages)
+	}
+	x.mu.Lock()
+	if x.memObjects()+x.mrPending >= x.lim.MRs {
+		x.mu.Unlock()
+		return fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
+	}
+	if x.frPages+int(maxPages) > x.lim.FRPages {
+		x.mu.Unlock()
+		return fmt.Errorf("%w: fast-register MRs of %d pages, limit %d", ErrLimit, x.frPages, x.lim.FRPages)
+	}
+	x.frPages += int(maxPages)
+	x.mu.Unlock()
+	mr, err := pd.AllocMR(int(maxPages))
+	if err != nil {
+		x.mu.Lock()
+		x.frPages -= int(maxPages)
+		x.mu.Unlock()
+		return err
+	}
+	x.mu.Lock()
+	h := x.handle64()
+	x.frmrs[h] = &servedFRMR{mr: mr, used: map[*servedMR]struct{}{}}
+	x.mu.Unlock()
+	b.Args(h, uint64(mr.RKey()))
+	return nil
+}
+
+// releaseFRMR frees a fast-register MR (its STag invalidated and fenced)
+// and lets go of the client's MRs it mapped.
+func (x *session) releaseFRMR(f *servedFRMR) error {
+	if err := f.mr.Dereg(); err != nil {
+		return err
+	}
+	var unmap []*servedMR
+	x.mu.Lock()
+	x.frPages -= f.mr.fr.MaxPages()
+	for r := range f.used {
+		r.refs--
+		if r.refs == 0 && r.gone {
+			unmap = append(unmap, r)
+		}
+	}
+	f.used = nil
+	x.mu.Unlock()
+	for _, r := range unmap {
+		x.unmapMR(r)
+	}
+	return nil
+}
+
+// clientMR finds the client's registered MR whose pages hold the client
+// addresses [va, va+n); session.mu held.
+func (x *session) clientMR(va, n uint64) *servedMR {
+	for _, r := range x.mrs {
+		if va >= r.va && va-r.va <= uint64(len(r.mr.r.Buf)) && n <= uint64(len(r.mr.r.Buf))-(va-r.va) {
+			return r
+		}
+	}
+	return nil
+}
+
+// mapMR is MAP_MR: MapPages or MapSG of a fast-register MR, over the
+// client's registered memory only. Page addresses are the client's: each
+// run of pages must lie inside one of its MRs, and the service maps the
+// same pages of its own mapping of that MR; SGEs name the client's MRs by
+// STag, as embedded.
+func (x *session) mapMR(b *svc.Builder, m svc.Msg) error {
+	f, err := x.frmr(m.Arg(0))
+	if err != nil {
+		return err
+	}
+	mode, pageSize, offset, length := m.Arg(1), m.Arg(2), m.Arg(3), m.Arg(4)
+	var fl [1][]byte
+	if n, err := svc.Fields(m.Payload(), fl[:]); err != nil || n != 1 || len(fl[0])%svc.MapEntrySize != 0 {
+		return fmt.Errorf("%w: MAP_MR entries", ErrInvalidArgument)
+	}
+	maxEntries := max(f.mr.fr.MaxPages(), svc.MapEntries)
+	if mode&svc.MapFirst != 0 {
+		f.pend = f.pend[:0]
+	}
+	if (len(f.pend)+len(fl[0]))/svc.MapEntrySize > maxEntries {
+		f.pend = nil
+		return fmt.Errorf("%w: MAP_MR of more than %d entries", ErrInvalidArgument, maxEntries)
+	}
+	f.pend = append(f.pend, fl[0]...)
+	if mode&svc.MapLast == 0 {
+		return nil
+	}
+	ents := f.pend
+	f.pend = nil
+	if pageSize > iwarp.MaxPageSize || offset > iwarp.MaxPageSize || length > 1<<50 {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: page size %d", iwarp.ErrInvalidWR, pageSize))
+	}
+	ps := int(pageSize)
+	used := map[*servedMR]struct{}{}
+	var iova uint64
+	x.mu.Lock()
+	switch mode & 0xff {
+	case svc.MapPages:
+		if pageSize < iwarp.MinPageSize || pageSize&(pageSize-1) != 0 {
+			x.mu.Unlock()
+			return fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: page size %d", iwarp.ErrInvalidWR, pageSize))
+		}
+		var pages [][]byte
+		for i := 0; i+svc.MapEntrySize <= len(ents); i += svc.MapEntrySize {
+			va, np := binary.LittleEndian.Uint64(ents[i:]), uint64(binary.LittleEndian.Uint32(ents[i+8:]))
+			if np == 0 || uint64(len(pages))+np > uint64(f.mr.fr.MaxPages()) {
+				x.mu.Unlock()
+				return fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: %d pages, the MR maps 1 to %d",
+					iwarp.ErrInvalidWR, uint64(len(pages))+np, f.mr.fr.MaxPages()))
+			}
+			r := x.clientMR(va, np*pageSize)
+			if r == nil {
+				x.mu.Unlock()
+				return fmt.Errorf("%w: pages [%#x, +%d) are not in memory the client registered", ErrInvalidArgument, va, np*pageSize)
+			}
+			if len(pages) == 0 {
+				iova = va + offset
+			}
+			used[r] = struct{}{}
+			run := r.mr.r.Buf[va-r.va:]
+			for k := 0; k < int(np); k++ {
+				pages = append(pages, run[k*ps:(k+1)*ps])
+			}
+		}
+		x.mu.Unlock()
+		if err := f.mr.MapPages(pages, ps, int(offset), int(length)); err != nil {
+			return err
+		}
+	case svc.MapSG:
+		sgl := make([]SGE, 0, len(ents)/svc.MapEntrySize)
+		for i := 0; i+svc.MapEntrySize <= len(ents); i += svc.MapEntrySize {
+			s := SGE{Addr: binary.LittleEndian.Uint64(ents[i:]), Length: binary.LittleEndian.Uint32(ents[i+8:]),
+				LKey: binary.LittleEndian.Uint32(ents[i+12:])}
+			var r *servedMR
+			for _, c := range x.mrs {
+				if c.mr.LKey() == s.LKey && c.mr.pd == f.mr.pd {
+					r = c
+					break
+				}
+			}
+			if r == nil {
+				x.mu.Unlock()
+				return fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: SGE %d: lkey %#x is no MR of the protection domain",
+					iwarp.ErrInvalidWR, len(sgl), s.LKey))
+			}
+			if len(sgl) == 0 {
+				iova = r.va + (s.Addr - r.mr.r.Base)
+			}
+			used[r] = struct{}{}
+			sgl = append(sgl, s)
+		}
+		x.mu.Unlock()
+		if err := f.mr.MapSG(sgl, ps); err != nil {
+			return err
+		}
+		length = 0
+		for _, s := range sgl {
+			length += uint64(s.Length)
+		}
+	default:
+		x.mu.Unlock()
+		return fmt.Errorf("%w: MAP_MR mode %#x", ErrInvalidArgument, mode)
+	}
+	// The IOVA of the client's first byte, as embedded (the service's
+	// mapping lies elsewhere).
+	if err := f.mr.SetIOVA(iova); err != nil {
+		return err
+	}
+	x.mu.Lock()
+	for r := range used {
+		if _, ok := f.used[r]; !ok && f.used != nil {
+			f.used[r] = struct{}{}
+			r.refs++
+		}
+	}
+	x.mu.Unlock()
+	b.Args(iova, length)
+	return nil
+}
+
+func (x *session) allocMW(b *svc.Builder, m svc.Msg) error {
+	pd, err := x.pd(m.Arg(0))
+	if err != nil {
+		return err
+	}
+	x.mu.Lock()
+	if x.memObjects()+x.mrPending >= x.lim.MRs {
+		x.mu.Unlock()
+		return fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
+	}
+	x.mu.Unlock()
+	if t := m.Arg(1); t != uint64(MWType1) && t != uint64(MWType2) {
+		return fmt.Errorf("%w: window type %d", ErrInvalidArgument, t)
+	}
+	mw, err := pd.AllocMW(MWType(m.Arg(1)))
+	if err != nil {
+		return err
+	}
+	x.mu.Lock()
+	h := x.handle64()
+	x.mws[h] = mw
+	x.mu.Unlock()
+	b.Args(h, uint64(mw.RKey()))
+	return nil
+}
+
+func (x *session) deallocMW(h uint64) error {
+	x.mu.Lock()
+	mw := x.mws[h]
+	delete(x.mws, h)
+	x.mu.Unlock()
+	if mw == nil {
+		return errNoHandle
+	}
+	return mw.Dealloc()
+}
+
+// bindMW is QP.BindMW of a type 1 window: args QP, window, WR ID, flags,
+// the MR's STag, address, length, access. The engine checks the MR (it
+// must be of the window's PD, which only this client's MRs are).
+func (x *session) bindMW(b *svc.Builder, m svc.Msg) error {
+	q, err := x.qp(m.Arg(0))
+	if err != nil {
+		return err
+	}
+	x.mu.Lock()
+	mw := x.mws[m.Arg(1)]
+	x.mu.Unlock()
+	if mw == nil {
+		return errNoHandle
+	}
+	if m.Arg(3) > 0xff || m.Arg(4) > 1<<32-1 || m.Arg(7) > 1<<32-1 {
+		return fmt.Errorf("%w: BIND_MW arguments", ErrInvalidArgument)
+	}
+	stag, err := q.qp.iw.BindMW1(m.Arg(2), iwarp.SendFlags(m.Arg(3)), mw.w,
+		iwarp.MWBind{MR: uint32(m.Arg(4)), Addr: m.Arg(5), Length: m.Arg(6), Access: Access(m.Arg(7))})
+	if err != nil {
+		return err
+	}
+	b.Args(uint64(stag))
+	return nil
+}
+
+// queryMem reports a fast-register MR's or window's current (or last)
+// registration: STag, valid, base, length.
+func (x *session) queryMem(b *svc.Builder, h uint64) error {
+	x.mu.Lock()
+	f, mw := x.frmrs[h], x.mws[h]
+	x.mu.Unlock()
+	var r *iwarp.Region
+	switch {
+	case f != nil:
+		r = f.mr.fr.Current()
+	case mw != nil:
+		r = mw.w.Current()
+	default:
+		return errNoHandle
+	}
+	b.Args(uint64(r.STag()), bool64(r.Valid()), r.Base, r.Len())
+	return nil
 }
 
 // --- CQ ---
@@ -1348,7 +1727,11 @@ func (x *session) drainSQ(q *servedQP) bool {
 	did := false
 	for ; n > 0; n-- {
 		wr := &q.wrs[0]
-		if err := svc.GetSend(q.sq.Entry(q.sqCons), wr, q.sgl); err != nil {
+		obj, err := svc.GetSend(q.sq.Entry(q.sqCons), wr, q.sgl)
+		if err == nil && (wr.Op == iwarp.WRRegMR || wr.Op == iwarp.WRBindMW) {
+			err = x.resolve(wr, obj)
+		}
+		if err != nil {
 			// A malformed entry completes in error; the client's other
 			// work goes on.
 			x.failWR(q.scq, q.num, iwarp.Completion{ID: svc.EntryID(q.sq.Entry(q.sqCons)), Status: iwarp.StatusLocalQPOp, Op: iwarp.CompSend})
@@ -1419,6 +1802,26 @@ func drainSRQ(s *servedSRQ) (bool, error) {
 	return did, nil
 }
 
+// resolve gives a REG_MR or BIND_MW from a ring the MR or window its
+// handle names (of this client only).
+func (x *session) resolve(wr *iwarp.SendWR, obj uint64) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	switch wr.Op {
+	case iwarp.WRRegMR:
+		if f := x.frmrs[obj]; f != nil {
+			wr.MR = f.mr.fr
+			return nil
+		}
+	case iwarp.WRBindMW:
+		if mw := x.mws[obj]; mw != nil {
+			wr.MW = mw.w
+			return nil
+		}
+	}
+	return errNoHandle
+}
+
 func (x *session) failWR(cq *servedCQ, num uint32, c iwarp.Completion) {
 	c.QPNum = num
 	cq.cq.Push(c)
@@ -1429,8 +1832,14 @@ func sendCompOp(op iwarp.WROp) iwarp.CompletionOp {
 	switch op {
 	case iwarp.WRWrite, iwarp.WRWriteImm:
 		return iwarp.CompWrite
-	case iwarp.WRRead:
+	case iwarp.WRRead, iwarp.WRReadInv:
 		return iwarp.CompRead
+	case iwarp.WRRegMR:
+		return iwarp.CompRegMR
+	case iwarp.WRBindMW:
+		return iwarp.CompBindMW
+	case iwarp.WRLocalInv:
+		return iwarp.CompLocalInv
 	case iwarp.WRAtomicCmpSwap:
 		return iwarp.CompCmpSwap
 	case iwarp.WRAtomicFetchAdd:
@@ -1734,12 +2143,25 @@ func (x *session) teardown() {
 	}
 	wg.Wait()
 	x.calls.Wait() // dial, accept, watchers: all end with the context
+	// Windows first (they hold MRs), then fast-register MRs (they hold
+	// the pages of MRs), then MRs: STags invalidated and fenced, and only
+	// then the pages unmapped.
 	x.mu.Lock()
-	mrs := x.mrs
-	x.mrs = map[uint64]*servedMR{}
+	mws, frmrs, mrs := x.mws, x.frmrs, x.mrs
+	x.mws, x.frmrs, x.mrs = map[uint64]*MW{}, map[uint64]*servedFRMR{}, map[uint64]*servedMR{}
 	x.mu.Unlock()
+	for _, mw := range mws {
+		mw.Dealloc()
+	}
+	for _, f := range frmrs {
+		if err := x.releaseFRMR(f); err != nil {
+			x.logf("fast-register MR: %v: its pages stay mapped", err)
+		}
+	}
 	for _, r := range mrs {
-		x.releaseMR(r) // STag invalidated and fenced, then unmapped
+		if err := x.releaseMR(r); err != nil {
+			x.logf("MR: %v: its pages stay mapped", err)
+		}
 	}
 	srqs := make([]uint64, 0, len(x.srqs))
 	for h := range x.srqs {

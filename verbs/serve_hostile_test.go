@@ -329,10 +329,10 @@ func TestServiceIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// First a malformed entry (opcode REG_MR): an error completion, the
-	// session lives.
+	// First a malformed entry (a REG_MR naming no MR of the client): an
+	// error completion, the session lives.
 	e := sq.Entry(0)
-	svc.PutSend(e, &iwarp.SendWR{ID: 99, Op: iwarp.WRSend})
+	svc.PutSend(e, &iwarp.SendWR{ID: 99, Op: iwarp.WRSend}, 0)
 	e[8] = byte(iwarp.WRRegMR)
 	sq.Prod.Store(1)
 	bell(t, r)
@@ -398,6 +398,16 @@ func FuzzServiceRequest(f *testing.F) {
 		b.Reset(svc.TDeregMR, 8, 0).Args(1).Msg(),
 		b.Reset(svc.TCancel, 9, 0).Args(6).Msg(),
 		b.Reset(svc.TReject, 10, 0).Args(1).Bytes([]byte("no")).Msg(),
+		b.Reset(svc.TRegMR, 11, 0).Args(1, 0x10000, 4096, uint64(verbs.AccessMWBind), 0, 1<<40).Msg(),
+		b.Reset(svc.TAllocMR, 12, 0).Args(1, 16).Msg(),
+		b.Reset(svc.TMapMR, 13, 0).Args(2, svc.MapPages|svc.MapFirst|svc.MapLast, 4096, 0, 4096).Bytes(make([]byte, svc.MapEntrySize)).Msg(),
+		b.Reset(svc.TMapMR, 14, 0).Args(2, svc.MapSG|svc.MapFirst, 512, 0, 0).Bytes(make([]byte, 2*svc.MapEntrySize)).Msg(),
+		b.Reset(svc.TSetIOVA, 15, 0).Args(2, 1<<63).Msg(),
+		b.Reset(svc.TAllocMW, 16, 0).Args(1, 2).Msg(),
+		b.Reset(svc.TBindMW, 17, 0).Args(1, 3, 7, 1, 0x100, 0, 4096, 2).Msg(),
+		b.Reset(svc.TQueryMem, 18, 0).Args(2).Msg(),
+		b.Reset(svc.TDeallocMW, 19, 0).Args(3).Msg(),
+		b.Reset(svc.TStats, 20, 0).Msg(),
 	} {
 		f.Add([]byte(m))
 	}
@@ -479,9 +489,18 @@ func FuzzServiceRequest(f *testing.F) {
 // crashes.
 func FuzzServiceRing(f *testing.F) {
 	e := make([]byte, svc.SendEntrySize(1))
-	svc.PutSend(e, &iwarp.SendWR{ID: 1, Op: iwarp.WRWrite, SGL: []iwarp.SGE{{Addr: 0x1000, Length: 8, LKey: 0x100}}, RemoteAddr: 1, RKey: 2})
+	svc.PutSend(e, &iwarp.SendWR{ID: 1, Op: iwarp.WRWrite, SGL: []iwarp.SGE{{Addr: 0x1000, Length: 8, LKey: 0x100}}, RemoteAddr: 1, RKey: 2}, 0)
 	f.Add(e, []byte{1, 2, 3}, uint32(1), uint32(1))
 	f.Add(e, e, uint32(1<<31), uint32(2))
+	for _, wr := range []iwarp.SendWR{
+		{ID: 2, Op: iwarp.WRRegMR, RKey: 0x101, Access: iwarp.AccessLocalWrite},
+		{ID: 3, Op: iwarp.WRBindMW, RKey: 0x202, Bind: iwarp.MWBind{MR: 0x303, Length: 8, Access: iwarp.AccessRemoteRead}},
+		{ID: 4, Op: iwarp.WRLocalInv, InvalidateRKey: 0x404},
+	} {
+		e := make([]byte, svc.SendEntrySize(1))
+		svc.PutSend(e, &wr, 1)
+		f.Add(e, []byte{}, uint32(1), uint32(0))
+	}
 	f.Fuzz(func(t *testing.T, sqEntry, rqEntry []byte, sqProd, rqProd uint32) {
 		fuzzRingService(t)
 		r, m := dialRaw(t, fuzzRing.path, svc.Version)

@@ -35,8 +35,10 @@ import (
 
 // Protocol identification (Hello's first two arguments).
 const (
-	Magic   = 0x7264_6d61_7461_7000 // "rdmatap\0"
-	Version = 1
+	Magic = 0x7264_6d61_7461_7000 // "rdmatap\0"
+	// Version 2: fast-register MRs, memory windows and their work
+	// requests, RegMRIOVA (REG_MR's IOVA argument), device statistics.
+	Version = 2
 )
 
 // Sizes and limits.
@@ -70,8 +72,8 @@ const (
 	TDeallocPD
 	TCreateCQ
 	TDestroyCQ
-	TRegMR
-	TDeregMR
+	TRegMR   // PD, address, length, access, memfd offset, IOVA; the memfd → handle, STag
+	TDeregMR // an MR or fast-register MR
 	TCreateSRQ
 	TDestroySRQ
 	TSRQLimit
@@ -86,15 +88,24 @@ const (
 	TAccept
 	TReject
 	TCancel
-	TEvent  // service → client: an async event of one of the client's QPs or SRQs
-	TQPDone // service → client: a QP is in ERROR with every WR completed
-	TError  // service → client: a message it could not read (Seq when the header was readable)
+	TEvent     // service → client: an async event of one of the client's QPs or SRQs
+	TQPDone    // service → client: a QP is in ERROR with every WR completed
+	TError     // service → client: a message it could not read (Seq when the header was readable)
+	TAllocMR   // PD, max pages → handle, STag (DEREG_MR frees it)
+	TMapMR     // MR, mode, page size, offset, length; entries → IOVA, length (see MapPages)
+	TSetIOVA   // MR, IOVA
+	TAllocMW   // PD, type → handle, STag
+	TDeallocMW // window
+	TBindMW    // QP, window, WR ID, flags, MR's STag, address, length, access → STag (a type 1 bind)
+	TQueryMem  // MR or window → STag, valid, base, length of its current (or last) registration
+	TStats     // → the device's Stats, little endian, as the payload's one field
 	tLast
 )
 
 var typeNames = [...]string{"", "HELLO", "ALLOC_PD", "DEALLOC_PD", "CREATE_CQ", "DESTROY_CQ", "REG_MR", "DEREG_MR",
 	"CREATE_SRQ", "DESTROY_SRQ", "SRQ_LIMIT", "CREATE_QP", "DESTROY_QP", "QUERY_QP", "DISCONNECT", "DIAL", "LISTEN",
-	"CLOSE_LISTENER", "GET_REQUEST", "ACCEPT", "REJECT", "CANCEL", "EVENT", "QP_DONE", "ERROR"}
+	"CLOSE_LISTENER", "GET_REQUEST", "ACCEPT", "REJECT", "CANCEL", "EVENT", "QP_DONE", "ERROR", "ALLOC_MR", "MAP_MR",
+	"SET_IOVA", "ALLOC_MW", "DEALLOC_MW", "BIND_MW", "QUERY_MEM", "STATS"}
 
 func (t Type) String() string {
 	if t > 0 && t < tLast {
@@ -124,6 +135,23 @@ const (
 	StatusMarkers
 	StatusNoMatchingRTR
 	StatusTimeout
+	StatusInvalidWR    // iwarp.ErrInvalidWR (a work request or memory object refused)
+	StatusInvalidArgWR // both verbs.ErrInvalidArgument and iwarp.ErrInvalidWR
+)
+
+// MAP_MR's modes (its second argument) and the size of one entry of its
+// payload. A page list goes as runs of pages that follow one another in
+// the client's memory (address, page count); an SGE list as the SGEs
+// (address, length, lkey). A list longer than one message holds goes in
+// several MAP_MRs, the first flagged MapFirst and the last MapLast.
+const (
+	MapPages     = 0
+	MapSG        = 1
+	MapFirst     = 1 << 8
+	MapLast      = 1 << 9
+	MapEntrySize = 16
+	// MapEntries is the most entries one MAP_MR carries.
+	MapEntries = (MaxMessage - HeaderSize - 8*MaxArgs - 2) / MapEntrySize
 )
 
 // Errors of decoding.

@@ -37,22 +37,45 @@ func TestRingEntries(t *testing.T) {
 	}
 	wr := iwarp.SendWR{ID: 7, Op: iwarp.WRWrite, Flags: iwarp.FlagSignaled, RemoteAddr: 1 << 40, RKey: 0x1234,
 		SGL: []iwarp.SGE{{Addr: 100, Length: 200, LKey: 300}, {Addr: 400, Length: 500, LKey: 600}}}
-	PutSend(r.Entry(5), &wr)
+	PutSend(r.Entry(5), &wr, 0)
 	var got iwarp.SendWR
-	if err := GetSend(r.Entry(1), &got, make([]iwarp.SGE, 2)); err != nil {
+	if _, err := GetSend(r.Entry(1), &got, make([]iwarp.SGE, 2)); err != nil {
 		t.Fatal(err)
 	}
 	if got.ID != 7 || got.Op != wr.Op || got.RemoteAddr != wr.RemoteAddr || len(got.SGL) != 2 || got.SGL[1] != wr.SGL[1] {
 		t.Fatalf("got %+v", got)
 	}
-	// More SGEs than the QP allows, and a memory registration opcode,
-	// are refused.
-	if GetSend(r.Entry(1), &got, make([]iwarp.SGE, 1)) == nil {
+	// More SGEs than the QP allows, and an unknown opcode, are refused.
+	if _, err := GetSend(r.Entry(1), &got, make([]iwarp.SGE, 1)); err == nil {
 		t.Error("3 SGEs accepted with room for 1")
 	}
-	r.Entry(1)[8] = byte(iwarp.WRRegMR)
-	if GetSend(r.Entry(1), &got, make([]iwarp.SGE, 2)) == nil {
-		t.Error("REG_MR accepted from a ring")
+	r.Entry(1)[8] = 0xee
+	if _, err := GetSend(r.Entry(1), &got, make([]iwarp.SGE, 2)); err == nil {
+		t.Error("opcode 0xee accepted from a ring")
+	}
+	// The memory registration operations carry their MR or window as a
+	// handle, and their other fields in the data fields.
+	reg := iwarp.SendWR{ID: 8, Op: iwarp.WRRegMR, Flags: iwarp.FlagSignaled | iwarp.FlagFence, RKey: 0x4501,
+		Access: iwarp.AccessLocalWrite | iwarp.AccessRemoteWrite | iwarp.AccessZeroBased}
+	PutSend(r.Entry(2), &reg, 77)
+	if obj, err := GetSend(r.Entry(2), &got, make([]iwarp.SGE, 2)); err != nil || obj != 77 || got.Op != reg.Op ||
+		got.RKey != reg.RKey || got.Access != reg.Access || got.Flags != reg.Flags || got.Imm != 0 || got.Swap != 0 {
+		t.Fatalf("REG_MR: got %+v, handle %d, %v", got, obj, err)
+	}
+	bind := iwarp.SendWR{ID: 9, Op: iwarp.WRBindMW, RKey: 0x6602,
+		Bind: iwarp.MWBind{MR: 0x3303, Addr: 1 << 33, Length: 4096, Access: iwarp.AccessRemoteRead}}
+	PutSend(r.Entry(3), &bind, 78)
+	if obj, err := GetSend(r.Entry(3), &got, make([]iwarp.SGE, 2)); err != nil || obj != 78 || got.Bind != bind.Bind ||
+		got.RKey != bind.RKey || got.RemoteAddr != 0 || got.InvalidateRKey != 0 {
+		t.Fatalf("BIND_MW: got %+v, handle %d, %v", got, obj, err)
+	}
+	for _, op := range []iwarp.WROp{iwarp.WRLocalInv, iwarp.WRReadInv} {
+		inv := iwarp.SendWR{ID: 10, Op: op, InvalidateRKey: 0x7704, RemoteAddr: 5, RKey: 6}
+		PutSend(r.Entry(0), &inv, 0)
+		if obj, err := GetSend(r.Entry(0), &got, make([]iwarp.SGE, 2)); err != nil || obj != 0 || got.InvalidateRKey != 0x7704 ||
+			got.RemoteAddr != 5 || got.RKey != 6 {
+			t.Fatalf("%v: got %+v, %v", op, got, err)
+		}
 	}
 	// A producer index beyond the capacity is refused.
 	r.Prod.Store(5)
@@ -70,6 +93,16 @@ func FuzzMsg(f *testing.F) {
 	f.Add([]byte(b.Reset(THello, 0, 0).Args(Magic, Version).Msg()))
 	f.Add([]byte(b.Reset(TRegMR, 3, 0).Args(1, 2, 3, 4, 5).Msg()))
 	f.Add([]byte(b.Reset(TDial, 9, 0).Args(16, 0, 0, 0, 0, 0, 0, 0).String("10.0.0.2:1").Bytes([]byte("pd")).Msg()))
+	f.Add([]byte(b.Reset(TRegMR, 4, 0).Args(1, 0x10000, 4096, 7, 0, 0x5000).Msg()))
+	f.Add([]byte(b.Reset(TAllocMR, 5, 0).Args(1, 16).Msg()))
+	f.Add([]byte(b.Reset(TMapMR, 6, 0).Args(2, MapPages|MapFirst|MapLast, 4096, 16, 8192, 1).Bytes(make([]byte, MapEntrySize)).Msg()))
+	f.Add([]byte(b.Reset(TMapMR, 7, 0).Args(2, MapSG|MapFirst|MapLast, 4096, 0, 0, 1).Bytes(make([]byte, MapEntrySize)).Msg()))
+	f.Add([]byte(b.Reset(TSetIOVA, 8, 0).Args(2, 1<<40).Msg()))
+	f.Add([]byte(b.Reset(TAllocMW, 9, 0).Args(1, 2).Msg()))
+	f.Add([]byte(b.Reset(TBindMW, 10, 0).Args(3, 4, 11, 1, 0x100, 0x10000, 4096, 2).Msg()))
+	f.Add([]byte(b.Reset(TQueryMem, 11, 0).Args(4).Msg()))
+	f.Add([]byte(b.Reset(TDeallocMW, 12, 0).Args(4).Msg()))
+	f.Add([]byte(b.Reset(TStats, 13, 0).Msg()))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m := Msg(data)
 		if m.Check() != nil {
@@ -97,14 +130,24 @@ func FuzzMsg(f *testing.F) {
 // FuzzRingEntry: hostile ring entries decode or are refused, never panic,
 // and a decoded entry's SGL fits the QP's SGE limit.
 func FuzzRingEntry(f *testing.F) {
-	e := make([]byte, SendEntrySize(2))
-	PutSend(e, &iwarp.SendWR{ID: 1, Op: iwarp.WRSend, SGL: []iwarp.SGE{{Addr: 1, Length: 2, LKey: 3}}})
-	f.Add(e)
+	for i, wr := range []iwarp.SendWR{
+		{ID: 1, Op: iwarp.WRSend, SGL: []iwarp.SGE{{Addr: 1, Length: 2, LKey: 3}}},
+		{ID: 2, Op: iwarp.WRRegMR, RKey: 0x101, Access: iwarp.AccessLocalWrite},
+		{ID: 3, Op: iwarp.WRBindMW, RKey: 0x202, Bind: iwarp.MWBind{MR: 0x303, Addr: 1, Length: 2, Access: iwarp.AccessRemoteRead}},
+		{ID: 4, Op: iwarp.WRLocalInv, InvalidateRKey: 0x404},
+		{ID: 5, Op: iwarp.WRReadInv, SGL: []iwarp.SGE{{Addr: 1, Length: 2, LKey: 3}}, RemoteAddr: 4, RKey: 5, InvalidateRKey: 0x505},
+	} {
+		e := make([]byte, SendEntrySize(2))
+		PutSend(e, &wr, uint64(i))
+		f.Add(e)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		sgl := make([]iwarp.SGE, 2)
 		var wr iwarp.SendWR
-		if GetSend(data, &wr, sgl) == nil && len(wr.SGL) > 2 {
+		if obj, err := GetSend(data, &wr, sgl); err == nil && len(wr.SGL) > 2 {
 			t.Fatalf("%d SGEs", len(wr.SGL))
+		} else if err == nil && obj != 0 && wr.Op != iwarp.WRRegMR && wr.Op != iwarp.WRBindMW {
+			t.Fatalf("%v with an object handle", wr.Op)
 		}
 		if _, s, err := GetRecv(data, sgl); err == nil && len(s) > 2 {
 			t.Fatalf("%d SGEs", len(s))

@@ -220,45 +220,60 @@ func getSGL(e []byte, n int, dst []iwarp.SGE) []iwarp.SGE {
 }
 
 // PutSend encodes wr into an SQ entry; the caller has checked that its
-// SGL fits.
-func PutSend(e []byte, wr *iwarp.SendWR) {
+// SGL fits. obj is the service's handle of the fast-register MR a REG_MR
+// registers or of the window a BIND_MW binds (0 for other operations).
+//
+// The memory registration operations reuse the data fields: REG_MR
+// carries its access in Imm and the MR's handle in Swap; BIND_MW carries
+// the window's handle in Swap and its binding in RemoteAddr (address),
+// CompareAdd (length), InvRKey (the MR's STag) and Imm (access).
+func PutSend(e []byte, wr *iwarp.SendWR, obj uint64) {
 	binary.LittleEndian.PutUint64(e[seID:], wr.ID)
 	e[seOp] = byte(wr.Op)
 	e[seFlags] = byte(wr.Flags)
 	binary.LittleEndian.PutUint16(e[seNSGE:], uint16(len(wr.SGL)))
-	binary.LittleEndian.PutUint64(e[seRemoteAddr:], wr.RemoteAddr)
+	remote, inv, imm, cmp, swap := wr.RemoteAddr, wr.InvalidateRKey, wr.Imm, wr.CompareAdd, wr.Swap
+	switch wr.Op {
+	case iwarp.WRRegMR:
+		imm, swap = uint32(wr.Access), obj
+	case iwarp.WRBindMW:
+		remote, cmp, inv, imm, swap = wr.Bind.Addr, wr.Bind.Length, wr.Bind.MR, uint32(wr.Bind.Access), obj
+	}
+	binary.LittleEndian.PutUint64(e[seRemoteAddr:], remote)
 	binary.LittleEndian.PutUint32(e[seRKey:], wr.RKey)
-	binary.LittleEndian.PutUint32(e[seInvRKey:], wr.InvalidateRKey)
-	binary.LittleEndian.PutUint32(e[seImm:], wr.Imm)
-	binary.LittleEndian.PutUint64(e[seCompareAdd:], wr.CompareAdd)
-	binary.LittleEndian.PutUint64(e[seSwap:], wr.Swap)
+	binary.LittleEndian.PutUint32(e[seInvRKey:], inv)
+	binary.LittleEndian.PutUint32(e[seImm:], imm)
+	binary.LittleEndian.PutUint64(e[seCompareAdd:], cmp)
+	binary.LittleEndian.PutUint64(e[seSwap:], swap)
 	putSGL(e[SendEntryBase:], wr.SGL)
 }
 
 // SendOpAllowed reports whether a client may post op through a ring: the
-// data operations. Memory registration WRs name Go objects (fast-register
-// MRs, windows) that do not cross the process boundary.
+// data operations, Local Invalidate, RDMA Read with Invalidate, REG_MR
+// and BIND_MW (whose MR or window the entry names by the service's
+// handle; GetSend returns it).
 func SendOpAllowed(op iwarp.WROp) bool {
 	switch op {
 	case iwarp.WRSend, iwarp.WRSendInvalidate, iwarp.WRWrite, iwarp.WRRead, iwarp.WRWriteImm, iwarp.WRSendImm,
-		iwarp.WRAtomicCmpSwap, iwarp.WRAtomicFetchAdd:
+		iwarp.WRAtomicCmpSwap, iwarp.WRAtomicFetchAdd, iwarp.WRLocalInv, iwarp.WRReadInv, iwarp.WRRegMR, iwarp.WRBindMW:
 		return true
 	}
 	return false
 }
 
 // GetSend decodes an SQ entry into wr, reusing sgl (whose capacity is the
-// QP's MaxSendSGE) for its SGL. It copies the entry's fields once, so a
-// client changing the entry meanwhile cannot make the checks and the use
-// disagree.
-func GetSend(e []byte, wr *iwarp.SendWR, sgl []iwarp.SGE) error {
+// QP's MaxSendSGE) for its SGL, and returns the handle of the MR or window
+// a REG_MR or BIND_MW names (for the caller to resolve: wr.MR and wr.MW
+// stay nil). It copies the entry's fields once, so a client changing the
+// entry meanwhile cannot make the checks and the use disagree.
+func GetSend(e []byte, wr *iwarp.SendWR, sgl []iwarp.SGE) (uint64, error) {
 	if len(e) < SendEntryBase {
-		return ErrRingEntry
+		return 0, ErrRingEntry
 	}
 	n := int(binary.LittleEndian.Uint16(e[seNSGE:]))
 	op := iwarp.WROp(e[seOp])
 	if n > cap(sgl) || SendEntryBase+n*SGESize > len(e) || !SendOpAllowed(op) {
-		return ErrRingEntry
+		return 0, ErrRingEntry
 	}
 	*wr = iwarp.SendWR{
 		ID: binary.LittleEndian.Uint64(e[seID:]), Op: op, Flags: iwarp.SendFlags(e[seFlags]),
@@ -267,10 +282,20 @@ func GetSend(e []byte, wr *iwarp.SendWR, sgl []iwarp.SGE) error {
 		CompareAdd: binary.LittleEndian.Uint64(e[seCompareAdd:]), Swap: binary.LittleEndian.Uint64(e[seSwap:]),
 	}
 	if wr.Flags&^(iwarp.FlagSignaled|iwarp.FlagInline|iwarp.FlagSolicited|iwarp.FlagFence) != 0 {
-		return ErrRingEntry
+		return 0, ErrRingEntry
 	}
 	wr.SGL = getSGL(e[SendEntryBase:], n, sgl)
-	return nil
+	var obj uint64
+	switch op {
+	case iwarp.WRRegMR:
+		wr.Access, obj = iwarp.Access(wr.Imm), wr.Swap
+		wr.Imm, wr.Swap = 0, 0
+	case iwarp.WRBindMW:
+		wr.Bind = iwarp.MWBind{MR: wr.InvalidateRKey, Addr: wr.RemoteAddr, Length: wr.CompareAdd, Access: iwarp.Access(wr.Imm)}
+		obj = wr.Swap
+		wr.RemoteAddr, wr.CompareAdd, wr.InvalidateRKey, wr.Imm, wr.Swap = 0, 0, 0, 0, 0
+	}
+	return obj, nil
 }
 
 // PutRecv encodes a receive work request into an RQ entry.
