@@ -642,9 +642,13 @@ static int dial(struct conn *c, struct sockaddr *dst, const char *cell)
 		if (setup(c, !strcmp(cell, "srq")) || prepare(c, cell, 0))
 			return -1;
 		conn_param(c, cell, &pd, &cp);
-		if (rdma_connect(c->id, &cp))
-			return bad("rdma_connect: %s", strerror(errno));
-		if (!get_event(c, RDMA_CM_EVENT_ESTABLISHED, 10000, &ev))
+		if (rdma_connect(c->id, &cp)) {
+			/* Seen as ETIMEDOUT while the peer's endpoint was still
+			 * starting (its TAP not up yet): try again too. */
+			int e = errno;
+			if (now_ms() > end)
+				return bad("rdma_connect: %s", strerror(e));
+		} else if (!get_event(c, RDMA_CM_EVENT_ESTABLISHED, 10000, &ev))
 			break;
 		/* Refused or unreachable: the peer is not listening yet. */
 		if (now_ms() > end)
