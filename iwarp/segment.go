@@ -327,16 +327,7 @@ func (p *segPlacer) place(off uint64, payload [][]byte) { p.placeRetain(off, pay
 func (p *segPlacer) placeRetain(off uint64, payload [][]byte, retain func() func()) {
 	p.placeMu.Lock()
 	defer p.placeMu.Unlock()
-	v := segView(payload)
-	n := v.size()
-	var mfirst uint64
-	var marked bool
-	if p.markers {
-		p.wv, p.woff, p.wn = v, off, n
-		off, mfirst, marked = p.demark(v, off, n)
-		v = p.dv
-		n = v.size()
-	}
+	v, off, n, mfirst, marked := p.view(segView(payload), off)
 	// Every segment counts for the contiguous data the tap has seen, a
 	// short one too (a hole left by it would never fill).
 	p.mu.Lock()
@@ -466,16 +457,7 @@ func (p *segPlacer) nextJob() (segJob, bool) {
 
 // runJob places a queued segment (its busy count taken) and releases it.
 func (p *segPlacer) runJob(j segJob) {
-	v := segView(j.views)
-	off, n := j.off, v.size()
-	var mfirst uint64
-	var marked bool
-	if p.markers {
-		p.wv, p.woff, p.wn = v, off, n
-		off, mfirst, marked = p.demark(v, off, n)
-		v = p.dv
-		n = v.size()
-	}
+	v, off, n, mfirst, marked := p.view(segView(j.views), j.off)
 	p.frame(v, off, n, segAhead, marked, mfirst)
 	j.release()
 }
@@ -552,6 +534,19 @@ func (p *segPlacer) frame(v segView, off uint64, n, arrival int, marked bool, mf
 		}
 		pos += total
 	}
+}
+
+// view returns the FPDU stream of the segment v at stream offset off, its
+// offset and size: the segment itself or, with markers, its runs between
+// the markers (p.dv; p.wv keeps the marked segment), with the FPDU start a
+// marker in it points to (marked). placeMu is held.
+func (p *segPlacer) view(v segView, off uint64) (dv segView, doff uint64, n int, mfirst uint64, marked bool) {
+	if !p.markers {
+		return v, off, v.size(), 0, false
+	}
+	p.wv, p.woff, p.wn = v, off, v.size()
+	doff, mfirst, marked = p.demark(v, off, p.wn)
+	return p.dv, doff, p.dv.size(), mfirst, marked
 }
 
 // demark removes the markers from a marked segment at stream offset off

@@ -486,40 +486,26 @@ func (c *conn) solicitedOut() (string, error) {
 
 // atomic: siw has no atomics (RFC 7306); it must answer with a Terminate.
 func (c *conn) atomic() (string, error) {
-	if err := c.qp.PostSend(verbs.SendWR{ID: 300, Op: verbs.OpAtomicFetchAdd, Flags: verbs.Signaled,
-		SGL: []verbs.SGE{c.data.SGE(0, 8)}, RemoteAddr: c.raddr, RKey: c.rkey, CompareAdd: 1}); err != nil {
-		return "", err
-	}
-	wc, err := wait(c.scq, 10*time.Second)
-	if err != nil {
-		return "", err
-	}
-	select {
-	case <-c.qp.Done():
-	case <-time.After(5 * time.Second):
-	}
-	detail := fmt.Sprintf("Fetch&Add completed: %v (terminate %v); QP %v: %v", wc.Status, wc.Term, c.qp.State(), c.qp.Err())
-	// siw means RDMAP / Remote Operation / Unexpected OpCode, in its
-	// nibble-swapped layout without header flags, which reads as LLP /
-	// MPA / 0x06 in the RFC's: the bytes are ambiguous, and rdmatap's
-	// lenient decoder prefers the RFC reading (an error status either way).
-	var term *verbs.TerminateError
-	if wc.Status == verbs.StatusSuccess || wc.Term == (verbs.WC{}).Term || c.qp.State() != verbs.QPError ||
-		!errors.As(c.qp.Err(), &term) || !term.Received {
-		return "", errors.New(detail)
-	}
-	return detail, nil
+	return c.extRefused(verbs.SendWR{ID: 300, Op: verbs.OpAtomicFetchAdd, Flags: verbs.Signaled,
+		SGL: []verbs.SGE{c.data.SGE(0, 8)}, RemoteAddr: c.raddr, RKey: c.rkey, CompareAdd: 1})
 }
 
 // immediate: siw has no Immediate Data (RFC 7306) either; it answers the
 // Immediate Data message with a Terminate. The WR must complete with an
 // error status, never success (rdmatap holds its completion for the
-// zero-length Read it sends behind it), and the QP fail with siw's
-// Terminate. The Write part of a Write with Immediate lands (64 bytes at
-// offset 64 of siw's data region, clear of the word siw checks).
+// zero-length Read it sends behind it). The Write part of a Write with
+// Immediate lands (64 bytes at offset 64 of siw's data region, clear of
+// the word siw checks).
 func (c *conn) immediate(op verbs.Opcode) (string, error) {
-	if err := c.qp.PostSend(verbs.SendWR{ID: 301, Op: op, Flags: verbs.Signaled,
-		SGL: []verbs.SGE{c.data.SGE(0, 64)}, RemoteAddr: c.raddr + 64, RKey: c.rkey, Imm: 0x1234}); err != nil {
+	return c.extRefused(verbs.SendWR{ID: 301, Op: op, Flags: verbs.Signaled,
+		SGL: []verbs.SGE{c.data.SGE(0, 64)}, RemoteAddr: c.raddr + 64, RKey: c.rkey, Imm: 0x1234})
+}
+
+// extRefused posts wr, an RFC 7306 operation siw lacks: it must complete with
+// an error status naming siw's Terminate (not success, not a flush), and
+// the QP fail with that Terminate received.
+func (c *conn) extRefused(wr verbs.SendWR) (string, error) {
+	if err := c.qp.PostSend(wr); err != nil {
 		return "", err
 	}
 	wc, err := wait(c.scq, 10*time.Second)
@@ -530,9 +516,13 @@ func (c *conn) immediate(op verbs.Opcode) (string, error) {
 	case <-c.qp.Done():
 	case <-time.After(5 * time.Second):
 	}
-	detail := fmt.Sprintf("%v completed: %v (terminate %v); QP %v: %v", op, wc.Status, wc.Term, c.qp.State(), c.qp.Err())
+	detail := fmt.Sprintf("%v completed: %v (terminate %v); QP %v: %v", wr.Op, wc.Status, wc.Term, c.qp.State(), c.qp.Err())
+	// siw means RDMAP / Remote Operation / Unexpected OpCode, in its
+	// nibble-swapped layout without header flags, which reads as LLP /
+	// MPA / 0x06 in the RFC's: the bytes are ambiguous, and rdmatap's
+	// lenient decoder prefers the RFC reading (an error status either way).
 	var term *verbs.TerminateError
-	if wc.ID != 301 || wc.Status == verbs.StatusSuccess || wc.Status == verbs.StatusWRFlush || wc.Term == (verbs.WC{}).Term ||
+	if wc.ID != wr.ID || wc.Status == verbs.StatusSuccess || wc.Status == verbs.StatusWRFlush || wc.Term == (verbs.WC{}).Term ||
 		c.qp.State() != verbs.QPError || !errors.As(c.qp.Err(), &term) || !term.Received {
 		return "", errors.New(detail)
 	}
