@@ -2,6 +2,7 @@ package verbs_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"runtime"
 	"slices"
@@ -96,11 +97,16 @@ func BenchmarkPlacement(b *testing.B) {
 		}
 		return time.Since(start).Seconds() / float64(n)
 	}
-	p99 := func(s *side, n int) float64 {
+	// Every 64 KiB completion time of the timed rounds, per side.
+	lats := map[*side][]float64{}
+	p99 := func(s *side, n int, timed bool) float64 {
 		if err := s.lat.do(n); err != nil {
 			b.Fatal(err)
 		}
 		v := slices.Clone(*s.p99)
+		if timed {
+			lats[s] = append(lats[s], v...)
+		}
 		slices.Sort(v)
 		return v[len(v)*99/100]
 	}
@@ -132,7 +138,7 @@ func BenchmarkPlacement(b *testing.B) {
 						c.fillStr.Add(&h)
 					}
 				}
-				f[1] = p99(s, latN)
+				f[1] = p99(s, latN, r >= 0)
 				if s.pp.do != nil {
 					f[2] = timed(s.pp, ppN)
 				}
@@ -180,6 +186,16 @@ func BenchmarkPlacement(b *testing.B) {
 			b.Logf("%s: ping-pong segment/stream rounds %.3f", c.name, sorted(f.pp))
 			b.ReportMetric(median(f.pp), c.name+"-pingpong-x")
 		}
+		q := func(s *side) string {
+			v := slices.Clone(lats[s])
+			slices.Sort(v)
+			if len(v) == 0 {
+				return "none"
+			}
+			at := func(f float64) float64 { return v[int(f*float64(len(v)-1))] * 1e6 }
+			return fmt.Sprintf("p50 %.0f µs, p90 %.0f µs, p99 %.0f µs", at(.5), at(.9), at(.99))
+		}
+		b.Logf("%s: 64 KiB completions of all rounds: segment %s; stream %s", c.name, q(c.seg), q(c.stream))
 		b.Logf("%s: medians segment %.0f MB/s, p99 %.0f µs; stream %.0f MB/s, p99 %.0f µs", c.name,
 			median(every(c.absSeg, 0)), median(every(c.absSeg, 1)), median(every(c.absStr, 0)), median(every(c.absStr, 1)))
 	}
