@@ -128,6 +128,17 @@ type receiver struct {
 	// nobody changes it while it is there.
 	rresp   orqEntry
 	rrespOn bool
+
+	// cont is the region of the RDMA Write under way when its last FPDU
+	// was placed into it and was not the Write's last: the next FPDU
+	// that continues it (contWrite) skips the STag lookup and the checks
+	// its header repeats. contCtl is that FPDU's two control bytes
+	// without the Last flag, contSTag its STag and contTO the TO that
+	// follows it.
+	cont     *Region
+	contCtl  [2]byte
+	contSTag uint32
+	contTO   uint64
 }
 
 type rxCounts struct {
@@ -178,6 +189,7 @@ func (r *receiver) init(p ConnParams) {
 	}
 	r.hasImm = false
 	r.rresp, r.rrespOn = orqEntry{}, false
+	r.cont = nil
 	if r.cur.wqe.sgl == nil {
 		r.cur.wqe.sgl = make([]SGE, 0, r.qp.cfg.RQ.MaxSGE())
 		r.cur.dst = make(zerocopy.SGList, 0, r.qp.cfg.RQ.MaxSGE())
@@ -329,7 +341,12 @@ func (r *receiver) whole(p []byte) int {
 		return 0
 	}
 	need := MPALengthSize + hs
-	copy(r.hdr[:need], p)
+	if need == MPALengthSize+DDPTaggedHeaderSize {
+		// A fixed-size copy is two moves; copy calls memmove.
+		*(*[MPALengthSize + DDPTaggedHeaderSize]byte)(r.hdr[:]) = [MPALengthSize + DDPTaggedHeaderSize]byte(p)
+	} else {
+		copy(r.hdr[:need], p)
+	}
 	r.have, r.need, r.ulpdu, r.op = need, need, ulpdu, op
 	r.onHeader()
 	if r.state == rxDead {
@@ -341,7 +358,12 @@ func (r *receiver) whole(p []byte) int {
 		}
 		r.payPos = r.payLen
 	}
-	r.trHave = copy(r.trail[:r.trNeed], p[need+r.payLen:total])
+	if tr := p[need+r.payLen : total]; len(tr) == MPACRCSize {
+		*(*[MPACRCSize]byte)(r.trail[:]) = [MPACRCSize]byte(tr)
+		r.trHave = MPACRCSize
+	} else {
+		r.trHave = copy(r.trail[:r.trNeed], tr)
+	}
 	r.onTrailer()
 	return total
 }
@@ -423,9 +445,11 @@ func (r *receiver) onHeader() {
 			return
 		}
 	}
-	if code, bad := r.check(h); bad {
-		r.fail(code, hl)
-		return
+	if !r.contWrite(h) {
+		if code, bad := r.check(h); bad {
+			r.fail(code, hl)
+			return
+		}
 	}
 	if e := r.early; e != nil && (e.payLen != r.payLen || !r.placedHere(e)) {
 		// Placed from its segment as another FPDU than TCP delivers.
@@ -441,6 +465,29 @@ func (r *receiver) onHeader() {
 	} else {
 		r.state = rxPayload
 	}
+}
+
+// contWrite sets the destination of an FPDU that continues the RDMA Write
+// of the FPDU before it (r.cont): the same control bytes but for the Last
+// flag, the same STag, the next TO, and payload. Its header then passes
+// every check of that FPDU's, which check would repeat, and the region,
+// looked up and checked for that FPDU, is the one its STag names as long
+// as it is valid (deregistration invalidates it before it leaves the
+// table): only validity and the bounds are checked again. false: check
+// the FPDU as usual.
+func (r *receiver) contWrite(h DDPHeader) bool {
+	c := r.cont
+	r.cont = nil
+	if c == nil || r.payLen == 0 || h[ddpControl]&^ddpFlagLast != r.contCtl[0] || h[rdmapCtrl] != r.contCtl[1] ||
+		h.STag() != r.contSTag || h.TO() != r.contTO || !c.Valid() {
+		return false
+	}
+	dst, ok := c.Slice(r.contTO, uint64(r.payLen))
+	if !ok {
+		return false
+	}
+	r.dst, r.reg = dst, c
+	return true
 }
 
 // placedHere reports whether the current FPDU's destination, as checked,
@@ -952,6 +999,11 @@ func (r *receiver) endFPDU() {
 	h := DDPHeader(r.hdr[MPALengthSize:r.need])
 	r.state = rxHeader
 	r.have, r.need = 0, 4
+	if r.op == OpWrite && !r.last && r.dst != nil {
+		r.cont = r.reg
+		r.contCtl = [2]byte{h[ddpControl] &^ ddpFlagLast, h[rdmapCtrl]}
+		r.contSTag, r.contTO = h.STag(), h.TO()+uint64(r.payLen)
+	}
 	switch r.op {
 	case OpWrite:
 	case OpReadResponse:
