@@ -335,6 +335,11 @@ func (r *receiver) whole(p []byte) int {
 	if total > len(p) {
 		return 0
 	}
+	if r.cont != nil && r.seg == nil {
+		if r.wholeCont(p, ulpdu, total) {
+			return total
+		}
+	}
 	h := DDPHeader(p[MPALengthSize:])
 	hs, op := h.HeaderSize(), h.Opcode()
 	if ulpdu < hs || !h.Tagged() && (extHeaderSize(op) > 0 || op == OpTerminate) {
@@ -366,6 +371,51 @@ func (r *receiver) whole(p []byte) int {
 	}
 	r.onTrailer()
 	return total
+}
+
+// wholeCont takes a whole FPDU that continues the RDMA Write of the FPDU
+// before it and is not its last (see contWrite), with neither pad nor
+// segment placement: the bulk of a large Write cut into short FPDUs. It
+// runs the steps of onHeader, place, onTrailer and endFPDU for such an
+// FPDU in one go, without their state changes, which the next FPDU would
+// undo. false, having changed nothing the byte-wise path does not redo,
+// leaves the FPDU to it: any other FPDU, one whose region is gone, and
+// one whose CRC fails (its bytes are placed again there and the error
+// raised).
+func (r *receiver) wholeCont(p []byte, ulpdu, total int) bool {
+	const need = MPALengthSize + DDPTaggedHeaderSize
+	payLen := ulpdu - DDPTaggedHeaderSize
+	h := DDPHeader(p[MPALengthSize:need])
+	// The control bytes as they were, so with Last clear.
+	if payLen <= 0 || total != need+payLen+MPACRCSize || h[ddpControl] != r.contCtl[0] || h[rdmapCtrl] != r.contCtl[1] ||
+		h.STag() != r.contSTag || h.TO() != r.contTO {
+		return false
+	}
+	c := r.cont
+	if !c.Valid() {
+		return false
+	}
+	dst, ok := c.Slice(r.contTO, uint64(payLen))
+	if !ok || !r.held.hold(c) {
+		return false
+	}
+	src := p[need : need+payLen]
+	if r.crcOn {
+		crc := zerocopy.UpdateCRC32C(0, p[:need])
+		_, crc = zerocopy.PlaceCRC(dst, src, crc)
+		if binary.LittleEndian.Uint32(p[need+payLen:]) != crc {
+			return false
+		}
+	} else {
+		zerocopy.Place(dst, src)
+	}
+	r.contTO += uint64(payLen)
+	n := &r.n
+	n.fpdus++
+	n.copies++
+	n.placed += uint64(payLen)
+	n.bytes += uint64(payLen)
+	return true
 }
 
 // sizeHeader works out, from the first four bytes, how many header bytes

@@ -180,6 +180,20 @@ func (v *victim) fpdu(f DDPFields, payload []byte) []byte {
 	return rawFPDU(rawULPDU(f, payload), v.peerCRC)
 }
 
+// writeRun frames n FPDUs of one RDMA Write (none the last) into the
+// victim's MR, each with size payload bytes, from TO to on.
+func (v *victim) writeRun(n, size int, to uint64) [][]byte {
+	var fs [][]byte
+	for i := range n {
+		p := make([]byte, size)
+		for j := range p {
+			p[j] = byte(i + 1)
+		}
+		fs = append(fs, v.fpdu(DDPFields{Opcode: OpWrite, STag: v.reg.STag(), TO: to + uint64(i*size)}, p))
+	}
+	return fs
+}
+
 // atomicReq frames an Atomic Request on queue 1 with the given MSN.
 func (v *victim) atomicReq(msn uint32, f AtomicRequestFields) []byte {
 	ar := make([]byte, AtomicRequestSize)
@@ -321,6 +335,21 @@ func TestTerminateCauses(t *testing.T) {
 			f[len(f)-1] ^= 1
 			return [][]byte{f}
 		}, TermCode{LayerLLP, ETypeMPA, CodeCRC}, flush2},
+		// An RDMA Write's FPDUs after its first take the receiver's
+		// continuation path (receiver.wholeCont), which leaves a bad
+		// CRC or bounds to the checks of the byte-wise path.
+		{"crc-error-mid-write", true, 2, func(v *victim) [][]byte {
+			fs := v.writeRun(3, 1000, v.reg.Base)
+			f := fs[2]
+			f[100] ^= 1
+			return fs
+		}, TermCode{LayerLLP, ETypeMPA, CodeCRC}, flush2},
+		{"write-beyond-bounds-mid-write", false, 2, func(v *victim) [][]byte {
+			return v.writeRun(5, 1000, v.reg.Base) // the fifth ends 904 bytes past the MR
+		}, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, flush2},
+		{"write-beyond-bounds-mid-write-crc", true, 2, func(v *victim) [][]byte {
+			return v.writeRun(5, 1000, v.reg.Base)
+		}, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, flush2},
 		{"bad-opcode", false, 2, func(v *victim) [][]byte {
 			return [][]byte{v.fpdu(DDPFields{Opcode: 0xc, Last: true, QN: QNSend, MSN: 1}, payload[:10])}
 		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, flush2},
