@@ -139,6 +139,10 @@ type receiver struct {
 	contCtl  [2]byte
 	contSTag uint32
 	contTO   uint64
+	// contRR: the last FPDU was a Read Response, not the last, placed
+	// into the sink of rresp (not over separate pages); contCtl and
+	// contSTag are its control bytes and STag.
+	contRR bool
 }
 
 type rxCounts struct {
@@ -189,7 +193,7 @@ func (r *receiver) init(p ConnParams) {
 	}
 	r.hasImm = false
 	r.rresp, r.rrespOn = orqEntry{}, false
-	r.cont = nil
+	r.cont, r.contRR = nil, false
 	if r.cur.wqe.sgl == nil {
 		r.cur.wqe.sgl = make([]SGE, 0, r.qp.cfg.RQ.MaxSGE())
 		r.cur.dst = make(zerocopy.SGList, 0, r.qp.cfg.RQ.MaxSGE())
@@ -335,7 +339,7 @@ func (r *receiver) whole(p []byte) int {
 	if total > len(p) {
 		return 0
 	}
-	if r.cont != nil && r.seg == nil {
+	if (r.cont != nil || r.contRR) && r.seg == nil {
 		if r.wholeCont(p, ulpdu, total) {
 			return total
 		}
@@ -373,9 +377,10 @@ func (r *receiver) whole(p []byte) int {
 	return total
 }
 
-// wholeCont takes a whole FPDU that continues the RDMA Write of the FPDU
-// before it and is not its last (see contWrite), with neither pad nor
-// segment placement: the bulk of a large Write cut into short FPDUs. It
+// wholeCont takes a whole FPDU that continues the RDMA Write (see
+// contWrite) or the Read Response (at the next TO of the Read's sink) of
+// the FPDU before it and is not its last, with neither pad nor segment
+// placement: the bulk of a large message cut into short FPDUs. It
 // runs the steps of onHeader, place, onTrailer and endFPDU for such an
 // FPDU in one go, without their state changes, which the next FPDU would
 // undo. false, having changed nothing the byte-wise path does not redo,
@@ -388,15 +393,29 @@ func (r *receiver) wholeCont(p []byte, ulpdu, total int) bool {
 	h := DDPHeader(p[MPALengthSize:need])
 	// The control bytes as they were, so with Last clear.
 	if payLen <= 0 || total != need+payLen+MPACRCSize || h[ddpControl] != r.contCtl[0] || h[rdmapCtrl] != r.contCtl[1] ||
-		h.STag() != r.contSTag || h.TO() != r.contTO {
+		h.STag() != r.contSTag {
 		return false
 	}
-	c := r.cont
-	if !c.Valid() {
-		return false
+	var dst []byte
+	var reg *Region
+	if c := r.cont; c != nil {
+		if h.TO() != r.contTO || !c.Valid() {
+			return false
+		}
+		d, ok := c.Slice(r.contTO, uint64(payLen))
+		if !ok {
+			return false
+		}
+		dst, reg = d, c
+	} else {
+		// The checks of checkReadResponse.
+		o := &r.rresp
+		if !r.rrespOn || o.op != WRRead || h.TO() != o.sinkTO+uint64(o.placed) || uint64(o.placed)+uint64(payLen) > uint64(o.size) {
+			return false
+		}
+		dst, reg = o.sink[o.placed:int(o.placed)+payLen], o.sinkReg
 	}
-	dst, ok := c.Slice(r.contTO, uint64(payLen))
-	if !ok || !r.held.hold(c) {
+	if !r.held.hold(reg) {
 		return false
 	}
 	src := p[need : need+payLen]
@@ -409,7 +428,11 @@ func (r *receiver) wholeCont(p []byte, ulpdu, total int) bool {
 	} else {
 		zerocopy.Place(dst, src)
 	}
-	r.contTO += uint64(payLen)
+	if r.cont != nil {
+		r.contTO += uint64(payLen)
+	} else {
+		r.rresp.placed += uint32(payLen)
+	}
 	n := &r.n
 	n.fpdus++
 	n.copies++
@@ -1049,10 +1072,18 @@ func (r *receiver) endFPDU() {
 	h := DDPHeader(r.hdr[MPALengthSize:r.need])
 	r.state = rxHeader
 	r.have, r.need = 0, 4
-	if r.op == OpWrite && !r.last && r.dst != nil {
-		r.cont = r.reg
-		r.contCtl = [2]byte{h[ddpControl] &^ ddpFlagLast, h[rdmapCtrl]}
-		r.contSTag, r.contTO = h.STag(), h.TO()+uint64(r.payLen)
+	r.cont, r.contRR = nil, false
+	if !r.last && r.dst != nil {
+		switch r.op {
+		case OpWrite:
+			r.cont = r.reg
+			r.contCtl = [2]byte{h[ddpControl] &^ ddpFlagLast, h[rdmapCtrl]}
+			r.contSTag, r.contTO = h.STag(), h.TO()+uint64(r.payLen)
+		case OpReadResponse:
+			r.contRR = r.rrespOn && !r.rresp.sinkPaged
+			r.contCtl = [2]byte{h[ddpControl] &^ ddpFlagLast, h[rdmapCtrl]}
+			r.contSTag = h.STag()
+		}
 	}
 	switch r.op {
 	case OpWrite:
