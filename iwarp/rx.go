@@ -128,6 +128,21 @@ type receiver struct {
 	// nobody changes it while it is there.
 	rresp   orqEntry
 	rrespOn bool
+
+	// cont is the region of the RDMA Write under way when its last FPDU
+	// was placed into it and was not the Write's last: the next FPDU
+	// that continues it (contWrite) skips the STag lookup and the checks
+	// its header repeats. contCtl is that FPDU's two control bytes
+	// without the Last flag, contSTag its STag and contTO the TO that
+	// follows it.
+	cont     *Region
+	contCtl  [2]byte
+	contSTag uint32
+	contTO   uint64
+	// contRR: the last FPDU was a Read Response, not the last, placed
+	// into the sink of rresp (not over separate pages); contCtl and
+	// contSTag are its control bytes and STag.
+	contRR bool
 }
 
 type rxCounts struct {
@@ -178,6 +193,7 @@ func (r *receiver) init(p ConnParams) {
 	}
 	r.hasImm = false
 	r.rresp, r.rrespOn = orqEntry{}, false
+	r.cont, r.contRR = nil, false
 	if r.cur.wqe.sgl == nil {
 		r.cur.wqe.sgl = make([]SGE, 0, r.qp.cfg.RQ.MaxSGE())
 		r.cur.dst = make(zerocopy.SGList, 0, r.qp.cfg.RQ.MaxSGE())
@@ -323,13 +339,23 @@ func (r *receiver) whole(p []byte) int {
 	if total > len(p) {
 		return 0
 	}
+	if (r.cont != nil || r.contRR) && r.seg == nil {
+		if r.wholeCont(p, ulpdu, total) {
+			return total
+		}
+	}
 	h := DDPHeader(p[MPALengthSize:])
 	hs, op := h.HeaderSize(), h.Opcode()
 	if ulpdu < hs || !h.Tagged() && (extHeaderSize(op) > 0 || op == OpTerminate) {
 		return 0
 	}
 	need := MPALengthSize + hs
-	copy(r.hdr[:need], p)
+	if need == MPALengthSize+DDPTaggedHeaderSize {
+		// A fixed-size copy is two moves; copy calls memmove.
+		*(*[MPALengthSize + DDPTaggedHeaderSize]byte)(r.hdr[:]) = [MPALengthSize + DDPTaggedHeaderSize]byte(p)
+	} else {
+		copy(r.hdr[:need], p)
+	}
 	r.have, r.need, r.ulpdu, r.op = need, need, ulpdu, op
 	r.onHeader()
 	if r.state == rxDead {
@@ -341,9 +367,78 @@ func (r *receiver) whole(p []byte) int {
 		}
 		r.payPos = r.payLen
 	}
-	r.trHave = copy(r.trail[:r.trNeed], p[need+r.payLen:total])
+	if tr := p[need+r.payLen : total]; len(tr) == MPACRCSize {
+		*(*[MPACRCSize]byte)(r.trail[:]) = [MPACRCSize]byte(tr)
+		r.trHave = MPACRCSize
+	} else {
+		r.trHave = copy(r.trail[:r.trNeed], tr)
+	}
 	r.onTrailer()
 	return total
+}
+
+// wholeCont takes a whole FPDU that continues the RDMA Write (see
+// contWrite) or the Read Response (at the next TO of the Read's sink) of
+// the FPDU before it and is not its last, with neither pad nor segment
+// placement: the bulk of a large message cut into short FPDUs. It
+// runs the steps of onHeader, place, onTrailer and endFPDU for such an
+// FPDU in one go, without their state changes, which the next FPDU would
+// undo. false, having changed nothing the byte-wise path does not redo,
+// leaves the FPDU to it: any other FPDU, one whose region is gone, and
+// one whose CRC fails (its bytes are placed again there and the error
+// raised).
+func (r *receiver) wholeCont(p []byte, ulpdu, total int) bool {
+	const need = MPALengthSize + DDPTaggedHeaderSize
+	payLen := ulpdu - DDPTaggedHeaderSize
+	h := DDPHeader(p[MPALengthSize:need])
+	// The control bytes as they were, so with Last clear.
+	if payLen <= 0 || total != need+payLen+MPACRCSize || h[ddpControl] != r.contCtl[0] || h[rdmapCtrl] != r.contCtl[1] ||
+		h.STag() != r.contSTag {
+		return false
+	}
+	var dst []byte
+	var reg *Region
+	if c := r.cont; c != nil {
+		if h.TO() != r.contTO || !c.Valid() {
+			return false
+		}
+		d, ok := c.Slice(r.contTO, uint64(payLen))
+		if !ok {
+			return false
+		}
+		dst, reg = d, c
+	} else {
+		// The checks of checkReadResponse.
+		o := &r.rresp
+		if !r.rrespOn || o.op != WRRead || h.TO() != o.sinkTO+uint64(o.placed) || uint64(o.placed)+uint64(payLen) > uint64(o.size) {
+			return false
+		}
+		dst, reg = o.sink[o.placed:int(o.placed)+payLen], o.sinkReg
+	}
+	if !r.held.hold(reg) {
+		return false
+	}
+	src := p[need : need+payLen]
+	if r.crcOn {
+		crc := zerocopy.UpdateCRC32C(0, p[:need])
+		_, crc = zerocopy.PlaceCRC(dst, src, crc)
+		if binary.LittleEndian.Uint32(p[need+payLen:]) != crc {
+			return false
+		}
+	} else {
+		zerocopy.Place(dst, src)
+	}
+	if r.cont != nil {
+		r.contTO += uint64(payLen)
+	} else {
+		r.rresp.placed += uint32(payLen)
+	}
+	n := &r.n
+	n.fpdus++
+	n.copies++
+	n.placed += uint64(payLen)
+	n.bytes += uint64(payLen)
+	return true
 }
 
 // sizeHeader works out, from the first four bytes, how many header bytes
@@ -423,9 +518,11 @@ func (r *receiver) onHeader() {
 			return
 		}
 	}
-	if code, bad := r.check(h); bad {
-		r.fail(code, hl)
-		return
+	if !r.contWrite(h) {
+		if code, bad := r.check(h); bad {
+			r.fail(code, hl)
+			return
+		}
 	}
 	if e := r.early; e != nil && (e.payLen != r.payLen || !r.placedHere(e)) {
 		// Placed from its segment as another FPDU than TCP delivers.
@@ -441,6 +538,29 @@ func (r *receiver) onHeader() {
 	} else {
 		r.state = rxPayload
 	}
+}
+
+// contWrite sets the destination of an FPDU that continues the RDMA Write
+// of the FPDU before it (r.cont): the same control bytes but for the Last
+// flag, the same STag, the next TO, and payload. Its header then passes
+// every check of that FPDU's, which check would repeat, and the region,
+// looked up and checked for that FPDU, is the one its STag names as long
+// as it is valid (deregistration invalidates it before it leaves the
+// table): only validity and the bounds are checked again. false: check
+// the FPDU as usual.
+func (r *receiver) contWrite(h DDPHeader) bool {
+	c := r.cont
+	r.cont = nil
+	if c == nil || r.payLen == 0 || h[ddpControl]&^ddpFlagLast != r.contCtl[0] || h[rdmapCtrl] != r.contCtl[1] ||
+		h.STag() != r.contSTag || h.TO() != r.contTO || !c.Valid() {
+		return false
+	}
+	dst, ok := c.Slice(r.contTO, uint64(r.payLen))
+	if !ok {
+		return false
+	}
+	r.dst, r.reg = dst, c
+	return true
 }
 
 // placedHere reports whether the current FPDU's destination, as checked,
@@ -952,6 +1072,19 @@ func (r *receiver) endFPDU() {
 	h := DDPHeader(r.hdr[MPALengthSize:r.need])
 	r.state = rxHeader
 	r.have, r.need = 0, 4
+	r.cont, r.contRR = nil, false
+	if !r.last && r.dst != nil {
+		switch r.op {
+		case OpWrite:
+			r.cont = r.reg
+			r.contCtl = [2]byte{h[ddpControl] &^ ddpFlagLast, h[rdmapCtrl]}
+			r.contSTag, r.contTO = h.STag(), h.TO()+uint64(r.payLen)
+		case OpReadResponse:
+			r.contRR = r.rrespOn && !r.rresp.sinkPaged
+			r.contCtl = [2]byte{h[ddpControl] &^ ddpFlagLast, h[rdmapCtrl]}
+			r.contSTag = h.STag()
+		}
+	}
 	switch r.op {
 	case OpWrite:
 	case OpReadResponse:

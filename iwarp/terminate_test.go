@@ -180,6 +180,20 @@ func (v *victim) fpdu(f DDPFields, payload []byte) []byte {
 	return rawFPDU(rawULPDU(f, payload), v.peerCRC)
 }
 
+// writeRun frames n FPDUs of one RDMA Write (none the last) into the
+// victim's MR, each with size payload bytes, from TO to on.
+func (v *victim) writeRun(n, size int, to uint64) [][]byte {
+	var fs [][]byte
+	for i := range n {
+		p := make([]byte, size)
+		for j := range p {
+			p[j] = byte(i + 1)
+		}
+		fs = append(fs, v.fpdu(DDPFields{Opcode: OpWrite, STag: v.reg.STag(), TO: to + uint64(i*size)}, p))
+	}
+	return fs
+}
+
 // atomicReq frames an Atomic Request on queue 1 with the given MSN.
 func (v *victim) atomicReq(msn uint32, f AtomicRequestFields) []byte {
 	ar := make([]byte, AtomicRequestSize)
@@ -321,6 +335,21 @@ func TestTerminateCauses(t *testing.T) {
 			f[len(f)-1] ^= 1
 			return [][]byte{f}
 		}, TermCode{LayerLLP, ETypeMPA, CodeCRC}, flush2},
+		// An RDMA Write's FPDUs after its first take the receiver's
+		// continuation path (receiver.wholeCont), which leaves a bad
+		// CRC or bounds to the checks of the byte-wise path.
+		{"crc-error-mid-write", true, 2, func(v *victim) [][]byte {
+			fs := v.writeRun(3, 1000, v.reg.Base)
+			f := fs[2]
+			f[100] ^= 1
+			return fs
+		}, TermCode{LayerLLP, ETypeMPA, CodeCRC}, flush2},
+		{"write-beyond-bounds-mid-write", false, 2, func(v *victim) [][]byte {
+			return v.writeRun(5, 1000, v.reg.Base) // the fifth ends 904 bytes past the MR
+		}, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, flush2},
+		{"write-beyond-bounds-mid-write-crc", true, 2, func(v *victim) [][]byte {
+			return v.writeRun(5, 1000, v.reg.Base)
+		}, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}, flush2},
 		{"bad-opcode", false, 2, func(v *victim) [][]byte {
 			return [][]byte{v.fpdu(DDPFields{Opcode: 0xc, Last: true, QN: QNSend, MSN: 1}, payload[:10])}
 		}, TermCode{LayerRDMAP, ETypeRemoteOperation, CodeUnexpectedOpcode}, flush2},
@@ -679,5 +708,75 @@ func TestSiwEarlyDataRace(t *testing.T) {
 	}
 	if gap := time.Since(<-replied); gap < delay {
 		t.Fatalf("first FPDU %v after the MPA Reply, want at least %v", gap, delay)
+	}
+}
+
+// TestReadResponseRun sends a Read's response as several FPDUs, whose
+// continuations take the receiver's continuation path (wholeCont): whole,
+// with a bad CRC in the middle, and running past the Read's size.
+func TestReadResponseRun(t *testing.T) {
+	const size, seg = 3000, 1000
+	for _, tc := range []struct {
+		name  string
+		crc   bool
+		fpdus int // of seg bytes, the last with Last set unless beyond
+		bad   int // FPDU whose payload is corrupted, -1 for none
+		code  TermCode
+	}{
+		{"whole", false, 3, -1, TermCode{}},
+		{"whole-crc", true, 3, -1, TermCode{}},
+		{"crc-error-mid-response", true, 3, 1, TermCode{LayerLLP, ETypeMPA, CodeCRC}},
+		{"beyond-the-read", false, 4, -1, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}},
+		{"beyond-the-read-crc", true, 4, -1, TermCode{LayerDDP, ETypeTaggedBuffer, CodeDDPBaseBounds}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := newVictim(t, tc.crc, 0, 1)
+			// The victim accepted: it sends once the peer's first FPDU,
+			// a zero-length Write, has come.
+			v.send(t, v.fpdu(DDPFields{Opcode: OpWrite, Last: true, STag: 1}, nil))
+			if _, err := v.qp.PostSend(SendWR{ID: 5, Op: WRRead, Flags: FlagSignaled, SGL: []SGE{v.sge(0, size)}, RemoteAddr: 0x9000, RKey: 0x4242}); err != nil {
+				t.Fatal(err)
+			}
+			h := readFPDU(t, v.peer, v.peerCRC)
+			if h.Opcode() != OpReadRequest {
+				t.Fatalf("got opcode %v, want a Read Request", h.Opcode())
+			}
+			rr := ReadRequest(h.Payload())
+			var fs [][]byte
+			for i := range tc.fpdus {
+				p := make([]byte, seg)
+				for j := range p {
+					p[j] = byte(i + 1)
+				}
+				last := tc.fpdus*seg == size && i == tc.fpdus-1
+				f := v.fpdu(DDPFields{Opcode: OpReadResponse, Last: last, STag: rr.SinkSTag(), TO: rr.SinkTO() + uint64(i*seg)}, p)
+				if i == tc.bad {
+					f[MPALengthSize+DDPTaggedHeaderSize+7] ^= 1
+				}
+				fs = append(fs, f)
+			}
+			v.send(t, fs...)
+			if tc.code == (TermCode{}) {
+				c := v.scq.wait(t)
+				if c.Status != StatusSuccess || c.Op != CompRead || c.ByteLen != size {
+					t.Fatalf("completion %+v", c)
+				}
+				for i, b := range v.buf[:size] {
+					if b != byte(i/seg+1) {
+						t.Fatalf("byte %d is %d, want %d", i, b, i/seg+1)
+					}
+				}
+				if b := v.buf[size]; b != 0 {
+					t.Fatalf("byte after the Read is %d", b)
+				}
+				return
+			}
+			v.checkAftermath(t, tc.code, nil)
+			for i, b := range v.buf[seg*2:] { // the third FPDU's is never placed whole
+				if i >= seg && b != 0 {
+					t.Fatalf("byte %d past the Read's first %d changed", seg*2+i, seg*2)
+				}
+			}
+		})
 	}
 }

@@ -881,6 +881,10 @@ func (w *fpduWriter) Read(p []byte) (int, error) {
 	for len(p) > 0 && w.stage != fwDone {
 		switch w.stage {
 		case fwNext:
+			if k := w.wholeRun(p); k > 0 {
+				p, n = p[k:], n+k
+				continue
+			}
 			w.startFPDU()
 			if k := w.whole(p); k > 0 {
 				p, n = p[k:], n+k
@@ -991,6 +995,45 @@ func (w *fpduWriter) whole(p []byte) int {
 	w.trailer(p[h+w.segLen : total])
 	w.endFPDU()
 	return total
+}
+
+// wholeRun writes the message's next FPDUs straight into p while each is
+// full, not the message's last, and fits whole: the bulk of a large
+// message cut into short FPDUs. The FPDU before each was full and not the
+// last either, so its header in buf differs from the next one's only in
+// the TO (tagged) or MO (untagged), which wholeRun sets in place; whole
+// FPDUs of the largest payload need no pad. It returns the bytes written
+// (0 for the first FPDU of a message, tiled FPDUs, or when none fits).
+func (w *fpduWriter) wholeRun(p []byte) int {
+	if w.off == 0 || w.tiles.size != 0 {
+		return 0
+	}
+	hLen := MPALengthSize + w.headerSize()
+	pay := w.maxPay
+	full := hLen + pay + MPACRCSize
+	hb := w.buf[:hLen]
+	tagged := w.f.Opcode.Tagged()
+	n := 0
+	for len(p)-n >= full && w.total-w.off > pay {
+		if tagged {
+			binary.BigEndian.PutUint64(hb[MPALengthSize+ddpTO:], w.baseTO+uint64(w.off))
+		} else {
+			binary.BigEndian.PutUint32(hb[MPALengthSize+ddpMO:], uint32(w.off))
+		}
+		q := p[n : n+full]
+		copy(q, hb)
+		var crc uint32
+		if w.crcOn {
+			_, crc = w.src.CopyToCRC(q[hLen:hLen+pay], w.off, zerocopy.UpdateCRC32C(0, hb))
+		} else {
+			w.src.CopyTo(q[hLen:hLen+pay], w.off)
+		}
+		binary.LittleEndian.PutUint32(q[hLen+pay:], crc)
+		w.off += pay
+		w.fpdus++
+		n += full
+	}
+	return n
 }
 
 // trailer writes the pad and the CRC that end the current FPDU into tr,
