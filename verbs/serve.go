@@ -42,8 +42,10 @@ import (
 //
 // When the client goes (Device.Close, exit, kill -9: the socket reaches end
 // of file), the session is torn down in this order: calls in progress are
-// canceled; listeners close; the poller stops; QPs are closed (connections
-// reset, so peers see the end) and waited for until flushed; MRs are
+// canceled; listeners close; the poller stops; QPs go to ERROR as on an
+// RNIC's local catastrophic error (a connected QP sends its peer a
+// Terminate, RDMAP local catastrophic error, then closes; a reset if the
+// Terminate cannot go out) and are waited for until flushed; MRs are
 // deregistered — their STags invalidated and in-flight placements fenced —
 // and only then unmapped; CQ rings are retired under their lock, so a late
 // completion finds them gone instead of touching unmapped memory; rings,
@@ -1529,13 +1531,15 @@ func (x *session) destroyQP(num uint32) error {
 	if q == nil {
 		return errNoHandle
 	}
-	x.releaseQP(q)
+	x.releaseQP(q, false)
 	return nil
 }
 
 // releaseQP closes the QP, waits until it has flushed (no completion can
-// follow), and frees its rings.
-func (x *session) releaseQP(q *servedQP) {
+// follow), and frees its rings. With fatal (the client is gone) a
+// connected QP goes down as on an RNIC's local catastrophic error: the
+// peer gets a Terminate before the close rather than a reset.
+func (x *session) releaseQP(q *servedQP, fatal bool) {
 	x.mu.Lock()
 	if x.qps[q.num] != q {
 		x.mu.Unlock()
@@ -1546,7 +1550,11 @@ func (x *session) releaseQP(q *servedQP) {
 		x.conns--
 	}
 	x.mu.Unlock()
-	q.qp.Close()
+	if fatal {
+		q.qp.fatal()
+	} else {
+		q.qp.Close()
+	}
 	select {
 	case <-q.qp.Done():
 	case <-time.After(5 * time.Second):
@@ -2138,7 +2146,7 @@ func (x *session) teardown() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			x.releaseQP(q)
+			x.releaseQP(q, true)
 		}()
 	}
 	wg.Wait()
