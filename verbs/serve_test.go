@@ -215,12 +215,20 @@ func opsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device, seed uint6
 		return err
 	}
 	defer pd.Close()
+	// Send and receive completions on separate CQs: their order between
+	// the queues is not set (the client's next Send may arrive before
+	// the completion of the echo it answers is pushed).
 	cq, err := d.CreateCQ(64)
 	if err != nil {
 		return err
 	}
 	defer cq.Close()
-	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+	rcq, err := d.CreateCQ(64)
+	if err != nil {
+		return err
+	}
+	defer rcq.Close()
+	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: rcq})
 	if err != nil {
 		return err
 	}
@@ -248,7 +256,7 @@ func opsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device, seed uint6
 		return err
 	}
 	// 1. Echo the Send.
-	if _, err := waitWC(ctx, cq, verbs.WCRecv, opsSend); err != nil {
+	if _, err := waitWC(ctx, rcq, verbs.WCRecv, opsSend); err != nil {
 		return err
 	}
 	if err := qp.PostSend(verbs.SendWR{ID: 20, Op: verbs.OpSend, Flags: verbs.Signaled, SGL: []verbs.SGE{mr.SGE(0, opsSend)}}); err != nil {
@@ -258,7 +266,7 @@ func opsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device, seed uint6
 		return err
 	}
 	// 2. The Write, announced by an 8-byte Send.
-	if _, err := waitWC(ctx, cq, verbs.WCRecv, 8); err != nil {
+	if _, err := waitWC(ctx, rcq, verbs.WCRecv, 8); err != nil {
 		return err
 	}
 	want := make([]byte, opsWrite)
