@@ -1598,6 +1598,10 @@ func (x *session) kick() {
 	}
 }
 
+// threadWait is how long a sleeping poller waits for its doorbell in a
+// system call before it waits through the Go poller.
+const threadWait = time.Millisecond
+
 // blockedNap bounds the poller's sleep while entries wait for room in a
 // full queue (an unsignaled WR frees its slot without a completion to
 // wake the poller).
@@ -1661,11 +1665,26 @@ func (x *session) poller() {
 			woke()
 			continue
 		}
+		// A short wait in a system call first: the doorbell of a client
+		// that posts again soon wakes the poller at once, whatever the
+		// Go poller's delays (svc.Eventfd.WaitThread); then the Go
+		// poller, which holds no thread however long the client idles.
+		nap := threadWait
 		if x.blocked.Load() != 0 {
-			x.bell.SetDeadline(time.Now().Add(blockedNap))
-		} else {
-			x.bell.SetDeadline(time.Time{})
+			nap = min(nap, blockedNap)
 		}
+		if rang, err := x.bell.WaitThread(nap); err == nil && rang {
+			x.sleeping.Store(0)
+			woke()
+			continue
+		}
+		if x.blocked.Load() != 0 {
+			// The nap is over: look at the entries waiting for room
+			// (the idle period goes on: they are not new work).
+			x.sleeping.Store(0)
+			continue
+		}
+		x.bell.SetDeadline(time.Time{})
 		err := x.bell.Wait()
 		x.sleeping.Store(0)
 		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -1674,8 +1693,6 @@ func (x *session) poller() {
 		if err == nil {
 			woke()
 		}
-		// (After a blocked nap the idle period goes on: the entries
-		// waiting for room are not new work.)
 	}
 }
 
