@@ -1673,10 +1673,17 @@ func (x *session) poller() {
 		if x.blocked.Load() != 0 {
 			nap = min(nap, blockedNap)
 		}
-		if rang, err := x.bell.WaitThread(nap); err == nil && rang {
-			x.sleeping.Store(0)
-			woke()
-			continue
+		// Not while streaming (the spin shrunk to its floor: long gaps
+		// again and again, many WRs in flight): a thread in ppoll holds
+		// a P until the runtime takes it back, which costs the transfer
+		// more than the slower wake-up does.
+		streaming := spin <= maxSpin/16 && x.blocked.Load() == 0
+		if !streaming {
+			if rang, err := x.bell.WaitThread(nap); err == nil && rang {
+				x.sleeping.Store(0)
+				woke()
+				continue
+			}
 		}
 		if x.blocked.Load() != 0 {
 			// The nap is over: look at the entries waiting for room
