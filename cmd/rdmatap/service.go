@@ -41,7 +41,7 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.conns, "client-conns", 1024, "per-client limit on connections and listeners")
 	fs.IntVar(&f.frPages, "client-fr-pages", 1<<20, "per-client limit on the pages all of its fast-register MRs may map (their page lists are service memory)")
 	fs.IntVar(&f.clients, "max-clients", 1024, "clients served at once; more are refused")
-	fs.DurationVar(&f.pollSpin, "poll-spin", 50*time.Microsecond, "how long a client's ring poller spins after its last work request before it sleeps")
+	fs.DurationVar(&f.pollSpin, "poll-spin", 50*time.Microsecond, "longest a client's ring poller spins after its last work request before it sleeps (less for clients whose work requests come further apart)")
 }
 
 // parseBytes reads a byte count with an optional K, M or G suffix.
