@@ -358,3 +358,77 @@ func TestStartRTRFailure(t *testing.T) {
 		t.Fatal("a QP whose RTR failed reports no error")
 	}
 }
+
+// TestEngineFatal: Fatal sends the peer a Terminate (RDMAP, local
+// catastrophic error) before the close; the peer reports it and flushes
+// its WRs; the failing side flushes its own and reports the Terminate
+// sent. Fatal of a QP never started is Close.
+func TestEngineFatal(t *testing.T) {
+	acc := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
+	a, b := newTestEnd(t, 4096, acc), newTestEnd(t, 4096, acc)
+	connectQPs(t, a, b, MPAConfig{IRD: 1, ORD: 1}, MPAConfig{IRD: 1, ORD: 1})
+	for i := 0; i < 3; i++ {
+		if err := a.qp.PostRecv(uint64(i), []SGE{a.sge(0, 64)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.qp.PostRecv(uint64(10+i), []SGE{b.sge(0, 64)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The peer speaks first (the responder waits for the initiator's
+	// first FPDU).
+	if _, err := a.qp.PostSend(SendWR{ID: 1, Op: WRSend, Flags: FlagSignaled, SGL: []SGE{a.sge(0, 8)}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := a.scq.wait(t); c.Status != StatusSuccess {
+		t.Fatalf("send: %+v", c)
+	}
+	if c := b.rcq.wait(t); c.Status != StatusSuccess || c.ID != 10 {
+		t.Fatalf("receive: %+v", c)
+	}
+	if err := b.qp.Fatal(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if c := b.rcq.wait(t); c.Status != StatusWRFlush {
+			t.Fatalf("failing side's receive: %+v", c)
+		}
+	}
+	var sent bool
+	for !sent {
+		select {
+		case ev := <-b.events:
+			sent = ev.Type == EventTerminateSent && ev.Term == LocalCatastrophicTermCode
+		default:
+			t.Fatal("no TERMINATE_SENT event with the local catastrophic code")
+		}
+	}
+	select {
+	case <-a.qp.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("peer did not end")
+	}
+	var te *TerminateError
+	if !errors.As(a.qp.Err(), &te) || !te.Received || te.Code != LocalCatastrophicTermCode {
+		t.Fatalf("peer's error: %v", a.qp.Err())
+	}
+	var got bool
+	for !got {
+		select {
+		case ev := <-a.events:
+			got = ev.Type == EventTerminateReceived && ev.Term == LocalCatastrophicTermCode
+		default:
+			t.Fatal("peer: no TERMINATE_RECEIVED event with the local catastrophic code")
+		}
+	}
+	for i := 0; i < 3; i++ {
+		if c := a.rcq.wait(t); c.Status != StatusWRFlush {
+			t.Fatalf("peer's receive: %+v", c)
+		}
+	}
+	// Never started: Fatal is Close.
+	c := newTestEnd(t, 64, acc)
+	if err := c.qp.Fatal(); err != nil || c.qp.State() != StateError {
+		t.Fatalf("idle QP: %v, state %v", err, c.qp.State())
+	}
+}

@@ -1000,6 +1000,29 @@ func (qp *QP) Close() error {
 	return nil
 }
 
+// LocalCatastrophicTermCode is the code of the Terminate a QP sends when
+// it fails for a local reason the peer had no part in (RFC 5040 §7.1:
+// RDMAP, local catastrophic error).
+var LocalCatastrophicTermCode = TermCode{LayerRDMAP, ETypeRDMAPCatastrophic, CodeUnspecified}
+
+// Fatal tears the QP down as an RNIC does on a local catastrophic error: a
+// connected QP sends the peer a Terminate (LocalCatastrophicTermCode) and
+// then closes the stream (a reset if the Terminate cannot go out within
+// the Terminate timeout); outstanding work requests are flushed. It
+// returns once the QP is done, as Close does, and is Close in any state
+// but RTS. The Terminate touches no registered memory.
+func (qp *QP) Fatal() error {
+	qp.mu.Lock()
+	st := qp.state
+	qp.mu.Unlock()
+	if st != StateRTS {
+		return qp.Close()
+	}
+	qp.terminate(LocalCatastrophicTermCode, nil, 0)
+	<-qp.done
+	return nil
+}
+
 // Progress runs the receive path in the caller's goroutine: whatever the
 // stream holds is parsed and placed now, completions included. It never
 // blocks. A busy-polling application (perftest's write_lat polls memory)

@@ -181,13 +181,16 @@ func (k *ackKey) slot() int {
 // dropping held ones that pkts supersede. It reports every packet of pkts
 // as written when the link takes the rest.
 func (a *ackDelay) writePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
-	var out stack.PacketBufferList
+	// out comes from a pool (a list of its own would escape into the
+	// next link's WritePackets: an allocation per call); it holds a
+	// reference of its own to each packet, which Reset drops.
+	out := pktLists.Get().(*stack.PacketBufferList)
 	var sendHeld []*stack.PacketBuffer // taken over slots' held ACKs: sent first, then released
 	coalesced := false
 	for _, pkt := range pkts.AsSlice() {
 		k, th, ok := tcpOf(pkt)
 		if !ok {
-			out.PushBack(pkt)
+			out.PushBack(pkt.IncRef())
 			continue
 		}
 		i := k.slot()
@@ -197,7 +200,7 @@ func (a *ackDelay) writePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 		if s.used && s.key != k {
 			if s.held != nil {
 				sendHeld = append(sendHeld, s.held)
-				out.PushBack(s.held)
+				out.PushBack(s.held.IncRef())
 				a.flushed.Add(1)
 				a.nheld.Add(-1)
 			}
@@ -211,7 +214,7 @@ func (a *ackDelay) writePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 			a.dropHeld(s)
 			s.known = false
 			mu.Unlock()
-			out.PushBack(pkt)
+			out.PushBack(pkt.IncRef())
 			continue
 		}
 		ack := th.AckNumber()
@@ -227,7 +230,7 @@ func (a *ackDelay) writePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 				// which acknowledges in order): the held one goes
 				// first.
 				sendHeld = append(sendHeld, s.held)
-				out.PushBack(s.held)
+				out.PushBack(s.held.IncRef())
 				s.held = nil
 				a.nheld.Add(-1)
 				a.flushed.Add(1)
@@ -249,7 +252,7 @@ func (a *ackDelay) writePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 			s.lastAck, s.known = ack, true
 		}
 		mu.Unlock()
-		out.PushBack(pkt)
+		out.PushBack(pkt.IncRef())
 	}
 	if coalesced && a.nheld.Load() == 0 {
 		a.disarm()
@@ -257,8 +260,10 @@ func (a *ackDelay) writePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 	n := 0
 	var err tcpip.Error
 	if out.Len() > 0 {
-		n, err = a.next.WritePackets(out)
+		n, err = a.next.WritePackets(*out)
 	}
+	out.Reset()
+	pktLists.Put(out)
 	for _, p := range sendHeld {
 		p.DecRef()
 	}

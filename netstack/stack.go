@@ -189,7 +189,7 @@ func New(cfg Config) (*Stack, error) {
 		ackDelay = DefaultAckDelay
 	}
 	nic := newTapLink(cfg.Link, ackDelay)
-	if terr := s.CreateNIC(nicID, nic); terr != nil {
+	if terr := s.CreateNICWithOptions(nicID, nic, stack.NICOptions{QDisc: directQDisc{link: nic}}); terr != nil {
 		return fail("create NIC", terr)
 	}
 	var routes []tcpip.Route

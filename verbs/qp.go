@@ -301,7 +301,17 @@ func (qp *QP) Close() error {
 	if qp.r != nil {
 		return qp.remoteClose()
 	}
-	err := qp.iw.Close()
+	return qp.close(qp.iw.Close)
+}
+
+// fatal destroys an embedded QP as an RNIC does on a local catastrophic
+// error: a connected QP sends the peer a Terminate (RDMAP, local
+// catastrophic error) before its connection closes. The service uses it
+// for the QPs of a client that died.
+func (qp *QP) fatal() error { return qp.close(qp.iw.Fatal) }
+
+func (qp *QP) close(how func() error) error {
+	err := how()
 	d := qp.pd.dev
 	d.mu.Lock()
 	_, ok := d.qps[qp.Num()]

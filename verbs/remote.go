@@ -929,6 +929,9 @@ type remoteCQ struct {
 	cons uint32 // under CQ.mu
 	ev   *svc.Eventfd
 	seen uint32 // events consumed
+	// spin is how long Wait polls before it sleeps (see remoteWait);
+	// zero: spinWait.
+	spin atomic.Int64
 	dead atomic.Bool
 	once sync.Once
 }
@@ -991,14 +994,33 @@ func (rc *remoteCQ) poll(dst []WC) int {
 	return k
 }
 
-// spinWait is how long CQ.Wait polls before it sleeps on the eventfd.
+// spinWait is how long CQ.Wait polls at most before it sleeps on the
+// eventfd.
 const spinWait = 20 * time.Microsecond
 
+// remoteWait polls, then sleeps on the CQ's eventfd. The spin adapts as the
+// service's ring poller's does: the whole spinWait while completions come
+// within it, halved (down to a sixteenth) after each wait that took longer
+// — spinning through the gaps between the completions of large transfers
+// only takes the CPU from the goroutines that move the data.
 func (cq *CQ) remoteWait(ctx context.Context, dst []WC) (int, error) {
 	rc := cq.rc
 	start := time.Now()
+	spin := time.Duration(rc.spin.Load())
+	if spin == 0 {
+		spin = spinWait
+	}
+	done := func() {
+		if time.Since(start) <= spinWait {
+			spin = spinWait
+		} else {
+			spin = max(spin/2, spinWait/16)
+		}
+		rc.spin.Store(int64(spin))
+	}
 	for {
 		if n := cq.Poll(dst); n > 0 {
+			done()
 			return n, nil
 		}
 		if rc.dead.Load() {
@@ -1012,13 +1034,14 @@ func (cq *CQ) remoteWait(ctx context.Context, dst []WC) (int, error) {
 			return 0, rc.cl.sessionErr() // the service is gone
 		default:
 		}
-		if time.Since(start) < spinWait {
+		if time.Since(start) < spin {
 			runtime.Gosched()
 			continue
 		}
 		rc.ring.Waiting.Add(1)
 		if n := cq.Poll(dst); n > 0 {
 			rc.ring.Waiting.Add(^uint32(0))
+			done()
 			return n, nil
 		}
 		err := rc.sleep(ctx)

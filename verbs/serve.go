@@ -42,8 +42,10 @@ import (
 //
 // When the client goes (Device.Close, exit, kill -9: the socket reaches end
 // of file), the session is torn down in this order: calls in progress are
-// canceled; listeners close; the poller stops; QPs are closed (connections
-// reset, so peers see the end) and waited for until flushed; MRs are
+// canceled; listeners close; the poller stops; QPs go to ERROR as on an
+// RNIC's local catastrophic error (a connected QP sends its peer a
+// Terminate, RDMAP local catastrophic error, then closes; a reset if the
+// Terminate cannot go out) and are waited for until flushed; MRs are
 // deregistered — their STags invalidated and in-flight placements fenced —
 // and only then unmapped; CQ rings are retired under their lock, so a late
 // completion finds them gone instead of touching unmapped memory; rings,
@@ -125,6 +127,9 @@ type ServeConfig struct {
 	// costs throughput: BenchmarkServiceRatios measured 1 MiB Writes at
 	// 1.1, 0.8-0.9 and 0.5 of embedded with no spin, 50 µs and 1 ms on
 	// 2 shared cores, while the 64 B round trip gained from the spin.
+	// So the poller adapts: it spins the whole PollSpin while the
+	// client's work requests come less than PollSpin apart, and halves
+	// its spin (down to PollSpin/16) after each longer gap.
 	PollSpin time.Duration
 	// MaxClients bounds the sessions at once (default 1024); a
 	// connection beyond it is closed at once, with a log line. Each
@@ -1529,13 +1534,15 @@ func (x *session) destroyQP(num uint32) error {
 	if q == nil {
 		return errNoHandle
 	}
-	x.releaseQP(q)
+	x.releaseQP(q, false)
 	return nil
 }
 
 // releaseQP closes the QP, waits until it has flushed (no completion can
-// follow), and frees its rings.
-func (x *session) releaseQP(q *servedQP) {
+// follow), and frees its rings. With fatal (the client is gone) a
+// connected QP goes down as on an RNIC's local catastrophic error: the
+// peer gets a Terminate before the close rather than a reset.
+func (x *session) releaseQP(q *servedQP, fatal bool) {
 	x.mu.Lock()
 	if x.qps[q.num] != q {
 		x.mu.Unlock()
@@ -1546,7 +1553,11 @@ func (x *session) releaseQP(q *servedQP) {
 		x.conns--
 	}
 	x.mu.Unlock()
-	q.qp.Close()
+	if fatal {
+		q.qp.fatal()
+	} else {
+		q.qp.Close()
+	}
 	select {
 	case <-q.qp.Done():
 	case <-time.After(5 * time.Second):
@@ -1587,13 +1598,18 @@ func (x *session) kick() {
 	}
 }
 
+// threadWait is how long a sleeping poller waits for its doorbell in a
+// system call before it waits through the Go poller.
+const threadWait = time.Millisecond
+
 // blockedNap bounds the poller's sleep while entries wait for room in a
 // full queue (an unsignaled WR frees its slot without a completion to
 // wake the poller).
 const blockedNap = 200 * time.Microsecond
 
 // poller drains the client's rings into its QPs and SRQs (one per
-// client). It polls while there is work and for PollSpin after, then
+// client). It polls while there is work and for up to PollSpin after
+// (adaptive, see woke), then
 // sleeps on the doorbell eventfd, which the client rings only while the
 // control page says the poller sleeps.
 func (x *session) poller() {
@@ -1606,8 +1622,24 @@ func (x *session) poller() {
 			x.conn.Close()
 		}
 	}()
-	pollSpin := x.srv.cfg.PollSpin
+	maxSpin := x.srv.cfg.PollSpin
+	spin := maxSpin
 	idleSince := time.Now()
+	// woke ends an idle period: the spin adapts to the gaps between the
+	// client's work requests. A gap the full spin would have covered
+	// (a ping-pong, a client posting as completions come) keeps it; a
+	// longer one (large transfers, each WR hundreds of µs apart) halves
+	// it, down to a sixteenth: spinning through such gaps only takes the
+	// CPU from the goroutines that move the data, and the doorbell the
+	// client rings then costs little beside the transfer.
+	woke := func() {
+		if time.Since(idleSince) <= maxSpin {
+			spin = maxSpin
+		} else {
+			spin = max(spin/2, maxSpin/16)
+		}
+		idleSince = time.Time{}
+	}
 	for {
 		select {
 		case <-x.stop:
@@ -1615,33 +1647,59 @@ func (x *session) poller() {
 		default:
 		}
 		if x.pollOnce() {
-			idleSince = time.Time{}
+			if !idleSince.IsZero() {
+				woke()
+			}
 			continue
 		}
 		if idleSince.IsZero() {
 			idleSince = time.Now()
 		}
-		if time.Since(idleSince) < pollSpin {
+		if time.Since(idleSince) < spin {
 			runtime.Gosched()
 			continue
 		}
 		x.sleeping.Store(1)
 		if x.pollOnce() {
 			x.sleeping.Store(0)
-			idleSince = time.Time{}
+			woke()
 			continue
 		}
+		// A short wait in a system call first: the doorbell of a client
+		// that posts again soon wakes the poller at once, whatever the
+		// Go poller's delays (svc.Eventfd.WaitThread); then the Go
+		// poller, which holds no thread however long the client idles.
+		nap := threadWait
 		if x.blocked.Load() != 0 {
-			x.bell.SetDeadline(time.Now().Add(blockedNap))
-		} else {
-			x.bell.SetDeadline(time.Time{})
+			nap = min(nap, blockedNap)
 		}
+		// Not while streaming (the spin shrunk to its floor: long gaps
+		// again and again, many WRs in flight): a thread in ppoll holds
+		// a P until the runtime takes it back, which costs the transfer
+		// more than the slower wake-up does.
+		streaming := spin <= maxSpin/16 && x.blocked.Load() == 0
+		if !streaming {
+			if rang, err := x.bell.WaitThread(nap); err == nil && rang {
+				x.sleeping.Store(0)
+				woke()
+				continue
+			}
+		}
+		if x.blocked.Load() != 0 {
+			// The nap is over: look at the entries waiting for room
+			// (the idle period goes on: they are not new work).
+			x.sleeping.Store(0)
+			continue
+		}
+		x.bell.SetDeadline(time.Time{})
 		err := x.bell.Wait()
 		x.sleeping.Store(0)
 		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			return // closed: the session ends
 		}
-		idleSince = time.Time{}
+		if err == nil {
+			woke()
+		}
 	}
 }
 
@@ -2138,7 +2196,7 @@ func (x *session) teardown() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			x.releaseQP(q)
+			x.releaseQP(q, true)
 		}()
 	}
 	wg.Wait()

@@ -21,6 +21,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 
+	"rdmatap/iwarp"
 	"rdmatap/netstack"
 	"rdmatap/verbs"
 	"rdmatap/zerocopy"
@@ -214,12 +215,20 @@ func opsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device, seed uint6
 		return err
 	}
 	defer pd.Close()
+	// Send and receive completions on separate CQs: their order between
+	// the queues is not set (the client's next Send may arrive before
+	// the completion of the echo it answers is pushed).
 	cq, err := d.CreateCQ(64)
 	if err != nil {
 		return err
 	}
 	defer cq.Close()
-	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+	rcq, err := d.CreateCQ(64)
+	if err != nil {
+		return err
+	}
+	defer rcq.Close()
+	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: rcq})
 	if err != nil {
 		return err
 	}
@@ -247,7 +256,7 @@ func opsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device, seed uint6
 		return err
 	}
 	// 1. Echo the Send.
-	if _, err := waitWC(ctx, cq, verbs.WCRecv, opsSend); err != nil {
+	if _, err := waitWC(ctx, rcq, verbs.WCRecv, opsSend); err != nil {
 		return err
 	}
 	if err := qp.PostSend(verbs.SendWR{ID: 20, Op: verbs.OpSend, Flags: verbs.Signaled, SGL: []verbs.SGE{mr.SGE(0, opsSend)}}); err != nil {
@@ -257,7 +266,7 @@ func opsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device, seed uint6
 		return err
 	}
 	// 2. The Write, announced by an 8-byte Send.
-	if _, err := waitWC(ctx, cq, verbs.WCRecv, 8); err != nil {
+	if _, err := waitWC(ctx, rcq, verbs.WCRecv, 8); err != nil {
 		return err
 	}
 	want := make([]byte, opsWrite)
@@ -759,6 +768,138 @@ func TestServiceClientDeath(t *testing.T) {
 	<-sinkDone
 }
 
+// TestServiceClientDeathTerminate: a client process is killed while its QP
+// writes into an embedded peer's memory; the service takes the QP down as
+// an RNIC does on a local catastrophic error, so the peer's QP gets a
+// Terminate (RDMAP, local catastrophic error) rather than a reset, and
+// flushes its work requests.
+func TestServiceClientDeathTerminate(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("in a child")
+	}
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	peerAddr := p.nb.Addrs()[0].Addr()
+	path, srv := startService(t, p.a, verbs.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	pd, err := p.b.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mr, err := pd.RegMR(make([]byte, 1<<20), verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pdata, _ := mr.Remote().MarshalBinary()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 3; round++ {
+		cq, err := p.b.CreateCQ(16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Receives the peer never fills: they must be flushed.
+		for i := uint64(1); i <= 2; i++ {
+			if err := qp.PostRecv(verbs.RecvWR{ID: i, SGL: []verbs.SGE{mr.SGE(0, 64)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cmd := exec.Command(exe, "-test.run=^TestServiceChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), childEnv+"="+path, childPeerEnv+"="+netip.AddrPortFrom(peerAddr, l.Addr().Port()).String())
+		var out syncBuffer
+		cmd.Stderr, cmd.Stdout = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		req, err := l.GetRequest(ctx)
+		if err != nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("no connection request: %v\n%s", err, out.String())
+		}
+		if _, err := req.Accept(ctx, qp, verbs.ConnParams{PrivateData: pdata}); err != nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatal(err)
+		}
+		for !strings.Contains(out.String(), "child: transferring") && ctx.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+		// Some of its Writes land first.
+		time.Sleep(time.Duration(round) * 20 * time.Millisecond)
+		cmd.Process.Kill()
+		cmd.Wait()
+		if strings.Contains(out.String(), "--- FAIL") {
+			t.Fatalf("client process failed before it was killed:\n%s", out.String())
+		}
+		var term verbs.AsyncEvent
+	events:
+		for {
+			select {
+			case e := <-p.b.Events():
+				if e.QPNum != qp.Num() {
+					continue
+				}
+				if e.Type == verbs.EventTerminateReceived {
+					term = e
+					break events
+				}
+				if e.Type == verbs.EventDisconnected {
+					t.Fatalf("round %d: the peer's QP ended without a Terminate: %v", round, e.Err)
+				}
+			case <-ctx.Done():
+				t.Fatalf("round %d: no Terminate at the peer", round)
+			}
+		}
+		if term.Term != iwarp.LocalCatastrophicTermCode {
+			t.Fatalf("round %d: Terminate %v, want %v", round, term.Term, iwarp.LocalCatastrophicTermCode)
+		}
+		var te *iwarp.TerminateError
+		if !errors.As(term.Err, &te) || !te.Received {
+			t.Fatalf("round %d: event error %v, want a received Terminate", round, term.Err)
+		}
+		select {
+		case <-qp.Done():
+		case <-ctx.Done():
+			t.Fatalf("round %d: the peer's QP did not end", round)
+		}
+		var wcs [4]verbs.WC
+		n := cq.Poll(wcs[:])
+		if n != 2 {
+			t.Fatalf("round %d: %d completions, want the 2 receives flushed", round, n)
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != verbs.StatusWRFlush {
+				t.Fatalf("round %d: receive %d: %v, want flushed", round, wc.ID, wc.Status)
+			}
+		}
+		if !errors.As(qp.Err(), &te) || te.Code != iwarp.LocalCatastrophicTermCode {
+			t.Fatalf("round %d: QP error %v", round, qp.Err())
+		}
+		qp.Close()
+		cq.Close()
+		t.Logf("round %d: %v", round, term.Err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.Clients() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if c := srv.Clients(); c != 0 {
+		t.Fatalf("%d sessions left", c)
+	}
+}
+
 // runOpsErr is runOps returning its error.
 func runOpsErr(ctx context.Context, d, peer *verbs.Device, peerAddr netip.Addr, seed uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -772,8 +913,7 @@ func runOpsErr(ctx context.Context, d, peer *verbs.Device, peerAddr netip.Addr, 
 	go func() { errc <- opsPeer(ctx, l, peer, seed) }()
 	if err := opsClient(ctx, d, netip.AddrPortFrom(peerAddr, l.Addr().Port()), seed); err != nil {
 		cancel()
-		<-errc
-		return fmt.Errorf("client: %w", err)
+		return fmt.Errorf("client: %w (peer: %v)", err, <-errc)
 	}
 	if err := <-errc; err != nil {
 		return fmt.Errorf("peer: %w", err)

@@ -25,6 +25,7 @@ type serviceFlags struct {
 	mrs      int
 	ring     string
 	conns    int
+	frPages  int
 	pollSpin time.Duration
 	clients  int
 }
@@ -38,8 +39,9 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.mrs, "client-mrs", 4096, "per-client limit on memory registrations")
 	fs.StringVar(&f.ring, "client-ring-bytes", "256M", "per-client limit on the shared memory of its queues (suffix K, M, G)")
 	fs.IntVar(&f.conns, "client-conns", 1024, "per-client limit on connections and listeners")
+	fs.IntVar(&f.frPages, "client-fr-pages", 1<<20, "per-client limit on the pages all of its fast-register MRs may map (their page lists are service memory)")
 	fs.IntVar(&f.clients, "max-clients", 1024, "clients served at once; more are refused")
-	fs.DurationVar(&f.pollSpin, "poll-spin", 50*time.Microsecond, "how long a client's ring poller spins after its last work request before it sleeps")
+	fs.DurationVar(&f.pollSpin, "poll-spin", 50*time.Microsecond, "longest a client's ring poller spins after its last work request before it sleeps (less for clients whose work requests come further apart)")
 }
 
 // parseBytes reads a byte count with an optional K, M or G suffix.
@@ -69,8 +71,8 @@ func (f *serviceFlags) check() (verbs.Limits, int, error) {
 		}
 		return lim, -1, nil
 	}
-	if f.qps < 1 || f.cqs < 1 || f.conns < 1 || f.mrs < 1 {
-		return lim, -1, fmt.Errorf("%w: --client-qps, --client-cqs, --client-mrs and --client-conns must be at least 1", errUsage)
+	if f.qps < 1 || f.cqs < 1 || f.conns < 1 || f.mrs < 1 || f.frPages < 1 {
+		return lim, -1, fmt.Errorf("%w: --client-qps, --client-cqs, --client-mrs, --client-conns and --client-fr-pages must be at least 1", errUsage)
 	}
 	mr, err := parseBytes(f.mrBytes)
 	if err != nil {
@@ -80,7 +82,7 @@ func (f *serviceFlags) check() (verbs.Limits, int, error) {
 	if err != nil {
 		return lim, -1, fmt.Errorf("%w: --client-ring-bytes: %v", errUsage, err)
 	}
-	lim = verbs.Limits{QPs: f.qps, CQs: f.cqs, MRBytes: mr, MRs: f.mrs, RingBytes: ring, Conns: f.conns}
+	lim = verbs.Limits{QPs: f.qps, CQs: f.cqs, MRBytes: mr, MRs: f.mrs, RingBytes: ring, Conns: f.conns, FRPages: f.frPages}
 	gid := -1
 	if f.group != "" {
 		if n, err := strconv.Atoi(f.group); err == nil && n >= 0 {

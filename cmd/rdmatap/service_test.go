@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -24,6 +25,8 @@ func TestServiceFlags(t *testing.T) {
 		{"--socket-group", "0"},
 		{"--socket", "/tmp/x.sock", "--client-qps", "0"},
 		{"--socket", "/tmp/x.sock", "--client-mr-bytes", "lots"},
+		{"--socket", "/tmp/x.sock", "--client-fr-pages", "0"},
+		{"--socket", "/tmp/x.sock", "--client-fr-pages", "many"},
 		{"--socket", "/tmp/x.sock", "--socket-group", "no-such-group-rdmatap"},
 	} {
 		args := append([]string{"up", "--tap", "rtsvcx0", "--addr", "10.77.9.1/24"}, bad...)
@@ -32,10 +35,29 @@ func TestServiceFlags(t *testing.T) {
 			t.Errorf("%q: exit %d, want 2 (%s)", args, code, errOut.String())
 		}
 	}
-	f := serviceFlags{socket: "/x", mrBytes: "3M", ring: "5K", mrs: 6, qps: 2, cqs: 3, conns: 4, group: "0"}
+	f := serviceFlags{socket: "/x", mrBytes: "3M", ring: "5K", mrs: 6, qps: 2, cqs: 3, conns: 4, frPages: 7, group: "0"}
 	lim, gid, err := f.check()
-	if err != nil || lim.MRBytes != 3<<20 || lim.RingBytes != 5<<10 || lim.MRs != 6 || lim.QPs != 2 || lim.CQs != 3 || lim.Conns != 4 || gid != 0 {
+	if err != nil || lim.MRBytes != 3<<20 || lim.RingBytes != 5<<10 || lim.MRs != 6 || lim.QPs != 2 || lim.CQs != 3 || lim.Conns != 4 || lim.FRPages != 7 || gid != 0 {
 		t.Fatalf("%+v %d %v", lim, gid, err)
+	}
+	// The flag reaches the limits; its default is verbs.Limits' default.
+	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	var g serviceFlags
+	g.register(fs)
+	if err := fs.Parse([]string{"--socket", "/x", "--client-fr-pages", "512"}); err != nil {
+		t.Fatal(err)
+	}
+	if lim, _, err := g.check(); err != nil || lim.FRPages != 512 {
+		t.Fatalf("--client-fr-pages 512: %+v %v", lim, err)
+	}
+	fs = flag.NewFlagSet("up", flag.ContinueOnError)
+	g = serviceFlags{}
+	g.register(fs)
+	if err := fs.Parse([]string{"--socket", "/x"}); err != nil {
+		t.Fatal(err)
+	}
+	if lim, _, err := g.check(); err != nil || lim.FRPages != 1<<20 {
+		t.Fatalf("default: %+v %v", lim, err)
 	}
 }
 
@@ -247,7 +269,7 @@ func TestViaService(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "rt0.sock")
 	var mu sync.Mutex
 	clients := 0
-	sf := serviceFlags{socket: sock, qps: 64, cqs: 64, conns: 64, mrs: 64, mrBytes: "1G", ring: "64M", pollSpin: 50 * time.Microsecond}
+	sf := serviceFlags{socket: sock, qps: 64, cqs: 64, conns: 64, mrs: 64, frPages: 1024, mrBytes: "1G", ring: "64M", pollSpin: 50 * time.Microsecond}
 	srv, err := sf.start(a.Dev, func(format string, args ...any) {
 		if strings.HasSuffix(format, "connected") {
 			mu.Lock()

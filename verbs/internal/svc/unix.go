@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -171,10 +172,18 @@ func MapRing(fd int) ([]byte, error) {
 }
 
 // Eventfd is a doorbell: an eventfd, non-blocking, waited on through the
-// Go poller (no thread per waiter).
+// Go poller (no thread per waiter), or briefly in a system call
+// (WaitThread).
 type Eventfd struct {
 	f  *os.File
 	fd int
+	// WaitThread's state (one caller at a time).
+	rc   syscall.RawConn
+	ctl  func(uintptr)
+	pfd  [1]unix.PollFd
+	ts   unix.Timespec
+	rang bool
+	err  error
 }
 
 // NewEventfd makes an eventfd.
@@ -211,6 +220,48 @@ func (e *Eventfd) Wait() error {
 	var b [8]byte
 	_, err := e.f.Read(b[:])
 	return err
+}
+
+// WaitThread waits up to d for the doorbell in a system call of the
+// calling goroutine's thread rather than through the Go poller, and
+// consumes the rings it finds; it reports whether it rang. The Go
+// scheduler looks at the poller only when its run queues are empty, so
+// while other goroutines spin with runtime.Gosched a Wait can end
+// milliseconds after its doorbell rang (the runtime's monitor polls
+// every 10 ms at most); a thread woken from ppoll(2) takes the next turn
+// instead. It holds a thread (and, until the runtime takes it back, a P)
+// for up to d: for short waits. One caller at a time; it allocates
+// nothing.
+func (e *Eventfd) WaitThread(d time.Duration) (bool, error) {
+	if e.rc == nil {
+		rc, err := e.f.SyscallConn()
+		if err != nil {
+			return false, err
+		}
+		e.rc, e.ctl = rc, e.pollCtl
+	}
+	e.ts = unix.NsecToTimespec(int64(d))
+	e.rang, e.err = false, nil
+	if err := e.rc.Control(e.ctl); err != nil {
+		return false, err // closed
+	}
+	return e.rang, e.err
+}
+
+func (e *Eventfd) pollCtl(fd uintptr) {
+	e.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	n, err := unix.Ppoll(e.pfd[:], &e.ts, nil)
+	if err != nil {
+		if err != unix.EINTR {
+			e.err = err
+		}
+		return
+	}
+	if n > 0 && e.pfd[0].Revents&unix.POLLIN != 0 {
+		var b [8]byte
+		unix.Read(int(fd), b[:])
+		e.rang = true
+	}
 }
 
 // SetDeadline bounds Wait (the zero time removes the bound).
