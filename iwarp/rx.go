@@ -339,7 +339,7 @@ func (r *receiver) whole(p []byte) int {
 	if total > len(p) {
 		return 0
 	}
-	if (r.cont != nil || r.contRR) && r.seg == nil {
+	if (r.cont != nil || r.contRR) && (r.seg == nil || r.seg.passInOrder(r.start)) {
 		if r.wholeCont(p, ulpdu, total) {
 			return total
 		}
@@ -379,8 +379,9 @@ func (r *receiver) whole(p []byte) int {
 
 // wholeCont takes a whole FPDU that continues the RDMA Write (see
 // contWrite) or the Read Response (at the next TO of the Read's sink) of
-// the FPDU before it and is not its last, with neither pad nor segment
-// placement: the bulk of a large message cut into short FPDUs. It
+// the FPDU before it and is not its last, with no pad, nor, with segment
+// placement, any FPDU placed from a segment waiting for the in-order path
+// (passInOrder): the bulk of a large message cut into short FPDUs. It
 // runs the steps of onHeader, place, onTrailer and endFPDU for such an
 // FPDU in one go, without their state changes, which the next FPDU would
 // undo. false, having changed nothing the byte-wise path does not redo,

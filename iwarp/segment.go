@@ -1119,6 +1119,18 @@ func (p *segPlacer) learn(start uint64) {
 	p.mu.Unlock()
 }
 
+// passInOrder is claimInOrder for an FPDU the receive path takes in one
+// step (receiver.wholeCont) while nothing placed from segments waits: it
+// leaves every FPDU starting at or before at to the receive path and
+// reports true when no placement record exists, so there is nothing to
+// claim. false: the receive path takes the FPDU the usual way.
+func (p *segPlacer) passInOrder(at uint64) bool {
+	if at+1 > p.front.Load() {
+		p.front.Store(at + 1) // only the in-order path (rxMu held) writes it
+	}
+	return p.nrec.Load() == 0
+}
+
 // claimInOrder is called by the receive path when it reaches the FPDU
 // starting at stream offset at, whose successor starts at next. It returns
 // the FPDU's record if it was placed from a segment (the receiver then
