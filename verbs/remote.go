@@ -570,18 +570,24 @@ func (f *remoteFR) registered(rkey STag, acc Access) {
 	f.mu.Unlock()
 }
 
-func (pd *PD) remoteAllocMR(maxPages int) (*MR, error) {
-	if maxPages <= 0 || maxPages > iwarp.MaxFastRegPages {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: fast-register MR of %d pages", iwarp.ErrInvalidWR, maxPages))
-	}
+// remoteAlloc asks the service for a memory object (t) of the PD, unless
+// the PD is closed; arg is the object's size or type.
+func (pd *PD) remoteAlloc(t svc.Type, arg uint64) (reply, error) {
 	pd.mu.Lock()
 	closed := pd.closed
 	pd.mu.Unlock()
 	if closed {
-		return nil, net.ErrClosed
+		return reply{}, net.ErrClosed
+	}
+	return pd.dev.rc.do(context.Background(), t, func(b *svc.Builder) { b.Args(pd.rh, arg) })
+}
+
+func (pd *PD) remoteAllocMR(maxPages int) (*MR, error) {
+	if maxPages <= 0 || maxPages > iwarp.MaxFastRegPages {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: fast-register MR of %d pages", iwarp.ErrInvalidWR, maxPages))
 	}
 	cl := pd.dev.rc
-	r, err := cl.do(context.Background(), svc.TAllocMR, func(b *svc.Builder) { b.Args(pd.rh, uint64(maxPages)) })
+	r, err := pd.remoteAlloc(svc.TAllocMR, uint64(maxPages))
 	if err != nil {
 		return nil, err
 	}
@@ -767,14 +773,8 @@ func (pd *PD) remoteAllocMW(t MWType) (*MW, error) {
 	if t != MWType1 && t != MWType2 {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: window type %d", iwarp.ErrInvalidWR, t))
 	}
-	pd.mu.Lock()
-	closed := pd.closed
-	pd.mu.Unlock()
-	if closed {
-		return nil, net.ErrClosed
-	}
 	cl := pd.dev.rc
-	r, err := cl.do(context.Background(), svc.TAllocMW, func(b *svc.Builder) { b.Args(pd.rh, uint64(t)) })
+	r, err := pd.remoteAlloc(svc.TAllocMW, uint64(t))
 	if err != nil {
 		return nil, err
 	}
