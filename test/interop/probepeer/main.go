@@ -18,6 +18,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -53,7 +54,13 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
-	td, err := tap.Open(tap.Config{Name: *tapName, MTU: 1500})
+	// The same MAC in both roles (a process each), as rdmatap's own
+	// endpoint commands do: with a fresh one, siw's neighbour entry for
+	// our address went stale at the switch of roles and its first connect
+	// timed out.
+	a4 := pfx.Addr().As16()
+	mac := net.HardwareAddr{0x02, 0x72, a4[12], a4[13], a4[14], a4[15]}
+	td, err := tap.Open(tap.Config{Name: *tapName, MTU: 1500, MAC: mac})
 	if err != nil {
 		fatal(err)
 	}
