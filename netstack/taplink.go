@@ -91,10 +91,11 @@ func (l *tapLink) DeliverLinkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 // a TCP segment to them. What IP would drop (a bad header, a fragment,
 // IPv6 extension headers, a short packet) is left alone.
 func (l *tapLink) inspect(t *connTaps, proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
-	l.views = dataViews(l.views[:0], pkt)
+	l.views = l.views[:0]
+	pkt.Data().ReadTo(linkCollector{l}, true)
 	defer clear(l.views)
 	var hb [header.IPv4MaximumHeaderSize + 60]byte // the largest IP and TCP headers
-	hdr := headBytes(hb[:], l.views, proto)
+	hdr := headBytes(hb[:], l.views)
 	validated := pkt.RXChecksumValidated || l.Capabilities()&stack.CapabilityRXChecksumOffload != 0
 	var src, dst tcpip.Address
 	var ipLen, total int
@@ -164,17 +165,9 @@ func (s *tapSegment) payloadChecksum() uint16 {
 
 // headBytes returns the packet's first bytes (up to len(buf)): the first
 // view itself when it holds them, else a copy into buf.
-func headBytes(buf []byte, views [][]byte, proto tcpip.NetworkProtocolNumber) []byte {
-	if len(views) == 0 {
-		return buf[:0]
-	}
-	if v := views[0]; len(v) >= len(buf) {
-		return v[:len(buf)]
-	} else if n := ipTCPHeaderLen(v, proto); n > 0 && n <= len(v) {
-		// The whole IP and TCP header in the first view (a packet
-		// built by a stack: its headers, then the payload's views):
-		// no copy, and the payload is not touched before it is used.
-		return v[:n]
+func headBytes(buf []byte, views [][]byte) []byte {
+	if len(views) > 0 && len(views[0]) >= len(buf) {
+		return views[0][:len(buf)]
 	}
 	n := 0
 	for _, v := range views {
@@ -186,53 +179,14 @@ func headBytes(buf []byte, views [][]byte, proto tcpip.NetworkProtocolNumber) []
 	return buf[:n]
 }
 
-// ipTCPHeaderLen returns the length of the IP (no IPv6 extension headers)
-// and TCP headers at the start of v, if v holds enough of them to tell;
-// else 0. The caller checks them properly.
-func ipTCPHeaderLen(v []byte, proto tcpip.NetworkProtocolNumber) int {
-	ipLen := 0
-	switch proto {
-	case ipv4.ProtocolNumber:
-		if len(v) < header.IPv4MinimumSize {
-			return 0
-		}
-		ipLen = int(v[0]&0x0f) * 4
-	case ipv6.ProtocolNumber:
-		ipLen = header.IPv6MinimumSize
-	default:
-		return 0
-	}
-	if ipLen < header.IPv4MinimumSize || len(v) < ipLen+header.TCPMinimumSize {
-		return 0
-	}
-	tcpLen := int(v[ipLen+12]>>4) * 4
-	if tcpLen < header.TCPMinimumSize {
-		return 0
-	}
-	return ipLen + tcpLen
-}
+// linkCollector gathers a packet's views without copying.
+type linkCollector struct{ l *tapLink }
 
-// dataViews appends the views of the packet's data (the bytes IP will
-// parse) to vs, without copying or taking references: valid while the
-// packet is, during the link's delivery.
-func dataViews(vs [][]byte, pkt *stack.PacketBuffer) [][]byte {
-	vl, _ := pkt.AsViewList()
-	skip := -pkt.Data().Size()
-	for v := vl.Front(); v != nil; v = v.Next() {
-		skip += v.Size()
+func (c linkCollector) Write(b []byte) (int, error) {
+	if len(b) > 0 {
+		c.l.views = append(c.l.views, b)
 	}
-	for v := vl.Front(); v != nil; v = v.Next() {
-		b := v.AsSlice()
-		if skip >= len(b) {
-			skip -= len(b)
-			continue
-		}
-		if b = b[max(skip, 0):]; len(b) > 0 {
-			vs = append(vs, b)
-		}
-		skip = 0
-	}
-	return vs
+	return len(b), nil
 }
 
 // GSOMaxSize implements stack.GSOEndpoint for a link that has it.

@@ -433,7 +433,7 @@ func TestServiceChild(t *testing.T) {
 			n := cq.Poll(wcs)
 			for _, wc := range wcs[:n] {
 				if wc.Status != verbs.StatusSuccess {
-					t.Fatalf("write: %v", wc.Status)
+					t.Fatalf("write: %v (QP %v: %v)", wc.Status, qp.State(), qp.Err())
 				}
 			}
 			out -= n
