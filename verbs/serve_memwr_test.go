@@ -46,28 +46,14 @@ const (
 // and read from memory it registers by every means but RegMR, checking
 // every byte and the objects' state as it goes.
 func memOpsClient(ctx context.Context, d *verbs.Device, raddr netip.AddrPort, seed uint64) error {
-	pd, err := d.AllocPD()
+	q, err := openTestQP(d)
 	if err != nil {
 		return err
 	}
-	defer pd.Close()
+	defer q.close()
 	// Send and receive completions come in no set order between the two
 	// queues: one CQ each.
-	cq, err := d.CreateCQ(64)
-	if err != nil {
-		return err
-	}
-	defer cq.Close()
-	rcq, err := d.CreateCQ(64)
-	if err != nil {
-		return err
-	}
-	defer rcq.Close()
-	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: rcq})
-	if err != nil {
-		return err
-	}
-	defer qp.Close()
+	pd, cq, rcq, qp := q.pd, q.scq, q.rcq, q.qp
 	mem, err := zerocopy.AllocShared("memops", memBufSize)
 	if err != nil {
 		return err
@@ -331,26 +317,12 @@ func memOpsClient(ctx context.Context, d *verbs.Device, raddr netip.AddrPort, se
 
 // memOpsPeer serves memOpsClient's commands on one connection.
 func memOpsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device) error {
-	pd, err := d.AllocPD()
+	q, err := openTestQP(d)
 	if err != nil {
 		return err
 	}
-	defer pd.Close()
-	cq, err := d.CreateCQ(64)
-	if err != nil {
-		return err
-	}
-	defer cq.Close()
-	rcq, err := d.CreateCQ(64)
-	if err != nil {
-		return err
-	}
-	defer rcq.Close()
-	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: rcq})
-	if err != nil {
-		return err
-	}
-	defer qp.Close()
+	defer q.close()
+	pd, cq, rcq, qp := q.pd, q.scq, q.rcq, q.qp
 	buf := make([]byte, 128<<10)
 	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteRead)
 	if err != nil {

@@ -88,6 +88,47 @@ func waitWC(ctx context.Context, cq *verbs.CQ, op verbs.WCOpcode, n int) (verbs.
 	return wc[0], nil
 }
 
+// testQP is a PD, a send and a receive CQ and an RC QP on them: how every
+// application function of the service tests starts (send and receive
+// completions come in no set order between two queues, so one CQ each).
+type testQP struct {
+	pd       *verbs.PD
+	scq, rcq *verbs.CQ
+	qp       *verbs.QP
+}
+
+func openTestQP(d *verbs.Device) (*testQP, error) {
+	q := &testQP{}
+	var err error
+	if q.pd, err = d.AllocPD(); err != nil {
+		return nil, err
+	}
+	if q.scq, err = d.CreateCQ(64); err == nil {
+		if q.rcq, err = d.CreateCQ(64); err == nil {
+			q.qp, err = q.pd.CreateQP(verbs.QPConfig{SendCQ: q.scq, RecvCQ: q.rcq})
+		}
+	}
+	if err != nil {
+		q.close()
+		return nil, err
+	}
+	return q, nil
+}
+
+// close closes what openTestQP opened, the QP first.
+func (q *testQP) close() {
+	if q.qp != nil {
+		q.qp.Close()
+	}
+	if q.rcq != nil {
+		q.rcq.Close()
+	}
+	if q.scq != nil {
+		q.scq.Close()
+	}
+	q.pd.Close()
+}
+
 // opsClient is application code written for the verbs API: it knows
 // nothing of where d comes from. It connects to raddr, and runs Send and
 // Receive both ways, an RDMA Write into the peer, an RDMA Read from it,
@@ -95,26 +136,12 @@ func waitWC(ctx context.Context, cq *verbs.CQ, op verbs.WCOpcode, n int) (verbs.
 // test runs it unchanged on an embedded device and on a device of a
 // service.
 func opsClient(ctx context.Context, d *verbs.Device, raddr netip.AddrPort, seed uint64) error {
-	pd, err := d.AllocPD()
+	q, err := openTestQP(d)
 	if err != nil {
 		return err
 	}
-	defer pd.Close()
-	scq, err := d.CreateCQ(64)
-	if err != nil {
-		return err
-	}
-	defer scq.Close()
-	rcq, err := d.CreateCQ(64)
-	if err != nil {
-		return err
-	}
-	defer rcq.Close()
-	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: scq, RecvCQ: rcq})
-	if err != nil {
-		return err
-	}
-	defer qp.Close()
+	defer q.close()
+	pd, scq, rcq, qp := q.pd, q.scq, q.rcq, q.qp
 	mem, err := zerocopy.AllocShared("ops", opsBuf)
 	if err != nil {
 		return err
@@ -210,29 +237,15 @@ func opsClient(ctx context.Context, d *verbs.Device, raddr netip.AddrPort, seed 
 
 // opsPeer is the embedded peer of opsClient for one connection.
 func opsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device, seed uint64) error {
-	pd, err := d.AllocPD()
+	q, err := openTestQP(d)
 	if err != nil {
 		return err
 	}
-	defer pd.Close()
+	defer q.close()
 	// Send and receive completions on separate CQs: their order between
 	// the queues is not set (the client's next Send may arrive before
 	// the completion of the echo it answers is pushed).
-	cq, err := d.CreateCQ(64)
-	if err != nil {
-		return err
-	}
-	defer cq.Close()
-	rcq, err := d.CreateCQ(64)
-	if err != nil {
-		return err
-	}
-	defer rcq.Close()
-	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: rcq})
-	if err != nil {
-		return err
-	}
-	defer qp.Close()
+	pd, cq, rcq, qp := q.pd, q.scq, q.rcq, q.qp
 	buf := make([]byte, opsBuf)
 	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead)
 	if err != nil {
