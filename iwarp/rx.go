@@ -240,6 +240,12 @@ func (r *receiver) run() {
 // added up.
 func (r *receiver) afterRead() {
 	if r.seg != nil && r.seg.rx != nil {
+		if r.seg.nkept.Load() > 0 && r.seg.nrec.Load() > 0 {
+			// FPDUs placed beyond a hole wait: what the tap kept of the
+			// stream before them (a hole filler the tap could not feed
+			// too) need not wait for TCP's processor.
+			r.seg.feedKept(^uint64(0))
+		}
 		r.deliverPlaced()
 	}
 	r.flushStats()

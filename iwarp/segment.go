@@ -101,7 +101,7 @@ type SegmentSource interface {
 // its call (netstack.Conn), and which the receive goroutine can wait on
 // together with the placer's wake-up.
 type SegmentRetainer interface {
-	TapSegmentsRetain(fn func(off uint64, payload [][]byte, retain func() func()), stats *netstack.ConnTapStats) (remove func(), err error)
+	TapSegmentsRetain(fn func(off uint64, payload [][]byte, retain func() netstack.Kept), stats *netstack.ConnTapStats) (remove func(), err error)
 	WaitReadableOr(ctx context.Context, wake <-chan struct{}) error
 }
 
@@ -126,6 +126,8 @@ type SegmentStats struct {
 	Duplicates      atomic.Uint64 // payload bytes of FPDUs placed already or reached in order
 	Mismatches      atomic.Uint64 // placed FPDUs whose in-order bytes differed (stream terminated)
 	FedBytes        atomic.Uint64 // payload bytes of hole-filling segments the tap fed the receiver (counted in PlacedBytes too)
+	KeptBytes       atomic.Uint64 // payload bytes of in-order segments the tap kept and fed the receiver before TCP handed them over (counted in PlacedBytes too)
+	FillsFed        atomic.Uint64 // hole-filling segments the receiver had from the tap (HoleFills counts only the timed ones)
 	DeliveredEarly  atomic.Uint64 // FPDUs delivered in order by the tap, before TCP handed them over
 	Queued          atomic.Uint64 // segments beyond a hole placed by the receive goroutine rather than the link's
 	QuickFed        atomic.Uint64 // short segments in order fed to the idle receiver by the tap
@@ -232,6 +234,17 @@ type segPlacer struct {
 	rxCurID  uint64
 	rxCurSGL []SGE
 	rxNext   uint32
+	// kept are the latest segments that reached the tap in order (and hole
+	// fillers), their packets retained (no copy) until the receiver has
+	// parsed their bytes, oldest first from kh (mu). TCP's processor
+	// goroutine runs behind the link's: when a segment fills the hole the
+	// receiver waits at, TCP may not have taken the segments in front of
+	// it yet, and the tap feeds the receiver these instead of leaving the
+	// fill to wait for TCP (feedKept).
+	kept   [maxKept]keptSeg
+	kh, kn int
+	nkept  atomic.Int32 // kn, read without mu
+
 	// eager places segments that arrive in order too, rather than leave
 	// them to the receiver (the unit tests of the framing rules, which
 	// have no receiver, use it).
@@ -324,7 +337,7 @@ func (p *segPlacer) place(off uint64, payload [][]byte) { p.placeRetain(off, pay
 // queued for the QP's receive goroutine, which is idle while TCP holds the
 // stream back, rather than placed on the link's goroutine, which every
 // packet of the stack goes through.
-func (p *segPlacer) placeRetain(off uint64, payload [][]byte, retain func() func()) {
+func (p *segPlacer) placeRetain(off uint64, payload [][]byte, retain func() netstack.Kept) {
 	p.placeMu.Lock()
 	defer p.placeMu.Unlock()
 	v, off, n, mfirst, marked := p.view(segView(payload), off)
@@ -336,6 +349,9 @@ func (p *segPlacer) placeRetain(off uint64, payload [][]byte, retain func() func
 		return
 	}
 	arrival := p.seen(off, off+uint64(n))
+	if (arrival == segInOrder || arrival == segFill) && retain != nil && p.rx != nil && !p.observe {
+		p.keep(payload, off, n, retain)
+	}
 	if p.observe || (arrival == segInOrder || arrival == segOld) && !p.eager {
 		// In order, the stream places the segment as soon as the
 		// receiver reads it: placing it here would only move the copy
@@ -382,7 +398,7 @@ func (p *segPlacer) placeRetain(off uint64, payload [][]byte, retain func() func
 			p.wv = nil
 			clear(p.dv)
 		}
-		p.jobs = append(p.jobs, segJob{off: woff, views: slices.Clone(payload), release: retain()})
+		p.jobs = append(p.jobs, segJob{off: woff, views: slices.Clone(payload), hold: retain()})
 		p.mu.Unlock()
 		p.stats.Queued.Add(1)
 		select {
@@ -399,9 +415,106 @@ func (p *segPlacer) placeRetain(off uint64, payload [][]byte, retain func() func
 // segJob is a segment beyond a hole queued for the receive goroutine, its
 // packet memory kept until release.
 type segJob struct {
-	off     uint64
-	views   [][]byte
-	release func()
+	off   uint64
+	views [][]byte
+	hold  netstack.Kept
+}
+
+// keptSeg is a segment the tap kept for the receiver (segPlacer.kept).
+type keptSeg struct {
+	off, end uint64 // its bytes' offsets in the receiver's input (fedTo's: the marked stream with markers)
+	dend     uint64 // its end in the FPDU stream
+	views    [maxKeptViews][]byte
+	nv       int
+	hold     netstack.Kept
+}
+
+const (
+	// maxKept bounds the kept segments: TCP's processor lags the link by
+	// a few segments; the oldest are let go first.
+	maxKept = 64
+	// maxKeptViews: a segment in more views is not kept.
+	maxKeptViews = 4
+)
+
+// keep keeps a segment that arrived in order (placeRetain: the segment at
+// stream offset off, n octets of the FPDU stream; its raw views and, with
+// markers, p.woff); p.mu is held.
+func (p *segPlacer) keep(payload [][]byte, off uint64, n int, retain func() netstack.Kept) {
+	parsed := p.parsed.Load()
+	for p.kn > 0 && (p.kept[p.kh].dend <= parsed || p.kn == maxKept) {
+		p.popKept().hold.Release()
+	}
+	if len(payload) > maxKeptViews || off+uint64(n) <= parsed {
+		return
+	}
+	woff, wn := off, n
+	if p.markers {
+		woff, wn = p.woff, p.wn
+	}
+	e := &p.kept[(p.kh+p.kn)%maxKept]
+	e.off, e.end, e.dend, e.nv = woff, woff+uint64(wn), off+uint64(n), copy(e.views[:], payload)
+	e.hold = retain()
+	p.kn++
+	p.nkept.Store(int32(p.kn))
+}
+
+// popKept takes the oldest kept segment off the ring; p.mu is held.
+func (p *segPlacer) popKept() keptSeg {
+	e := p.kept[p.kh]
+	p.kept[p.kh] = keptSeg{}
+	p.kh = (p.kh + 1) % maxKept
+	p.kn--
+	p.nkept.Store(int32(p.kn))
+	return e
+}
+
+// feedKept feeds the receiver (rxMu held) the kept segments that continue
+// its input, until it has had the octets before offset to (fedTo's
+// offsets) or the kept ones stop short; it returns the payload octets the
+// receiver placed from them. They passed the tap's checks, as a hole
+// filler does; TCP's copy of them is skipped when it comes (tcpFeed).
+func (p *segPlacer) feedKept(to uint64) uint64 {
+	r := p.rx
+	placed := r.n.placed
+	for r.state != rxDead {
+		w, at := r.fedTo()
+		if at >= to {
+			break
+		}
+		var e keptSeg
+		found := false
+		p.mu.Lock()
+		for p.kn > 0 {
+			k := &p.kept[p.kh]
+			if k.end <= at {
+				p.popKept().hold.Release() // had from TCP
+				continue
+			}
+			if k.off <= at {
+				e, found = p.popKept(), true
+			}
+			break
+		}
+		p.mu.Unlock()
+		if !found {
+			break
+		}
+		skip := int(at - e.off)
+		for _, b := range e.views[:e.nv] {
+			if skip >= len(b) {
+				skip -= len(b)
+				continue
+			}
+			w.Write(b[skip:])
+			skip = 0
+		}
+		e.hold.Release()
+	}
+	fed := r.n.placed - placed
+	p.stats.KeptBytes.Add(fed)
+	p.stats.PlacedBytes.Add(fed)
+	return fed
 }
 
 // maxSegJobs bounds the queue; beyond it, segments are placed at once.
@@ -448,7 +561,7 @@ func (p *segPlacer) nextJob() (segJob, bool) {
 	p.jobs[0] = segJob{}
 	p.jobs = p.jobs[1:]
 	if p.removed {
-		j.release()
+		j.hold.Release()
 		return segJob{}, false // stop releases the rest
 	}
 	p.busy++
@@ -459,7 +572,7 @@ func (p *segPlacer) nextJob() (segJob, bool) {
 func (p *segPlacer) runJob(j segJob) {
 	v, off, n, mfirst, marked := p.view(segView(j.views), j.off)
 	p.frame(v, off, n, segAhead, marked, mfirst)
-	j.release()
+	j.hold.Release()
 }
 
 // frame finds the FPDUs of a segment that is not in order and places them
@@ -1059,6 +1172,7 @@ func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, del
 		v, off, n = p.wv, p.woff, p.wn
 	}
 	w, at := r.fedTo()
+	end := off + uint64(n)
 	if !quick && at < off && r.state != rxDead {
 		// The receiver has not read all TCP holds before the hole yet
 		// (TCP gets this segment only after the tap): read it now.
@@ -1066,9 +1180,12 @@ func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, del
 			r.flushStats()
 			return false, 0 // the receiver's goroutine sees the error too
 		}
+		// What TCP's processor has not taken yet, the tap kept: feed
+		// that.
+		p.feedKept(off)
 		w, at = r.fedTo()
 	}
-	if at < off || at >= off+uint64(n) || r.state == rxDead {
+	if at < off || quick && at >= end || r.state == rxDead {
 		return false, 0
 	}
 	skip := int(at - off)
@@ -1082,6 +1199,9 @@ func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, del
 		skip = 0
 	}
 	fed := r.n.placed - placed
+	if !quick {
+		p.stats.FillsFed.Add(1)
+	}
 	if quick {
 		p.stats.QuickFedBytes.Add(fed)
 	} else {
@@ -1230,9 +1350,12 @@ func (p *segPlacer) stop() {
 	}
 	jobs := p.jobs
 	p.jobs = nil
+	for p.kn > 0 {
+		p.popKept().hold.Release()
+	}
 	p.mu.Unlock()
 	for _, j := range jobs {
-		j.release()
+		j.hold.Release()
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"math/rand/v2"
 	"testing"
+
+	"rdmatap/netstack"
 )
 
 // feedSegments runs data through a fresh QP's receive path as segment
@@ -111,9 +113,9 @@ func feedSegments(t *testing.T, data []byte, crc bool, seed uint64, segment, mar
 	}
 	// Half the time, segments beyond a hole are queued for the receive
 	// goroutine (here: work at random moments), as with netstack's taps.
-	var retain func() func()
+	var retain func() netstack.Kept
 	if rng.IntN(2) == 0 {
-		retain = func() func() { return func() {} } // data stays valid
+		retain = func() netstack.Kept { return netstack.Kept{} } // data stays valid
 	}
 	for _, i := range order {
 		p := pieces[i]

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"rdmatap/netstack"
 )
 
 // segRig is a segment placer of a QP of PD 7 with one remote-writable
@@ -307,5 +309,87 @@ func TestSegmentPlacerLateTap(t *testing.T) {
 		if !parsed && ooo != 1024 {
 			t.Fatalf("a segment after bytes nobody saw: %d bytes beyond a hole, want 1024", ooo)
 		}
+	}
+}
+
+// TestSegmentKeptFeedsFill: segments that reached the tap in order but not
+// yet TCP's receive queue (TCP's processor goroutine runs behind the link's)
+// are kept, so that when a later segment fills a hole behind them the tap
+// feeds the receiver all of it and the held-back message completes at
+// once; TCP's copy, when it comes, is skipped. Without kept segments
+// (retain nil: a source that cannot keep packets) the fill waits for TCP.
+func TestSegmentKeptFeedsFill(t *testing.T) {
+	for _, keep := range []bool{true, false} {
+		guard := make([]byte, 5*4096)
+		mem, reg := fuzzMem(guard[:3*4096])
+		rbuf := &Region{Buf: guard[3*4096 : 4*4096], Base: 0x20000, Access: AccessLocalWrite, PD: 1}
+		mem.Register(rbuf)
+		rq, _ := NewRecvQueue(4, 2)
+		rq.Post(9, []SGE{{Addr: rbuf.Base, Length: 1024, LKey: rbuf.STag()}})
+		st := new(Stats)
+		rcq := newTestCQ()
+		qp, err := NewQP(QPConfig{Num: 1, PD: 1, Mem: mem, SendCQ: newTestCQ(), RecvCQ: rcq, RQ: rq, Stats: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &nullStream{closed: make(chan struct{})}
+		if err := qp.Start(s, ConnParams{CRC: true, IRD: 2, ORD: 2}); err != nil {
+			t.Fatal(err)
+		}
+		seg := newSegPlacer(qp, true, false)
+		seg.rx = &qp.rx
+		seg.rxNext = qp.rx.expect[QNSend]
+		qp.rxMu.Lock()
+		qp.rx.seg = seg
+		qp.rx.pubExpect = qp.rx.expect[QNSend]
+		qp.rx.tcp = tcpFeed{r: &qp.rx}
+		qp.rx.in = &qp.rx.tcp
+		qp.rxMu.Unlock()
+
+		// A two-FPDU Write, then a Send: each FPDU a segment, longer
+		// than the quick feed takes.
+		pa, pb := pattern(700, 1), pattern(700, 2)
+		a := rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, STag: reg.STag(), TO: reg.Base}, pa), true)
+		b := rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, Last: true, STag: reg.STag(), TO: reg.Base + 700}, pb), true)
+		c := rawFPDU(rawULPDU(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1}, []byte("done")), true)
+		var retain func() netstack.Kept
+		if keep {
+			retain = func() netstack.Kept { return netstack.Kept{} }
+		}
+		// The tap sees a (in order; TCP has not taken it), then c (beyond
+		// the hole b leaves), then b.
+		seg.placeRetain(0, [][]byte{a}, retain)
+		seg.placeRetain(uint64(len(a)+len(b)), [][]byte{c}, retain)
+		seg.placeRetain(uint64(len(a)), [][]byte{b}, retain)
+		early := len(rcq.ch)
+		if keep && early != 1 {
+			t.Fatalf("kept: %d completions before TCP handed the stream over, want the Send's", early)
+		}
+		if !keep && early != 0 {
+			t.Fatalf("not kept: %d completions before TCP handed the stream over", early)
+		}
+		if g := seg.stats; keep && (g.KeptBytes.Load() != 700 || g.FillsFed.Load() != 1) {
+			t.Fatalf("kept %d bytes (want 700), fills fed %d (want 1)", g.KeptBytes.Load(), g.FillsFed.Load())
+		}
+		// TCP hands the stream over.
+		qp.rxMu.Lock()
+		qp.rx.in.Write(slices.Concat(a, b, c))
+		qp.rx.afterRead()
+		qp.rxMu.Unlock()
+		if n := len(rcq.ch); n != 1 {
+			t.Fatalf("keep %v: %d completions, want 1", keep, n)
+		}
+		if cpl := <-rcq.ch; cpl.Status != StatusSuccess || cpl.ID != 9 || cpl.ByteLen != 4 {
+			t.Fatalf("keep %v: completion %+v", keep, cpl)
+		}
+		if !bytes.Equal(reg.Buf[:1400], slices.Concat(pa, pb)) || string(rbuf.Buf[:4]) != "done" {
+			t.Fatalf("keep %v: the payload did not land where it belongs", keep)
+		}
+		if got := st.PlacementCopies.Load(); got != 3 {
+			t.Fatalf("keep %v: %d placement copies for 3 FPDUs", keep, got)
+		}
+		close(s.closed)
+		qp.Close()
+		<-qp.Done()
 	}
 }

@@ -56,19 +56,28 @@ type connTap struct {
 	c      *Conn
 	isn    uint32 // peer's ISN: sequence number isn+1 is stream byte 0
 	origin uint64 // bytes read when the tap was installed
-	fn     func(off uint64, payload [][]byte, retain func() func())
+	fn     func(off uint64, payload [][]byte, retain func() Kept)
 	stats  *ConnTapStats
 	views  [][]byte
 	cur    *stack.PacketBuffer // the packet being handed over (mu)
-	retain func() func()       // ct.keep, made once
+	retain func() Kept         // ct.keep, made once
 }
 
-// keep retains the packet being handed over; the returned function
-// releases it.
-func (ct *connTap) keep() func() {
-	pkt := ct.cur.IncRef()
-	return func() { pkt.DecRef() }
+// Kept is a segment's packet kept past its tap's call (see
+// TapSegmentsRetain) until Release. Its zero value keeps nothing.
+type Kept struct{ pkt *stack.PacketBuffer }
+
+// Release lets the packet go; the payload views it kept are invalid after
+// it. It is called once.
+func (k Kept) Release() {
+	if k.pkt != nil {
+		k.pkt.DecRef()
+	}
 }
+
+// keep retains the packet being handed over (no allocation: a handler may
+// keep every segment).
+func (ct *connTap) keep() Kept { return Kept{ct.cur.IncRef()} }
 
 // ErrNoISN reports a connection whose peer's initial sequence number was
 // never seen: connection taps were enabled after it was made.
@@ -195,14 +204,14 @@ func (c *Conn) rcvBufMax() int64 {
 // on the stack, and must not retain payload (it points into packet memory).
 // The returned function removes the tap; it is idempotent.
 func (c *Conn) TapSegments(fn func(off uint64, payload [][]byte), stats *ConnTapStats) (remove func(), err error) {
-	return c.TapSegmentsRetain(func(off uint64, payload [][]byte, _ func() func()) { fn(off, payload) }, stats)
+	return c.TapSegmentsRetain(func(off uint64, payload [][]byte, _ func() Kept) { fn(off, payload) }, stats)
 }
 
 // TapSegmentsRetain is TapSegments for a handler that may keep a segment's
 // payload past its call: retain, called during the call, keeps the
-// packet's memory (the payload views stay valid) until the function it
-// returns is called.
-func (c *Conn) TapSegmentsRetain(fn func(off uint64, payload [][]byte, retain func() func()), stats *ConnTapStats) (remove func(), err error) {
+// packet's memory (the payload views stay valid) until the Kept it
+// returns is released.
+func (c *Conn) TapSegmentsRetain(fn func(off uint64, payload [][]byte, retain func() Kept), stats *ConnTapStats) (remove func(), err error) {
 	s := c.s
 	s.mu.Lock()
 	t := s.ctaps

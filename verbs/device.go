@@ -220,6 +220,7 @@ func (d *Device) Stats() Stats {
 		BadChecksum: g.BadChecksum.Load(), OutOfWindow: g.OutOfWindow.Load(), BadFlags: g.BadFlags.Load(),
 		Duplicates: g.Duplicates.Load(), Mismatches: g.Mismatches.Load(),
 		Fed: g.FedBytes.Load(), DeliveredEarly: g.DeliveredEarly.Load(), Queued: g.Queued.Load(), QuickFed: g.QuickFed.Load(), QuickFedBytes: g.QuickFedBytes.Load(),
+		Kept: g.KeptBytes.Load(), FillsFed: g.FillsFed.Load(),
 		HoleFills: g.HoleFills.Load(), HoleFillTime: time.Duration(g.HoleFillNanos.Load()),
 		HoleFillHist: g.HoleFillHist.Load(),
 	}
@@ -281,6 +282,12 @@ type SegmentStats struct {
 	// TCP's goroutine and a wake-up of the receive goroutine; and their
 	// payload bytes (counted in PlacedEarly too).
 	QuickFed, QuickFedBytes uint64
+	// Payload bytes of segments that had reached the tap in order but not
+	// yet TCP's receive queue, which the tap kept and fed the receiver
+	// when a hole filled behind them (counted in PlacedEarly too), and
+	// the hole-filling segments the receiver had from the tap rather than
+	// from TCP.
+	Kept, FillsFed uint64
 	// Hole fills timed (DeviceConfig.TimeHoleFills) and their total time
 	// from the filling segment's arrival to the next message completed.
 	HoleFills    uint64

@@ -165,8 +165,8 @@ func BenchmarkPlacement(b *testing.B) {
 	}
 	for i, c := range cmps {
 		g := c.seg.rx.Stats().Segment
-		b.Logf("%s: segment side: placed early %d bytes (%d beyond holes, %d fed), %d FPDUs delivered early, %d segments queued for the receive goroutine; FPDUs by marker %d, by stream %d, by alignment %d, unframed %d; hole fills %d",
-			c.name, g.PlacedEarly, g.OutOfOrder, g.Fed, g.DeliveredEarly, g.Queued, g.ByMarker, g.ByStream, g.ByAlignment, g.Unframed, g.HoleFills)
+		b.Logf("%s: segment side: placed early %d bytes (%d beyond holes, %d fed), %d FPDUs delivered early, %d segments queued for the receive goroutine; FPDUs by marker %d, by stream %d, by alignment %d, unframed %d; hole fills %d timed, %d fed by the tap, %d bytes kept in front of them",
+			c.name, g.PlacedEarly, g.OutOfOrder, g.Fed, g.DeliveredEarly, g.Queued, g.ByMarker, g.ByStream, g.ByAlignment, g.Unframed, g.HoleFills, g.FillsFed, g.Kept)
 		f := figs[i]
 		b.Logf("%s: throughput segment/stream rounds %.3f", c.name, sorted(f.thr))
 		b.Logf("%s: p99 64 KiB completion segment/stream rounds %.3f", c.name, sorted(f.lat))

@@ -131,6 +131,7 @@ func segmentCounters(v verbs.Stats) []statKV {
 		{"seg_bad_tcp_checksum", g.BadChecksum}, {"seg_out_of_window", g.OutOfWindow}, {"seg_bad_tcp_flags", g.BadFlags},
 		{"seg_duplicate_bytes", g.Duplicates}, {"seg_mismatches", g.Mismatches},
 		{"seg_fed_bytes", g.Fed}, {"seg_fpdus_delivered_early", g.DeliveredEarly}, {"seg_segments_queued", g.Queued}, {"seg_quick_fed", g.QuickFed}, {"seg_quick_fed_bytes", g.QuickFedBytes},
+		{"seg_kept_fed_bytes", g.Kept}, {"seg_fills_fed", g.FillsFed},
 		{"seg_hole_fills", g.HoleFills}, {"seg_hole_fill_p50_ns", uint64(g.HoleFillHist.Quantile(0.5))}, {"seg_hole_fill_p99_ns", uint64(g.HoleFillHist.Quantile(0.99))},
 	}
 }
@@ -161,6 +162,7 @@ func placementReport(mode iwarp.Placement, who string, v verbs.Stats) string {
 	g := v.Segment
 	fmt.Fprintf(&b, "\n  %d bytes placed before TCP delivered them, %d of them out of order (beyond a hole), %d fed to the receiver with the segment that filled its hole; %d duplicate bytes skipped", g.PlacedEarly, g.OutOfOrder, g.Fed, g.Duplicates)
 	fmt.Fprintf(&b, "\n  %d FPDUs delivered in order before TCP handed them over (their messages completed then); %d segments beyond holes placed by the receive goroutine; %d short segments in order (%d bytes) fed to the waiting receiver", g.DeliveredEarly, g.Queued, g.QuickFed, g.QuickFedBytes)
+	fmt.Fprintf(&b, "\n  %d hole-filling segments fed to the receiver by the tap, with %d bytes in front of them that TCP had not yet taken", g.FillsFed, g.Kept)
 	fmt.Fprintf(&b, "\n  FPDUs located by marker %d, by alignment %d, by the stream %d; %d left in order; %d segments unframed", g.ByMarker, g.ByAlignment, g.ByStream, g.LeftInOrder, g.Unframed)
 	fmt.Fprintf(&b, "\n  refused by validation %d (CRC %d, header %d, STag %d, marker %d); segments refused by TCP: bad checksum %d, out of window %d, bad flags %d; mismatches %d",
 		g.Refused, g.RefusedCRC, g.RefusedHeader, g.RefusedSTag, g.RefusedMarker, g.BadChecksum, g.OutOfWindow, g.BadFlags, g.Mismatches)
