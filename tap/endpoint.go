@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -244,6 +246,7 @@ func (d *Device) readLoopOffload() {
 	// the wait.
 	rc := d.pollConn()
 	pfds := []unix.PollFd{{Fd: int32(d.fd), Events: unix.POLLIN}, {Fd: int32(d.evfd), Events: unix.POLLIN}}
+	var last time.Time // the last frame's arrival (busy polling)
 	for !d.closing.Load() {
 		var iovs [2]unix.Iovec
 		iovs[0] = unix.Iovec{Base: &hdrBuf[0]}
@@ -252,8 +255,21 @@ func (d *Device) readLoopOffload() {
 		iovs[1] = unix.Iovec{Base: &bs[0]}
 		iovs[1].SetLen(len(bs))
 		var n uintptr
-		var errno unix.Errno
-		if rc != nil {
+		errno := unix.EAGAIN
+		if d.busyPoll > 0 {
+			// Busy polling: read again, yielding the P in between, until
+			// a frame comes or BusyPoll has passed since the last one.
+			for {
+				n, _, errno = unix.Syscall(unix.SYS_READV, uintptr(d.fd), uintptr(unsafe.Pointer(&iovs[0])), 2)
+				if errno != unix.EAGAIN || d.closing.Load() || time.Since(last) >= d.busyPoll {
+					break
+				}
+				runtime.Gosched()
+			}
+		}
+		switch {
+		case errno != unix.EAGAIN:
+		case rc != nil:
 			err := rc.Read(func(uintptr) bool {
 				n, _, errno = unix.Syscall(unix.SYS_READV, uintptr(d.fd), uintptr(unsafe.Pointer(&iovs[0])), 2)
 				return errno != unix.EAGAIN
@@ -265,11 +281,14 @@ func (d *Device) readLoopOffload() {
 				}
 				return
 			}
-		} else {
+		default:
 			n, _, errno = unix.Syscall(unix.SYS_READV, uintptr(d.fd), uintptr(unsafe.Pointer(&iovs[0])), 2)
 		}
 		switch errno {
 		case 0:
+			if d.busyPoll > 0 {
+				last = time.Now()
+			}
 		case unix.EAGAIN:
 			if _, err := unix.Poll(pfds, -1); err != nil && !errors.Is(err, unix.EINTR) {
 				d.st.rxErrors.Add(1)

@@ -93,6 +93,45 @@ func bulk(t *testing.T, offload bool, mtu, n int) *rig {
 	return r
 }
 
+// TestBusyPoll: a busy-polling TAP carries traffic both ways, and its read
+// loop stops spinning once frames stop coming: over an idle stretch the
+// process uses a small part of a CPU, not all of it.
+func TestBusyPoll(t *testing.T) {
+	ns := newNetns(t)
+	d := openIn(t, ns, Config{Name: tapName, BusyPoll: 20 * time.Millisecond})
+	ns.mustRun(t, "ip", "addr", "add", kernelV4+"/24", "dev", tapName)
+	ns.mustRun(t, "ip", "link", "set", tapName, "up")
+	s := newGVisorStack(t, d)
+	r := &rig{ns: ns, dev: d, s: s}
+	r.ns.kernelPing(t, gvisorV4, 3, 56, false)
+	gv, kc := r.connect(t)
+	if _, err := transfer(gv, kc, 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := transfer(kc, gv, 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	if st := d.Stats(); st.RxErrors != 0 || st.TxErrors != 0 || st.RxFrames == 0 {
+		t.Fatalf("stats: %+v", st)
+	}
+	// Idle: after BusyPoll the loop sleeps in the netpoller.
+	time.Sleep(50 * time.Millisecond)
+	cpu := func() time.Duration {
+		var ru unix.Rusage
+		if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	before, start := cpu(), time.Now()
+	time.Sleep(300 * time.Millisecond)
+	used, wall := cpu()-before, time.Since(start)
+	t.Logf("idle: %v of CPU over %v", used, wall)
+	if used > wall/4 {
+		t.Fatalf("idle TAP: the process used %v of CPU over %v: the read loop kept spinning", used, wall)
+	}
+}
+
 func TestAttachExisting(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
@@ -203,6 +242,9 @@ func TestBadConfig(t *testing.T) {
 		{Name: "this-name-is-too-long"},
 		{Name: "tap0", MTU: 70000},
 		{Name: "tap0", MAC: []byte{1, 2, 3, 4, 5, 6}}, // multicast
+		{Name: "tap0", BusyPoll: -time.Microsecond},
+		{Name: "tap0", BusyPoll: 2 * time.Second},
+		{Name: "tap0", BusyPoll: time.Millisecond, NoOffload: true},
 	} {
 		if d, err := Open(cfg); err == nil {
 			d.Close()

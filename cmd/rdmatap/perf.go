@@ -271,6 +271,9 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 	// data), -o outside Reads and atomics.
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if test == perfLat && !given["busy-poll"] && ef.via == "" && !ef.noOffload {
+		ef.busyPoll = latBusyPoll
+	}
 	switch {
 	case (given["A"] || given["atomic_type"]) && o.verb != perfAtomic:
 		return o, nil, fmt.Errorf("%w: -A: not an atomic test (the atomic operation is for rdmatap %s atomic)", errUsage, name)

@@ -546,3 +546,52 @@ func TestPerfExchangeShape(t *testing.T) {
 		})
 	}
 }
+
+// TestBusyPollFlag: --busy-poll reaches the endpoint; lat busy-polls the
+// TAP unless told otherwise (as perftest's lat tests busy-poll their CQs),
+// bw does not; bad values and combinations are usage errors.
+func TestBusyPollFlag(t *testing.T) {
+	for _, c := range []struct {
+		test perfTestKind
+		args []string
+		want time.Duration
+	}{
+		{perfLat, []string{"write"}, latBusyPoll},
+		{perfLat, []string{"write", "--busy-poll", "0"}, 0},
+		{perfLat, []string{"send", "--busy-poll", "1ms"}, time.Millisecond},
+		{perfLat, []string{"write", "--no-offload"}, 0},
+		{perfBW, []string{"write"}, 0},
+		{perfBW, []string{"write", "--busy-poll", "50us"}, 50 * time.Microsecond},
+	} {
+		_, ef, err := parsePerfFlags(c.test, c.args, io.Discard)
+		if err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		ef.tap, ef.addr = "rtbp0", "192.0.2.1/24"
+		if _, _, _, err := ef.check(); err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		if ef.busyPoll != c.want {
+			t.Errorf("%q: busy poll %v, want %v", c.args, ef.busyPoll, c.want)
+		}
+	}
+	for _, args := range [][]string{
+		{"write", "--busy-poll", "-1ms"}, {"write", "--busy-poll", "2s"}, {"write", "--busy-poll", "1ms", "--no-offload"},
+	} {
+		_, ef, err := parsePerfFlags(perfBW, args, io.Discard)
+		if err == nil {
+			ef.tap, ef.addr = "rtbp0", "192.0.2.1/24"
+			_, _, _, err = ef.check()
+		}
+		if !errors.Is(err, errUsage) {
+			t.Errorf("%q: err %v, want a usage error", args, err)
+		}
+	}
+	_, ef, err := parsePerfFlags(perfBW, []string{"write", "--via", "/run/x.sock", "--busy-poll", "1ms"}, io.Discard)
+	if err == nil {
+		_, _, _, err = ef.check()
+	}
+	if !errors.Is(err, errUsage) {
+		t.Errorf("--via with --busy-poll: err %v, want a usage error", err)
+	}
+}
