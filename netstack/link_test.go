@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -525,4 +526,56 @@ func BenchmarkTCPPingPong64(b *testing.B) {
 	b.StopTimer()
 	c1.CloseWrite()
 	<-errc
+}
+
+// slowDispatcher counts delivered packets, taking a while over each (a
+// spin: a sleep can last longer than MaxLinkWait on a loaded machine).
+type slowDispatcher struct{ n atomic.Int64 }
+
+func (d *slowDispatcher) DeliverNetworkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {
+	for start := time.Now(); time.Since(start) < 20*time.Microsecond; {
+	}
+	d.n.Add(1)
+}
+func (d *slowDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {}
+
+// TestLinkBackpressure: a writer that outruns the peer's delivery waits
+// for room in the in-memory link's queue and loses nothing; with TailDrop
+// the full queue drops, as before.
+func TestLinkBackpressure(t *testing.T) {
+	for _, tailDrop := range []bool{false, true} {
+		la, lb := NewLinkPair(LinkConfig{QueueLen: 4, TailDrop: tailDrop})
+		d := &slowDispatcher{}
+		lb.Attach(d)
+		const n = 200
+		sent := 0
+		for i := 0; i < n; i++ {
+			pkt := testPacket(byte(i), 10)
+			var l stack.PacketBufferList
+			l.PushBack(pkt)
+			k, err := la.WritePackets(l)
+			pkt.DecRef()
+			sent += k
+			if !tailDrop && (k != 1 || err != nil) {
+				t.Fatalf("packet %d: written %d, %v", i, k, err)
+			}
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for d.n.Load() < int64(sent) && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		drops := LinkDrops(la)
+		t.Logf("tail drop %v: %d delivered, %d dropped", tailDrop, d.n.Load(), drops)
+		if d.n.Load() != int64(sent) || drops != uint64(n-sent) {
+			t.Errorf("tail drop %v: %d written, %d delivered, %d dropped", tailDrop, sent, d.n.Load(), drops)
+		}
+		if !tailDrop && drops != 0 {
+			t.Errorf("backpressure: %d dropped", drops)
+		}
+		if tailDrop && drops == 0 {
+			t.Errorf("tail drop: nothing dropped from a 4-packet queue")
+		}
+		la.Close()
+		lb.Close()
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -27,7 +28,23 @@ type LinkConfig struct {
 	GSOMax   uint32 // default 65536; 0 from user = default; set NoGSO to turn off. Clamped to [MTU, 65536].
 	NoGSO    bool
 	QueueLen int // per-direction packet queue, default 1024
+	// TailDrop makes a full queue drop what is written to it, as a
+	// router's does. By default a writer that finds the queue full waits
+	// for room instead (up to MaxLinkWait, then the packet is dropped),
+	// as a NIC whose ring is full holds packets in its qdisc: a wire in
+	// memory loses nothing, and TCP's flows share it the way their
+	// windows do. (With tail drop, 1,024 connections writing at once
+	// lost packets to the full queue, retransmission timeouts backed some
+	// off for hundreds of milliseconds, and the slowest got a quarter of
+	// its fair share.)
+	TailDrop bool
 }
+
+// MaxLinkWait bounds how long a write to an in-memory link waits for room
+// in a full queue (LinkConfig.TailDrop false) before it drops: a packet
+// the stack sends from the other end's delivery goroutine (a reset, an
+// ICMP reply) must not wait on a queue that goroutine would drain.
+const MaxLinkWait = 20 * time.Millisecond
 
 // memLink is one end of an in-memory, pure-IP link. Packets written to it are
 // queued (as refcounted clones, no payload copy) and delivered to the peer's
@@ -38,10 +55,11 @@ type memLink struct {
 	gsoMax uint32
 	gso    bool
 
-	q       chan memPacket
-	stop    chan struct{}
-	exited  chan struct{}
-	dropped atomic.Uint64
+	q        chan memPacket
+	tailDrop bool
+	stop     chan struct{}
+	exited   chan struct{}
+	dropped  atomic.Uint64
 
 	mu sync.RWMutex
 	// Guarded by mu.
@@ -65,7 +83,8 @@ var (
 // cfg.NoGSO) host GSO, so TCP hands the link super-segments of up to GSOMax
 // bytes which are delivered unsplit to the peer stack. Packets are passed by
 // reference (the payload is not copied) through a bounded queue per
-// direction; a full queue drops (tail drop, counted by LinkDrops). Each end
+// direction; a writer that finds it full waits for room (see
+// LinkConfig.TailDrop; what is dropped is counted by LinkDrops). Each end
 // runs one delivery goroutine, started here and stopped by Close (which
 // waits for it); Wait returns at once until Close has been called, as
 // gVisor's Stack.Wait calls it before closing the link.
@@ -97,11 +116,12 @@ func NewLinkPair(cfg LinkConfig) (a, b stack.LinkEndpoint) {
 	}
 	mk := func() *memLink {
 		l := &memLink{
-			gsoMax: gsoMax,
-			gso:    !cfg.NoGSO,
-			q:      make(chan memPacket, qlen),
-			stop:   make(chan struct{}),
-			exited: make(chan struct{}),
+			gsoMax:   gsoMax,
+			gso:      !cfg.NoGSO,
+			q:        make(chan memPacket, qlen),
+			tailDrop: cfg.TailDrop,
+			stop:     make(chan struct{}),
+			exited:   make(chan struct{}),
 		}
 		l.mtu.Store(mtu)
 		return l
@@ -165,16 +185,36 @@ func (l *memLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 		// refcounted, nothing is copied) but none of its metadata, so the
 		// receiving stack parses it from scratch.
 		np := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: pkt.ToBuffer()})
+		mp := memPacket{proto: pkt.NetworkProtocolNumber, pkt: np}
 		select {
-		case l.q <- memPacket{proto: pkt.NetworkProtocolNumber, pkt: np}:
+		case l.q <- mp:
 			n++
+			continue
 		default:
-			np.DecRef()
-			l.dropped.Add(uint64(pkts.Len() - n))
-			return n, &tcpip.ErrNoBufferSpace{}
 		}
+		if !l.tailDrop && l.wait(mp) {
+			n++
+			continue
+		}
+		np.DecRef()
+		l.dropped.Add(uint64(pkts.Len() - n))
+		return n, &tcpip.ErrNoBufferSpace{}
 	}
 	return n, nil
+}
+
+// wait queues mp once the full queue has room, unless MaxLinkWait passes
+// or the link closes first; it reports whether mp was queued.
+func (l *memLink) wait(mp memPacket) bool {
+	t := time.NewTimer(MaxLinkWait)
+	defer t.Stop()
+	select {
+	case l.q <- mp:
+		return true
+	case <-l.stop:
+	case <-t.C:
+	}
+	return false
 }
 
 // Attach implements stack.NetworkLinkEndpoint.
