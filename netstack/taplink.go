@@ -95,7 +95,7 @@ func (l *tapLink) inspect(t *connTaps, proto tcpip.NetworkProtocolNumber, pkt *s
 	pkt.Data().ReadTo(linkCollector{l}, true)
 	defer clear(l.views)
 	var hb [header.IPv4MaximumHeaderSize + 60]byte // the largest IP and TCP headers
-	hdr := headBytes(hb[:], l.views)
+	hdr := headBytes(hb[:min(len(hb), headersLen(proto, l.views))], l.views)
 	validated := pkt.RXChecksumValidated || l.Capabilities()&stack.CapabilityRXChecksumOffload != 0
 	var src, dst tcpip.Address
 	var ipLen, total int
@@ -177,6 +177,37 @@ func headBytes(buf []byte, views [][]byte) []byte {
 		}
 	}
 	return buf[:n]
+}
+
+// headersLen returns how long the IP and TCP headers of the packet in
+// views say they are (reading only their length fields), so that the
+// payload's bytes are not touched here: the receiver that copies them may
+// run on another core. Lengths below the minimum count as the minimum
+// (inspect refuses such packets); a packet too short to tell gets its
+// whole length (what is there is all inspect can check).
+func headersLen(proto tcpip.NetworkProtocolNumber, views [][]byte) int {
+	at := func(off int) (byte, bool) {
+		for _, v := range views {
+			if off < len(v) {
+				return v[off], true
+			}
+			off -= len(v)
+		}
+		return 0, false
+	}
+	ip := header.IPv6MinimumSize
+	if proto == ipv4.ProtocolNumber {
+		b, ok := at(0)
+		if !ok {
+			return 0
+		}
+		ip = max(int(b&0xf)*4, header.IPv4MinimumSize)
+	}
+	b, ok := at(ip + 12) // the TCP data offset
+	if !ok {
+		return 1 << 16
+	}
+	return ip + max(int(b>>4)*4, header.TCPMinimumSize)
 }
 
 // linkCollector gathers a packet's views without copying.

@@ -37,7 +37,8 @@ const benchMsg = 1 << 20
 
 // benchLink is the in-memory link of the benchmarks: 64 KB packets, so that
 // TCP segments and FPDUs are 64 KB (FPDUs follow the segment payload). Set
-// RDMATAP_BENCH_MTU=1500 for 1420-byte FPDUs on a GSO link.
+// RDMATAP_BENCH_MTU=1500 for 1420-byte FPDUs on a GSO link;
+// RDMATAP_BENCH_QUEUE=N sets the link's packet queue (default 1,024).
 var benchLink = netstack.LinkConfig{MTU: uint32(envInt("RDMATAP_BENCH_MTU", 65535)), QueueLen: envInt("RDMATAP_BENCH_QUEUE", 0)}
 
 // benchStack is the benchmarks' stack configuration: RDMATAP_BENCH_ACK_DELAY
