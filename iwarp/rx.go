@@ -106,6 +106,7 @@ type receiver struct {
 	seg   *segPlacer
 	start uint64      // stream offset of the current FPDU
 	early *placedFPDU // the current FPDU was placed from its segment
+	taken *placedFPDU // deliverRun claimed the next FPDU's record (segPlacer.takePlaced)
 	vcrc  uint32      // CRC32c of its payload as delivered (no MPA CRC)
 	tcp   tcpFeed     // the input from TCP, when the tap may feed too
 	// waitOr waits for the stream or the placer's queue (segment
@@ -518,7 +519,11 @@ func (r *receiver) onHeader() {
 	r.early = nil
 	if r.seg != nil {
 		var stale bool
-		r.early, stale = r.seg.claimInOrder(r.start, r.start+uint64(FPDULen(r.ulpdu)))
+		if r.taken != nil {
+			r.early, r.taken = r.taken, nil
+		} else {
+			r.early, stale = r.seg.claimInOrder(r.start, r.start+uint64(FPDULen(r.ulpdu)))
+		}
 		r.vcrc = 0
 		if stale {
 			r.mismatch(hl)
@@ -1191,14 +1196,15 @@ func (r *receiver) deliverPlaced() {
 // deliverRun delivers the placed FPDUs that follow in order from r.offset.
 func (r *receiver) deliverRun() {
 	for r.state == rxHeader && r.have == 0 {
-		e := r.seg.placedAt(r.offset)
+		e, small := r.seg.takePlaced(r.offset)
 		if e == nil {
 			return
 		}
-		if e.small != nil {
+		if small {
 			r.Write(e.small)
 			continue
 		}
+		r.taken = e
 		at := r.offset
 		r.start = at
 		need := MPALengthSize + DDPHeader(e.hdr[MPALengthSize:]).HeaderSize()

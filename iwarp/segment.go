@@ -1,7 +1,6 @@
 package iwarp
 
 import (
-	"container/heap"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -215,9 +214,9 @@ type segPlacer struct {
 	after   map[uint64]uint64   // segment end -> the FPDU start its cut FPDU told
 	prune   int                 // prune known and after beyond this size
 	placed  map[uint64]*placedFPDU
-	starts  startHeap // of placed, lowest first
-	contig  uint64    // end of the contiguous data the tap has seen
-	ahead   spans     // the ranges of segments seen beyond contig
+	starts  startQueue // of placed, lowest first
+	contig  uint64     // end of the contiguous data the tap has seen
+	ahead   spans      // the ranges of segments seen beyond contig
 	removed bool
 	busy    int       // place calls under way
 	observe bool      // place nothing: only time hole fills (QPConfig.TimeHoleFills)
@@ -1138,7 +1137,7 @@ func (p *segPlacer) claim(at uint64, total, payLen int) *placedFPDU {
 	}
 	e := &placedFPDU{payLen: payLen, total: total}
 	p.placed[at] = e
-	heap.Push(&p.starts, at)
+	p.starts.push(at)
 	return e
 }
 
@@ -1215,18 +1214,37 @@ func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, del
 	return true, delivered
 }
 
-// placedAt returns the placement record of the FPDU at stream offset at, if
-// it is complete.
-func (p *segPlacer) placedAt(at uint64) *placedFPDU {
+// takePlaced looks up and claims in one step (one lock), for the
+// receiver's delivery of placed FPDUs (deliverRun): the complete FPDU
+// placed at stream offset at, claimed as claimInOrder claims it; or, for a
+// short FPDU kept whole, its record unclaimed (small: the receiver
+// processes its bytes, which claims it). nil when no complete FPDU is
+// placed there, or when a stale start lies before at (the usual path
+// finds it).
+func (p *segPlacer) takePlaced(at uint64) (e *placedFPDU, small bool) {
 	if p.nrec.Load() == 0 {
-		return nil
+		return nil, false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if e := p.placed[at]; e != nil && e.done {
-		return e
+	e = p.placed[at]
+	if e == nil || !e.done || p.starts.min() < at {
+		return nil, false
 	}
-	return nil
+	if e.small != nil {
+		return e, true
+	}
+	if at+1 > p.front.Load() {
+		p.front.Store(at + 1) // as claimInOrder
+	}
+	p.starts.pop() // at is the lowest
+	delete(p.placed, at)
+	p.nrec.Add(-1)
+	if next := at + uint64(e.total); next >= p.contig {
+		p.known[next] = struct{}{}
+		p.bound()
+	}
+	return e, false
 }
 
 // learn records an FPDU start the placer found (the end of a checked FPDU).
@@ -1268,25 +1286,28 @@ func (p *segPlacer) claimInOrder(at, next uint64) (e *placedFPDU, stale bool) {
 		return nil, false
 	}
 	p.mu.Lock()
-	for len(p.starts) > 0 && p.starts[0] < at {
-		heap.Pop(&p.starts)
+	for p.starts.len() > 0 && p.starts.min() < at {
+		p.starts.pop()
 		stale = true
 	}
 	for {
 		e = p.placed[at]
 		if e == nil || e.done {
 			if e != nil {
-				heap.Pop(&p.starts) // at is the lowest now
+				p.starts.pop() // at is the lowest now
+				delete(p.placed, at)
+				p.nrec.Add(-1)
 				if e.small != nil {
 					e = nil // kept, not placed
 				}
 			}
-			if _, ok := p.placed[at]; ok {
-				delete(p.placed, at)
-				p.nrec.Add(-1)
+			if next >= p.contig {
+				// Only a segment the tap has not seen all of may start
+				// there (one that ends before contig is old, and one
+				// that reaches past it is fed before it is framed).
+				p.known[next] = struct{}{}
+				p.bound()
 			}
-			p.known[next] = struct{}{}
-			p.bound()
 			p.mu.Unlock()
 			return e, stale
 		}
@@ -1359,16 +1380,41 @@ func (p *segPlacer) stop() {
 	}
 }
 
-// startHeap is a min-heap of stream offsets (container/heap).
-type startHeap []uint64
+// startQueue holds the starts of placed FPDUs in ascending order. They are
+// claimed lowest first, in the stream's order, and placed mostly in it too,
+// so a push is an append and a pop moves a head; a start placed out of
+// order (a segment reordered) is inserted where it belongs. (A binary heap
+// through container/heap boxed every offset and dispatched every
+// comparison: in a long hole's delivery its Pop was half of the time per
+// FPDU.)
+type startQueue struct {
+	v    []uint64
+	head int
+}
 
-func (h startHeap) Len() int           { return len(h) }
-func (h startHeap) Less(i, j int) bool { return h[i] < h[j] }
-func (h startHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *startHeap) Push(x any)        { *h = append(*h, x.(uint64)) }
-func (h *startHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+func (q *startQueue) len() int { return len(q.v) - q.head }
+
+// min returns the lowest start (q is not empty).
+func (q *startQueue) min() uint64 { return q.v[q.head] }
+
+// push adds x.
+func (q *startQueue) push(x uint64) {
+	if n := len(q.v); n == q.head || q.v[n-1] <= x {
+		q.v = append(q.v, x)
+		return
+	}
+	i, _ := slices.BinarySearch(q.v[q.head:], x)
+	q.v = slices.Insert(q.v, q.head+i, x)
+}
+
+// pop removes the lowest start (q is not empty).
+func (q *startQueue) pop() {
+	q.head++
+	switch {
+	case q.head == len(q.v):
+		q.v, q.head = q.v[:0], 0
+	case q.head >= 256 && q.head >= len(q.v)/2:
+		n := copy(q.v, q.v[q.head:])
+		q.v, q.head = q.v[:n], 0
+	}
 }

@@ -393,3 +393,43 @@ func TestSegmentKeptFeedsFill(t *testing.T) {
 		<-qp.Done()
 	}
 }
+
+// TestStartQueue: the placer's queue of FPDU starts yields them lowest
+// first whatever order they came in.
+func TestStartQueue(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for round := 0; round < 200; round++ {
+		var q startQueue
+		var want []uint64
+		next := uint64(0)
+		for i := rng.IntN(1000); i > 0; i-- {
+			// Mostly ascending, now and then out of order.
+			x := next
+			if rng.IntN(8) == 0 {
+				x = rng.Uint64N(next + 1)
+			} else {
+				next += 1 + rng.Uint64N(3)
+			}
+			q.push(x)
+			want = append(want, x)
+			if rng.IntN(3) == 0 {
+				slices.Sort(want)
+				if q.min() != want[0] {
+					t.Fatalf("min %d, want %d", q.min(), want[0])
+				}
+				q.pop()
+				want = want[1:]
+			}
+		}
+		slices.Sort(want)
+		for _, w := range want {
+			if q.min() != w {
+				t.Fatalf("popped %d, want %d", q.min(), w)
+			}
+			q.pop()
+		}
+		if q.len() != 0 {
+			t.Fatalf("%d left", q.len())
+		}
+	}
+}
