@@ -98,7 +98,7 @@ func (s *Stack) EnableConnTaps() {
 
 // segment handles one inbound TCP segment (tapLink.inspect). It runs on
 // the link's delivery goroutine, before IP and TCP see the packet.
-func (t *connTaps) segment(seg *tapSegment) {
+func (t *connTaps) segment(seg *tapSegment, pkt *stack.PacketBuffer, views [][]byte) {
 	th := seg.th
 	k := connKey{
 		local:  netip.AddrPortFrom(fromTCPIPAddr(seg.dst), th.DestinationPort()),
@@ -106,7 +106,7 @@ func (t *connTaps) segment(seg *tapSegment) {
 	}
 	flags := th.Flags()
 	if flags&header.TCPFlagSyn != 0 {
-		if flags&header.TCPFlagRst == 0 && seg.valid() {
+		if flags&header.TCPFlagRst == 0 && seg.valid(views) {
 			t.mu.Lock()
 			if len(t.isn) >= maxISNs {
 				for old := range t.isn {
@@ -133,16 +133,16 @@ func (t *connTaps) segment(seg *tapSegment) {
 		ct.stats.BadFlags.Add(1)
 		return
 	}
-	if !seg.valid() {
+	if !seg.valid(views) {
 		ct.stats.BadChecksum.Add(1)
 		return
 	}
-	ct.deliver(th.SequenceNumber(), seg)
+	ct.deliver(th.SequenceNumber(), seg, pkt, views)
 }
 
 // deliver hands the part of the segment TCP may still take to the handler.
 // The views are the packet's own memory (no copy), valid during the call.
-func (ct *connTap) deliver(seq uint32, seg *tapSegment) {
+func (ct *connTap) deliver(seq uint32, seg *tapSegment, pkt *stack.PacketBuffer, views [][]byte) {
 	read := ct.c.readBytes.Load()
 	// The sequence number of the next byte the application reads.
 	next := ct.isn + 1 + uint32(read)
@@ -157,10 +157,10 @@ func (ct *connTap) deliver(seq uint32, seg *tapSegment) {
 		ct.stats.OutOfWindow.Add(1)
 		return
 	}
-	ct.views = append(ct.views[:0], seg.views...)
-	views := trimViews(ct.views, int(skip), int(min(size, limit-delta)))
-	ct.cur = seg.pkt
-	ct.fn(read-ct.origin+uint64(delta+skip), views, ct.retain)
+	ct.views = append(ct.views[:0], views...)
+	payload := trimViews(ct.views, int(skip), int(min(size, limit-delta)))
+	ct.cur = pkt
+	ct.fn(read-ct.origin+uint64(delta+skip), payload, ct.retain)
 	ct.cur = nil
 	clear(ct.views)
 }

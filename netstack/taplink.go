@@ -132,32 +132,35 @@ func (l *tapLink) inspect(t *connTaps, proto tcpip.NetworkProtocolNumber, pkt *s
 	if off < header.TCPMinimumSize || len(th) < off || ipLen+off > total {
 		return
 	}
-	seg := tapSegment{pkt: pkt, th: th[:off], src: src, dst: dst, validated: validated,
-		views: trimViews(l.views, ipLen+off, total), size: total - ipLen - off}
-	t.segment(&seg)
+	seg := tapSegment{th: th[:off], src: src, dst: dst, validated: validated, size: total - ipLen - off}
+	t.segment(&seg, pkt, trimViews(l.views, ipLen+off, total))
 }
 
 // tapSegment is an inbound TCP segment as the taps see it: its header, its
-// addresses, and its payload in packet memory (valid during the call).
+// addresses. Its packet and its payload (in packet memory, valid during
+// the call) travel beside it: kept out of it, the struct and the headers
+// it points to stay on inspect's stack.
 type tapSegment struct {
-	pkt       *stack.PacketBuffer
 	th        header.TCP
 	src, dst  tcpip.Address
-	views     [][]byte
 	size      int
 	validated bool // the link verified the checksums
 }
 
 // valid checks the header's length and, unless the link verified it, the
 // TCP checksum, as TCP itself will.
-func (s *tapSegment) valid() bool {
-	_, csumOK, ok := header.TCPValid(s.th, s.payloadChecksum, uint16(s.size), s.src, s.dst, s.validated)
-	return ok && csumOK
+func (s *tapSegment) valid(views [][]byte) bool {
+	// header.TCPValid's checks, without its payload-checksum callback (a
+	// method value of the segment would make it escape).
+	if off := int(s.th.DataOffset()); off < header.TCPMinimumSize || off > len(s.th) {
+		return false
+	}
+	return s.validated || s.th.IsChecksumValid(s.src, s.dst, payloadChecksum(views), uint16(s.size))
 }
 
-func (s *tapSegment) payloadChecksum() uint16 {
+func payloadChecksum(views [][]byte) uint16 {
 	var c checksum.Checksumer
-	for _, b := range s.views {
+	for _, b := range views {
 		c.Add(b)
 	}
 	return c.Checksum()
