@@ -316,10 +316,16 @@ func TestSegmentPlacerLateTap(t *testing.T) {
 // yet TCP's receive queue (TCP's processor goroutine runs behind the link's)
 // are kept, so that when a later segment fills a hole behind them the tap
 // feeds the receiver all of it and the held-back message completes at
-// once; TCP's copy, when it comes, is skipped. Without kept segments
-// (retain nil: a source that cannot keep packets) the fill waits for TCP.
+// once; TCP's copy, when it comes, is skipped. The tap keeps segments only
+// while holes come (after one, keepAfterHole segments): on a clean stream,
+// and without kept segments at all (retain nil: a source that cannot keep
+// packets), the fill waits for TCP.
 func TestSegmentKeptFeedsFill(t *testing.T) {
-	for _, keep := range []bool{true, false} {
+	for _, tc := range []struct {
+		name         string
+		retain, hole bool
+	}{{"after a hole", true, true}, {"clean stream", true, false}, {"no retain", false, true}} {
+		keep := tc.retain && tc.hole
 		guard := make([]byte, 5*4096)
 		mem, reg := fuzzMem(guard[:3*4096])
 		rbuf := &Region{Buf: guard[3*4096 : 4*4096], Base: 0x20000, Access: AccessLocalWrite, PD: 1}
@@ -353,8 +359,11 @@ func TestSegmentKeptFeedsFill(t *testing.T) {
 		b := rawFPDU(rawULPDU(DDPFields{Opcode: OpWrite, Last: true, STag: reg.STag(), TO: reg.Base + 700}, pb), true)
 		c := rawFPDU(rawULPDU(DDPFields{Opcode: OpSend, Last: true, QN: QNSend, MSN: 1}, []byte("done")), true)
 		var retain func() netstack.Kept
-		if keep {
+		if tc.retain {
 			retain = func() netstack.Kept { return netstack.Kept{} }
+		}
+		if tc.hole {
+			seg.keepFor = keepAfterHole // holes came before
 		}
 		// The tap sees a (in order; TCP has not taken it), then c (beyond
 		// the hole b leaves), then b.
@@ -363,10 +372,13 @@ func TestSegmentKeptFeedsFill(t *testing.T) {
 		seg.placeRetain(uint64(len(a)), [][]byte{b}, retain)
 		early := len(rcq.ch)
 		if keep && early != 1 {
-			t.Fatalf("kept: %d completions before TCP handed the stream over, want the Send's", early)
+			t.Fatalf("%s: %d completions before TCP handed the stream over, want the Send's", tc.name, early)
 		}
 		if !keep && early != 0 {
-			t.Fatalf("not kept: %d completions before TCP handed the stream over", early)
+			t.Fatalf("%s: %d completions before TCP handed the stream over", tc.name, early)
+		}
+		if g := seg.stats; !keep && g.KeptBytes.Load() != 0 {
+			t.Fatalf("%s: kept %d bytes", tc.name, g.KeptBytes.Load())
 		}
 		if g := seg.stats; keep && (g.KeptBytes.Load() != 700 || g.FillsFed.Load() != 1) {
 			t.Fatalf("kept %d bytes (want 700), fills fed %d (want 1)", g.KeptBytes.Load(), g.FillsFed.Load())
@@ -377,16 +389,16 @@ func TestSegmentKeptFeedsFill(t *testing.T) {
 		qp.rx.afterRead()
 		qp.rxMu.Unlock()
 		if n := len(rcq.ch); n != 1 {
-			t.Fatalf("keep %v: %d completions, want 1", keep, n)
+			t.Fatalf("%s: %d completions, want 1", tc.name, n)
 		}
 		if cpl := <-rcq.ch; cpl.Status != StatusSuccess || cpl.ID != 9 || cpl.ByteLen != 4 {
-			t.Fatalf("keep %v: completion %+v", keep, cpl)
+			t.Fatalf("%s: completion %+v", tc.name, cpl)
 		}
 		if !bytes.Equal(reg.Buf[:1400], slices.Concat(pa, pb)) || string(rbuf.Buf[:4]) != "done" {
-			t.Fatalf("keep %v: the payload did not land where it belongs", keep)
+			t.Fatalf("%s: the payload did not land where it belongs", tc.name)
 		}
 		if got := st.PlacementCopies.Load(); got != 3 {
-			t.Fatalf("keep %v: %d placement copies for 3 FPDUs", keep, got)
+			t.Fatalf("%s: %d placement copies for 3 FPDUs", tc.name, got)
 		}
 		close(s.closed)
 		qp.Close()
