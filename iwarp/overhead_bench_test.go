@@ -225,15 +225,7 @@ func BenchmarkSegmentFillDeliver(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer close(ns.closed)
-	seg := newSegPlacer(r.qp, true, false)
-	seg.rx = &r.qp.rx
-	seg.rxNext = r.qp.rx.expect[QNSend]
-	r.qp.rxMu.Lock()
-	r.qp.rx.seg = seg
-	r.qp.rx.pubExpect = r.qp.rx.expect[QNSend]
-	r.qp.rx.tcp = tcpFeed{r: &r.qp.rx}
-	r.qp.rx.in = &r.qp.rx.tcp
-	r.qp.rxMu.Unlock()
+	seg := attachSegPlacer(r.qp, true, false)
 	time.Sleep(10 * time.Millisecond)
 	if _, err := a.qp.PostSend(SendWR{Op: WRWrite, SGL: []SGE{a.sge(0, size)}, RemoteAddr: r.reg.Base, RKey: r.reg.STag()}); err != nil {
 		b.Fatal(err)

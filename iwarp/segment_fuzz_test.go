@@ -46,16 +46,7 @@ func feedSegments(t *testing.T, data []byte, crc bool, seed uint64, segment, mar
 		qp.rxMu.Unlock()
 		return finishFeed(qp, s, rcq, guard)
 	}
-	// What QP.Start sets up for a stream that hands over its segments.
-	seg := newSegPlacer(qp, crc, markers)
-	seg.rx = &qp.rx
-	seg.rxNext = qp.rx.expect[QNSend]
-	qp.rxMu.Lock()
-	qp.rx.seg = seg
-	qp.rx.pubExpect = qp.rx.expect[QNSend]
-	qp.rx.tcp = tcpFeed{r: &qp.rx}
-	qp.rx.in = &qp.rx.tcp
-	qp.rxMu.Unlock()
+	seg := attachSegPlacer(qp, crc, markers)
 
 	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
 	type piece struct{ off, end int }
@@ -136,6 +127,22 @@ func feedSegments(t *testing.T, data []byte, crc bool, seed uint64, segment, mar
 	out := finishFeed(qp, s, rcq, guard)
 	out.seg = seg.stats
 	return out
+}
+
+// attachSegPlacer gives a started QP the segment placer that QP.Start sets
+// up for a stream that hands over its segments (the tests feed both sides
+// by hand).
+func attachSegPlacer(qp *QP, crc, markers bool) *segPlacer {
+	seg := newSegPlacer(qp, crc, markers)
+	seg.rx = &qp.rx
+	seg.rxNext = qp.rx.expect[QNSend]
+	qp.rxMu.Lock()
+	qp.rx.seg = seg
+	qp.rx.pubExpect = qp.rx.expect[QNSend]
+	qp.rx.tcp = tcpFeed{r: &qp.rx}
+	qp.rx.in = &qp.rx.tcp
+	qp.rxMu.Unlock()
+	return seg
 }
 
 // finishFeed ends a fed QP and collects what it did.

@@ -342,15 +342,7 @@ func TestSegmentKeptFeedsFill(t *testing.T) {
 		if err := qp.Start(s, ConnParams{CRC: true, IRD: 2, ORD: 2}); err != nil {
 			t.Fatal(err)
 		}
-		seg := newSegPlacer(qp, true, false)
-		seg.rx = &qp.rx
-		seg.rxNext = qp.rx.expect[QNSend]
-		qp.rxMu.Lock()
-		qp.rx.seg = seg
-		qp.rx.pubExpect = qp.rx.expect[QNSend]
-		qp.rx.tcp = tcpFeed{r: &qp.rx}
-		qp.rx.in = &qp.rx.tcp
-		qp.rxMu.Unlock()
+		seg := attachSegPlacer(qp, true, false)
 
 		// A two-FPDU Write, then a Send: each FPDU a segment, longer
 		// than the quick feed takes.
