@@ -260,11 +260,14 @@ func (d *Device) readLoopOffload() {
 			// Busy polling: read again, yielding the P in between, until
 			// a frame comes or BusyPoll has passed since the last one.
 			for {
+				// Yield first: the frame just delivered has made the
+				// stack's goroutines runnable, and they should not wait
+				// for another read of the TAP.
+				runtime.Gosched()
 				n, _, errno = unix.Syscall(unix.SYS_READV, uintptr(d.fd), uintptr(unsafe.Pointer(&iovs[0])), 2)
 				if errno != unix.EAGAIN || d.closing.Load() || time.Since(last) >= d.busyPoll {
 					break
 				}
-				runtime.Gosched()
 			}
 		}
 		switch {
