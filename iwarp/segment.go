@@ -481,10 +481,10 @@ func (p *segPlacer) popKept() keptSeg {
 
 // feedKept feeds the receiver (rxMu held) the kept segments that continue
 // its input, until it has had the octets before offset to (fedTo's
-// offsets) or the kept ones stop short; it returns the payload octets the
-// receiver placed from them. They passed the tap's checks, as a hole
-// filler does; TCP's copy of them is skipped when it comes (tcpFeed).
-func (p *segPlacer) feedKept(to uint64) uint64 {
+// offsets) or the kept ones stop short. They passed the tap's checks, as
+// a hole filler does; TCP's copy of them is skipped when it comes
+// (tcpFeed).
+func (p *segPlacer) feedKept(to uint64) {
 	r := p.rx
 	placed := r.n.placed
 	for r.state != rxDead {
@@ -524,7 +524,6 @@ func (p *segPlacer) feedKept(to uint64) uint64 {
 	fed := r.n.placed - placed
 	p.stats.KeptBytes.Add(fed)
 	p.stats.PlacedBytes.Add(fed)
-	return fed
 }
 
 // maxSegJobs bounds the queue; beyond it, segments are placed at once.
