@@ -528,8 +528,7 @@ func BenchmarkTCPPingPong64(b *testing.B) {
 	<-errc
 }
 
-// slowDispatcher counts delivered packets, taking a while over each (a
-// spin: a sleep can last longer than MaxLinkWait on a loaded machine).
+// slowDispatcher counts delivered packets, taking a while over each.
 type slowDispatcher struct{ n atomic.Int64 }
 
 func (d *slowDispatcher) DeliverNetworkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {
@@ -544,7 +543,9 @@ func (d *slowDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *stack.P
 // the full queue drops, as before.
 func TestLinkBackpressure(t *testing.T) {
 	for _, tailDrop := range []bool{false, true} {
-		la, lb := NewLinkPair(LinkConfig{QueueLen: 4, TailDrop: tailDrop})
+		// A generous MaxWait: a loaded machine may stall the delivery
+		// goroutine for longer than the default.
+		la, lb := NewLinkPair(LinkConfig{QueueLen: 4, TailDrop: tailDrop, MaxWait: 10 * time.Second})
 		d := &slowDispatcher{}
 		lb.Attach(d)
 		const n = 200
@@ -577,5 +578,46 @@ func TestLinkBackpressure(t *testing.T) {
 		}
 		la.Close()
 		lb.Close()
+	}
+}
+
+// blockedDispatcher takes one packet and never returns until released.
+type blockedDispatcher struct{ release chan struct{} }
+
+func (d *blockedDispatcher) DeliverNetworkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {
+	<-d.release
+}
+func (d *blockedDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {}
+
+// TestLinkWaitBounded: a writer waits for room no longer than MaxWait,
+// then the packet is dropped and counted.
+func TestLinkWaitBounded(t *testing.T) {
+	la, lb := NewLinkPair(LinkConfig{QueueLen: 1, MaxWait: 30 * time.Millisecond})
+	d := &blockedDispatcher{release: make(chan struct{})}
+	lb.Attach(d)
+	defer func() { close(d.release); la.Close(); lb.Close() }()
+	write := func(i int) (int, tcpip.Error) {
+		pkt := testPacket(byte(i), 10)
+		defer pkt.DecRef()
+		var l stack.PacketBufferList
+		l.PushBack(pkt)
+		return la.WritePackets(l)
+	}
+	// The first is taken by the (blocked) delivery, the second fills the
+	// queue; the third finds it full.
+	for i := 0; i < 2; i++ {
+		if k, err := write(i); k != 1 || err != nil {
+			t.Fatalf("packet %d: %d, %v", i, k, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	k, err := write(2)
+	waited := time.Since(start)
+	if k != 0 || err == nil || LinkDrops(la) != 1 {
+		t.Fatalf("a write to a full queue that never drains: %d written, %v, %d dropped", k, err, LinkDrops(la))
+	}
+	if waited < 30*time.Millisecond || waited > 5*time.Second {
+		t.Fatalf("waited %v for room, want MaxWait (30ms)", waited)
 	}
 }

@@ -1,6 +1,7 @@
 package netstack
 
 import (
+	"cmp"
 	"io"
 	"net/netip"
 	"sync"
@@ -30,7 +31,7 @@ type LinkConfig struct {
 	QueueLen int // per-direction packet queue, default 1024
 	// TailDrop makes a full queue drop what is written to it, as a
 	// router's does. By default a writer that finds the queue full waits
-	// for room instead (up to MaxLinkWait, then the packet is dropped),
+	// for room instead (up to MaxWait, then the packet is dropped),
 	// as a NIC whose ring is full holds packets in its qdisc: a wire in
 	// memory loses nothing, and TCP's flows share it the way their
 	// windows do. (With tail drop, 1,024 connections writing at once
@@ -38,13 +39,16 @@ type LinkConfig struct {
 	// off for hundreds of milliseconds, and the slowest got a quarter of
 	// its fair share.)
 	TailDrop bool
+	// MaxWait bounds how long a write waits for room in a full queue
+	// before it drops (default DefaultMaxLinkWait): a packet the stack
+	// sends from the other end's delivery goroutine (a reset, an ICMP
+	// reply) must not wait long on a queue that goroutine would drain.
+	// 0: the default.
+	MaxWait time.Duration
 }
 
-// MaxLinkWait bounds how long a write to an in-memory link waits for room
-// in a full queue (LinkConfig.TailDrop false) before it drops: a packet
-// the stack sends from the other end's delivery goroutine (a reset, an
-// ICMP reply) must not wait on a queue that goroutine would drain.
-const MaxLinkWait = 20 * time.Millisecond
+// DefaultMaxLinkWait is LinkConfig.MaxWait's default.
+const DefaultMaxLinkWait = 20 * time.Millisecond
 
 // memLink is one end of an in-memory, pure-IP link. Packets written to it are
 // queued (as refcounted clones, no payload copy) and delivered to the peer's
@@ -57,6 +61,7 @@ type memLink struct {
 
 	q        chan memPacket
 	tailDrop bool
+	maxWait  time.Duration
 	stop     chan struct{}
 	exited   chan struct{}
 	dropped  atomic.Uint64
@@ -120,6 +125,7 @@ func NewLinkPair(cfg LinkConfig) (a, b stack.LinkEndpoint) {
 			gso:      !cfg.NoGSO,
 			q:        make(chan memPacket, qlen),
 			tailDrop: cfg.TailDrop,
+			maxWait:  cmp.Or(cfg.MaxWait, DefaultMaxLinkWait),
 			stop:     make(chan struct{}),
 			exited:   make(chan struct{}),
 		}
@@ -203,10 +209,10 @@ func (l *memLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 	return n, nil
 }
 
-// wait queues mp once the full queue has room, unless MaxLinkWait passes
+// wait queues mp once the full queue has room, unless maxWait passes
 // or the link closes first; it reports whether mp was queued.
 func (l *memLink) wait(mp memPacket) bool {
-	t := time.NewTimer(MaxLinkWait)
+	t := time.NewTimer(l.maxWait)
 	defer t.Stop()
 	select {
 	case l.q <- mp:
