@@ -413,22 +413,8 @@ func memOpsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device) error {
 // runMemOps runs memOpsClient on d against an embedded peer device.
 func runMemOps(t *testing.T, d, peer *verbs.Device, peerAddr netip.Addr, seed uint64) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	l, err := peer.Listen(netip.AddrPort{}, verbs.ListenConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	errc := make(chan error, 1)
-	go func() { errc <- memOpsPeer(ctx, l, peer) }()
-	if err := memOpsClient(ctx, d, netip.AddrPortFrom(peerAddr, l.Addr().Port()), seed); err != nil {
-		cancel()
-		t.Fatalf("client: %v (peer: %v)", err, <-errc)
-	}
-	if err := <-errc; err != nil {
-		t.Fatalf("peer: %v", err)
-	}
+	runAgainstPeer(t, d, peer, peerAddr, seed,
+		func(ctx context.Context, l *verbs.Listener) error { return memOpsPeer(ctx, l, peer) }, memOpsClient)
 }
 
 // TestServiceFastRegIsolation: a fast-register MR of a service maps only

@@ -320,6 +320,16 @@ func opsPeer(ctx context.Context, l *verbs.Listener, d *verbs.Device, seed uint6
 // runOps runs opsClient on d against an embedded peer device.
 func runOps(t *testing.T, d, peer *verbs.Device, peerAddr netip.Addr, seed uint64) {
 	t.Helper()
+	runAgainstPeer(t, d, peer, peerAddr, seed,
+		func(ctx context.Context, l *verbs.Listener) error { return opsPeer(ctx, l, peer, seed) }, opsClient)
+}
+
+// runAgainstPeer runs client on d against peerFn serving a listener of the
+// embedded peer device, and fails t with the error of either.
+func runAgainstPeer(t *testing.T, d, peer *verbs.Device, peerAddr netip.Addr, seed uint64,
+	peerFn func(context.Context, *verbs.Listener) error,
+	client func(context.Context, *verbs.Device, netip.AddrPort, uint64) error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	l, err := peer.Listen(netip.AddrPort{}, verbs.ListenConfig{})
@@ -328,11 +338,10 @@ func runOps(t *testing.T, d, peer *verbs.Device, peerAddr netip.Addr, seed uint6
 	}
 	defer l.Close()
 	errc := make(chan error, 1)
-	go func() { errc <- opsPeer(ctx, l, peer, seed) }()
-	if err := opsClient(ctx, d, netip.AddrPortFrom(peerAddr, l.Addr().Port()), seed); err != nil {
+	go func() { errc <- peerFn(ctx, l) }()
+	if err := client(ctx, d, netip.AddrPortFrom(peerAddr, l.Addr().Port()), seed); err != nil {
 		cancel()
-		<-errc
-		t.Fatalf("client: %v", err)
+		t.Fatalf("client: %v (peer: %v)", err, <-errc)
 	}
 	if err := <-errc; err != nil {
 		t.Fatalf("peer: %v", err)
