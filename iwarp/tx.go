@@ -752,6 +752,25 @@ type fpduWriter struct {
 	trPos  int
 	crc    uint32
 	fpdus  uint64
+	pf     int // message payload bytes prefetched so far
+}
+
+// prefetchAhead is how far ahead of the copy the transmitter prefetches
+// the message's source. At 1420-byte FPDUs the copies out of a cold MR ran
+// at half the speed of TCP's 64 KB copies of the same bytes (the hardware
+// prefetcher does not carry over from one short copy to the next); with
+// 8 KiB prefetched ahead, 10 GB of 1 MiB Writes spent 0.20–0.25 s in the
+// copies and 0.12 s in the prefetch instead of 0.77–0.82 s.
+const prefetchAhead = 8 << 10
+
+// prefetch keeps the source prefetched up to prefetchAhead bytes past
+// the copy's position.
+func (w *fpduWriter) prefetch() {
+	start := max(w.pf, w.off)
+	if end := min(w.total, w.off+prefetchAhead); start < end {
+		w.src.Prefetch(start, end-start)
+		w.pf = end
+	}
 }
 
 const (
@@ -770,7 +789,7 @@ func (w *fpduWriter) reset(f *DDPFields, src zerocopy.SGList, n int, extra []byt
 	w.total = n
 	w.crcOn = crcOn
 	w.stats = stats
-	w.off, w.stage, w.fpdus = 0, fwNext, 0
+	w.off, w.stage, w.fpdus, w.pf = 0, fwNext, 0, 0
 	w.regs, w.cut, w.torn = nil, false, false
 	w.tiles = markerTiles{}
 	hs := w.headerSize()
@@ -957,6 +976,7 @@ func (w *fpduWriter) startFPDU() {
 		w.segLen = min(w.maxPay, w.total-w.off)
 	}
 	w.segPos = 0
+	w.prefetch()
 	w.f.Last = w.off+w.segLen == w.total
 	if w.f.Opcode.Tagged() {
 		w.f.TO = w.baseTO + uint64(w.off)
@@ -1021,6 +1041,7 @@ func (w *fpduWriter) wholeRun(p []byte) int {
 			binary.BigEndian.PutUint32(hb[MPALengthSize+ddpMO:], uint32(w.off))
 		}
 		q := p[n : n+full]
+		w.prefetch()
 		copy(q, hb)
 		var crc uint32
 		if w.crcOn {

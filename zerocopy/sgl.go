@@ -167,3 +167,19 @@ func (l SGList) scatter(off int, src []byte, crc uint32, kernel func(dst, src []
 
 func copyNoCRC(dst, src []byte, crc uint32) (int, uint32)  { return copy(dst, src), crc }
 func placeNoCRC(dst, src []byte, crc uint32) (int, uint32) { return Place(dst, src), crc }
+
+// Prefetch hints the CPU to bring in the logical bytes [off, off+n) of l
+// (see the package-level Prefetch); bytes beyond l are ignored.
+func (l SGList) Prefetch(off, n int) {
+	i, o, ok := l.locate(off)
+	if !ok {
+		return
+	}
+	for ; i < len(l) && n > 0; i++ {
+		s := l[i][o:]
+		s = s[:min(len(s), n)]
+		Prefetch(s)
+		n -= len(s)
+		o = 0
+	}
+}

@@ -224,10 +224,48 @@ func TestSGListNoAllocs(t *testing.T) {
 		"Slice":           func() { sub = l.Slice(sub, 999, 71000) },
 		"Len":             func() { _ = l.Len() },
 		"CopyTo past end": func() { l.CopyTo(buf, 1<<30) },
+		"Prefetch":        func() { l.Prefetch(500, 100000) },
 	}
 	for name, f := range checks {
 		if a := testing.AllocsPerRun(100, f); a != 0 {
 			t.Errorf("%s allocates %v times", name, a)
+		}
+	}
+}
+
+// TestSGListPrefetch: a prefetch of any range, inside the list, across
+// its segments, past its end or before its start, at any alignment, leaves
+// every byte as it was (it is a hint) and does not fault.
+func TestSGListPrefetch(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 7))
+	for range 200 {
+		total := r.IntN(20000)
+		l, flat := randomSGL(r, total)
+		for range 20 {
+			off, n := r.IntN(total+200)-100, r.IntN(total+200)-50
+			l.Prefetch(off, n)
+		}
+		l.Prefetch(total, 1)
+		l.Prefetch(0, total)
+		got := make([]byte, total)
+		l.CopyTo(got, 0)
+		if !bytes.Equal(got, flat) {
+			t.Fatal("Prefetch changed the list's bytes")
+		}
+	}
+	// Every length and alignment of the kernel itself, up to a few lines.
+	buf := make([]byte, 512)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	for off := range 130 {
+		for n := range 260 {
+			Prefetch(buf[off : off+n])
+		}
+	}
+	for i := range buf {
+		if buf[i] != byte(i) {
+			t.Fatalf("Prefetch changed byte %d", i)
 		}
 	}
 }
