@@ -212,8 +212,12 @@ func (l *memLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 // wait queues mp once the full queue has room, unless maxWait passes
 // or the link closes first; it reports whether mp was queued.
 func (l *memLink) wait(mp memPacket) bool {
-	t := time.NewTimer(l.maxWait)
-	defer t.Stop()
+	t := waitTimers.Get().(*time.Timer)
+	t.Reset(l.maxWait)
+	defer func() {
+		t.Stop() // (since Go 1.23 a stopped timer's channel holds no stale tick)
+		waitTimers.Put(t)
+	}()
 	select {
 	case l.q <- mp:
 		return true
@@ -222,6 +226,15 @@ func (l *memLink) wait(mp memPacket) bool {
 	}
 	return false
 }
+
+// waitTimers are the stopped timers of wait: with many writers against
+// full queues (a thousand connections at once), one fresh timer per wait
+// was garbage the collector had to find.
+var waitTimers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
 
 // Attach implements stack.NetworkLinkEndpoint.
 func (l *memLink) Attach(d stack.NetworkDispatcher) {
