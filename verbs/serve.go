@@ -1294,20 +1294,29 @@ func (s *servedCQ) retire() {
 }
 
 func (x *session) destroyCQ(h uint64) error {
-	x.mu.Lock()
-	s := x.cqs[h]
-	if s == nil {
-		x.mu.Unlock()
-		return errNoHandle
+	s, err := takeUnused(&x.mu, x.cqs, h, func(s *servedCQ) int { return s.refs }, "CQ")
+	if err != nil {
+		return err
 	}
-	if s.refs > 0 {
-		x.mu.Unlock()
-		return fmt.Errorf("%w: %d QPs use the CQ", ErrBusy, s.refs)
-	}
-	delete(x.cqs, h)
-	x.mu.Unlock()
 	s.retire()
 	return nil
+}
+
+// takeUnused removes handle h from m (under mu) and returns what it named,
+// unless no QP may lose it: errNoHandle for an unknown handle, ErrBusy
+// while refs reports QPs that use it.
+func takeUnused[T any](mu *sync.Mutex, m map[uint64]*T, h uint64, refs func(*T) int, what string) (*T, error) {
+	mu.Lock()
+	defer mu.Unlock()
+	s := m[h]
+	if s == nil {
+		return nil, errNoHandle
+	}
+	if n := refs(s); n > 0 {
+		return nil, fmt.Errorf("%w: %d QPs use the %s", ErrBusy, n, what)
+	}
+	delete(m, h)
+	return s, nil
 }
 
 // --- SRQ ---
@@ -1366,18 +1375,10 @@ func (x *session) createSRQ(b *svc.Builder, m svc.Msg) ([]int, error) {
 func (x *session) destroySRQ(h uint64) error {
 	x.ringMu.Lock()
 	defer x.ringMu.Unlock()
-	x.mu.Lock()
-	s := x.srqs[h]
-	if s == nil {
-		x.mu.Unlock()
-		return errNoHandle
+	s, err := takeUnused(&x.mu, x.srqs, h, func(s *servedSRQ) int { return s.refs }, "SRQ")
+	if err != nil {
+		return err
 	}
-	if s.refs > 0 {
-		x.mu.Unlock()
-		return fmt.Errorf("%w: %d QPs use the SRQ", ErrBusy, s.refs)
-	}
-	delete(x.srqs, h)
-	x.mu.Unlock()
 	for i, p := range x.pollSRQs {
 		if p == s {
 			x.pollSRQs = append(x.pollSRQs[:i], x.pollSRQs[i+1:]...)
