@@ -42,6 +42,7 @@ type PD struct {
 	closed bool
 	mrs    int // MRs and memory windows
 	qps    int
+	srqs   int
 	rh     uint64 // the service's handle (remote.go); 0 when embedded
 }
 
@@ -301,8 +302,8 @@ func (r *RemoteBuf) UnmarshalBinary(b []byte) error {
 func (pd *PD) Close() error {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
-	if pd.mrs > 0 || pd.qps > 0 {
-		return fmt.Errorf("%w: PD still has %d MRs and %d QPs", ErrBusy, pd.mrs, pd.qps)
+	if pd.mrs > 0 || pd.qps > 0 || pd.srqs > 0 {
+		return fmt.Errorf("%w: PD still has %d MRs, %d QPs and %d SRQs", ErrBusy, pd.mrs, pd.qps, pd.srqs)
 	}
 	if pd.rh != 0 && !pd.closed {
 		if err := pd.remoteClose(); err != nil {

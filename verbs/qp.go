@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
+	"sync/atomic"
 
 	"rdmatap/iwarp"
 )
@@ -133,6 +135,9 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 		if cfg.SRQ.pd != pd {
 			return nil, fmt.Errorf("%w: SRQ belongs to another PD", ErrInvalidArgument)
 		}
+		if !cfg.SRQ.use() {
+			return nil, fmt.Errorf("%w: the SRQ is closed", ErrInvalidArgument)
+		}
 		qp.rq = cfg.SRQ.rq
 	} else {
 		rq, err := iwarp.NewRecvQueue(cfg.MaxRecvWR, cfg.MaxRecvSGE)
@@ -150,12 +155,19 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 		Placement: d.cfg.Placement, SegStats: &d.seg, TimeHoleFills: d.cfg.TimeHoleFills, NoExtensions: d.cfg.NoExtensions,
 	})
 	if err != nil {
+		if cfg.SRQ != nil {
+			cfg.SRQ.unuse()
+		}
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	qp.iw = iw
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
+		iw.Close()
+		if cfg.SRQ != nil {
+			cfg.SRQ.unuse()
+		}
 		return nil, net.ErrClosed
 	}
 	d.qps[num] = qp
@@ -321,6 +333,9 @@ func (qp *QP) close(how func() error) error {
 		qp.pd.mu.Lock()
 		qp.pd.qps--
 		qp.pd.mu.Unlock()
+		if qp.cfg.SRQ != nil {
+			qp.cfg.SRQ.unuse()
+		}
 	}
 	return err
 }
@@ -330,22 +345,87 @@ type SRQ struct {
 	pd *PD
 	rq *iwarp.RecvQueue
 	r  *remoteSRQ // a service's SRQ (remote.go); nil when embedded
+
+	mu     sync.Mutex
+	qps    int         // QPs created on it and not closed
+	closed atomic.Bool // Close succeeded
+}
+
+// use counts a QP that is being created on the SRQ; false: it is closed.
+func (s *SRQ) use() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() {
+		return false
+	}
+	s.qps++
+	return true
+}
+
+// unuse undoes use when the QP is closed or its creation failed.
+func (s *SRQ) unuse() {
+	s.mu.Lock()
+	s.qps--
+	s.mu.Unlock()
+}
+
+// Close destroys the SRQ (ibv_destroy_srq). It fails with ErrBusy while a
+// QP created on it is open, as ibv_destroy_srq fails with EBUSY. The
+// receives still posted are discarded without completions; PostRecv and
+// SetLimit then fail with net.ErrClosed. Close is idempotent.
+func (s *SRQ) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() {
+		return nil
+	}
+	if s.qps > 0 {
+		return fmt.Errorf("%w: %d QPs use the SRQ", ErrBusy, s.qps)
+	}
+	if s.r != nil {
+		if err := s.remoteClose(); err != nil {
+			return err
+		}
+	}
+	s.closed.Store(true)
+	s.pd.mu.Lock()
+	s.pd.srqs--
+	s.pd.mu.Unlock()
+	return nil
 }
 
 // CreateSRQ makes a shared receive queue.
 func (pd *PD) CreateSRQ(maxWR, maxSGE int) (*SRQ, error) {
+	pd.mu.Lock()
+	closed := pd.closed
+	pd.mu.Unlock()
+	if closed {
+		return nil, net.ErrClosed
+	}
+	var s *SRQ
 	if pd.dev.rc != nil {
-		return pd.remoteCreateSRQ(maxWR, maxSGE)
+		var err error
+		if s, err = pd.remoteCreateSRQ(maxWR, maxSGE); err != nil {
+			return nil, err
+		}
+	} else {
+		rq, err := iwarp.NewRecvQueue(maxWR, maxSGE)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
+		s = &SRQ{pd: pd, rq: rq}
 	}
-	rq, err := iwarp.NewRecvQueue(maxWR, maxSGE)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
-	}
-	return &SRQ{pd: pd, rq: rq}, nil
+	pd.mu.Lock()
+	pd.srqs++
+	pd.mu.Unlock()
+	return s, nil
 }
 
 // PostRecv posts receives to the SRQ.
 func (s *SRQ) PostRecv(wrs ...RecvWR) error {
+	if s.closed.Load() {
+		return &PostError{Index: 0, Err: net.ErrClosed}
+	}
 	if s.r != nil {
 		return postRing(s.r.cl, s.r.ring, &s.r.mu, &s.r.prod, s.r.maxSGE, wrs)
 	}
@@ -361,7 +441,7 @@ func (s *SRQ) PostRecv(wrs ...RecvWR) error {
 // On a device of a service: those the service has not yet taken from the
 // ring are not counted.
 func (s *SRQ) Len() int {
-	if s.r != nil {
+	if s.r != nil || s.closed.Load() {
 		return 0
 	}
 	return s.rq.Len()
@@ -370,6 +450,9 @@ func (s *SRQ) Len() int {
 // SetLimit arms the SRQ limit: when fewer than limit receives remain, the
 // device reports EventSRQLimitReached once (ibv_modify_srq srq_limit).
 func (s *SRQ) SetLimit(limit int) error {
+	if s.closed.Load() {
+		return net.ErrClosed
+	}
 	if s.r != nil {
 		return s.remoteSetLimit(limit)
 	}

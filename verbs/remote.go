@@ -1185,8 +1185,19 @@ func (pd *PD) remoteCreateQP(cfg QPConfig) (*QP, error) {
 		if cfg.SRQ.pd != pd || cfg.SRQ.r == nil {
 			return nil, fmt.Errorf("%w: SRQ belongs to another PD", ErrInvalidArgument)
 		}
+		if !cfg.SRQ.use() {
+			return nil, fmt.Errorf("%w: the SRQ is closed", ErrInvalidArgument)
+		}
 		srq = cfg.SRQ.r.h
 	}
+	qp, err := pd.remoteCreateQPOn(cl, cfg, srq)
+	if err != nil && cfg.SRQ != nil {
+		cfg.SRQ.unuse()
+	}
+	return qp, err
+}
+
+func (pd *PD) remoteCreateQPOn(cl *client, cfg QPConfig, srq uint64) (*QP, error) {
 	var flags uint64
 	if cfg.SignalAll {
 		flags |= 1
@@ -1411,6 +1422,9 @@ func (qp *QP) remoteClose() error {
 		qp.pd.mu.Lock()
 		qp.pd.qps--
 		qp.pd.mu.Unlock()
+		if qp.cfg.SRQ != nil {
+			qp.cfg.SRQ.unuse()
+		}
 	}
 	r.release()
 	return nil
@@ -1469,6 +1483,21 @@ func (r *remoteSRQ) release() {
 		mem := r.mem
 		runtime.AddCleanup(r, func(m []byte) { svc.Unmap(m) }, mem)
 	})
+}
+
+// remoteClose destroys the service's SRQ; the ring stays mapped until
+// the SRQ is unreachable (release).
+func (s *SRQ) remoteClose() error {
+	r := s.r
+	_, err := r.cl.do(context.Background(), svc.TDestroySRQ, func(b *svc.Builder) { b.Args(r.h) })
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	r.cl.mu.Lock()
+	delete(r.cl.srqs, r.h)
+	r.cl.mu.Unlock()
+	r.release()
+	return nil
 }
 
 func (s *SRQ) remoteSetLimit(limit int) error {

@@ -1386,7 +1386,8 @@ func (x *session) destroySRQ(h uint64) error {
 		}
 	}
 	x.dropRing(s.mem, len(s.mem))
-	return nil
+	// No QP of the client uses it (takeUnused), so no QP of the device's.
+	return s.srq.Close()
 }
 
 func (x *session) srqLimit(h, limit uint64) error {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -996,15 +997,24 @@ func srqClient(ctx context.Context, d *verbs.Device, l *verbs.Listener, n int) e
 	}
 	var wc [1]verbs.WC
 	for i := 0; i < n; i++ {
-		if err := cq.ReqNotify(false); err != nil {
-			return err
-		}
-		if cq.Poll(wc[:]) == 0 {
+		// Arm, poll, wait for the event, poll: an event may be stale (the
+		// completion that raised it was polled before the wait, as after
+		// ibv_req_notify_cq), so a wait that finds nothing arms again.
+		for stale := 0; ; stale++ {
+			if err := cq.ReqNotify(false); err != nil {
+				return err
+			}
+			if cq.Poll(wc[:]) > 0 {
+				break
+			}
 			if err := cq.WaitEvent(ctx); err != nil {
 				return fmt.Errorf("completion event %d: %w", i, err)
 			}
-			if cq.Poll(wc[:]) == 0 {
-				return fmt.Errorf("completion event %d without a completion", i)
+			if cq.Poll(wc[:]) > 0 {
+				break
+			}
+			if stale == 2 {
+				return fmt.Errorf("completion event %d: three events without a completion", i)
 			}
 		}
 		if err := wc[0].Err(); err != nil || wc[0].ID != uint64(100+i) || wc[0].ByteLen != 512 {
@@ -1650,5 +1660,96 @@ func TestServiceStats(t *testing.T) {
 	d.Close()
 	if s := d.Stats(); s != (verbs.Stats{}) {
 		t.Fatalf("after Close: %+v", s)
+	}
+}
+
+// TestSRQClose: SRQ.Close (ibv_destroy_srq), embedded and through the
+// service: ErrBusy while a QP uses the SRQ (and the PD is busy while the
+// SRQ lives), then the SRQ is destroyed, its posted receives discarded,
+// and every later use fails clearly. Through the service the handle is
+// freed too: with a limit of one SRQ, another can be made after Close.
+func TestSRQClose(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, verbs.Limits{SRQs: 1})
+	for _, tc := range []struct {
+		name string
+		d    *verbs.Device
+	}{{"embedded", p.a}, {"service", connectService(t, path)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := tc.d
+			pd, err := d.AllocPD()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cq, err := d.CreateCQ(16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cq.Close()
+			mem, err := zerocopy.AllocShared("srq-close", 4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mem.Close()
+			mr, err := pd.RegMR(mem.Bytes(), verbs.AccessLocalWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srq, err := pd.CreateSRQ(8, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := srq.PostRecv(verbs.RecvWR{ID: 1, SGL: []verbs.SGE{mr.SGE(0, 1024)}}); err != nil {
+				t.Fatal(err)
+			}
+			qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, SRQ: srq})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := srq.Close(); !errors.Is(err, verbs.ErrBusy) {
+				t.Fatalf("closing an SRQ a QP uses: %v, want ErrBusy", err)
+			}
+			if err := qp.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := mr.Dereg(); err != nil {
+				t.Fatal(err)
+			}
+			if err := pd.Close(); !errors.Is(err, verbs.ErrBusy) {
+				t.Fatalf("closing a PD with an SRQ: %v, want ErrBusy", err)
+			}
+			if err := srq.Close(); err != nil {
+				t.Fatalf("closing an unused SRQ: %v", err)
+			}
+			if err := srq.Close(); err != nil {
+				t.Fatalf("closing it again: %v", err)
+			}
+			if err := srq.PostRecv(verbs.RecvWR{ID: 2}); !errors.Is(err, net.ErrClosed) {
+				t.Fatalf("PostRecv on a closed SRQ: %v, want net.ErrClosed", err)
+			}
+			if err := srq.SetLimit(1); !errors.Is(err, net.ErrClosed) {
+				t.Fatalf("SetLimit on a closed SRQ: %v, want net.ErrClosed", err)
+			}
+			if n := srq.Len(); n != 0 {
+				t.Fatalf("a closed SRQ holds %d receives", n)
+			}
+			if _, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, SRQ: srq}); !errors.Is(err, verbs.ErrInvalidArgument) {
+				t.Fatalf("a QP on a closed SRQ: %v, want ErrInvalidArgument", err)
+			}
+			// The handle is free again (the service allows one SRQ).
+			srq2, err := pd.CreateSRQ(8, 1)
+			if err != nil {
+				t.Fatalf("an SRQ after Close: %v", err)
+			}
+			if err := srq2.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := pd.Close(); err != nil {
+				t.Fatalf("closing the PD once its SRQs are closed: %v", err)
+			}
+			if _, err := pd.CreateSRQ(8, 1); !errors.Is(err, net.ErrClosed) {
+				t.Fatalf("an SRQ on a closed PD: %v, want net.ErrClosed", err)
+			}
+		})
 	}
 }
