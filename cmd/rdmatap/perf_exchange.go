@@ -81,6 +81,20 @@ func parseDest(b []byte) (perfDest, error) {
 	return d, nil
 }
 
+// parseRemoteVersion reads the peer's version message: a decimal number
+// in a NUL-padded 16-byte field, at least 5.70 (perftest refuses older
+// peers the same way). A number that is not finite is refused too.
+func parseRemoteVersion(rem []byte) (string, error) {
+	remVer := string(rem[:min(len(rem), 16)])
+	if i := strings.IndexByte(remVer, 0); i >= 0 {
+		remVer = remVer[:i]
+	}
+	if f, err := strconv.ParseFloat(remVer, 64); err != nil || !(f >= perfMinRemVer) || math.IsInf(f, 0) {
+		return remVer, fmt.Errorf("peer's perftest version %q: current implementation is not compatible with versions older than 5.70", remVer)
+	}
+	return remVer, nil
+}
+
 // perfXchg is the parameter-exchange connection.
 type perfXchg struct {
 	client   bool
@@ -240,12 +254,9 @@ func (x *perfXchg) versions(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	remVer := string(rem[:max(0, min(len(rem), 16))])
-	if i := strings.IndexByte(remVer, 0); i >= 0 {
-		remVer = remVer[:i]
-	}
-	if f, err := strconv.ParseFloat(remVer, 64); err != nil || f < perfMinRemVer {
-		return remVer, fmt.Errorf("peer's perftest version %q: current implementation is not compatible with versions older than 5.70", remVer)
+	remVer, err := parseRemoteVersion(rem)
+	if err != nil {
+		return remVer, err
 	}
 	var w [4]byte
 	binary.BigEndian.PutUint32(w[:], 4096) // cycle_buffer: the page size
