@@ -225,8 +225,13 @@ func run(nkeys, ngets int, crc bool) error {
 					return nil, false, fmt.Errorf("slot %d never consistent", j)
 				}
 			}
-			if string(slotMem[offKey:offKey+int(slotMem[offKLen])]) == string(key) {
-				vl := int(binary.BigEndian.Uint16(slotMem[offVLen:]))
+			// The slot is the server's: lengths beyond the layout are an
+			// error, not an index out of range.
+			kl, vl := int(slotMem[offKLen]), int(binary.BigEndian.Uint16(slotMem[offVLen:]))
+			if kl > maxKey || vl > maxVal {
+				return nil, false, fmt.Errorf("slot %d: key of %d bytes, value of %d: not this table's layout", j, kl, vl)
+			}
+			if string(slotMem[offKey:offKey+kl]) == string(key) {
 				return append([]byte(nil), slotMem[offVal:offVal+vl]...), true, nil
 			}
 		}
