@@ -1753,3 +1753,31 @@ func TestSRQClose(t *testing.T) {
 		})
 	}
 }
+
+// TestCreateQPOnClosedDevice: CreateQP on a device that is closed fails
+// with net.ErrClosed and leaves nothing counted: the SRQ it named can
+// still be closed.
+func TestCreateQPOnClosedDevice(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	pd, err := p.a.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := p.a.CreateCQ(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srq, err := pd.CreateSRQ(4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, SRQ: srq}); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("CreateQP on a closed device: %v, want net.ErrClosed", err)
+	}
+	if err := srq.Close(); err != nil {
+		t.Fatalf("closing the SRQ after the failed CreateQP: %v", err)
+	}
+}
