@@ -1302,9 +1302,9 @@ func (x *session) destroyCQ(h uint64) error {
 	return nil
 }
 
-// takeUnused removes handle h from m (under mu) and returns what it named,
-// unless no QP may lose it: errNoHandle for an unknown handle, ErrBusy
-// while refs reports QPs that use it.
+// takeUnused removes handle h from m (under mu) and returns what it
+// named: errNoHandle for an unknown handle, ErrBusy while refs reports QPs
+// that still use it.
 func takeUnused[T any](mu *sync.Mutex, m map[uint64]*T, h uint64, refs func(*T) int, what string) (*T, error) {
 	mu.Lock()
 	defer mu.Unlock()
