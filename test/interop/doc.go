@@ -18,5 +18,9 @@
 //
 // RDMATAP_INTEROP_OUT=DIR keeps each VM's results (logs, perftest output)
 // there; RDMATAP_INTEROP_PCAP=1 adds header-only captures of each cell;
-// RDMATAP_INTEROP_SWEEP=short runs one size instead of the sweep.
+// RDMATAP_INTEROP_SWEEP=short runs one size instead of the sweep;
+// RDMATAP_INTEROP_OURPCAP=1 has rdmatap capture its whole frames too
+// (perftest cells, NAME.rdmatap.pcap); RDMATAP_INTEROP_ONLY=read_lat,...
+// and RDMATAP_INTEROP_REPEAT=N run only the perftest cells named, each N
+// times in one boot.
 package interop

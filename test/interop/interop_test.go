@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -89,6 +90,17 @@ func (e *env) nsRun(t *testing.T, args ...string) string {
 		t.Fatalf("%v: %v\n%s", args, err, out)
 	}
 	return string(out)
+}
+
+// vmDeaf reports whether the VM at ip answers none of three pings from
+// the host's bridge address. The guest's kernel answers at once whatever
+// siw or perftest do, so silence means its NIC has stopped transmitting
+// (the harness trouble in README.md), which the guest's own TX watchdog
+// does not always notice.
+func (e *env) vmDeaf(ip string) bool {
+	err := exec.Command("ip", "netns", "exec", e.ns, "ping", "-n", "-q", "-c", "3", "-i", "0.5", "-W", "2", ip).Run()
+	var ee *exec.ExitError
+	return errors.As(err, &ee) && ee.ExitCode() == 1 // 1: no reply; 2: ping itself failed
 }
 
 // vm is a running boot.sh.
