@@ -22,5 +22,7 @@
 // RDMATAP_INTEROP_OURPCAP=1 has rdmatap capture its whole frames too
 // (perftest cells, NAME.rdmatap.pcap); RDMATAP_INTEROP_ONLY=read_lat,...
 // and RDMATAP_INTEROP_REPEAT=N run only the perftest cells named, each N
-// times in one boot.
+// times in one boot; RDMATAP_INTEROP_NICRESET=1 resets the VM's NIC
+// before every perftest cell but the first, to check that reset (which
+// the VM does by itself when its NIC stops transmitting).
 package interop

@@ -135,7 +135,11 @@ func (e *env) perftestCells(t *testing.T, variant, role string) {
 	}
 	cells := perftestPlan(t)
 	var plan strings.Builder
-	for _, c := range cells {
+	for i, c := range cells {
+		if i > 0 && os.Getenv("RDMATAP_INTEROP_NICRESET") != "" {
+			// A check of the guest's NIC reset (guest/plan.sh).
+			fmt.Fprintf(&plan, "nicreset %s\n", c.name)
+		}
 		cmd := "ib_" + c.test + " -R -d siw0 -F " + strings.Join(sweep, " ")
 		if vmServes {
 			fmt.Fprintf(&plan, "server %s 240 %s\n", c.name, cmd)
@@ -156,8 +160,11 @@ func (e *env) perftestCells(t *testing.T, variant, role string) {
 		ourRole = "rdmatap server"
 	}
 	var rows []row
-	deaf := false // the VM stopped answering pings after a failed cell
-	for _, c := range cells {
+	// nicStalled marks the cells after which the VM's NIC had stopped
+	// transmitting: the guest found it so and reset it ("NIC STALLED
+	// name" on its console), or it answered none of the host's pings.
+	nicStalled := map[int]string{}
+	for i, c := range cells {
 		r := row{peer: "siw (" + variant + ")", role: ourRole, op: "ib_" + c.test + " " + label, crc: crc, mpa: mpa, result: "FAIL"}
 		if vmServes && !v.waitLine(regexp.MustCompile(`READY `+c.name+`\b`), 3*time.Minute) {
 			r.result = "FAIL (VM server never ready)"
@@ -195,8 +202,16 @@ func (e *env) perftestCells(t *testing.T, variant, role string) {
 			r.result = "PASS"
 			t.Logf("%s: rdmatap %s passed in %s", c.name, ourRole, time.Since(t0).Round(100*time.Millisecond))
 		}
-		if r.result != "PASS" && !deaf && e.vmDeaf(vmIP) {
-			deaf = true
+		switch con, _ := os.ReadFile(filepath.Join(out, "console.log")); {
+		case regexp.MustCompile(`NIC STALLED ` + c.name + `\b`).Match(con):
+			reset := "failed"
+			if regexp.MustCompile(`NIC RESET ` + c.name + ` ok`).Match(con) {
+				reset = "ok"
+			}
+			nicStalled[i] = "[VM NIC TX stalled; reset " + reset + "]"
+			t.Errorf("%s: the VM's NIC had stopped transmitting (the guest could not reach the host's bridge); the guest reset it: %s", c.name, reset)
+		case r.result != "PASS" && e.vmDeaf(vmIP):
+			nicStalled[i] = "[VM NIC TX stalled]"
 			t.Errorf("%s: after it failed, the VM (%s) answered none of the host bridge's pings: its NIC stopped transmitting", c.name, vmIP)
 		}
 		rows = append(rows, r)
@@ -214,7 +229,7 @@ func (e *env) perftestCells(t *testing.T, variant, role string) {
 	// say so next to the cells that failed.
 	con, _ := os.ReadFile(filepath.Join(out, "console.log"))
 	stalled := bytes.Contains(con, []byte("NETDEV WATCHDOG"))
-	if stalled && !deaf {
+	if stalled && len(nicStalled) == 0 {
 		t.Errorf("the VM's NIC stopped transmitting (guest: NETDEV WATCHDOG, transmit queue timed out)")
 	}
 	for i, c := range cells {
@@ -235,7 +250,11 @@ func (e *env) perftestCells(t *testing.T, variant, role string) {
 		}
 	}
 	for i := range rows {
-		if (stalled || deaf) && rows[i].result != "PASS" {
+		switch {
+		case rows[i].result == "PASS":
+		case nicStalled[i] != "":
+			rows[i].result += " " + nicStalled[i]
+		case stalled && len(nicStalled) == 0:
 			rows[i].result += " [VM NIC TX stalled]"
 		}
 	}
