@@ -103,6 +103,17 @@ func (e *env) vmDeaf(ip string) bool {
 	return errors.As(err, &ee) && ee.ExitCode() == 1 // 1: no reply; 2: ping itself failed
 }
 
+// stallLabel is what a failed cell's row gets when the VM is deaf
+// after it: its NIC stopped transmitting (the harness's scenarios, unlike
+// guest/plan.sh, do not reset it).
+func (e *env) stallLabel(t *testing.T, cell string) string {
+	if !e.vmDeaf(vmIP) {
+		return ""
+	}
+	t.Errorf("%s: after it failed, the VM (%s) answered none of the host bridge's pings: its NIC stopped transmitting", cell, vmIP)
+	return " [VM NIC TX stalled]"
+}
+
 // vm is a running boot.sh.
 type vm struct {
 	cmd  *exec.Cmd
@@ -285,6 +296,7 @@ func TestSiwInterop(t *testing.T) {
 					r.result = "PASS"
 				} else {
 					t.Errorf("%s against siw %s: %v\n%s", test, variant, err, out)
+					r.result += e.stallLabel(t, test)
 				}
 				e.results = append(e.results, r)
 			}
@@ -310,6 +322,7 @@ func TestSiwInterop(t *testing.T) {
 					r.result = "PASS"
 				} else {
 					t.Errorf("%s served to siw %s: %v\n%s", test, variant, err, out)
+					r.result += e.stallLabel(t, test)
 				}
 				e.results = append(e.results, r)
 			}
