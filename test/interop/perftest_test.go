@@ -211,7 +211,7 @@ func (e *env) perftestCells(t *testing.T, variant, role string) {
 			nicStalled[i] = "[VM NIC TX stalled; reset " + reset + "]"
 			t.Errorf("%s: the VM's NIC had stopped transmitting (the guest could not reach the host's bridge); the guest reset it: %s", c.name, reset)
 		case r.result != "PASS":
-			if l := e.stallLabel(t, c.name); l != "" {
+			if l := e.stallLabel(t, v, c.name); l != "" {
 				nicStalled[i] = strings.TrimSpace(l)
 			}
 		}
