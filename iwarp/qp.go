@@ -451,6 +451,9 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 		}
 		qp.seg, qp.segUntap = seg, untap
 		qp.rx.seg = seg
+		if !seg.observe && qp.cfg.ManualProgress {
+			seg.fedWake = make(chan struct{}, 1)
+		}
 		if !seg.observe {
 			// A segment that fills the hole the receiver waits at is
 			// fed to it from the tap; TCP's copy is then skipped.
@@ -1058,6 +1061,11 @@ func (qp *QP) WaitProgress(ctx context.Context) error {
 		return qp.doneErr()
 	default:
 	}
+	if seg := qp.seg; seg != nil && seg.fedWake != nil {
+		if ws, ok := s.(readableWaiter); ok {
+			return qp.waitProgressFed(ctx, s, ws, seg.fedWake)
+		}
+	}
 	// Closing the QP closes the stream first, which ends the read, so
 	// holding rxMu while blocked cannot hold up the flush.
 	qp.rxMu.Lock()
@@ -1072,6 +1080,41 @@ func (qp *QP) WaitProgress(ctx context.Context) error {
 		return qp.doneErr()
 	}
 	return nil
+}
+
+// readableWaiter is a Stream that can wait for readability and another
+// wake-up at once (netstack.Conn).
+type readableWaiter interface {
+	WaitReadableOr(ctx context.Context, wake <-chan struct{}) error
+}
+
+// waitProgressFed is WaitProgress with segment placement: it waits without
+// holding rxMu, so that the connection tap can feed the receiver, on the
+// link's goroutine, the short segment in order (or the hole's filler) that
+// the caller waits for, and it returns as soon as the tap has: the message
+// completes without TCP's processor goroutine and a wake-up in between.
+// It may return without progress; the caller checks its condition again.
+func (qp *QP) waitProgressFed(ctx context.Context, s Stream, ws readableWaiter, fed <-chan struct{}) error {
+	for waited := false; ; waited = true {
+		qp.rxMu.Lock()
+		n, err := s.TryReadTo(qp.rx.in, 0)
+		qp.rx.afterRead()
+		qp.rxMu.Unlock()
+		if err != nil {
+			qp.rx.streamErr(err)
+			return qp.doneErr()
+		}
+		if n > 0 || waited {
+			return nil
+		}
+		if err := ws.WaitReadableOr(ctx, fed); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			qp.rx.streamErr(err)
+			return qp.doneErr()
+		}
+	}
 }
 
 func (qp *QP) doneErr() error {

@@ -201,6 +201,9 @@ type segPlacer struct {
 	placeMu sync.Mutex
 	jobs    []segJob      // segments beyond a hole for the receive goroutine (mu)
 	wake    chan struct{} // wakes the receive goroutine for jobs
+	// fedWake (ManualProgress QPs) wakes a WaitProgress caller once the
+	// tap has fed the receiver: what was fed may be what it waits for.
+	fedWake chan struct{}
 
 	mu    sync.Mutex
 	front atomic.Uint64 // FPDUs starting before front belong to the in-order path (written by it)
@@ -1221,6 +1224,12 @@ func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, del
 	delivered = r.n.fpdus - fpdus
 	p.stats.DeliveredEarly.Add(delivered)
 	r.flushStats()
+	if p.fedWake != nil {
+		select {
+		case p.fedWake <- struct{}{}:
+		default:
+		}
+	}
 	return true, delivered
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"rdmatap/iwarp"
 	"rdmatap/verbs"
 )
 
@@ -79,9 +80,21 @@ func TestManualProgress(t *testing.T) {
 
 // TestManualProgressWritePingPong is BenchmarkRDMAWritePingPong64 checked
 // byte for byte: each side waits in WaitProgress for the flag word at the
-// end of its receive area, then checks the payload in front of it.
+// end of its receive area, then checks the payload in front of it. With
+// segment placement, WaitProgress waits without holding the receive path,
+// so the connection tap feeds each short Write to the receiver as its
+// segment arrives (rdmatap lat's one-way time over TAPs: 5.8 µs against
+// 8.8 µs when the waiter held it): most Writes must be quick-fed, and none
+// placed twice.
 func TestManualProgressWritePingPong(t *testing.T) {
-	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	for _, pl := range []iwarp.Placement{iwarp.PlacementStream, iwarp.PlacementSegment} {
+		t.Run(pl.String(), func(t *testing.T) { testManualProgressWritePingPong(t, pl) })
+	}
+}
+
+func testManualProgressWritePingPong(t *testing.T, pl iwarp.Placement) {
+	dc := verbs.DeviceConfig{Placement: pl}
+	p := newPair(t, dc, dc)
 	cl := newEndCfg(t, p.a, 128, verbs.QPConfig{ManualProgress: true})
 	sv := newEndCfg(t, p.b, 128, verbs.QPConfig{ManualProgress: true})
 	connectEnds(t, p, cl, sv, verbs.ConnParams{})
@@ -131,6 +144,17 @@ func TestManualProgressWritePingPong(t *testing.T) {
 	}
 	if err := <-errc; err != nil {
 		t.Fatal(err)
+	}
+	if pl != iwarp.PlacementSegment {
+		return
+	}
+	for _, d := range []*verbs.Device{p.a, p.b} {
+		g := d.Stats().Segment
+		t.Logf("%s: quick-fed %d of %d Writes, placed early %d bytes, duplicates %d, mismatches %d", d.Name(), g.QuickFed, rounds, g.PlacedEarly, g.Duplicates, g.Mismatches)
+		if g.QuickFed < rounds/2 || g.Mismatches != 0 || g.PlacedEarly != g.QuickFedBytes {
+			t.Errorf("%s: quick-fed %d of %d Writes (want at least half), placed early %d bytes against %d fed, mismatches %d",
+				d.Name(), g.QuickFed, rounds, g.PlacedEarly, g.QuickFedBytes, g.Mismatches)
+		}
 	}
 }
 
