@@ -267,6 +267,9 @@ func regMem(pd *verbs.PD, n int, acc verbs.Access) ([]byte, *verbs.MR, error) {
 // write took 19.5–26 µs one way without it and 10–12 µs with it.
 const latBusyPoll = 200 * time.Microsecond
 
+// latPlacement is lat's --placement unless given (see parsePerfFlags).
+const latPlacement = "segment"
+
 // ackDelayConfig maps --ack-delay to netstack.Config.AckDelay (0: off).
 func ackDelayConfig(d time.Duration) time.Duration {
 	if d == 0 {

@@ -41,7 +41,7 @@ var (
 
 func (l *labFlags) register(fs *flag.FlagSet, h labHelp) {
 	fs.StringVar(&l.placement, "placement", "stream",
-		"placement of received payload: stream (from TCP's in-order stream) or segment (also from TCP segments beyond a hole, delivered when the hole fills)")
+		"placement of received payload: stream (from TCP's in-order stream) or segment (also from TCP segments beyond a hole, delivered when the hole fills; a short message in order is fed to the waiting poster as its segment arrives); lat's default: "+latPlacement)
 	fs.Float64Var(&l.loss, "loss", 0, "drop this fraction (0 to 1, e.g. 0.01) of the packets "+h.side+"; "+h.why)
 	fs.Float64Var(&l.reorder, "reorder", 0, "hold back this fraction (0 to 1) of the packets "+h.side+" and send each after the next one")
 	fs.Float64Var(&l.dup, "dup", 0, "send this fraction (0 to 1) of the packets "+h.side+" twice")

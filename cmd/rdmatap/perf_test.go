@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"rdmatap/iwarp"
 	"rdmatap/verbs"
 )
 
@@ -573,6 +574,29 @@ func TestBusyPollFlag(t *testing.T) {
 		}
 		if ef.busyPoll != c.want {
 			t.Errorf("%q: busy poll %v, want %v", c.args, ef.busyPoll, c.want)
+		}
+	}
+	// lat places from segments unless told otherwise; bw does not.
+	for _, c := range []struct {
+		test perfTestKind
+		args []string
+		want iwarp.Placement
+	}{
+		{perfLat, []string{"write"}, iwarp.PlacementSegment},
+		{perfLat, []string{"send", "--placement", "stream"}, iwarp.PlacementStream},
+		{perfBW, []string{"write"}, iwarp.PlacementStream},
+		{perfBW, []string{"write", "--placement", "segment"}, iwarp.PlacementSegment},
+	} {
+		_, ef, err := parsePerfFlags(c.test, c.args, io.Discard)
+		if err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		ef.tap, ef.addr = "rtbp0", "192.0.2.1/24"
+		if _, _, _, err := ef.check(); err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		if ef.lab.mode != c.want {
+			t.Errorf("%q: placement %v, want %v", c.args, ef.lab.mode, c.want)
 		}
 	}
 	for _, args := range [][]string{
