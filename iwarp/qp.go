@@ -1050,7 +1050,8 @@ func (qp *QP) Progress() {
 // it is how an application waits: it reads the stream exactly as a TCP
 // reader does (try, block for the stack's wake-up, read), so a message
 // costs the same one hand-off. A Progress call from another goroutine
-// meanwhile returns at once.
+// meanwhile returns at once. With segment placement it waits without the
+// receive path (waitProgressFed).
 func (qp *QP) WaitProgress(ctx context.Context) error {
 	s, _ := qp.live.Load().(Stream)
 	if s == nil {

@@ -241,7 +241,11 @@ func (qp *QP) Progress() {
 // WaitProgress blocks until the connection has data (or ctx ends) and runs
 // the receive path in the calling goroutine. It is how a ManualProgress
 // application waits for a peer's RDMA Write to land. Closing the QP ends
-// it; a Progress call meanwhile returns at once.
+// it; a Progress call meanwhile returns at once. With segment placement
+// (DeviceConfig.Placement) it also returns once the connection's segment
+// tap has fed the receive path a short message in order, on the link's
+// goroutine, ahead of TCP; it may return without progress, so callers
+// check their condition and call again.
 //
 // On a device of a service, where the service runs the receive path, it
 // yields once and returns (or returns the QP's end).
