@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"syscall"
@@ -22,21 +23,37 @@ import (
 //
 //	sudo go test ./test/ -run XXX -bench Network -benchtime 1x
 //
-// It reports Gbit/s and CPU-s/GB for both and the ratio rdmatap/kernel.
+// It reports Gbit/s and CPU-s/GB for both and the ratio rdmatap/kernel,
+// first with the processes where the kernel's scheduler puts them, then
+// (metrics with the suffix _pinned) with each pair's receiver pinned to
+// CPU 0 and its sender to CPU 1 (taskset), as one pins perftest's
+// endpoints: on a 2-core machine that runs both ends, two Go processes
+// that each run on both cores take turns on them. Pinned, each rdmatap
+// process runs on one P (Go sizes GOMAXPROCS by its CPU set).
 func BenchmarkNetwork(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("skipping: the network benchmark needs root (TAPs, bridge, namespaces)")
 	}
 	const total = 4 << 30 // bytes per measurement
-	rg, rcpu := rdmatapWrite(b, total)
-	kg, kcpu := kernelTCP(b, total)
-	b.ReportMetric(rg, "rdmatap_Gbit/s")
-	b.ReportMetric(kg, "kernel_Gbit/s")
-	b.ReportMetric(rg/kg, "ratio")
-	b.ReportMetric(rcpu, "rdmatap_CPU-s/GB")
-	b.ReportMetric(kcpu, "kernel_CPU-s/GB")
-	fmt.Fprintf(os.Stderr, "rdmatap bw write over bridged TAPs: %.2f Gbit/s, %.3f CPU-s/GB; kernel TCP over veth: %.2f Gbit/s, %.3f CPU-s/GB; ratio %.2f\n",
-		rg, rcpu, kg, kcpu, rg/kg)
+	for _, pin := range []bool{false, true} {
+		srvCPU, clCPU, suffix, how := "", "", "", "unpinned"
+		if pin {
+			if runtime.NumCPU() < 2 {
+				b.Log("one CPU: no pinned measurement")
+				break
+			}
+			srvCPU, clCPU, suffix, how = "0", "1", "_pinned", "receivers on CPU 0, senders on CPU 1"
+		}
+		rg, rcpu := rdmatapWrite(b, total, srvCPU, clCPU)
+		kg, kcpu := kernelTCP(b, total, srvCPU, clCPU)
+		b.ReportMetric(rg, "rdmatap_Gbit/s"+suffix)
+		b.ReportMetric(kg, "kernel_Gbit/s"+suffix)
+		b.ReportMetric(rg/kg, "ratio"+suffix)
+		b.ReportMetric(rcpu, "rdmatap_CPU-s/GB"+suffix)
+		b.ReportMetric(kcpu, "kernel_CPU-s/GB"+suffix)
+		fmt.Fprintf(os.Stderr, "%s: rdmatap bw write over bridged TAPs: %.2f Gbit/s, %.3f CPU-s/GB; kernel TCP over veth: %.2f Gbit/s, %.3f CPU-s/GB; ratio %.2f\n",
+			how, rg, rcpu, kg, kcpu, rg/kg)
+	}
 }
 
 // BenchmarkNetworkLatency measures, in one run, rdmatap's one-way latency
@@ -159,14 +176,15 @@ func cpuSeconds(ps *os.ProcessState) float64 {
 }
 
 // rdmatapWrite runs rdmatap bw write with 1 MiB messages between two
-// processes on bridged TAPs and returns Gbit/s and CPU-s/GB.
-func rdmatapWrite(b *testing.B, total int) (float64, float64) {
+// processes on bridged TAPs and returns Gbit/s and CPU-s/GB; srvCPU and
+// clCPU pin the processes (taskset -c lists; "" for none).
+func rdmatapWrite(b *testing.B, total int, srvCPU, clCPU string) (float64, float64) {
 	n := newNetns(b, 1500)
 	iters := total >> 20
-	srv := n.start(b, append([]string{"bw", "write", "-s", "1048576", "-n", strconv.Itoa(iters)}, benchEndpointArgs(n, 0)...)...)
+	srv := n.startOn(b, srvCPU, append([]string{"bw", "write", "-s", "1048576", "-n", strconv.Itoa(iters)}, benchEndpointArgs(n, 0)...)...)
 	n.ready(b, 0)
 	start := time.Now()
-	cl := n.start(b, append([]string{"bw", "write", n.ips[0], "-s", "1048576", "-n", strconv.Itoa(iters)}, benchEndpointArgs(n, 1)...)...)
+	cl := n.startOn(b, clCPU, append([]string{"bw", "write", n.ips[0], "-s", "1048576", "-n", strconv.Itoa(iters)}, benchEndpointArgs(n, 1)...)...)
 	out, err := cl.wait(b, 5*time.Minute)
 	el := time.Since(start).Seconds()
 	if err != nil {
@@ -184,11 +202,12 @@ func rdmatapWrite(b *testing.B, total int) (float64, float64) {
 }
 
 // kernelTCP moves total bytes over kernel TCP between two namespaces
-// joined by a veth pair, with this test binary as sender and receiver.
-func kernelTCP(b *testing.B, total int) (float64, float64) {
+// joined by a veth pair, with this test binary as sender and receiver,
+// pinned as rdmatapWrite pins.
+func kernelTCP(b *testing.B, total int, srvCPU, clCPU string) (float64, float64) {
 	nsA, nsB := vethPair(b, "rdka", "rdkb")
 	self, _ := os.Executable()
-	srv := exec.Command("ip", "netns", "exec", nsB, self, "-test.run", "^TestKernelTCPHelper$")
+	srv := exec.Command("ip", append(append([]string{"netns", "exec", nsB}, pinned(srvCPU, self)...), "-test.run", "^TestKernelTCPHelper$")...)
 	srv.Env = append(os.Environ(), "RDMATAP_TCP_HELPER=server", "RDMATAP_TCP_BYTES="+strconv.Itoa(total))
 	srvOut, _ := srv.StdoutPipe()
 	if err := srv.Start(); err != nil {
@@ -199,7 +218,7 @@ func kernelTCP(b *testing.B, total int) (float64, float64) {
 	if n, _ := srvOut.Read(buf); n == 0 {
 		b.Fatal("TCP helper server did not start")
 	}
-	cl := exec.Command("ip", "netns", "exec", nsA, self, "-test.run", "^TestKernelTCPHelper$")
+	cl := exec.Command("ip", append(append([]string{"netns", "exec", nsA}, pinned(clCPU, self)...), "-test.run", "^TestKernelTCPHelper$")...)
 	cl.Env = append(os.Environ(), "RDMATAP_TCP_HELPER=client", "RDMATAP_TCP_BYTES="+strconv.Itoa(total))
 	start := time.Now()
 	if out, err := cl.CombinedOutput(); err != nil {

@@ -124,15 +124,23 @@ func newNetns(t testing.TB, mtu int) *netns {
 // proc is a running rdmatap process in the namespace.
 type proc struct {
 	cmd  *exec.Cmd
+	args []string // rdmatap's
 	out  bytes.Buffer
 	done chan error
 }
 
 func (n *netns) start(t testing.TB, args ...string) *proc {
 	t.Helper()
+	return n.startOn(t, "", args...)
+}
+
+// startOn is start with the process pinned to the CPUs of list (taskset
+// -c syntax; "" for none).
+func (n *netns) startOn(t testing.TB, list string, args ...string) *proc {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	p := &proc{done: make(chan error, 1)}
-	p.cmd = exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.name, rdmatapBin}, args...)...)
+	p := &proc{done: make(chan error, 1), args: args}
+	p.cmd = exec.CommandContext(ctx, "ip", append(append([]string{"netns", "exec", n.name}, pinned(list, rdmatapBin)...), args...)...)
 	p.cmd.Stdout = &p.out
 	p.cmd.Stderr = &p.out
 	if err := p.cmd.Start(); err != nil {
@@ -158,7 +166,7 @@ func (p *proc) wait(t testing.TB, d time.Duration) (string, error) {
 		p.done <- err
 		return p.out.String(), err
 	case <-time.After(d):
-		t.Fatalf("rdmatap %v did not finish in %v; output:\n%s", p.cmd.Args[4:], d, p.out.String())
+		t.Fatalf("rdmatap %v did not finish in %v; output:\n%s", p.args, d, p.out.String())
 	}
 	return "", nil
 }
@@ -458,4 +466,13 @@ func TestViaServiceAcrossBridge(t *testing.T) {
 	if !strings.Contains(up.out.String(), "uid 65534") {
 		t.Errorf("up did not log the client's uid:\n%s", up.out.String())
 	}
+}
+
+// pinned is the command line that runs prog on the CPUs of list (taskset
+// -c syntax), or prog alone when list is "".
+func pinned(list, prog string) []string {
+	if list == "" {
+		return []string{prog}
+	}
+	return []string{"taskset", "-c", list, prog}
 }
