@@ -380,6 +380,24 @@ func (m *markerInserter) RecordRest() int {
 	return 0
 }
 
+// RecordFit implements netstack.RecordPayloader in stream octets: the
+// most octets, at most max, to the end of a tile (or of the message); max
+// for a message not tiled or a tile longer than max.
+func (m *markerInserter) RecordFit(max int) int {
+	if l := m.Len(); l <= max {
+		return l
+	}
+	t := m.tiles
+	if t.size == 0 {
+		return max
+	}
+	end := m.wire + uint64(max)
+	if b := end - (end-t.w0)%t.size; b > m.wire {
+		return int(b - m.wire)
+	}
+	return max
+}
+
 // Len implements tcpip.Payloader: the octets the rest of the message takes
 // with its markers.
 func (m *markerInserter) Len() int {

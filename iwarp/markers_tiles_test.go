@@ -83,8 +83,11 @@ func checkMarkerTiles(t *testing.T, rng *rand.Rand, name string, seg, n, prefixF
 	want := m.Len()
 	out := make([]byte, 0, want)
 	var rests [][2]int // (position, RecordRest) pairs
+	var fits [][3]int  // (position, max, RecordFit(max))
 	for m.Len() > 0 {
 		rests = append(rests, [2]int{len(out), m.RecordRest()})
+		mx := []int{1, seg - 1, seg, 3*seg + 7, 65375}[rng.IntN(5)]
+		fits = append(fits, [3]int{len(out), mx, m.RecordFit(mx)})
 		c := 1 + rng.IntN(3*seg)
 		if rng.IntN(4) == 0 {
 			c = 1 + rng.IntN(8)
@@ -165,6 +168,20 @@ func checkMarkerTiles(t *testing.T, rng *rand.Rand, name string, seg, n, prefixF
 		at := w0 + uint64(r[0]+r[1])
 		if at != end && ((at-w0)%size != 0 || !startW[at] && !(at%MPAMarkerInterval == 0 && startW[at+MPAMarkerSize])) {
 			t.Fatalf("%s (seg %d): RecordRest %d at %d octets leads to neither a segment's FPDU nor the end", name, seg, r[1], r[0])
+		}
+	}
+	// RecordFit reaches the last segment end (or the message's end)
+	// within its max, or takes max where there is none.
+	for _, f := range fits {
+		pos, mx := f[0], f[1]
+		want := mx
+		if rest := len(out) - pos; rest <= mx {
+			want = rest
+		} else if b := (pos + mx) / int(size) * int(size); b > pos {
+			want = b - pos
+		}
+		if f[2] != want {
+			t.Fatalf("%s (seg %d): RecordFit(%d) %d at %d octets, want %d", name, seg, mx, f[2], pos, want)
 		}
 	}
 	// fpduEnd, at every FPDU-stream octet of the message.

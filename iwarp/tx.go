@@ -872,6 +872,28 @@ func (w *fpduWriter) RecordRest() int {
 	return w.remain
 }
 
+// RecordFit implements netstack.RecordPayloader: the most bytes, at most
+// max, that can be produced next and end at an FPDU boundary; max if none
+// lies within max bytes.
+func (w *fpduWriter) RecordFit(max int) int {
+	if w.remain <= max {
+		return w.remain
+	}
+	if w.tiles.size != 0 {
+		return max // tiled: the markerInserter around w fits tiles
+	}
+	full := FPDULen(w.headerSize() + w.maxPay)
+	done := w.size - w.remain
+	// FPDUs 0..k-1 are full and the boundaries among them lie at
+	// multiples of full; the next boundary after them is the message's
+	// end, which is more than max away.
+	k := w.total / w.maxPay
+	if b := min((done+max)/full, k) * full; b > done {
+		return b - done
+	}
+	return max
+}
+
 // Len implements tcpip.Payloader: the bytes still to produce.
 func (w *fpduWriter) Len() int { return w.remain }
 

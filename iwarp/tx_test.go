@@ -173,6 +173,55 @@ func TestFPDUWriterReadSizes(t *testing.T) {
 	}
 }
 
+// TestFPDUWriterRecordFit: at every point of a message, RecordFit(max) is
+// the way to the last FPDU boundary within max bytes (the message's end
+// included), or max where none lies within them: netstack cuts writes
+// with it to keep a GSO link's super-segments FPDU-aligned.
+func TestFPDUWriterRecordFit(t *testing.T) {
+	for _, n := range []int{0, 1, 1396, 1397, 3*1396 + 100, 5 * 1396, 200 << 10} {
+		for _, tagged := range []bool{true, false} {
+			f := DDPFields{Opcode: OpWrite, STag: 1}
+			if !tagged {
+				f = DDPFields{Opcode: OpSend, QN: QNSend}
+			}
+			src := zerocopy.SGList{make([]byte, n)}
+			var w fpduWriter
+			w.reset(&f, src, n, nil, 1420, true, nil)
+			stream := make([]byte, w.Len())
+			var ref fpduWriter
+			ref.reset(&f, src, n, nil, 1420, true, nil)
+			if k, err := ref.Read(stream); k != len(stream) || err != nil {
+				t.Fatal(k, err)
+			}
+			bounds := map[int]bool{}
+			for end := 0; end < len(stream); {
+				end += FPDULen(int(binary.BigEndian.Uint16(stream[end:])))
+				bounds[end] = true
+			}
+			buf := make([]byte, len(stream))
+			for pos := 0; pos < len(stream); {
+				for _, mx := range []int{1, 1419, 1420, 1421, 5000, 65375} {
+					want := mx
+					for b := min(pos+mx, len(stream)); b > pos; b-- {
+						if bounds[b] {
+							want = b - pos
+							break
+						}
+					}
+					if got := w.RecordFit(mx); got != want {
+						t.Fatalf("message of %d bytes (tagged %v), %d produced: RecordFit(%d) %d, want %d", n, tagged, pos, mx, got, want)
+					}
+				}
+				k := min(1+pos%977, len(stream)-pos)
+				if _, err := w.Read(buf[pos : pos+k]); err != nil {
+					t.Fatal(err)
+				}
+				pos += k
+			}
+		}
+	}
+}
+
 // TestFPDUWriterRecordRest: at every point of a message, RecordRest is
 // what is left of the FPDU being produced, so that a write cut there can
 // end exactly at the FPDU's end.

@@ -12,6 +12,7 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 )
@@ -46,6 +47,10 @@ type Conn struct {
 	closeOnce sync.Once
 
 	laddr, raddr netip.AddrPort
+
+	// gsoSeg > 0 is the most payload gVisor puts in one segment on this
+	// GSO link; writes of records are cut to fit it (see writePayload).
+	gsoSeg int
 }
 
 func newConn(s *Stack, ep tcpip.Endpoint, wq *waiter.Queue) *Conn {
@@ -56,6 +61,7 @@ func newConn(s *Stack, ep tcpip.Endpoint, wq *waiter.Queue) *Conn {
 		closedCh: make(chan struct{}),
 		done:     make(chan struct{}),
 		wsem:     make(chan struct{}, 1),
+		gsoSeg:   gsoSegmentMax(s.link),
 	}
 	c.readEntry, c.readCh = waiter.NewChannelEntry(waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr)
 	c.writeEntry, c.writeCh = waiter.NewChannelEntry(waiter.WritableEvents | waiter.EventHUp | waiter.EventErr)
@@ -70,6 +76,18 @@ func newConn(s *Stack, ep tcpip.Endpoint, wq *waiter.Queue) *Conn {
 	wq.EventRegister(&c.writeEntry)
 	wq.EventRegister(&c.doneEntry)
 	return c
+}
+
+// gsoSegmentMax returns the most payload gVisor's TCP sender puts in one
+// segment on a GSO link (sender.sendData: the link's GSO maximum less
+// header.TCPTotalHeaderMaximumSize and one), or 0 on a link without GSO,
+// where segments are cut at the MSS.
+func gsoSegmentMax(l stack.LinkEndpoint) int {
+	g, ok := l.(stack.GSOEndpoint)
+	if !ok || g.SupportedGSO() == stack.GSONotSupported {
+		return 0
+	}
+	return max(int(g.GSOMaxSize())-header.TCPTotalHeaderMaximumSize-1, 0)
 }
 
 func finishedState(st tcp.EndpointState) bool {
@@ -348,11 +366,24 @@ func (g *payloadGuard) Len() int {
 // record next, which realigns what follows (RFC 5044 Appendix A's aligned
 // sender: a receiver can then find the records in segments that arrive
 // out of order).
+//
+// On a GSO link gVisor builds segments of up to gsoSegmentMax bytes, which
+// the link (or the kernel behind a TAP) cuts at the MSS; a longer write is
+// cut at that maximum, which is no multiple of a record, and every segment
+// after the cut would start inside a record. WritePayload therefore offers
+// such a link at most RecordFit(gsoSegmentMax) bytes per write. (A record
+// trailer split between two segments also trips Linux siw's receiver,
+// which then fails the FPDU's CRC check: its siw_get_trailer copies each
+// piece of a split trailer to the trailer's start.)
 type RecordPayloader interface {
 	tcpip.Payloader
 	// RecordRest returns the bytes left of the record being produced
 	// (0 at a record boundary).
 	RecordRest() int
+	// RecordFit returns the most bytes, at most max, that can be produced
+	// next and end on a record boundary; max if no boundary lies within
+	// max bytes.
+	RecordFit(max int) int
 }
 
 var readerPool = sync.Pool{New: func() any { return new(bytes.Reader) }}
@@ -441,6 +472,9 @@ func (c *Conn) writePayload(ctx context.Context, pl tcpip.Payloader, g *payloadG
 	for pl.Len() > 0 {
 		if c.closed.Load() {
 			return total, closedError("write")
+		}
+		if rp != nil && g.limit == 0 && c.gsoSeg > 0 && g.pl.Len() > c.gsoSeg {
+			g.limit = rp.RecordFit(c.gsoSeg)
 		}
 		offered := pl.Len()
 		n, terr := c.ep.Write(pl, tcpip.WriteOptions{Atomic: offered <= atomicWriteMax})
