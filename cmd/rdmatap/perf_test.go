@@ -552,6 +552,19 @@ func TestPerfExchangeShape(t *testing.T) {
 // TAP unless told otherwise (as perftest's lat tests busy-poll their CQs),
 // bw does not; bad values and combinations are usage errors.
 func TestBusyPollFlag(t *testing.T) {
+	// checked parses a perf command line and checks its endpoint flags.
+	checked := func(test perfTestKind, args []string) *endpointFlags {
+		t.Helper()
+		_, ef, err := parsePerfFlags(test, args, io.Discard)
+		if err != nil {
+			t.Fatalf("%q: %v", args, err)
+		}
+		ef.tap, ef.addr = "rtbp0", "192.0.2.1/24"
+		if _, _, _, err := ef.check(); err != nil {
+			t.Fatalf("%q: %v", args, err)
+		}
+		return ef
+	}
 	for _, c := range []struct {
 		test perfTestKind
 		args []string
@@ -564,15 +577,7 @@ func TestBusyPollFlag(t *testing.T) {
 		{perfBW, []string{"write"}, 0},
 		{perfBW, []string{"write", "--busy-poll", "50us"}, 50 * time.Microsecond},
 	} {
-		_, ef, err := parsePerfFlags(c.test, c.args, io.Discard)
-		if err != nil {
-			t.Fatalf("%q: %v", c.args, err)
-		}
-		ef.tap, ef.addr = "rtbp0", "192.0.2.1/24"
-		if _, _, _, err := ef.check(); err != nil {
-			t.Fatalf("%q: %v", c.args, err)
-		}
-		if ef.busyPoll != c.want {
+		if ef := checked(c.test, c.args); ef.busyPoll != c.want {
 			t.Errorf("%q: busy poll %v, want %v", c.args, ef.busyPoll, c.want)
 		}
 	}
@@ -587,15 +592,7 @@ func TestBusyPollFlag(t *testing.T) {
 		{perfBW, []string{"write"}, iwarp.PlacementStream},
 		{perfBW, []string{"write", "--placement", "segment"}, iwarp.PlacementSegment},
 	} {
-		_, ef, err := parsePerfFlags(c.test, c.args, io.Discard)
-		if err != nil {
-			t.Fatalf("%q: %v", c.args, err)
-		}
-		ef.tap, ef.addr = "rtbp0", "192.0.2.1/24"
-		if _, _, _, err := ef.check(); err != nil {
-			t.Fatalf("%q: %v", c.args, err)
-		}
-		if ef.lab.mode != c.want {
+		if ef := checked(c.test, c.args); ef.lab.mode != c.want {
 			t.Errorf("%q: placement %v, want %v", c.args, ef.lab.mode, c.want)
 		}
 	}
