@@ -24,28 +24,31 @@ import (
 //	sudo go test ./test/ -run XXX -bench Network -benchtime 1x
 //
 // It reports Gbit/s and CPU-s/GB for both and the ratio rdmatap/kernel,
-// first with the processes where the kernel's scheduler puts them, then
-// (metrics with the suffix _pinned) with each pair's receiver pinned to
-// CPU 0 and its sender to CPU 1 (taskset), as one pins perftest's
-// endpoints: on a 2-core machine that runs both ends, two Go processes
-// that each run on both cores take turns on them. Pinned, each rdmatap
-// process runs on one P (Go sizes GOMAXPROCS by its CPU set).
+// first with the processes where the kernel's scheduler puts them; then
+// (suffix _1p) the same with each process's GOMAXPROCS at 1; then
+// (suffix _pinned) with each pair's receiver pinned to CPU 0 and its
+// sender to CPU 1 (taskset), as one pins perftest's endpoints. On a
+// 2-core machine that runs both ends, two Go processes with a P per core
+// each hand goroutines to idle Ps the other process needs (wake-ups,
+// spinning threads): with one P each they do not. Pinned, each rdmatap
+// process runs on one P too (Go sizes GOMAXPROCS by its CPU set).
 func BenchmarkNetwork(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("skipping: the network benchmark needs root (TAPs, bridge, namespaces)")
 	}
 	const total = 4 << 30 // bytes per measurement
-	for _, pin := range []bool{false, true} {
-		srvCPU, clCPU, suffix, how := "", "", "", "unpinned"
-		if pin {
-			if runtime.NumCPU() < 2 {
-				b.Log("one CPU: no pinned measurement")
-				break
-			}
-			srvCPU, clCPU, suffix, how = "0", "1", "_pinned", "receivers on CPU 0, senders on CPU 1"
+	for _, c := range []netBenchConfig{
+		{how: "unpinned"},
+		{how: "unpinned, GOMAXPROCS=1 each", suffix: "_1p", env: []string{"GOMAXPROCS=1"}},
+		{how: "receivers on CPU 0, senders on CPU 1", suffix: "_pinned", srvCPU: "0", clCPU: "1"},
+	} {
+		if c.srvCPU != "" && runtime.NumCPU() < 2 {
+			b.Log("one CPU: no pinned measurement")
+			continue
 		}
-		rg, rcpu := rdmatapWrite(b, total, srvCPU, clCPU)
-		kg, kcpu := kernelTCP(b, total, srvCPU, clCPU)
+		suffix, how := c.suffix, c.how
+		rg, rcpu := rdmatapWrite(b, total, c)
+		kg, kcpu := kernelTCP(b, total, c)
 		b.ReportMetric(rg, "rdmatap_Gbit/s"+suffix)
 		b.ReportMetric(kg, "kernel_Gbit/s"+suffix)
 		b.ReportMetric(rg/kg, "ratio"+suffix)
@@ -175,16 +178,25 @@ func cpuSeconds(ps *os.ProcessState) float64 {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
+// netBenchConfig is where BenchmarkNetwork runs its processes: srvCPU and
+// clCPU pin the receiver and the sender (taskset -c lists; "" for none),
+// env is added to both's environment.
+type netBenchConfig struct {
+	how, suffix   string
+	srvCPU, clCPU string
+	env           []string
+}
+
 // rdmatapWrite runs rdmatap bw write with 1 MiB messages between two
-// processes on bridged TAPs and returns Gbit/s and CPU-s/GB; srvCPU and
-// clCPU pin the processes (taskset -c lists; "" for none).
-func rdmatapWrite(b *testing.B, total int, srvCPU, clCPU string) (float64, float64) {
+// processes on bridged TAPs, placed as c says, and returns Gbit/s and
+// CPU-s/GB.
+func rdmatapWrite(b *testing.B, total int, c netBenchConfig) (float64, float64) {
 	n := newNetns(b, 1500)
 	iters := total >> 20
-	srv := n.startOn(b, srvCPU, append([]string{"bw", "write", "-s", "1048576", "-n", strconv.Itoa(iters)}, benchEndpointArgs(n, 0)...)...)
+	srv := n.startWith(b, c.srvCPU, c.env, append([]string{"bw", "write", "-s", "1048576", "-n", strconv.Itoa(iters)}, benchEndpointArgs(n, 0)...)...)
 	n.ready(b, 0)
 	start := time.Now()
-	cl := n.startOn(b, clCPU, append([]string{"bw", "write", n.ips[0], "-s", "1048576", "-n", strconv.Itoa(iters)}, benchEndpointArgs(n, 1)...)...)
+	cl := n.startWith(b, c.clCPU, c.env, append([]string{"bw", "write", n.ips[0], "-s", "1048576", "-n", strconv.Itoa(iters)}, benchEndpointArgs(n, 1)...)...)
 	out, err := cl.wait(b, 5*time.Minute)
 	el := time.Since(start).Seconds()
 	if err != nil {
@@ -203,12 +215,12 @@ func rdmatapWrite(b *testing.B, total int, srvCPU, clCPU string) (float64, float
 
 // kernelTCP moves total bytes over kernel TCP between two namespaces
 // joined by a veth pair, with this test binary as sender and receiver,
-// pinned as rdmatapWrite pins.
-func kernelTCP(b *testing.B, total int, srvCPU, clCPU string) (float64, float64) {
+// placed as rdmatapWrite places its processes.
+func kernelTCP(b *testing.B, total int, c netBenchConfig) (float64, float64) {
 	nsA, nsB := vethPair(b, "rdka", "rdkb")
 	self, _ := os.Executable()
-	srv := exec.Command("ip", append(append([]string{"netns", "exec", nsB}, pinned(srvCPU, self)...), "-test.run", "^TestKernelTCPHelper$")...)
-	srv.Env = append(os.Environ(), "RDMATAP_TCP_HELPER=server", "RDMATAP_TCP_BYTES="+strconv.Itoa(total))
+	srv := exec.Command("ip", append(append([]string{"netns", "exec", nsB}, pinned(c.srvCPU, self)...), "-test.run", "^TestKernelTCPHelper$")...)
+	srv.Env = append(append(os.Environ(), c.env...), "RDMATAP_TCP_HELPER=server", "RDMATAP_TCP_BYTES="+strconv.Itoa(total))
 	srvOut, _ := srv.StdoutPipe()
 	if err := srv.Start(); err != nil {
 		b.Fatal(err)
@@ -218,8 +230,8 @@ func kernelTCP(b *testing.B, total int, srvCPU, clCPU string) (float64, float64)
 	if n, _ := srvOut.Read(buf); n == 0 {
 		b.Fatal("TCP helper server did not start")
 	}
-	cl := exec.Command("ip", append(append([]string{"netns", "exec", nsA}, pinned(clCPU, self)...), "-test.run", "^TestKernelTCPHelper$")...)
-	cl.Env = append(os.Environ(), "RDMATAP_TCP_HELPER=client", "RDMATAP_TCP_BYTES="+strconv.Itoa(total))
+	cl := exec.Command("ip", append(append([]string{"netns", "exec", nsA}, pinned(c.clCPU, self)...), "-test.run", "^TestKernelTCPHelper$")...)
+	cl.Env = append(append(os.Environ(), c.env...), "RDMATAP_TCP_HELPER=client", "RDMATAP_TCP_BYTES="+strconv.Itoa(total))
 	start := time.Now()
 	if out, err := cl.CombinedOutput(); err != nil {
 		b.Fatalf("TCP client: %v %s", err, out)

@@ -138,9 +138,18 @@ func (n *netns) start(t testing.TB, args ...string) *proc {
 // -c syntax; "" for none).
 func (n *netns) startOn(t testing.TB, list string, args ...string) *proc {
 	t.Helper()
+	return n.startWith(t, list, nil, args...)
+}
+
+// startWith is startOn with env added to the process's environment.
+func (n *netns) startWith(t testing.TB, list string, env []string, args ...string) *proc {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	p := &proc{done: make(chan error, 1), args: args}
 	p.cmd = exec.CommandContext(ctx, "ip", append(append([]string{"netns", "exec", n.name}, pinned(list, rdmatapBin)...), args...)...)
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.Stdout = &p.out
 	p.cmd.Stderr = &p.out
 	if err := p.cmd.Start(); err != nil {
