@@ -381,21 +381,21 @@ func (m *markerInserter) RecordRest() int {
 }
 
 // RecordFit implements netstack.RecordPayloader in stream octets: the
-// most octets, at most max, to the end of a tile (or of the message); max
-// for a message not tiled or a tile longer than max.
+// most octets, at most max, to the end of a tile (or of the message); 0
+// for a message not tiled or where no tile ends within max.
 func (m *markerInserter) RecordFit(max int) int {
 	if l := m.Len(); l <= max {
 		return l
 	}
 	t := m.tiles
 	if t.size == 0 {
-		return max
+		return 0
 	}
 	end := m.wire + uint64(max)
 	if b := end - (end-t.w0)%t.size; b > m.wire {
 		return int(b - m.wire)
 	}
-	return max
+	return 0
 }
 
 // Len implements tcpip.Payloader: the octets the rest of the message takes

@@ -171,10 +171,10 @@ func checkMarkerTiles(t *testing.T, rng *rand.Rand, name string, seg, n, prefixF
 		}
 	}
 	// RecordFit reaches the last segment end (or the message's end)
-	// within its max, or takes max where there is none.
+	// within its max, or is 0 where there is none.
 	for _, f := range fits {
 		pos, mx := f[0], f[1]
-		want := mx
+		want := 0
 		if rest := len(out) - pos; rest <= mx {
 			want = rest
 		} else if b := (pos + mx) / int(size) * int(size); b > pos {

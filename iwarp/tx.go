@@ -873,14 +873,14 @@ func (w *fpduWriter) RecordRest() int {
 }
 
 // RecordFit implements netstack.RecordPayloader: the most bytes, at most
-// max, that can be produced next and end at an FPDU boundary; max if none
+// max, that can be produced next and end at an FPDU boundary; 0 if none
 // lies within max bytes.
 func (w *fpduWriter) RecordFit(max int) int {
 	if w.remain <= max {
 		return w.remain
 	}
 	if w.tiles.size != 0 {
-		return max // tiled: the markerInserter around w fits tiles
+		return 0 // tiled: the markerInserter around w fits tiles
 	}
 	full := FPDULen(w.headerSize() + w.maxPay)
 	done := w.size - w.remain
@@ -891,7 +891,7 @@ func (w *fpduWriter) RecordFit(max int) int {
 	if b := min((done+max)/full, k) * full; b > done {
 		return b - done
 	}
-	return max
+	return 0
 }
 
 // Len implements tcpip.Payloader: the bytes still to produce.

@@ -175,8 +175,8 @@ func TestFPDUWriterReadSizes(t *testing.T) {
 
 // TestFPDUWriterRecordFit: at every point of a message, RecordFit(max) is
 // the way to the last FPDU boundary within max bytes (the message's end
-// included), or max where none lies within them: netstack cuts writes
-// with it to keep a GSO link's super-segments FPDU-aligned.
+// included), or 0 where none lies within them: netstack cuts writes with
+// it to keep a GSO link's super-segments FPDU-aligned.
 func TestFPDUWriterRecordFit(t *testing.T) {
 	for _, n := range []int{0, 1, 1396, 1397, 3*1396 + 100, 5 * 1396, 200 << 10} {
 		for _, tagged := range []bool{true, false} {
@@ -201,7 +201,7 @@ func TestFPDUWriterRecordFit(t *testing.T) {
 			buf := make([]byte, len(stream))
 			for pos := 0; pos < len(stream); {
 				for _, mx := range []int{1, 1419, 1420, 1421, 5000, 65375} {
-					want := mx
+					want := 0
 					for b := min(pos+mx, len(stream)); b > pos; b-- {
 						if bounds[b] {
 							want = b - pos

@@ -371,7 +371,9 @@ func (g *payloadGuard) Len() int {
 // the link (or the kernel behind a TAP) cuts at the MSS; a longer write is
 // cut at that maximum, which is no multiple of a record, and every segment
 // after the cut would start inside a record. WritePayload therefore offers
-// such a link at most RecordFit(gsoSegmentMax) bytes per write. (A record
+// such a link at most RecordFit(gsoSegmentMax) bytes per write (records
+// longer than that, as the 64 KB FPDUs of a 64 KB-MTU link, are cut by
+// the stack as before). (A record
 // trailer split between two segments also trips Linux siw's receiver,
 // which then fails the FPDU's CRC check: its siw_get_trailer copies each
 // piece of a split trailer to the trailer's start.)
@@ -381,8 +383,8 @@ type RecordPayloader interface {
 	// (0 at a record boundary).
 	RecordRest() int
 	// RecordFit returns the most bytes, at most max, that can be produced
-	// next and end on a record boundary; max if no boundary lies within
-	// max bytes.
+	// next and end on a record boundary; 0 if no boundary lies within max
+	// bytes (the write is then left whole).
 	RecordFit(max int) int
 }
 
@@ -474,6 +476,7 @@ func (c *Conn) writePayload(ctx context.Context, pl tcpip.Payloader, g *payloadG
 			return total, closedError("write")
 		}
 		if rp != nil && g.limit == 0 && c.gsoSeg > 0 && g.pl.Len() > c.gsoSeg {
+			// 0 (records longer than a super-segment): left whole.
 			g.limit = rp.RecordFit(c.gsoSeg)
 		}
 		offered := pl.Len()

@@ -59,9 +59,6 @@ func (r *records) RecordFit(max int) int {
 			fit = b - r.pos
 		}
 	}
-	if fit == 0 {
-		return max
-	}
 	return fit
 }
 
