@@ -371,12 +371,12 @@ func (g *payloadGuard) Len() int {
 // the link (or the kernel behind a TAP) cuts at the MSS; a longer write is
 // cut at that maximum, which is no multiple of a record, and every segment
 // after the cut would start inside a record. WritePayload therefore offers
-// such a link at most RecordFit(gsoSegmentMax) bytes per write (records
-// longer than that, as the 64 KB FPDUs of a 64 KB-MTU link, are cut by
-// the stack as before). (A record
-// trailer split between two segments also trips Linux siw's receiver,
-// which then fails the FPDU's CRC check: its siw_get_trailer copies each
-// piece of a split trailer to the trailer's start.)
+// such a link at most RecordFit(gsoSegmentMax) bytes per write; records
+// longer than that (the 64 KB FPDUs of a 64 KB-MTU link) are left to the
+// stack's cut. A record trailer split between two segments also trips
+// Linux siw's receiver, which then fails the FPDU's CRC check: its
+// siw_get_trailer copies each piece of a split trailer to the trailer's
+// start.
 type RecordPayloader interface {
 	tcpip.Payloader
 	// RecordRest returns the bytes left of the record being produced
