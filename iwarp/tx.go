@@ -863,8 +863,7 @@ func (w *fpduWriter) RecordRest() int {
 	if w.remain == 0 {
 		return 0
 	}
-	hs := w.headerSize()
-	full := FPDULen(hs + w.maxPay)
+	full := w.fullLen()
 	done := w.size - w.remain
 	if k := w.total / w.maxPay; done < k*full {
 		return (full - done%full) % full
@@ -882,7 +881,7 @@ func (w *fpduWriter) RecordFit(max int) int {
 	if w.tiles.size != 0 {
 		return 0 // tiled: the markerInserter around w fits tiles
 	}
-	full := FPDULen(w.headerSize() + w.maxPay)
+	full := w.fullLen()
 	done := w.size - w.remain
 	// FPDUs 0..k-1 are full and the boundaries among them lie at
 	// multiples of full; the next boundary after them is the message's
@@ -987,8 +986,12 @@ func (w *fpduWriter) fpduEnd(n int64) bool {
 		}
 		return int64(w.tiles.start(k)) == n
 	}
-	return n%int64(FPDULen(w.headerSize()+w.maxPay)) == 0
+	return n%int64(w.fullLen()) == 0
 }
+
+// fullLen returns the length of a full FPDU of an untiled message: every
+// FPDU but the last, which carries the rest.
+func (w *fpduWriter) fullLen() int { return FPDULen(w.headerSize() + w.maxPay) }
 
 func (w *fpduWriter) startFPDU() {
 	if w.tiles.size != 0 {
