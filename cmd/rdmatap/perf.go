@@ -160,14 +160,21 @@ func perfCmd(test perfTestKind, args []string, stdout, stderr io.Writer) error {
 	if f, ok := stderr.(*os.File); ok && isTTY(f) {
 		o.progress = stderr
 	}
-	if test == perfLat && os.Getenv("GOMAXPROCS") == "" {
-		// A latency test has one message in flight: every step of it
-		// (the TAP's read loop, TCP's processor, the waiting poster)
-		// runs in turn, and on one P each hands over to the next in the
-		// same thread. With more, a hand-over can mean waking another
-		// thread: over bridged TAPs on a 2-core machine, 2-byte lat write
-		// took 45 µs one way with GOMAXPROCS=2 and 25 µs with 1. The
-		// environment's GOMAXPROCS still wins.
+	if os.Getenv("GOMAXPROCS") == "" {
+		// perftest's programs are one thread each; bw and lat run on one
+		// P. Every step of a message (the TAP's read loop, TCP's
+		// processor, the QP's reader or writer, the poster) is a
+		// goroutine that the one before makes runnable: on one P it runs
+		// next in the same thread, with more a hand-over can wake another
+		// thread on another core. lat has one message in flight and so
+		// nothing to overlap (2-byte lat write over bridged TAPs on a
+		// 2-core machine: 45 µs one way with GOMAXPROCS=2, 25 µs with
+		// 1). bw over bridged TAPs between two processes on a 2-core
+		// machine: 1 MiB Writes at 21–22 Gbit/s and 0.6–0.7 CPU-s/GB with
+		// one P each, 14–16 Gbit/s and 0.9–1.0 with a P per core, whose
+		// idle Ps wake threads the other endpoint's core needs. The
+		// environment's GOMAXPROCS still wins: an endpoint with cores to
+		// itself may overlap its steps on more Ps.
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	}
 	e, err := ef.open()
