@@ -142,7 +142,9 @@ const perfSummaryFmt = "usage: rdmatap %s write|read|send|atomic [flags] [SERVER
 	"Server: rdmatap %[1]s VERB [flags]; client: the same with the server's address.\n" +
 	"As perftest: the SAME flags must be given to both sides. Connections are\n" +
 	"always rdma_cm-style (perftest -R); -F and -R are accepted. The endpoint\n" +
-	"flags (--tap, --addr, ...) make this process's TAP endpoint.\n"
+	"flags (--tap, --addr, ...) make this process's TAP endpoint. It runs on\n" +
+	"one P (one thread of Go code, as perftest is one thread) unless GOMAXPROCS\n" +
+	"is set.\n"
 
 func perfCmd(test perfTestKind, args []string, stdout, stderr io.Writer) error {
 	o, ef, err := parsePerfFlags(test, args, stderr)
@@ -170,8 +172,8 @@ func perfCmd(test perfTestKind, args []string, stdout, stderr io.Writer) error {
 		// nothing to overlap (2-byte lat write over bridged TAPs on a
 		// 2-core machine: 45 µs one way with GOMAXPROCS=2, 25 µs with
 		// 1). bw over bridged TAPs between two processes on a 2-core
-		// machine: 1 MiB Writes at 21–22 Gbit/s and 0.6–0.7 CPU-s/GB with
-		// one P each, 14–16 Gbit/s and 0.9–1.0 with a P per core, whose
+		// machine: 1 MiB Writes at 14–22 Gbit/s and 0.6–0.9 CPU-s/GB with
+		// one P each, 9–16 Gbit/s and 0.9–1.2 with a P per core, whose
 		// idle Ps wake threads the other endpoint's core needs. The
 		// environment's GOMAXPROCS still wins: an endpoint with cores to
 		// itself may overlap its steps on more Ps.
