@@ -2,13 +2,13 @@ package netstack
 
 import (
 	"errors"
-
-	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 
+	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // Connection segment taps: a connection's received TCP segments, handed to
@@ -61,6 +61,9 @@ type connTap struct {
 	views  [][]byte
 	cur    *stack.PacketBuffer // the packet being handed over (mu)
 	retain func() Kept         // ct.keep, made once
+	// removed is set when the tap is removed: a link's cache of it
+	// (tapCache) then looks the connection up again.
+	removed atomic.Bool
 }
 
 // Kept is a segment's packet kept past its tap's call (see
@@ -96,16 +99,28 @@ func (s *Stack) EnableConnTaps() {
 	s.nic.taps.Store(t)
 }
 
+// tapCache remembers the tap of the last data segment a link handed over,
+// by the segment's raw addresses and ports: a link carries mostly one
+// connection's segments at a time, and the lookup by connKey (two
+// netip.AddrPorts, hashed through an interface) costs more than the rest
+// of a segment's look.
+type tapCache struct {
+	src, dst     tcpip.Address
+	sport, dport uint16
+	ct           *connTap
+}
+
 // segment handles one inbound TCP segment (tapLink.inspect). It runs on
-// the link's delivery goroutine, before IP and TCP see the packet.
-func (t *connTaps) segment(seg *tapSegment, pkt *stack.PacketBuffer, views [][]byte) {
+// the link's delivery goroutine, before IP and TCP see the packet. cache
+// is the link's own.
+func (t *connTaps) segment(seg *tapSegment, pkt *stack.PacketBuffer, views [][]byte, cache *tapCache) {
 	th := seg.th
-	k := connKey{
-		local:  netip.AddrPortFrom(fromTCPIPAddr(seg.dst), th.DestinationPort()),
-		remote: netip.AddrPortFrom(fromTCPIPAddr(seg.src), th.SourcePort()),
-	}
 	flags := th.Flags()
 	if flags&header.TCPFlagSyn != 0 {
+		k := connKey{
+			local:  netip.AddrPortFrom(fromTCPIPAddr(seg.dst), th.DestinationPort()),
+			remote: netip.AddrPortFrom(fromTCPIPAddr(seg.src), th.SourcePort()),
+		}
 		if flags&header.TCPFlagRst == 0 && seg.valid(views) {
 			t.mu.Lock()
 			if len(t.isn) >= maxISNs {
@@ -122,11 +137,20 @@ func (t *connTaps) segment(seg *tapSegment, pkt *stack.PacketBuffer, views [][]b
 	if seg.size == 0 {
 		return
 	}
-	v, ok := t.taps.Load(k)
-	if !ok {
-		return
+	sport, dport := th.SourcePort(), th.DestinationPort()
+	ct := cache.ct
+	if ct == nil || ct.removed.Load() || cache.sport != sport || cache.dport != dport || cache.src != seg.src || cache.dst != seg.dst {
+		k := connKey{
+			local:  netip.AddrPortFrom(fromTCPIPAddr(seg.dst), dport),
+			remote: netip.AddrPortFrom(fromTCPIPAddr(seg.src), sport),
+		}
+		v, ok := t.taps.Load(k)
+		if !ok {
+			return
+		}
+		ct = v.(*connTap)
+		*cache = tapCache{src: seg.src, dst: seg.dst, sport: sport, dport: dport, ct: ct}
 	}
-	ct := v.(*connTap)
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
 	if flags&header.TCPFlagRst != 0 || flags&header.TCPFlagAck == 0 {
@@ -234,5 +258,10 @@ func (c *Conn) TapSegmentsRetain(fn func(off uint64, payload [][]byte, retain fu
 	ct.retain = ct.keep
 	t.taps.Store(k, ct)
 	var once sync.Once
-	return func() { once.Do(func() { t.taps.CompareAndDelete(k, ct) }) }, nil
+	return func() {
+		once.Do(func() {
+			ct.removed.Store(true)
+			t.taps.CompareAndDelete(k, ct)
+		})
+	}, nil
 }

@@ -28,6 +28,9 @@ type tapLink struct {
 	// views gathers a packet's views (one packet at a time: a link
 	// delivers from one goroutine; the taps serialize per connection).
 	views [][]byte
+	// last is the tap the link's previous data segment went to (the
+	// same goroutine, as views).
+	last tapCache
 }
 
 func newTapLink(l stack.LinkEndpoint, ackDelay time.Duration) *tapLink {
@@ -91,8 +94,7 @@ func (l *tapLink) DeliverLinkPacket(proto tcpip.NetworkProtocolNumber, pkt *stac
 // a TCP segment to them. What IP would drop (a bad header, a fragment,
 // IPv6 extension headers, a short packet) is left alone.
 func (l *tapLink) inspect(t *connTaps, proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
-	l.views = l.views[:0]
-	pkt.Data().ReadTo(linkCollector{l}, true)
+	l.views = gatherData(l.views[:0], pkt)
 	defer clear(l.views)
 	var hb [header.IPv4MaximumHeaderSize + 60]byte // the largest IP and TCP headers
 	hdr := headBytes(hb[:min(len(hb), headersLen(proto, l.views))], l.views)
@@ -133,7 +135,7 @@ func (l *tapLink) inspect(t *connTaps, proto tcpip.NetworkProtocolNumber, pkt *s
 		return
 	}
 	seg := tapSegment{th: th[:off], src: src, dst: dst, validated: validated, size: total - ipLen - off}
-	t.segment(&seg, pkt, trimViews(l.views, ipLen+off, total))
+	t.segment(&seg, pkt, trimViews(l.views, ipLen+off, total), &l.last)
 }
 
 // tapSegment is an inbound TCP segment as the taps see it: its header, its
@@ -213,14 +215,34 @@ func headersLen(proto tcpip.NetworkProtocolNumber, views [][]byte) int {
 	return ip + max(int(b>>4)*4, header.TCPMinimumSize)
 }
 
-// linkCollector gathers a packet's views without copying.
-type linkCollector struct{ l *tapLink }
-
-func (c linkCollector) Write(b []byte) (int, error) {
-	if len(b) > 0 {
-		c.l.views = append(c.l.views, b)
+// gatherData appends the slices of the packet's data (what follows the
+// headers the link consumed) to views, without copying and without
+// cloning its views (PacketData.ReadTo clones each one): the slices are
+// the packet's own memory, valid while the caller holds the packet, as
+// ReadTo's would be after its clones are released.
+func gatherData(views [][]byte, pkt *stack.PacketBuffer) [][]byte {
+	vl, _ := pkt.AsViewList()
+	rest := pkt.Data().Size()
+	total := 0
+	for v := vl.Front(); v != nil; v = v.Next() {
+		total += v.Size()
 	}
-	return len(b), nil
+	skip := total - rest
+	for v := vl.Front(); v != nil && rest > 0; v = v.Next() {
+		b := v.AsSlice()
+		if skip >= len(b) {
+			skip -= len(b)
+			continue
+		}
+		b = b[skip:]
+		skip = 0
+		if len(b) > rest {
+			b = b[:rest]
+		}
+		views = append(views, b)
+		rest -= len(b)
+	}
+	return views
 }
 
 // GSOMaxSize implements stack.GSOEndpoint for a link that has it.
