@@ -139,3 +139,66 @@ func TestConnTapSegments(t *testing.T) {
 		t.Fatalf("%d segments, %d out of order", segs, ooo)
 	}
 }
+
+// TestConnTapRemoveAndSwitch: a link remembers the tap of its last data
+// segment; segments of two connections taken in turn each reach their own
+// tap, and a removed tap gets nothing more, though the link had it
+// remembered.
+func TestConnTapRemoveAndSwitch(t *testing.T) {
+	a, b := newTestPair(t, PairConfig{})
+	b.EnableConnTaps()
+	x1, x2 := connect(t, a, b)
+	y1, y2 := connect(t, a, b)
+	var mu sync.Mutex
+	got := map[string]int{}
+	tap := func(name string) func(uint64, [][]byte) {
+		return func(_ uint64, payload [][]byte) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, p := range payload {
+				got[name] += len(p)
+			}
+		}
+	}
+	removeX, err := x2.TapSegments(tap("x"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	removeY, err := y2.TapSegments(tap("y"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer removeY()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Alternate the two connections' data, each read before the next.
+	send := func(c1, c2 *Conn, n int) {
+		t.Helper()
+		if _, err := c1.Write(ctx, make([]byte, n)); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, n)
+		if err := c2.ReadFull(ctx, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 4 {
+		send(x1, x2, 3000)
+		send(y1, y2, 5000)
+	}
+	mu.Lock()
+	if got["x"] != 4*3000 || got["y"] != 4*5000 {
+		t.Fatalf("taps got x %d, y %d bytes; want %d and %d", got["x"], got["y"], 4*3000, 4*5000)
+	}
+	mu.Unlock()
+	// x's segments last, then x's tap removed: the link remembers it.
+	send(x1, x2, 1000)
+	removeX()
+	send(x1, x2, 2000)
+	send(y1, y2, 700)
+	mu.Lock()
+	defer mu.Unlock()
+	if got["x"] != 4*3000+1000 || got["y"] != 4*5000+700 {
+		t.Fatalf("after removing x's tap: x %d, y %d bytes; want %d and %d", got["x"], got["y"], 4*3000+1000, 4*5000+700)
+	}
+}
