@@ -172,8 +172,8 @@ func perfCmd(test perfTestKind, args []string, stdout, stderr io.Writer) error {
 		// nothing to overlap (2-byte lat write over bridged TAPs on a
 		// 2-core machine: 45 µs one way with GOMAXPROCS=2, 25 µs with
 		// 1). bw over bridged TAPs between two processes on a 2-core
-		// machine: 1 MiB Writes at 14–22 Gbit/s and 0.6–0.9 CPU-s/GB with
-		// one P each, 9–16 Gbit/s and 0.9–1.2 with a P per core, whose
+		// machine: 1 MiB Writes at 13–27 Gbit/s and 0.55–0.9 CPU-s/GB with
+		// one P each, 9–16 Gbit/s and 0.9–1.25 with a P per core, whose
 		// idle Ps wake threads the other endpoint's core needs. The
 		// environment's GOMAXPROCS still wins: an endpoint with cores to
 		// itself may overlap its steps on more Ps.
