@@ -34,7 +34,9 @@ func tcpPacket(src, dst netip.AddrPort, seq uint32, flags header.TCPFlags, paylo
 
 // FuzzTapLinkInspect: whatever arrives on the link, the taps' parser never
 // panics, never hands over more than the packet holds, and hands over
-// only segments of the tapped connection.
+// only segments of the tapped connection. The packet comes in two views
+// cut at cut (when it falls inside), as the TAP's read loop builds them,
+// and gatherData's pieces are PacketData.ReadTo's.
 func FuzzTapLinkInspect(f *testing.F) {
 	a, b := newTestPair(f, PairConfig{})
 	b.EnableConnTaps()
@@ -62,22 +64,35 @@ func FuzzTapLinkInspect(f *testing.F) {
 	l.taps.Store(b.ctaps)
 
 	src, dst := c1.LocalAddr(), c2.LocalAddr()
-	f.Add(tcpPacket(src, dst, 1000, header.TCPFlagAck, []byte("payload")), false)
-	f.Add(tcpPacket(src, dst, 1, header.TCPFlagSyn, nil), false)
-	f.Add(tcpPacket(src, dst, 7, header.TCPFlagAck|header.TCPFlagPsh, make([]byte, 1400)), false)
+	f.Add(tcpPacket(src, dst, 1000, header.TCPFlagAck, []byte("payload")), false, uint16(0))
+	f.Add(tcpPacket(src, dst, 1, header.TCPFlagSyn, nil), false, uint16(0))
+	f.Add(tcpPacket(src, dst, 7, header.TCPFlagAck|header.TCPFlagPsh, make([]byte, 1400)), false, uint16(40))
+	f.Add(tcpPacket(src, dst, 7, header.TCPFlagAck|header.TCPFlagPsh, make([]byte, 1400)), false, uint16(10))
 	bad := tcpPacket(src, dst, 9, header.TCPFlagAck, []byte("x"))
 	bad[len(bad)-1] ^= 1
-	f.Add(bad, false)
+	f.Add(bad, false, uint16(0))
 	frag := tcpPacket(src, dst, 9, header.TCPFlagAck, []byte("frag"))
 	binary.BigEndian.PutUint16(frag[6:], 0x2000) // more fragments
-	f.Add(frag, false)
-	f.Add(make([]byte, 60), true)
-	f.Fuzz(func(t *testing.T, data []byte, v6 bool) {
+	f.Add(frag, false, uint16(0))
+	f.Add(make([]byte, 60), true, uint16(30))
+	f.Fuzz(func(t *testing.T, data []byte, v6 bool, cut uint16) {
 		proto := tcpip.NetworkProtocolNumber(ipv4.ProtocolNumber)
 		if v6 {
 			proto = ipv6.ProtocolNumber
 		}
-		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(data)})
+		payload := buffer.MakeWithData(data)
+		if c := int(cut); c > 0 && c < len(data) {
+			payload = buffer.MakeWithData(data[:c])
+			payload.Append(buffer.NewViewWithData(data[c:]))
+		}
+		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: payload})
+		var whole []byte
+		for _, v := range gatherData(nil, pkt) {
+			whole = append(whole, v...)
+		}
+		if string(whole) != string(data) {
+			t.Fatalf("gatherData: %d bytes, not the packet's %d", len(whole), len(data))
+		}
 		l.inspect(b.ctaps, proto, pkt)
 		pkt.DecRef()
 		if tooMuch {
