@@ -90,12 +90,16 @@ func TestTAPSegmentsFPDUAligned(t *testing.T) {
 		}
 	}
 	t.Logf("%d FPDUs; %d data segments from the client, %d of them starting on an FPDU; %d boundaries inside a CRC, %d not 4-aligned in their FPDU", len(fs), segs, aligned, inCRC, odd)
-	// Seen: 94-98% aligned, every boundary 4-aligned; 7-16% aligned
-	// before the writes were cut. (The send buffer's space is a multiple
-	// of 4 only as long as everything written and acknowledged is, so a
-	// stray cut is allowed for; none inside a CRC.)
-	if inCRC > 0 || odd > segs/100 || aligned < segs*80/100 || segs < 32 {
-		t.Fatalf("%d of %d segments start on an FPDU (want 80%%); %d boundaries inside a CRC (want none), %d not 4-aligned", aligned, segs, inCRC, odd)
+	// Seen: 94-98% aligned with a P per process; with bw's one P (the
+	// sender is more often held at the window's edge, where gVisor
+	// splits a queued write) 77-99% in 46 runs, under 80% in one, and in a
+	// CI run that failed at the earlier 80% threshold; every
+	// boundary 4-aligned; 7-16% aligned before the writes were cut. (The
+	// send buffer's space is a multiple of 4 only as long as everything
+	// written and acknowledged is, so a stray cut is allowed for; none
+	// inside a CRC.)
+	if inCRC > 0 || odd > segs/100 || aligned < segs*60/100 || segs < 32 {
+		t.Fatalf("%d of %d segments start on an FPDU (want 60%%); %d boundaries inside a CRC (want none), %d not 4-aligned", aligned, segs, inCRC, odd)
 	}
 }
 
