@@ -94,7 +94,7 @@ func TestTAPSegmentsFPDUAligned(t *testing.T) {
 	// sender is more often held at the window's edge, where gVisor
 	// splits a queued write) 77-99% in 46 runs, under 80% in one, and in a
 	// CI run that failed at the earlier 80% threshold; every
-	// boundary 4-aligned; 7-16% aligned before the writes were cut. (The
+	// boundary 4-aligned; 7-19% aligned before the writes were cut. (The
 	// send buffer's space is a multiple of 4 only as long as everything
 	// written and acknowledged is, so a stray cut is allowed for; none
 	// inside a CRC.)
