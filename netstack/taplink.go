@@ -221,13 +221,11 @@ func headersLen(proto tcpip.NetworkProtocolNumber, views [][]byte) int {
 // the packet's own memory, valid while the caller holds the packet, as
 // ReadTo's would be after its clones are released.
 func gatherData(views [][]byte, pkt *stack.PacketBuffer) [][]byte {
-	vl, _ := pkt.AsViewList()
+	// The views hold the reserved room, then the headers (from off), then
+	// the data, which runs to the end.
+	vl, off := pkt.AsViewList()
 	rest := pkt.Data().Size()
-	total := 0
-	for v := vl.Front(); v != nil; v = v.Next() {
-		total += v.Size()
-	}
-	skip := total - rest
+	skip := off + pkt.Size() - rest
 	for v := vl.Front(); v != nil && rest > 0; v = v.Next() {
 		b := v.AsSlice()
 		if skip >= len(b) {
