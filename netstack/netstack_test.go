@@ -739,3 +739,16 @@ func TestConcurrentWriters(t *testing.T) {
 		next[w]++
 	}
 }
+
+// BenchmarkMaxPayload is Conn.MaxPayload on a connected endpoint: the
+// transmitter reads it every 64 messages.
+func BenchmarkMaxPayload(b *testing.B) {
+	a, c := newTestPair(b, PairConfig{Link: LinkConfig{MTU: 1500}})
+	c1, _ := connect(b, a, c)
+	b.ReportAllocs()
+	for b.Loop() {
+		if c1.MaxPayload() != 1420 {
+			b.Fatal("wrong MaxPayload")
+		}
+	}
+}
