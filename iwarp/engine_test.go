@@ -280,6 +280,42 @@ func TestCompletionAllocatesNothing(t *testing.T) {
 	}
 }
 
+// TestPostDirectAllocatesNothing: an inline RDMA Write posted on an idle
+// QP, which the poster frames and writes itself (postDirect), allocates
+// nothing, its WR and SGL built in the call: PostSend keeps no pointer of
+// a WR (sendWQE.set), so the literal stays on the poster's stack.
+func TestPostDirectAllocatesNothing(t *testing.T) {
+	acc := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
+	a, r := newTestEnd(t, 4096, acc), newTestEnd(t, 4096, acc)
+	s := &sinkStream{buf: make([]byte, 4096)}
+	if err := a.qp.Start(s, ConnParams{Initiator: true, IRD: 1, ORD: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// The TX goroutine's first pass (nothing queued, it writes nothing)
+	// must be over, or a post is queued for it instead.
+	deadline := time.Now().Add(5 * time.Second)
+	for !a.qp.txMu.TryLock() {
+		if time.Now().After(deadline) {
+			t.Fatal("the TX goroutine holds the transmitter")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	a.qp.txMu.Unlock()
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := a.qp.PostSend(SendWR{Op: WRWrite, Flags: FlagInline, SGL: []SGE{a.sge(64, 64)},
+			RemoteAddr: r.reg.Base, RKey: r.reg.STag()}); err != nil {
+			t.Fatal(err)
+		}
+		if s.n != 84 {
+			t.Fatalf("the Write was not written by the poster (%d bytes)", s.n)
+		}
+		s.n = 0
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per post", allocs)
+	}
+}
+
 // TestInlineSendSemantics: an inline WR's bytes are taken at post time,
 // whether the poster transmits it itself (one WR, idle QP) or queues it (a
 // batch), and a bad inline SGE is an error from PostSend, not a completion.

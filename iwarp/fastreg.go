@@ -43,7 +43,7 @@ func NewFastRegMR(t *MemTable, pd uint32, maxPages int) (*FastRegMR, error) {
 		return nil, fmt.Errorf("%w: fast-register MR of %d pages", ErrInvalidWR, maxPages)
 	}
 	m := &FastRegMR{maxPages: maxPages}
-	if err := t.reserve(&m.memObject, KindFRMR, pd); err != nil {
+	if err := t.reserve(&m.memObject, m, KindFRMR, pd); err != nil {
 		return nil, err
 	}
 	return m, nil

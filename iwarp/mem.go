@@ -287,6 +287,10 @@ type MemTable struct {
 	free     []uint32 // freed indices, oldest first from freeHead
 	freeHead int
 	n        int
+	// owners are the fast-register MRs and windows by index, serial the
+	// last serial given to one (memRef).
+	owners map[uint32]any
+	serial uint64
 }
 
 const memChunkSize = 4096

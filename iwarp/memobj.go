@@ -75,7 +75,10 @@ type memObject struct {
 	idx  uint32
 	pd   uint32
 	kind RegionKind
-	cur  atomic.Pointer[Region] // the current or last registration; never nil
+	// serial tells this object from a later one that takes its index
+	// (memRef).
+	serial uint64
+	cur    atomic.Pointer[Region] // the current or last registration; never nil
 	// Guarded by mem.mu:
 	used  bool // a registration has been made
 	freed bool
@@ -87,9 +90,10 @@ func (o *memObject) STag() uint32 { return o.cur.Load().stag }
 // Current returns the current (or last) registration; it may be invalid.
 func (o *memObject) Current() *Region { return o.cur.Load() }
 
-// reserve gives o an index and a first key (drawn like a regular MR's),
-// under which an invalid placeholder region stands.
-func (t *MemTable) reserve(o *memObject, kind RegionKind, pd uint32) error {
+// reserve gives o, the memory object of owner (a *FastRegMR or a
+// *Window), an index and a first key (drawn like a regular MR's), under
+// which an invalid placeholder region stands.
+func (t *MemTable) reserve(o *memObject, owner any, kind RegionKind, pd uint32) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	idx, err := t.index()
@@ -100,9 +104,45 @@ func (t *MemTable) reserve(o *memObject, kind RegionKind, pd uint32) error {
 	key := c.keys[idx%memChunkSize].newKey()
 	r := &Region{PD: pd, Kind: kind, stag: idx<<8 | key}
 	c.regs[idx%memChunkSize].Store(r)
-	o.mem, o.idx, o.pd, o.kind = t, idx, pd, kind
+	t.serial++
+	o.mem, o.idx, o.pd, o.kind, o.serial = t, idx, pd, kind, t.serial
 	o.cur.Store(r)
+	if t.owners == nil {
+		t.owners = map[uint32]any{}
+	}
+	t.owners[idx] = owner
 	t.n++
+	return nil
+}
+
+// memRef names a memory object by value: its index and serial. A queued
+// work request names its fast-register MR or window this way rather than
+// keep the pointer the poster gave: a pointer read from a WR and kept
+// would make the Go compiler put every SGL a caller builds for PostSend
+// on the heap (an allocation per post).
+type memRef struct {
+	idx    uint32
+	serial uint64
+}
+
+// ref returns o's memRef.
+func (o *memObject) ref() memRef { return memRef{o.idx, o.serial} }
+
+// owner returns the object ref names (a *FastRegMR or a *Window), or nil
+// once it was released.
+func (t *MemTable) owner(ref memRef) any {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch o := t.owners[ref.idx].(type) {
+	case *FastRegMR:
+		if o.serial == ref.serial {
+			return o
+		}
+	case *Window:
+		if o.serial == ref.serial {
+			return o
+		}
+	}
 	return nil
 }
 
@@ -164,6 +204,7 @@ func (t *MemTable) release(o *memObject) bool {
 		return false
 	}
 	o.freed = true
+	delete(t.owners, o.idx)
 	r.invalidate()
 	t.slot(o.idx).Store(nil)
 	if t.chunk(o.idx).keys[o.idx%memChunkSize].n < 256 {

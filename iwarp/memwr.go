@@ -25,7 +25,9 @@ func (qp *QP) checkLocalWR(wr *SendWR) error {
 		case m.pd != qp.cfg.PD || m.mem != qp.cfg.Mem:
 			return fmt.Errorf("%w: REG_MR of an MR of another protection domain", ErrInvalidWR)
 		case wr.RKey>>8 != m.idx:
-			return fmt.Errorf("%w: REG_MR key %#x is not of the MR's STag %#x", ErrInvalidWR, wr.RKey, m.STag())
+			// (The index, not m.STag(): its atomic load would make the
+			// poster's WR escape, see memRef.)
+			return fmt.Errorf("%w: REG_MR key %#x is not of the MR's STag index %#x", ErrInvalidWR, wr.RKey, m.idx)
 		}
 		return checkAccess(wr.Access)
 	case WRBindMW, wrBindMW1:
@@ -40,7 +42,7 @@ func (qp *QP) checkLocalWR(wr *SendWR) error {
 		case wr.Op == wrBindMW1 && w.typ != MWType1:
 			return fmt.Errorf("%w: a type 2 window is bound by a BIND_MW work request", ErrInvalidWR)
 		case wr.RKey>>8 != w.idx:
-			return fmt.Errorf("%w: BIND_MW key %#x is not of the window's STag %#x", ErrInvalidWR, wr.RKey, w.STag())
+			return fmt.Errorf("%w: BIND_MW key %#x is not of the window's STag index %#x", ErrInvalidWR, wr.RKey, w.idx)
 		case wr.Bind.MR == 0 && (wr.Op == WRBindMW || wr.Bind.Length > 0):
 			return fmt.Errorf("%w: BIND_MW without an MR", ErrInvalidWR)
 		case wr.Bind.Access&^windowAccess != 0:
@@ -77,10 +79,18 @@ func (t *transmitter) execLocal(w *sendWQE) bool {
 		}
 	case WRRegMR:
 		op = CompRegMR
-		err = qp.fastReg(&w.wr)
+		if m, _ := qp.cfg.Mem.owner(w.mr).(*FastRegMR); m != nil {
+			err = qp.fastReg(m, &w.wr)
+		} else {
+			err = fmt.Errorf("%w: REG_MR of an MR released after it was posted", ErrMemFreed)
+		}
 	case WRBindMW, wrBindMW1:
 		op = CompBindMW
-		err = w.wr.MW.bind(qp, &w.wr.Bind, w.wr.RKey)
+		if mw, _ := qp.cfg.Mem.owner(w.mw).(*Window); mw != nil {
+			err = mw.bind(qp, &w.wr.Bind, w.wr.RKey)
+		} else {
+			err = fmt.Errorf("%w: BIND_MW of a window released after it was posted", ErrMemFreed)
+		}
 	}
 	if err != nil {
 		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusMWBind, Op: op})
@@ -94,10 +104,9 @@ func (t *transmitter) execLocal(w *sendWQE) bool {
 	return true
 }
 
-// fastReg executes a REG_MR: the MR's mapping becomes valid under the WR's
-// STag with its access; the MR must be invalid.
-func (qp *QP) fastReg(wr *SendWR) error {
-	m := wr.MR
+// fastReg executes a REG_MR of m: the MR's mapping becomes valid under the
+// WR's STag with its access; the MR must be invalid.
+func (qp *QP) fastReg(m *FastRegMR, wr *SendWR) error {
 	buf, pages, iova, ok := m.mapping()
 	if !ok {
 		return fmt.Errorf("%w: REG_MR of an MR with no pages mapped", ErrInvalidWR)

@@ -60,7 +60,7 @@ func newWinVictim(t *testing.T, recvs int) *winVictim {
 			t.Fatal(err)
 		}
 		stag := incKey(v.frmr.STag())
-		if err := v.qp.fastReg(&SendWR{MR: v.frmr, RKey: stag, Access: AccessLocalWrite | rw}); err != nil {
+		if err := v.qp.fastReg(v.frmr, &SendWR{RKey: stag, Access: AccessLocalWrite | rw}); err != nil {
 			t.Fatal(err)
 		}
 	}

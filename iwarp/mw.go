@@ -44,7 +44,7 @@ func NewWindow(t *MemTable, pd uint32, typ MWType) (*Window, error) {
 		return nil, fmt.Errorf("%w: memory window type %d", ErrInvalidWR, typ)
 	}
 	w := &Window{typ: typ}
-	if err := t.reserve(&w.memObject, KindMW, pd); err != nil {
+	if err := t.reserve(&w.memObject, w, KindMW, pd); err != nil {
 		return nil, err
 	}
 	w.next.Store(w.STag())

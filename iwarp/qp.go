@@ -190,11 +190,29 @@ func (e *TerminateError) Is(target error) bool { return target == ErrTerminated 
 
 // sendWQE is a send queue entry: a copy of the posted WR.
 type sendWQE struct {
-	wr       SendWR
-	sgl      []SGE // into the QP's slab
+	wr       SendWR // without SGL, MR and MW (set)
+	mr, mw   memRef // REG_MR's MR, BIND_MW's window
+	sgl      []SGE  // into the QP's slab
 	inline   []byte
 	inlined  bool
 	signaled bool
+}
+
+// set copies the work request wr into e, all but its SGL, which the caller
+// copies into e.sgl, and its MR and window, which e names by memRef: the
+// poster's pointers are not kept (see memRef), so that an SGL built for the
+// call stays on the poster's stack.
+func (e *sendWQE) set(wr *SendWR) {
+	e.wr = SendWR{ID: wr.ID, Op: wr.Op, Flags: wr.Flags, RemoteAddr: wr.RemoteAddr, RKey: wr.RKey,
+		InvalidateRKey: wr.InvalidateRKey, Imm: wr.Imm, CompareAdd: wr.CompareAdd, Swap: wr.Swap,
+		Access: wr.Access, Bind: wr.Bind}
+	e.mr, e.mw = memRef{}, memRef{}
+	if wr.MR != nil {
+		e.mr = wr.MR.ref()
+	}
+	if wr.MW != nil {
+		e.mw = wr.MW.ref()
+	}
 }
 
 // orqEntry is an outstanding RDMA Read or atomic we issued (bounded by
@@ -561,9 +579,8 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 			qp.growSQ()
 		}
 		e := &qp.sq[(qp.sqHead+qp.sqN)%len(qp.sq)]
-		e.wr = *wr
+		e.set(wr)
 		e.sgl = append(e.sgl[:0], wr.SGL...)
-		e.wr.SGL = nil
 		e.signaled = qp.cfg.SignalAll || wr.Flags&FlagSignaled != 0
 		e.inlined = false
 		if wr.Flags&FlagInline != 0 && !wr.Op.usesORQ() {

@@ -261,8 +261,7 @@ func (qp *QP) postDirect(wr *SendWR) (int, error) {
 		return 0, err
 	}
 	w := &t.wqe
-	w.wr = *wr
-	w.wr.SGL = nil
+	w.set(wr)
 	w.sgl = append(w.sgl[:0], wr.SGL...)
 	w.signaled = qp.cfg.SignalAll || wr.Flags&FlagSignaled != 0
 	w.inlined = false
@@ -335,7 +334,7 @@ func (t *transmitter) pick(inline bool) txJob {
 			// (ORD bounds Reads and atomics together, RFC 7306).
 			return jobNone
 		}
-		t.wqe.wr = e.wr
+		t.wqe.wr, t.wqe.mr, t.wqe.mw = e.wr, e.mr, e.mw
 		t.wqe.signaled = e.signaled
 		t.wqe.inlined = e.inlined
 		t.wqe.sgl = append(t.wqe.sgl[:0], e.sgl...)

@@ -274,7 +274,9 @@ func (qp *QP) Config() QPConfig { return qp.cfg }
 
 // PostSend posts send work requests in order. It copies what it needs,
 // allocates nothing, and returns a *PostError naming the first WR not
-// posted (ibv_post_send's bad_wr).
+// posted (ibv_post_send's bad_wr). It keeps no pointer of the WRs, so WRs
+// and SGLs built in the call (qp.PostSend(SendWR{SGL: []SGE{...}})) stay
+// on the caller's stack.
 //
 // On a device of a service the WRs go into the QP's send ring; an error
 // the service finds later comes back as an error completion.
