@@ -321,9 +321,16 @@ func (f *sliceFiller) Write(b []byte) (int, error) {
 // bytes, io.EOF if it ends before the first byte, and the errors of ReadTo
 // otherwise (p then holds a prefix of the data).
 func (c *Conn) ReadFull(ctx context.Context, p []byte) error {
-	f := sliceFiller{p: p}
+	// Pooled: the filler escapes through gVisor's io.Writer, one heap
+	// allocation per call otherwise.
+	f := fillerPool.Get().(*sliceFiller)
+	f.p, f.n = p, 0
+	defer func() {
+		f.p = nil
+		fillerPool.Put(f)
+	}()
 	for f.n < len(p) {
-		_, err := c.ReadTo(ctx, &f, len(p)-f.n)
+		_, err := c.ReadTo(ctx, f, len(p)-f.n)
 		if err != nil {
 			if err == io.EOF && f.n > 0 {
 				return io.ErrUnexpectedEOF
@@ -333,6 +340,8 @@ func (c *Conn) ReadFull(ctx context.Context, p []byte) error {
 	}
 	return nil
 }
+
+var fillerPool = sync.Pool{New: func() any { return new(sliceFiller) }}
 
 // payloadGuard records the error of a caller's Payloader (gVisor turns it
 // into ErrBadBuffer).

@@ -1,6 +1,7 @@
 package netstack
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 )
 
@@ -750,5 +752,46 @@ func BenchmarkMaxPayload(b *testing.B) {
 		if c1.MaxPayload() != 1420 {
 			b.Fatal("wrong MaxPayload")
 		}
+	}
+}
+
+// TestReadFullAllocatesNothing: reading what is queued with ReadFull (the
+// TCP ping-pong baseline's read, and MPA's) allocates nothing.
+func TestReadFullAllocatesNothing(t *testing.T) {
+	a, b := newTestPair(t, PairConfig{})
+	c1, c2 := connect(t, a, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const runs = 101 // AllocsPerRun's warm-up run and 100 more
+	msg := make([]byte, 64*runs)
+	for i := range msg {
+		msg[i] = byte(i)
+	}
+	if _, err := c1.Write(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	// Everything queued at c2 before the count starts.
+	for {
+		if n, err := c2.ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption); err == nil && n >= len(msg) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+		if ctx.Err() != nil {
+			t.Fatal("the data never arrived")
+		}
+	}
+	buf := make([]byte, 64)
+	off := 0
+	allocs := testing.AllocsPerRun(runs-1, func() {
+		if err := c2.ReadFull(ctx, buf); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(buf, msg[off:off+64]) {
+			t.Fatalf("bytes %d..: wrong data", off)
+		}
+		off += 64
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per ReadFull", allocs)
 	}
 }
