@@ -48,22 +48,42 @@ func (s *sinkStream) WritePayload(ctx context.Context, pl tcpip.Payloader) (int6
 	}
 }
 
+// inlineWriteEnds returns a sending end started on a sinkStream (what it
+// writes lands in s.buf, nothing is read) and a receiving end whose
+// receiver is fed by hand, once the sender's TX goroutine has (most
+// likely) finished its first pass: from then on a single WR posted to the
+// idle QP is transmitted by the poster itself (postDirect) before PostSend
+// returns, which the benchmarks check.
+func inlineWriteEnds(tb testing.TB) (a, r *testEnd, s *sinkStream) {
+	tb.Helper()
+	acc := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
+	a, r = newTestEnd(tb, 4096, acc), newTestEnd(tb, 4096, acc)
+	s = &sinkStream{buf: make([]byte, 4096)}
+	if err := a.qp.Start(s, ConnParams{Initiator: true, IRD: 1, ORD: 1}); err != nil {
+		tb.Fatal(err)
+	}
+	r.qp.rx.init(ConnParams{Initiator: true})
+	// The first pass writes nothing (nothing is queued); while it holds
+	// the transmitter, a post would be queued for it instead. Nothing
+	// tells when it has run: give it the time, then wait for the lock.
+	time.Sleep(10 * time.Millisecond)
+	deadline := time.Now().Add(5 * time.Second)
+	for !a.qp.txMu.TryLock() {
+		if time.Now().After(deadline) {
+			tb.Fatal("the TX goroutine holds the transmitter")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	a.qp.txMu.Unlock()
+	return a, r, s
+}
+
 // BenchmarkEngineWrite64 is the engine's own cost of one 64-byte inline
 // RDMA Write: posting and framing it on one QP, parsing and placing it on
 // another; BenchmarkEngineWrite64Baseline is what a TCP application does
 // for the same bytes (a copy out, a copy in).
 func BenchmarkEngineWrite64(b *testing.B) {
-	acc := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
-	a, r := newTestEnd(b, 4096, acc), newTestEnd(b, 4096, acc)
-	s := &sinkStream{buf: make([]byte, 4096)}
-	if err := a.qp.Start(s, ConnParams{Initiator: true, IRD: 1, ORD: 1}); err != nil {
-		b.Fatal(err)
-	}
-	r.qp.rx.init(ConnParams{Initiator: true})
-	// Let the TX goroutine finish its first pass, so that every post
-	// below is transmitted by the poster itself (into s.buf) before
-	// PostSend returns.
-	time.Sleep(10 * time.Millisecond)
+	a, r, s := inlineWriteEnds(b)
 	wr := SendWR{Op: WRWrite, Flags: FlagInline, SGL: []SGE{a.sge(64, 64)}, RemoteAddr: r.reg.Base, RKey: r.reg.STag()}
 	for b.Loop() {
 		if _, err := a.qp.PostSend(wr); err != nil {
@@ -88,14 +108,7 @@ func BenchmarkEngineWrite64(b *testing.B) {
 func BenchmarkEngineWrite64Cold(b *testing.B) {
 	for _, evict := range []int{0, 1 << 20, 16 << 20} {
 		b.Run(fmt.Sprintf("evict=%dKiB", evict>>10), func(b *testing.B) {
-			acc := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
-			a, r := newTestEnd(b, 4096, acc), newTestEnd(b, 4096, acc)
-			s := &sinkStream{buf: make([]byte, 4096)}
-			if err := a.qp.Start(s, ConnParams{Initiator: true, IRD: 1, ORD: 1}); err != nil {
-				b.Fatal(err)
-			}
-			r.qp.rx.init(ConnParams{Initiator: true})
-			time.Sleep(10 * time.Millisecond) // as BenchmarkEngineWrite64
+			a, r, s := inlineWriteEnds(b)
 			junk := make([]byte, evict)
 			wr := SendWR{Op: WRWrite, Flags: FlagInline, SGL: []SGE{a.sge(64, 64)}, RemoteAddr: r.reg.Base, RKey: r.reg.STag()}
 			var tx, rx time.Duration
