@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -1616,6 +1617,12 @@ const blockedNap = 200 * time.Microsecond
 // control page says the poller sleeps.
 func (x *session) poller() {
 	defer x.pollWG.Done()
+	// The poller reads the client's memory (inline data) and rings. The
+	// memfd checks (svc.MapFile) leave no page of a mapping past its
+	// file's end, so no touch can fault; should one all the same, it
+	// panics here instead of killing the process, and the recover below
+	// ends this client's session.
+	debug.SetPanicOnFault(true)
 	defer func() {
 		if r := recover(); r != nil {
 			// Whatever a client's rings held must cost that client its

@@ -125,9 +125,25 @@ func NewMemfd(name string, size int) (int, []byte, error) {
 // needSealed the file must be a memfd sealed against shrinking (a client
 // could otherwise truncate it under the mapping and fault the service).
 // It returns the mapping and the part of it [off, off+length) stands for.
+//
+// The seals are read before the size: once F_SEAL_SHRINK is on, no one can
+// shrink the file again, so the size read after it bounds the file for
+// as long as the mapping lives. Read the other way round, a client could
+// truncate the file between the two reads and seal it then: both checks
+// would pass and the service would map pages past the file's end, whose
+// first touch is a SIGBUS no recover catches.
 func MapFile(fd int, off int64, length int, needSealed bool) (mapping, part []byte, err error) {
 	if off < 0 || length <= 0 {
 		return nil, nil, fmt.Errorf("svc: bad range %d+%d", off, length)
+	}
+	if needSealed {
+		seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+		if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
+			return nil, nil, errors.New("svc: memory file not sealed against shrinking (use zerocopy.AllocShared)")
+		}
+	}
+	if testHookSealsChecked != nil {
+		testHookSealsChecked(fd)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -139,12 +155,6 @@ func MapFile(fd int, off int64, length int, needSealed bool) (mapping, part []by
 	if off+int64(length) > st.Size || off+int64(length) < off {
 		return nil, nil, fmt.Errorf("svc: range %d+%d beyond the file's %d bytes", off, length, st.Size)
 	}
-	if needSealed {
-		seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
-		if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
-			return nil, nil, errors.New("svc: memory file not sealed against shrinking (use zerocopy.AllocShared)")
-		}
-	}
 	page := int64(os.Getpagesize())
 	start := off &^ (page - 1)
 	n := int(off + int64(length) - start)
@@ -155,6 +165,10 @@ func MapFile(fd int, off int64, length int, needSealed bool) (mapping, part []by
 	s := int(off - start)
 	return mem, mem[s : s+length : s+length], nil
 }
+
+// testHookSealsChecked, when set by a test, runs between MapFile's two
+// checks: what a racing client may do to the file there.
+var testHookSealsChecked func(fd int)
 
 // Unmap releases a mapping made by NewMemfd, MapFile or MapRing.
 func Unmap(mem []byte) error { return unix.Munmap(mem) }
