@@ -202,7 +202,7 @@ type ListenConfig struct {
 // Listen listens for connections on laddr (rdma_listen).
 func (d *Device) Listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, error) {
 	if cfg.Backlog <= 0 {
-		cfg.Backlog = 64
+		cfg.Backlog = defaultBacklog
 	}
 	if cfg.MPATimeout <= 0 {
 		cfg.MPATimeout = 5 * time.Second
@@ -433,3 +433,6 @@ func (r *ConnRequest) Reject(privateData []byte) error {
 	r.stream.Close()
 	return err
 }
+
+// defaultBacklog is a listener's backlog when its configuration names none.
+const defaultBacklog = 64

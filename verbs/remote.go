@@ -132,16 +132,21 @@ func Connect(ctx context.Context, path string) (*Device, error) {
 		cqs: map[*CQ]struct{}{}, frs: map[*iwarp.FastRegMR]*MR{}, mwt: map[*iwarp.Window]*MW{}, mrKeys: map[STag]*MR{},
 		done: make(chan struct{})}
 	var b svc.Builder
-	if err := svc.Write(conn, b.Reset(svc.THello, 0, 0).Args(svc.Magic, svc.Version).Msg()); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("verbs: connect to service %s: %w", path, err)
-	}
+	werr := svc.Write(conn, b.Reset(svc.THello, 0, 0).Args(svc.Magic, svc.Version).Msg())
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetReadDeadline(dl)
+	}
+	if werr != nil {
+		// A service that refuses a client (a limit) answers before the
+		// HELLO and closes: its reason may wait in the socket still.
+		conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 	}
 	buf, oob := make([]byte, svc.MaxMessage), make([]byte, svc.OOBSpace)
 	m, fds, err := svc.Read(conn, buf, oob, nil)
 	conn.SetReadDeadline(time.Time{})
+	if err != nil && werr != nil {
+		err = werr
+	}
 	if err == nil {
 		err = m.Check()
 	}

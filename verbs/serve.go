@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -11,14 +12,21 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 
 	"rdmatap/iwarp"
+	"rdmatap/netstack"
 	"rdmatap/verbs/internal/svc"
 )
 
@@ -77,6 +85,16 @@ type Limits struct {
 	// map (their maxPages; default 1<<20): a page list is service memory.
 	// Fast-register MRs and memory windows count against MRs too.
 	FRPages int
+	// Memory bounds the service memory a client's objects may hold
+	// (default 512 MiB): its rings, its queues' slots at their full
+	// depth with their SGE lists and inline buffers, its fast-register
+	// page lists, the TCP buffers of its connections at their maximum,
+	// its listeners' pending connections, its calls in progress, and its
+	// session's own buffers and goroutines. Each object is charged its
+	// largest size when it is made, so a client at its limit cannot grow
+	// by using what it holds. The client's registered memory is its own
+	// (MRBytes bounds it).
+	Memory int64
 }
 
 func (l Limits) withDefaults() Limits {
@@ -110,6 +128,9 @@ func (l Limits) withDefaults() Limits {
 	if l.FRPages <= 0 {
 		l.FRPages = 1 << 20
 	}
+	if l.Memory <= 0 {
+		l.Memory = 512 << 20
+	}
 	return l
 }
 
@@ -133,9 +154,18 @@ type ServeConfig struct {
 	// its spin (down to PollSpin/16) after each longer gap.
 	PollSpin time.Duration
 	// MaxClients bounds the sessions at once (default 1024); a
-	// connection beyond it is closed at once, with a log line. Each
+	// connection beyond it is refused at once, with a log line. Each
 	// session holds descriptors and goroutines whatever its limits.
 	MaxClients int
+	// MaxClientsPerUser bounds the sessions of one uid (default 64, and
+	// never above MaxClients), so that one user cannot take every slot;
+	// MaxPendingPerUser bounds those of them that have not said HELLO
+	// yet (default 8). A connection beyond either is refused with a
+	// HELLO reply naming the limit (ErrLimit at the client).
+	MaxClientsPerUser, MaxPendingPerUser int
+	// HelloTimeout is how long a new connection may take to say HELLO
+	// before it is dropped (default 2 s).
+	HelloTimeout time.Duration
 }
 
 // Server serves a device to clients on a unix socket.
@@ -145,21 +175,40 @@ type Server struct {
 	cfg  ServeConfig
 	hook func(AsyncEvent) bool
 
+	// tcpBufMax is what one TCP connection of the device may hold in its
+	// send and receive buffers.
+	tcpBufMax int64
+
 	mu       sync.Mutex
 	closed   bool
 	sessions map[*session]struct{}
+	refusing atomic.Int32 // refusals in progress (refuse)
+	perUID   map[int]int  // sessions of each uid
+	pending  map[int]int  // ... of which have not said HELLO yet
 	qpOwner  map[uint32]*session
 	nextID   uint64
 	wg       sync.WaitGroup
 }
 
-// ListenSocket makes the service's socket at path (and its directory, mode
-// 0755, if missing) with mode 0660, owned by group gid (-1 keeps the
-// process's group). A socket file no service answers on (left by a
-// crashed one) is replaced; a live one, or a path that is not a socket,
-// is an error.
+// ListenSocket makes the service's socket at path with mode 0660, owned by
+// group gid (-1 keeps the process's group). A socket file no service
+// answers on (left by a crashed one) is replaced; a live one, or a path
+// that is not a socket, is an error.
+//
+// The directory is made (mode 0755) if it is missing. An existing one
+// must be a directory, not a symbolic link, owned by root or by this
+// process's user, and writable by no one else unless it is sticky (as
+// /tmp is): whoever may rename entries in it could put a link where the
+// socket is about to be and have the service change another file. The
+// socket gets its mode from the umask at bind time and its group from a
+// call that does not follow a link, so nothing is changed through the path
+// after the bind.
 func ListenSocket(path string, gid int) (*net.UnixListener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := checkSocketDir(dir); err != nil {
 		return nil, err
 	}
 	if fi, err := os.Lstat(path); err == nil {
@@ -176,21 +225,64 @@ func ListenSocket(path string, gid int) (*net.UnixListener, error) {
 		}
 		os.Remove(path)
 	}
+	umaskMu.Lock()
+	old := syscall.Umask(0o117) // the socket is made 0660
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	syscall.Umask(old)
+	umaskMu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(path, 0o660); err != nil {
-		ln.Close()
-		return nil, err
-	}
 	if gid >= 0 {
-		if err := os.Chown(path, -1, gid); err != nil {
+		if err := unix.Fchownat(unix.AT_FDCWD, path, -1, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			ln.Close()
-			return nil, err
+			return nil, fmt.Errorf("service socket %s: group %d: %w", path, gid, err)
 		}
 	}
 	return ln, nil
+}
+
+// umaskMu serializes ListenSocket's change of the process's umask.
+var umaskMu sync.Mutex
+
+// SocketDirError says why a service socket's directory is not trusted.
+type SocketDirError struct {
+	Dir    string
+	Reason string
+}
+
+func (e *SocketDirError) Error() string {
+	return fmt.Sprintf("service socket directory %s is not trusted: %s; it must be a directory owned by root or uid %d that no one else may write to (or a sticky one, as /tmp)",
+		e.Dir, e.Reason, os.Geteuid())
+}
+
+// checkSocketDir verifies, without following a symbolic link, that dir is
+// a directory the socket can be made in safely (see ListenSocket).
+func checkSocketDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("service socket directory: %w", err)
+	}
+	bad := func(format string, args ...any) error {
+		return &SocketDirError{Dir: dir, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case fi.Mode()&os.ModeSymlink != 0:
+		return bad("it is a symbolic link")
+	case !fi.IsDir():
+		return bad("it is not a directory (%v)", fi.Mode().Type())
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return bad("its owner cannot be read")
+	}
+	if uid := os.Geteuid(); st.Uid != 0 && int(st.Uid) != uid {
+		return bad("it is owned by uid %d", st.Uid)
+	}
+	if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&os.ModeSticky == 0 {
+		return bad("it has mode %#o: others may write to it", fi.Mode().Perm())
+	}
+	return nil
 }
 
 // Serve serves d on ln until Close. Events of clients' QPs go to those
@@ -209,7 +301,20 @@ func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
 	if cfg.MaxClients <= 0 {
 		cfg.MaxClients = 1024
 	}
-	s := &Server{dev: d, ln: ln, cfg: cfg, sessions: map[*session]struct{}{}, qpOwner: map[uint32]*session{}}
+	if cfg.MaxClientsPerUser <= 0 {
+		cfg.MaxClientsPerUser = 64
+	}
+	cfg.MaxClientsPerUser = min(cfg.MaxClientsPerUser, cfg.MaxClients)
+	if cfg.MaxPendingPerUser <= 0 {
+		cfg.MaxPendingPerUser = 8
+	}
+	cfg.MaxPendingPerUser = min(cfg.MaxPendingPerUser, cfg.MaxClientsPerUser)
+	if cfg.HelloTimeout <= 0 {
+		cfg.HelloTimeout = 2 * time.Second
+	}
+	s := &Server{dev: d, ln: ln, cfg: cfg, sessions: map[*session]struct{}{}, qpOwner: map[uint32]*session{},
+		perUID: map[int]int{}, pending: map[int]int{},
+		tcpBufMax: tcpBufMax(d)}
 	s.hook = s.routeEvent
 	if !d.hook.CompareAndSwap(nil, &s.hook) {
 		return nil, fmt.Errorf("%w: device is already served", ErrBusy)
@@ -219,11 +324,63 @@ func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
 	return s, nil
 }
 
+// tcpBufMax is the most a TCP connection of d may hold in its send and
+// receive buffers (the stack's maximums).
+func tcpBufMax(d *Device) int64 {
+	var snd tcpip.TCPSendBufferSizeRangeOption
+	var rcv tcpip.TCPReceiveBufferSizeRangeOption
+	st := d.ns.Stack()
+	if st.TransportProtocolOption(tcp.ProtocolNumber, &snd) != nil || st.TransportProtocolOption(tcp.ProtocolNumber, &rcv) != nil {
+		return 2 * netstack.DefaultBufMax
+	}
+	return int64(snd.Max) + int64(rcv.Max)
+}
+
 // Clients returns the number of connected clients.
 func (s *Server) Clients() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.sessions)
+}
+
+// ClientStat is what one client of a service holds (rdmatap stat).
+type ClientStat struct {
+	ID  uint64 `json:"id"`
+	UID int    `json:"uid"`
+	PID int    `json:"pid"`
+	// Memory is the service memory charged to the client (see
+	// Limits.Memory), of MemoryLimit.
+	Memory      int64 `json:"memory_bytes"`
+	MemoryLimit int64 `json:"memory_limit"`
+	RingBytes   int64 `json:"ring_bytes"` // of Memory: the shared memory of its rings
+	MRBytes     int64 `json:"mr_bytes"`   // its registered memory
+	PDs         int   `json:"pds"`
+	CQs         int   `json:"cqs"`
+	QPs         int   `json:"qps"`
+	SRQs        int   `json:"srqs"`
+	MRs         int   `json:"mrs"` // MRs, fast-register MRs and windows
+	Conns       int   `json:"conns"`
+	Calls       int   `json:"calls"` // calls in progress
+}
+
+// ClientStats returns what each connected client holds, by session ID.
+func (s *Server) ClientStats() []ClientStat {
+	s.mu.Lock()
+	ss := make([]*session, 0, len(s.sessions))
+	for x := range s.sessions {
+		ss = append(ss, x)
+	}
+	s.mu.Unlock()
+	out := make([]ClientStat, 0, len(ss))
+	for _, x := range ss {
+		x.mu.Lock()
+		out = append(out, ClientStat{ID: x.id, UID: x.cred.UID, PID: x.cred.PID, Memory: x.memBytes, MemoryLimit: x.lim.Memory,
+			RingBytes: x.ringBytes, MRBytes: x.mrBytes, PDs: len(x.pds), CQs: len(x.cqs), QPs: len(x.qps), SRQs: len(x.srqs),
+			MRs: x.memObjects(), Conns: x.conns, Calls: len(x.inflight)})
+		x.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b ClientStat) int { return cmp.Compare(a.ID, b.ID) })
+	return out
 }
 
 // Close stops accepting, ends every session (as if each client had gone)
@@ -268,27 +425,89 @@ func (s *Server) acceptLoop() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		cred, err := svc.PeerCred(c)
+		if err != nil {
+			s.cfg.Logf("service: refusing a client: SO_PEERCRED: %v", err)
+			c.Close()
+			continue
+		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			c.Close()
 			return
 		}
-		if len(s.sessions) >= s.cfg.MaxClients {
-			n := len(s.sessions)
+		if why := s.admit(cred.UID); why != "" {
 			s.mu.Unlock()
-			cred, _ := svc.PeerCred(c)
-			s.cfg.Logf("service: refusing a client (uid %d pid %d): %d clients already", cred.UID, cred.PID, n)
-			c.Close()
+			s.refuse(c, cred, why)
 			continue
 		}
 		s.nextID++
 		x := newSession(s, c, s.nextID)
+		x.cred = cred
 		s.sessions[x] = struct{}{}
+		s.perUID[cred.UID]++
+		s.pending[cred.UID]++
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go x.run()
 	}
+}
+
+// admit says why a new connection of uid cannot be served, "" if it can
+// (s.mu held).
+func (s *Server) admit(uid int) string {
+	switch {
+	case len(s.sessions) >= s.cfg.MaxClients:
+		return fmt.Sprintf("the service serves %d clients already (its limit, up --max-clients)", len(s.sessions))
+	case s.perUID[uid] >= s.cfg.MaxClientsPerUser:
+		return fmt.Sprintf("uid %d has %d sessions already (the per-user limit, up --max-clients-per-user)", uid, s.perUID[uid])
+	case s.pending[uid] >= s.cfg.MaxPendingPerUser:
+		return fmt.Sprintf("uid %d has %d connections that have not said HELLO yet (the limit, up --max-pending-per-user)", uid, s.pending[uid])
+	}
+	return ""
+}
+
+// refuse tells a connection why it is not served, in the reply to its
+// HELLO, and closes it. The HELLO is read first: a socket closed with an
+// unread message resets its peer, which would then see ECONNRESET instead
+// of the reason. At most maxRefusing refusals wait for their HELLO at once
+// (each for refuseWait at most); beyond them a connection is closed at once.
+func (s *Server) refuse(c *net.UnixConn, cred svc.Cred, why string) {
+	s.cfg.Logf("service: refusing a client (uid %d pid %d): %s", cred.UID, cred.PID, why)
+	if s.refusing.Add(1) > maxRefusing {
+		s.refusing.Add(-1)
+		c.Close()
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.refusing.Add(-1)
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(refuseWait))
+		var buf [svc.MaxMessage]byte
+		if _, err := c.Read(buf[:]); err != nil {
+			return
+		}
+		var b svc.Builder
+		svc.Write(c, b.Reset(svc.THello, 0, svc.StatusLimit).String(why).Msg())
+	}()
+}
+
+// maxRefusing and refuseWait bound the refusals in progress.
+const (
+	maxRefusing = 16
+	refuseWait  = 500 * time.Millisecond
+)
+
+// helloDone ends a session's pending state (it said HELLO, or failed to).
+func (s *Server) helloDone(uid int) {
+	s.mu.Lock()
+	if s.pending[uid]--; s.pending[uid] == 0 {
+		delete(s.pending, uid)
+	}
+	s.mu.Unlock()
 }
 
 // routeEvent hands a QP's event to the client that owns the QP.
@@ -334,6 +553,7 @@ type session struct {
 	mrBytes   int64
 	mrPending int   // registrations under way (counted against Limits.MRs)
 	ringBytes int64 // queue memory made for the client
+	memBytes  int64 // service memory charged to the client (Limits.Memory)
 	conns     int
 	calls     sync.WaitGroup
 
@@ -371,15 +591,11 @@ func (x *session) logf(format string, args ...any) {
 func (x *session) run() {
 	defer x.srv.wg.Done()
 	defer x.teardown()
-	cred, err := svc.PeerCred(x.conn)
-	if err != nil {
-		x.srv.cfg.Logf("service: client %d: SO_PEERCRED: %v", x.id, err)
-		return
-	}
-	x.cred = cred
 	buf, oob := make([]byte, svc.MaxMessage), make([]byte, svc.OOBSpace)
 	var fdbuf [svc.MaxFDs]int
-	if !x.hello(buf, oob, fdbuf[:0]) {
+	ok := x.hello(buf, oob, fdbuf[:0])
+	x.srv.helloDone(x.cred.UID)
+	if !ok {
 		return
 	}
 	x.logf("connected")
@@ -419,7 +635,7 @@ func (x *session) run() {
 // hello reads the client's HELLO, checks the version and answers with the
 // control page and the doorbell.
 func (x *session) hello(buf, oob []byte, fds []int) bool {
-	x.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	x.conn.SetReadDeadline(time.Now().Add(x.srv.cfg.HelloTimeout))
 	m, fds, err := svc.Read(x.conn, buf, oob, fds)
 	x.conn.SetReadDeadline(time.Time{})
 	if err != nil {
@@ -445,6 +661,9 @@ func (x *session) hello(buf, oob []byte, fds []int) bool {
 		return false
 	}
 	x.ctl, x.ctlFd, x.sleeping = ctl, fd, svc.U32(ctl, svc.CtlSleeping)
+	x.mu.Lock()
+	x.memBytes = memSession
+	x.mu.Unlock()
 	if x.bell, err = svc.NewEventfd(); err != nil {
 		x.logf("hello: eventfd: %v", err)
 		return false
@@ -507,6 +726,8 @@ func errStatus(err error) (uint32, string) {
 		return svc.StatusInvalidState, text
 	case errors.Is(err, ErrBusy):
 		return svc.StatusBusy, text
+	case errors.Is(err, os.ErrPermission):
+		return svc.StatusPermission, text
 	case errors.Is(err, net.ErrClosed):
 		return svc.StatusClosed, text
 	case errors.Is(err, context.Canceled):
@@ -567,11 +788,18 @@ func (x *session) dispatch(m svc.Msg, fds []int) {
 	mc := append(svc.Msg(nil), m...)
 	ctx, cancel := context.WithCancel(x.ctx)
 	x.mu.Lock()
+	if err := x.chargeLocked(memCall, "a call in progress"); err != nil {
+		x.mu.Unlock()
+		cancel()
+		x.reply(&svc.Builder{}, t, seq, nil, err)
+		return
+	}
 	x.inflight[seq] = cancel
 	x.calls.Add(1)
 	x.mu.Unlock()
 	go func() {
 		defer x.calls.Done()
+		defer x.uncharge(memCall)
 		var b svc.Builder
 		out, err := x.handle(ctx, &b, mc, nil)
 		x.mu.Lock()
@@ -676,12 +904,16 @@ func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []i
 }
 
 // ringMemfd makes a ring memfd of n bytes, counted against
-// Limits.RingBytes until dropRing.
+// Limits.RingBytes and Limits.Memory until dropRing.
 func (x *session) ringMemfd(name string, n int) (int, []byte, error) {
 	x.mu.Lock()
 	if x.ringBytes+int64(n) > x.lim.RingBytes {
 		x.mu.Unlock()
 		return -1, nil, fmt.Errorf("%w: %d bytes of queue memory, limit %d", ErrLimit, x.ringBytes, x.lim.RingBytes)
+	}
+	if err := x.chargeLocked(int64(n), "a ring"); err != nil {
+		x.mu.Unlock()
+		return -1, nil, err
 	}
 	x.ringBytes += int64(n)
 	x.mu.Unlock()
@@ -699,7 +931,60 @@ func (x *session) dropRing(mem []byte, n int) {
 	}
 	x.mu.Lock()
 	x.ringBytes -= int64(n)
+	x.memBytes -= int64(n)
 	x.mu.Unlock()
+}
+
+// What a client's objects cost the service beside their rings and queues,
+// charged against Limits.Memory: each is the object with what the service
+// keeps for it, rounded up; a goroutine counts its smallest stack, 8 KiB.
+const (
+	// The reader's buffers, the control page, the event queue and the
+	// reader's, poller's and event writer's goroutines.
+	memSession = 2*svc.MaxMessage + svc.CtlSize + 256*int64(unsafe.Sizeof(AsyncEvent{})) + 3*8<<10 + 4<<10
+	memSmall   = 1 << 10 // a PD, CQ, MR or window: its structures and table entries
+	// A QP beside its queues: the served QP, and the QP's transmitter,
+	// receiver and watcher goroutines.
+	memQP = memSmall + 3*8<<10
+	// A call that waits (dial, accept, get request, ...): its goroutine
+	// and its copy of the request.
+	memCall = 8<<10 + svc.MaxMessage
+	// A connection request (pending in a listener's backlog or held by
+	// the client): its TCP endpoint before data flows, its MPA request
+	// and private data.
+	memRequest  = 16 << 10
+	memListener = memSmall
+)
+
+// chargeLocked charges n bytes of service memory to the client (x.mu
+// held), or fails with ErrLimit naming the limit.
+func (x *session) chargeLocked(n int64, what string) error {
+	if x.memBytes+n > x.lim.Memory {
+		return fmt.Errorf("%w: %s needs %d bytes of service memory; the client holds %d of its %d (Limits.Memory, up --client-memory)",
+			ErrLimit, what, n, x.memBytes, x.lim.Memory)
+	}
+	x.memBytes += n
+	return nil
+}
+
+// charge is chargeLocked taking x.mu.
+func (x *session) charge(n int64, what string) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.chargeLocked(n, what)
+}
+
+// uncharge gives back what charge took.
+func (x *session) uncharge(n int64) {
+	x.mu.Lock()
+	x.memBytes -= n
+	x.mu.Unlock()
+}
+
+// connMemory is what a connection may hold in TCP buffers: the device's
+// send and receive buffer maximums, and its endpoint.
+func (s *Server) connMemory() int64 {
+	return s.tcpBufMax + memRequest
 }
 
 func (x *session) handle64() uint64 {
@@ -716,8 +1001,12 @@ func (x *session) allocPD(b *svc.Builder) error {
 	if n >= x.lim.PDs {
 		return fmt.Errorf("%w: %d PDs", ErrLimit, n)
 	}
+	if err := x.charge(memSmall, "a PD"); err != nil {
+		return err
+	}
 	pd, err := x.dev.AllocPD()
 	if err != nil {
+		x.uncharge(memSmall)
 		return err
 	}
 	x.mu.Lock()
@@ -746,6 +1035,7 @@ func (x *session) deallocPD(h uint64) error {
 	}
 	x.mu.Lock()
 	delete(x.pds, h)
+	x.memBytes -= memSmall
 	x.mu.Unlock()
 	return nil
 }
@@ -796,6 +1086,10 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 		x.mu.Unlock()
 		return fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
 	}
+	if err := x.chargeLocked(memSmall, "an MR"); err != nil {
+		x.mu.Unlock()
+		return err
+	}
 	x.mrPending++
 	defer func() {
 		x.mu.Lock()
@@ -821,6 +1115,7 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 	}
 	x.mu.Lock()
 	x.mrBytes -= int64(n)
+	x.memBytes -= memSmall
 	x.mu.Unlock()
 	return err
 }
@@ -889,6 +1184,7 @@ func (x *session) unmapMR(r *servedMR) {
 	svc.Unmap(r.mapping)
 	x.mu.Lock()
 	x.mrBytes -= r.n
+	x.memBytes -= memSmall
 	x.mu.Unlock()
 }
 
@@ -915,6 +1211,12 @@ func (x *session) frmr(h uint64) (*servedFRMR, error) {
 	return nil, errNoHandle
 }
 
+// frmrMemory is a fast-register MR's charge: the MR with its page list at
+// its longest, and a MAP_MR's entries gathered over several messages.
+func frmrMemory(maxPages int) int64 {
+	return memSmall + iwarp.FastRegFootprint(maxPages) + int64(maxPages)*svc.MapEntrySize
+}
+
 func (x *session) allocMR(b *svc.Builder, m svc.Msg) error {
 	pd, err := x.pd(m.Arg(0))
 	if err != nil {
@@ -933,12 +1235,18 @@ func (x *session) allocMR(b *svc.Builder, m svc.Msg) error {
 		x.mu.Unlock()
 		return fmt.Errorf("%w: fast-register MRs of %d pages, limit %d", ErrLimit, x.frPages, x.lim.FRPages)
 	}
+	cost := frmrMemory(int(maxPages))
+	if err := x.chargeLocked(cost, "a fast-register MR"); err != nil {
+		x.mu.Unlock()
+		return err
+	}
 	x.frPages += int(maxPages)
 	x.mu.Unlock()
 	mr, err := pd.AllocMR(int(maxPages))
 	if err != nil {
 		x.mu.Lock()
 		x.frPages -= int(maxPages)
+		x.memBytes -= cost
 		x.mu.Unlock()
 		return err
 	}
@@ -959,6 +1267,7 @@ func (x *session) releaseFRMR(f *servedFRMR) error {
 	var unmap []*servedMR
 	x.mu.Lock()
 	x.frPages -= f.mr.fr.MaxPages()
+	x.memBytes -= frmrMemory(f.mr.fr.MaxPages())
 	for r := range f.used {
 		r.refs--
 		if r.refs == 0 && r.gone {
@@ -1118,8 +1427,12 @@ func (x *session) allocMW(b *svc.Builder, m svc.Msg) error {
 	if t := m.Arg(1); t != uint64(MWType1) && t != uint64(MWType2) {
 		return fmt.Errorf("%w: window type %d", ErrInvalidArgument, t)
 	}
+	if err := x.charge(memSmall, "a memory window"); err != nil {
+		return err
+	}
 	mw, err := pd.AllocMW(MWType(m.Arg(1)))
 	if err != nil {
+		x.uncharge(memSmall)
 		return err
 	}
 	x.mu.Lock()
@@ -1138,6 +1451,7 @@ func (x *session) deallocMW(h uint64) error {
 	if mw == nil {
 		return errNoHandle
 	}
+	x.uncharge(memSmall)
 	return mw.Dealloc()
 }
 
@@ -1212,15 +1526,20 @@ func (x *session) createCQ(b *svc.Builder, cqe uint64) ([]int, error) {
 		return nil, fmt.Errorf("%w: %d CQs", ErrLimit, len(x.cqs))
 	}
 	x.mu.Unlock()
+	if err := x.charge(memSmall, "a CQ"); err != nil {
+		return nil, err
+	}
 	capacity := svc.RingCap(int(cqe))
 	fd, mem, err := x.ringMemfd("rdmatap-cq", svc.RingBytes(capacity, svc.CQEntrySize))
 	if err != nil {
+		x.uncharge(memSmall)
 		return nil, err
 	}
 	ring, _ := svc.InitRing(mem, capacity, svc.CQEntrySize)
 	ev, err := svc.NewEventfd()
 	if err != nil {
 		x.dropRing(mem, len(mem))
+		x.uncharge(memSmall)
 		closeFd(fd)
 		return nil, err
 	}
@@ -1228,6 +1547,7 @@ func (x *session) createCQ(b *svc.Builder, cqe uint64) ([]int, error) {
 	if err != nil {
 		ev.Close()
 		x.dropRing(mem, len(mem))
+		x.uncharge(memSmall)
 		closeFd(fd)
 		return nil, err
 	}
@@ -1289,6 +1609,7 @@ func (s *servedCQ) retire() {
 	s.cq.mu.Lock()
 	s.dead = true
 	s.x.dropRing(s.mem, len(s.mem))
+	s.x.uncharge(memSmall)
 	s.ev.Close()
 	s.cq.mu.Unlock()
 	s.cq.Close()
@@ -1331,6 +1652,7 @@ type servedSRQ struct {
 	sgl    []iwarp.SGE
 	refs   int
 	maxSGE int
+	cost   int64 // charged beside the ring
 }
 
 func (x *session) createSRQ(b *svc.Builder, m svc.Msg) ([]int, error) {
@@ -1348,18 +1670,25 @@ func (x *session) createSRQ(b *svc.Builder, m svc.Msg) ([]int, error) {
 	if maxWR == 0 || maxWR > uint64(x.lim.MaxWR) || maxSGE == 0 || maxSGE > 64 {
 		return nil, fmt.Errorf("%w: SRQ of %d WRs, %d SGEs", ErrInvalidArgument, maxWR, maxSGE)
 	}
+	cost := memSmall + iwarp.RecvQueueFootprint(int(maxWR), int(maxSGE)) + int64(maxSGE)*int64(unsafe.Sizeof(iwarp.SGE{}))
+	if err := x.charge(cost, "an SRQ"); err != nil {
+		return nil, err
+	}
 	srq, err := pd.CreateSRQ(int(maxWR), int(maxSGE))
 	if err != nil {
+		x.uncharge(cost)
 		return nil, err
 	}
 	capacity := svc.RingCap(int(maxWR))
 	esize := svc.RecvEntrySize(int(maxSGE))
 	fd, mem, err := x.ringMemfd("rdmatap-srq", svc.RingBytes(capacity, esize))
 	if err != nil {
+		srq.Close()
+		x.uncharge(cost)
 		return nil, err
 	}
 	ring, _ := svc.InitRing(mem, capacity, esize)
-	s := &servedSRQ{srq: srq, mem: mem, ring: ring, sgl: make([]iwarp.SGE, maxSGE), maxSGE: int(maxSGE)}
+	s := &servedSRQ{srq: srq, mem: mem, ring: ring, sgl: make([]iwarp.SGE, maxSGE), maxSGE: int(maxSGE), cost: cost}
 	x.ringMu.Lock()
 	x.mu.Lock()
 	s.h = x.handle64()
@@ -1387,6 +1716,7 @@ func (x *session) destroySRQ(h uint64) error {
 		}
 	}
 	x.dropRing(s.mem, len(s.mem))
+	x.uncharge(s.cost)
 	// No QP of the client uses it (takeUnused), so no QP of the device's.
 	return s.srq.Close()
 }
@@ -1421,8 +1751,9 @@ type servedQP struct {
 	rsgl     []iwarp.SGE
 	scq, rcq *servedCQ
 	srq      *servedSRQ
-	blocked  bool // an SQ or RQ entry waits for room (poller only)
-	conn     bool // counted against Limits.Conns
+	blocked  bool  // an SQ or RQ entry waits for room (poller only)
+	conn     bool  // counted against Limits.Conns
+	cost     int64 // charged beside the rings, the connection's included
 }
 
 func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
@@ -1459,8 +1790,16 @@ func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
 		return nil, fmt.Errorf("%w: QP of %d/%d WRs, %d/%d SGEs (limit %d WRs, 64 SGEs)", ErrInvalidArgument,
 			cfg.MaxSendWR, cfg.MaxRecvWR, cfg.MaxSendSGE, cfg.MaxRecvSGE, x.lim.MaxWR)
 	}
+	if cfg.MaxInline < 0 || cfg.MaxInline > maxInline {
+		return nil, fmt.Errorf("%w: %d bytes inline (limit %d)", ErrInvalidArgument, cfg.MaxInline, maxInline)
+	}
+	cost := qpMemory(cfg)
+	if err := x.charge(cost, "a QP"); err != nil {
+		return nil, err
+	}
 	qp, err := pd.CreateQP(cfg)
 	if err != nil {
+		x.uncharge(cost)
 		return nil, err
 	}
 	sqCap, rqCap := svc.RingCap(cfg.MaxSendWR), svc.RingCap(cfg.MaxRecvWR)
@@ -1472,10 +1811,11 @@ func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
 	fd, mem, err := x.ringMemfd("rdmatap-qp", total)
 	if err != nil {
 		qp.Close()
+		x.uncharge(cost)
 		return nil, err
 	}
 	q := &servedQP{qp: qp, num: qp.Num(), mem: mem, sgl: make([]iwarp.SGE, cfg.MaxSendSGE), rsgl: make([]iwarp.SGE, cfg.MaxRecvSGE),
-		scq: scq, rcq: rcq, srq: srq}
+		scq: scq, rcq: rcq, srq: srq, cost: cost}
 	q.sq, _ = svc.InitRing(mem[:sqBytes], sqCap, svc.SendEntrySize(cfg.MaxSendSGE))
 	if srq == nil {
 		q.rq, _ = svc.InitRing(mem[sqBytes:], rqCap, svc.RecvEntrySize(cfg.MaxRecvSGE))
@@ -1498,6 +1838,23 @@ func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
 	go x.watchQP(q)
 	b.Args(uint64(q.num), uint64(sqBytes))
 	return []int{fd}, nil
+}
+
+// maxInline is the most inline data a send WR of a client's QP carries
+// (the engine's limit).
+const maxInline = 4096
+
+// qpMemory is a QP's charge beside its rings: the QP, its queues at their
+// full depth with their SGE lists and inline buffers (the receive queue
+// unless it uses an SRQ), and the served QP's SGE lists.
+func qpMemory(cfg QPConfig) int64 {
+	sge := int64(unsafe.Sizeof(iwarp.SGE{}))
+	n := memQP + iwarp.QPFootprint() + iwarp.SendQueueFootprint(cfg.MaxSendWR, cfg.MaxSendSGE, cfg.MaxInline) +
+		int64(cfg.MaxSendSGE+cfg.MaxRecvSGE)*sge
+	if cfg.SRQ == nil {
+		n += iwarp.RecvQueueFootprint(cfg.MaxRecvWR, cfg.MaxRecvSGE)
+	}
+	return n
 }
 
 // watchQP tells the client when its QP has ended (one goroutine per QP).
@@ -1556,6 +1913,7 @@ func (x *session) releaseQP(q *servedQP, fatal bool) {
 		x.conns--
 	}
 	x.mu.Unlock()
+	defer x.uncharge(q.cost) // once the QP has flushed, below
 	if fatal {
 		q.qp.fatal()
 	} else {
@@ -1988,22 +2346,31 @@ func connReply(b *svc.Builder, c *Conn) {
 	b.String(c.LocalAddr().String()).String(c.RemoteAddr().String()).Bytes(c.PeerPrivateData())
 }
 
-// takeConn counts a connection or listener against the limit.
-func (x *session) takeConn() error {
+// takeConn counts a connection or listener against Limits.Conns and
+// charges its memory.
+func (x *session) takeConn(cost int64, what string) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.conns >= x.lim.Conns {
 		return fmt.Errorf("%w: %d connections", ErrLimit, x.conns)
 	}
+	if err := x.chargeLocked(cost, what); err != nil {
+		return err
+	}
 	x.conns++
 	return nil
 }
 
-func (x *session) dropConn() {
+func (x *session) dropConn(cost int64) {
 	x.mu.Lock()
 	x.conns--
+	x.memBytes -= cost
 	x.mu.Unlock()
 }
+
+// listenerMemory is a listener's charge: itself and a full backlog of
+// pending connection requests.
+func listenerMemory(backlog int) int64 { return memListener + int64(backlog)*memRequest }
 
 func (x *session) dial(ctx context.Context, b *svc.Builder, m svc.Msg) error {
 	q, err := x.qp(m.Arg(0))
@@ -2018,30 +2385,36 @@ func (x *session) dial(ctx context.Context, b *svc.Builder, m svc.Msg) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	if err := x.takeConn(); err != nil {
+	cost := x.srv.connMemory()
+	if err := x.takeConn(cost, "a connection"); err != nil {
 		return err
 	}
 	c, err := x.dev.Dial(ctx, q.qp, raddr, connParamsFrom(m, 1, f[1]))
 	if err != nil {
-		x.dropConn()
+		x.dropConn(cost)
 		return err
 	}
-	x.markConn(q)
+	x.markConn(q, cost)
 	connReply(b, c)
 	return nil
 }
 
-// markConn records that q's connection counts against the limit (released
-// with the QP).
-func (x *session) markConn(q *servedQP) {
+// markConn records that q's connection counts against the limits
+// (released with the QP).
+func (x *session) markConn(q *servedQP, cost int64) {
 	x.mu.Lock()
 	if x.qps[q.num] == q && !q.conn {
 		q.conn = true
+		q.cost += cost
 	} else {
 		x.conns--
+		x.memBytes -= cost
 	}
 	x.mu.Unlock()
 }
+
+// privilegedPorts: a client listens below this port only as root.
+const privilegedPorts = 1024
 
 func (x *session) listen(b *svc.Builder, m svc.Msg) error {
 	var f [1][]byte
@@ -2061,13 +2434,23 @@ func (x *session) listen(b *svc.Builder, m svc.Msg) error {
 			return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 		}
 	}
+	if p := laddr.Port(); p != 0 && p < privilegedPorts && x.cred.UID != 0 {
+		// The service listens as root, on the address of the device:
+		// a port below 1024 there is a claim to be a system service,
+		// which only root may make, as on the host.
+		return fmt.Errorf("%w: listening on port %d needs root (ports below %d are privileged)", os.ErrPermission, p, privilegedPorts)
+	}
 	backlog := int(min(m.Arg(0), 1024))
-	if err := x.takeConn(); err != nil {
+	if backlog <= 0 {
+		backlog = defaultBacklog
+	}
+	cost := listenerMemory(backlog)
+	if err := x.takeConn(cost, "a listener"); err != nil {
 		return err
 	}
 	l, err := x.dev.Listen(laddr, ListenConfig{Backlog: backlog, MPATimeout: time.Duration(min(m.Arg(1), uint64(time.Minute)))})
 	if err != nil {
-		x.dropConn()
+		x.dropConn(cost)
 		return err
 	}
 	x.mu.Lock()
@@ -2092,7 +2475,7 @@ func (x *session) closeListener(h uint64) error {
 		return errNoHandle
 	}
 	l.Close()
-	x.dropConn()
+	x.dropConn(listenerMemory(cap(l.reqs)))
 	return nil
 }
 
@@ -2113,6 +2496,12 @@ func (x *session) getRequest(ctx context.Context, b *svc.Builder, h uint64) erro
 		r.Reject(nil)
 		return net.ErrClosed
 	}
+	// Out of the backlog, the request is the client's to hold.
+	if err := x.chargeLocked(memRequest, "a connection request"); err != nil {
+		x.mu.Unlock()
+		r.Reject(nil)
+		return err
+	}
 	rh := x.handle64()
 	x.reqs[rh] = r
 	x.mu.Unlock()
@@ -2130,6 +2519,7 @@ func (x *session) takeRequest(h uint64) (*ConnRequest, error) {
 	if r == nil {
 		return nil, errNoHandle
 	}
+	x.memBytes -= memRequest
 	return r, nil
 }
 
@@ -2147,16 +2537,17 @@ func (x *session) accept(ctx context.Context, b *svc.Builder, m svc.Msg) error {
 		r.Reject(nil)
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	if err := x.takeConn(); err != nil {
+	cost := x.srv.connMemory()
+	if err := x.takeConn(cost, "a connection"); err != nil {
 		r.Reject(nil)
 		return err
 	}
 	c, err := r.Accept(ctx, q.qp, connParamsFrom(m, 2, f[0]))
 	if err != nil {
-		x.dropConn()
+		x.dropConn(cost)
 		return err
 	}
-	x.markConn(q)
+	x.markConn(q, cost)
 	connReply(b, c)
 	return nil
 }
@@ -2253,6 +2644,9 @@ func (x *session) teardown() {
 	}
 	x.srv.mu.Lock()
 	delete(x.srv.sessions, x)
+	if x.srv.perUID[x.cred.UID]--; x.srv.perUID[x.cred.UID] == 0 {
+		delete(x.srv.perUID, x.cred.UID)
+	}
 	x.srv.mu.Unlock()
 	if x.cred.PID != 0 {
 		x.logf("gone: resources released")
