@@ -11,7 +11,7 @@ import (
 	"rdmatap/verbs"
 )
 
-// The endpoint as a service (issue #13): `rdmatap up --socket PATH` lets
+// The endpoint as a service: `rdmatap up --socket PATH` lets
 // unprivileged processes use the endpoint through verbs.Connect. The
 // socket is mode 0660; --socket-group names the group that may connect.
 
@@ -28,6 +28,9 @@ type serviceFlags struct {
 	frPages  int
 	pollSpin time.Duration
 	clients  int
+	memory   string
+	perUser  int
+	pending  int
 }
 
 func (f *serviceFlags) register(fs *flag.FlagSet) {
@@ -41,6 +44,9 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.conns, "client-conns", 1024, "per-client limit on connections and listeners")
 	fs.IntVar(&f.frPages, "client-fr-pages", 1<<20, "per-client limit on the pages all of its fast-register MRs may map (their page lists are service memory)")
 	fs.IntVar(&f.clients, "max-clients", 1024, "clients served at once; more are refused")
+	fs.StringVar(&f.memory, "client-memory", "512M", "per-client limit on the service memory its objects may hold: rings, queue slots with their inline buffers, page lists, TCP buffers of its connections, pending requests (suffix K, M, G)")
+	fs.IntVar(&f.perUser, "max-clients-per-user", 64, "clients of one uid served at once (at most --max-clients); more are refused")
+	fs.IntVar(&f.pending, "max-pending-per-user", 8, "connections of one uid that have not said HELLO yet; more are refused")
 	fs.DurationVar(&f.pollSpin, "poll-spin", 50*time.Microsecond, "longest a client's ring poller spins after its last work request before it sleeps (less for clients whose work requests come further apart)")
 }
 
@@ -71,8 +77,15 @@ func (f *serviceFlags) check() (verbs.Limits, int, error) {
 		}
 		return lim, -1, nil
 	}
-	if f.qps < 1 || f.cqs < 1 || f.conns < 1 || f.mrs < 1 || f.frPages < 1 {
-		return lim, -1, fmt.Errorf("%w: --client-qps, --client-cqs, --client-mrs, --client-conns and --client-fr-pages must be at least 1", errUsage)
+	if f.qps < 1 || f.cqs < 1 || f.conns < 1 || f.mrs < 1 || f.frPages < 1 || f.clients < 1 || f.perUser < 1 || f.pending < 1 {
+		return lim, -1, fmt.Errorf("%w: --client-qps, --client-cqs, --client-mrs, --client-conns, --client-fr-pages, --max-clients, --max-clients-per-user and --max-pending-per-user must be at least 1", errUsage)
+	}
+	if f.perUser > f.clients || f.pending > f.perUser {
+		return lim, -1, fmt.Errorf("%w: want --max-pending-per-user %d ≤ --max-clients-per-user %d ≤ --max-clients %d", errUsage, f.pending, f.perUser, f.clients)
+	}
+	memory, err := parseBytes(f.memory)
+	if err != nil {
+		return lim, -1, fmt.Errorf("%w: --client-memory: %v", errUsage, err)
 	}
 	mr, err := parseBytes(f.mrBytes)
 	if err != nil {
@@ -82,7 +95,7 @@ func (f *serviceFlags) check() (verbs.Limits, int, error) {
 	if err != nil {
 		return lim, -1, fmt.Errorf("%w: --client-ring-bytes: %v", errUsage, err)
 	}
-	lim = verbs.Limits{QPs: f.qps, CQs: f.cqs, MRBytes: mr, MRs: f.mrs, RingBytes: ring, Conns: f.conns, FRPages: f.frPages}
+	lim = verbs.Limits{QPs: f.qps, CQs: f.cqs, MRBytes: mr, MRs: f.mrs, RingBytes: ring, Conns: f.conns, FRPages: f.frPages, Memory: memory}
 	gid := -1
 	if f.group != "" {
 		if n, err := strconv.Atoi(f.group); err == nil && n >= 0 {
@@ -112,7 +125,8 @@ func (f *serviceFlags) start(d *verbs.Device, logf func(string, ...any)) (*verbs
 	if spin == 0 {
 		spin = -1
 	}
-	srv, err := verbs.Serve(d, ln, verbs.ServeConfig{Limits: lim, Logf: logf, PollSpin: spin, MaxClients: f.clients})
+	srv, err := verbs.Serve(d, ln, verbs.ServeConfig{Limits: lim, Logf: logf, PollSpin: spin, MaxClients: f.clients,
+		MaxClientsPerUser: f.perUser, MaxPendingPerUser: f.pending})
 	if err != nil {
 		ln.Close()
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,6 +29,11 @@ func TestServiceFlags(t *testing.T) {
 		{"--socket", "/tmp/x.sock", "--client-fr-pages", "0"},
 		{"--socket", "/tmp/x.sock", "--client-fr-pages", "many"},
 		{"--socket", "/tmp/x.sock", "--socket-group", "no-such-group-rdmatap"},
+		{"--socket", "/tmp/x.sock", "--client-memory", "0"},
+		{"--socket", "/tmp/x.sock", "--client-memory", "much"},
+		{"--socket", "/tmp/x.sock", "--max-clients-per-user", "0"},
+		{"--socket", "/tmp/x.sock", "--max-clients", "8", "--max-clients-per-user", "9"},
+		{"--socket", "/tmp/x.sock", "--max-pending-per-user", "65"},
 	} {
 		args := append([]string{"up", "--tap", "rtsvcx0", "--addr", "10.77.9.1/24"}, bad...)
 		var out, errOut bytes.Buffer
@@ -35,9 +41,11 @@ func TestServiceFlags(t *testing.T) {
 			t.Errorf("%q: exit %d, want 2 (%s)", args, code, errOut.String())
 		}
 	}
-	f := serviceFlags{socket: "/x", mrBytes: "3M", ring: "5K", mrs: 6, qps: 2, cqs: 3, conns: 4, frPages: 7, group: "0"}
+	f := serviceFlags{socket: "/x", mrBytes: "3M", ring: "5K", mrs: 6, qps: 2, cqs: 3, conns: 4, frPages: 7, group: "0",
+		memory: "9M", clients: 10, perUser: 5, pending: 2}
 	lim, gid, err := f.check()
-	if err != nil || lim.MRBytes != 3<<20 || lim.RingBytes != 5<<10 || lim.MRs != 6 || lim.QPs != 2 || lim.CQs != 3 || lim.Conns != 4 || lim.FRPages != 7 || gid != 0 {
+	if err != nil || lim.MRBytes != 3<<20 || lim.RingBytes != 5<<10 || lim.MRs != 6 || lim.QPs != 2 || lim.CQs != 3 || lim.Conns != 4 ||
+		lim.FRPages != 7 || lim.Memory != 9<<20 || gid != 0 {
 		t.Fatalf("%+v %d %v", lim, gid, err)
 	}
 	// The flag reaches the limits; its default is verbs.Limits' default.
@@ -245,6 +253,14 @@ func TestUpServesUnprivilegedClients(t *testing.T) {
 			t.Fatalf("listener client: %s", lout.String())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	// stat lists the listening client with the service memory it holds.
+	var stOut, stErr bytes.Buffer
+	if err := statCmd([]string{"--ctl", filepath.Join(dir, "ctl.sock")}, &stOut, &stErr); err != nil {
+		t.Fatalf("stat: %v %s", err, stErr.String())
+	}
+	if m := regexp.MustCompile(`(?m)^client \d+ uid 65534 pid \d+ memory_bytes (\d+) memory_limit 536870912 .* conns 1 `).FindStringSubmatch(stOut.String()); m == nil || m[1] == "0" {
+		t.Errorf("stat shows no listening client of uid 65534 with its memory:\n%s", stOut.String())
 	}
 	dout, derr := client("dial 10.77.231.1:7471").CombinedOutput()
 	lerr := lst.Wait()

@@ -194,6 +194,7 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	if svc != nil {
 		defer svc.Close()
+		srv.service.Store(svc)
 		logger.Printf("up: serving %s to other processes on %s", e.Dev.Name(), sf.socket)
 	}
 	created := "attached to"
@@ -319,6 +320,9 @@ type ctlServer struct {
 
 	accepted atomic.Uint64 // connections accepted
 	evicted  atomic.Uint64 // connections closed to make room
+	// service is the endpoint's service (up --socket), nil without one:
+	// stat lists its clients.
+	service atomic.Pointer[verbs.Server]
 
 	mu      sync.Mutex
 	closing bool
@@ -571,6 +575,9 @@ func (s *ctlServer) reply(line []byte) ctlReply {
 		rep.DevInfo = &d
 	case "stat":
 		st := getStats(s.e)
+		if srv := s.service.Load(); srv != nil {
+			st.Clients = srv.ClientStats()
+		}
 		rep.Stat = &st
 	default:
 		rep.Error = fmt.Sprintf("unknown command %q", req.Cmd)
@@ -691,6 +698,9 @@ type statSet struct {
 	Link   any                   `json:"link,omitempty"`
 	Ops    map[string]uint64     `json:"ops"`
 	Impair *netstack.ImpairStats `json:"impair,omitempty"` // --loss, --reorder, --dup
+	// The clients of the service (up --socket), each with the service
+	// memory it holds against its budget (--client-memory).
+	Clients []verbs.ClientStat `json:"clients,omitempty"`
 }
 
 func getStats(e *endpoint) statSet {
@@ -843,6 +853,10 @@ func statCmd(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	fmt.Fprintln(w)
+	for _, c := range s.Clients {
+		fmt.Fprintf(w, "client %d uid %d pid %d memory_bytes %d memory_limit %d ring_bytes %d mr_bytes %d pds %d cqs %d qps %d srqs %d mrs %d conns %d calls %d\n",
+			c.ID, c.UID, c.PID, c.Memory, c.MemoryLimit, c.RingBytes, c.MRBytes, c.PDs, c.CQs, c.QPs, c.SRQs, c.MRs, c.Conns, c.Calls)
+	}
 	return nil
 }
 
