@@ -11,7 +11,7 @@ import (
 	"rdmatap/verbs"
 )
 
-// Connection setup and QP scale, issue #14's "connection rate" and
+// Connection setup and QP scale, the "connection rate" and
 // "connected QPs" rows:
 //
 //	go test ./verbs/ -run XXX -bench ConnRate -benchtime 5000x

@@ -171,8 +171,8 @@ func (c *benchConn) pings(next *uint32, n int) error {
 // and through the service in one process, alternating in rounds
 // (RDMATAP_BENCH_ROUNDS, default 5), and reports the medians:
 //
-//	write-svc/emb    1 MiB RDMA Write MB/s through the service ÷ embedded (issue #13: ≥ 0.9)
-//	pingpong-add-µs  64 B Write round trip through the service − embedded (issue #13: ≤ 2 µs)
+//	write-svc/emb    1 MiB RDMA Write MB/s through the service ÷ embedded (target ≥ 0.9)
+//	pingpong-add-µs  64 B Write round trip through the service − embedded (target ≤ 2 µs)
 //
 // b.N scales the operations per round: b.N 1 MiB Writes and 20×b.N round
 // trips on each side.
@@ -253,7 +253,7 @@ func BenchmarkServiceRatios(b *testing.B) {
 // one service, each with RDMATAP_FAIR_QPS QPs (default 16) connected to an
 // embedded peer, post 64 KiB RDMA Writes (two in flight per QP) for
 // RDMATAP_FAIR_MS milliseconds (default 2000) all at once. It reports the
-// total rate, the slowest client's share of the fair share (issue #13: no
+// total rate, the slowest client's share of the fair share (the target: no
 // client below 0.5) and Jain's fairness index over the clients.
 // RDMATAP_FAIR_EMBEDDED=1 runs the same clients on the embedded device
 // instead, as the control.
@@ -476,7 +476,7 @@ func childPings(t *testing.T, d *verbs.Device, raddr netip.AddrPort, n int) {
 // through the service, against the same pings from an embedded client in
 // this process, alternating (RDMATAP_BENCH_ROUNDS, default 5; 2000×b.N
 // round trips a side per round). It reports the medians and their
-// difference (issue #13: ≤ 2 µs added).
+// difference (the target: ≤ 2 µs added).
 func BenchmarkServicePingPongProcess(b *testing.B) {
 	p := newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	peerAddr := p.nb.Addrs()[0].Addr()
