@@ -4,3 +4,11 @@ package verbs
 // first-FPDU hold goes: the initiator's early-FPDU query is left
 // unanswered, so an rdmatap initiator holds its first FPDU.
 func SetSiwReply(d *Device, on bool) { d.siwReply = on }
+
+// SetMaxMappings sets the mappings all of s's clients may hold (a quarter
+// of them for one uid).
+func SetMaxMappings(s *Server, n int) {
+	s.mu.Lock()
+	s.maxMaps = n
+	s.mu.Unlock()
+}

@@ -184,7 +184,10 @@ type Server struct {
 	sessions map[*session]struct{}
 	refusing atomic.Int32 // refusals in progress (refuse)
 	perUID   map[int]int  // sessions of each uid
-	pending  map[int]int  // ... of which have not said HELLO yet
+	maps     int          // mappings made for clients (takeMap)
+	mapsUID  map[int]int  // ... for the clients of each uid
+	maxMaps  int
+	pending  map[int]int // ... of which have not said HELLO yet
 	qpOwner  map[uint32]*session
 	nextID   uint64
 	wg       sync.WaitGroup
@@ -313,7 +316,7 @@ func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
 		cfg.HelloTimeout = 2 * time.Second
 	}
 	s := &Server{dev: d, ln: ln, cfg: cfg, sessions: map[*session]struct{}{}, qpOwner: map[uint32]*session{},
-		perUID: map[int]int{}, pending: map[int]int{},
+		perUID: map[int]int{}, pending: map[int]int{}, mapsUID: map[int]int{}, maxMaps: maxMappings(),
 		tcpBufMax: tcpBufMax(d)}
 	s.hook = s.routeEvent
 	if !d.hook.CompareAndSwap(nil, &s.hook) {
@@ -334,6 +337,47 @@ func tcpBufMax(d *Device) int64 {
 		return 2 * netstack.DefaultBufMax
 	}
 	return int64(snd.Max) + int64(rcv.Max)
+}
+
+// The kernel allows a process vm.max_map_count mappings (65,530 by
+// default), and the Go runtime maps its heap too: a process that cannot
+// map more dies when its heap must grow. Each MR, ring and control page of
+// a client is a mapping of the service's. So all clients together may
+// hold at most half of the count, and the clients of one uid a quarter:
+// a request beyond fails with ErrLimit.
+func maxMappings() int {
+	n := 65530
+	if b, err := os.ReadFile("/proc/sys/vm/max_map_count"); err == nil {
+		if v, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && v > 0 {
+			n = v
+		}
+	}
+	return n / 2
+}
+
+// takeMap counts a mapping made for a client of uid.
+func (s *Server) takeMap(uid int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.maps >= s.maxMaps {
+		return fmt.Errorf("%w: the service holds %d mappings for its clients, half the kernel's vm.max_map_count", ErrLimit, s.maps)
+	}
+	if s.mapsUID[uid] >= s.maxMaps/4 {
+		return fmt.Errorf("%w: the clients of uid %d hold %d mappings (MRs and rings), an eighth of the kernel's vm.max_map_count", ErrLimit, uid, s.mapsUID[uid])
+	}
+	s.maps++
+	s.mapsUID[uid]++
+	return nil
+}
+
+// dropMap uncounts a mapping takeMap counted.
+func (s *Server) dropMap(uid int) {
+	s.mu.Lock()
+	s.maps--
+	if s.mapsUID[uid]--; s.mapsUID[uid] == 0 {
+		delete(s.mapsUID, uid)
+	}
+	s.mu.Unlock()
 }
 
 // Clients returns the number of connected clients.
@@ -655,8 +699,15 @@ func (x *session) hello(buf, oob []byte, fds []int) bool {
 		svc.Write(x.conn, b.Reset(svc.THello, 0, svc.StatusVersion).Args(svc.Version).String(msg).Msg())
 		return false
 	}
+	if err := x.srv.takeMap(x.cred.UID); err != nil {
+		x.logf("hello: %v", err)
+		st, text := errStatus(err)
+		svc.Write(x.conn, b.Reset(svc.THello, 0, st).String(text).Msg())
+		return false
+	}
 	fd, ctl, err := svc.NewMemfd("rdmatap-ctl", svc.CtlSize)
 	if err != nil {
+		x.srv.dropMap(x.cred.UID)
 		x.logf("hello: control page: %v", err)
 		return false
 	}
@@ -917,6 +968,13 @@ func (x *session) ringMemfd(name string, n int) (int, []byte, error) {
 	}
 	x.ringBytes += int64(n)
 	x.mu.Unlock()
+	if err := x.srv.takeMap(x.cred.UID); err != nil {
+		x.mu.Lock()
+		x.ringBytes -= int64(n)
+		x.memBytes -= int64(n)
+		x.mu.Unlock()
+		return -1, nil, err
+	}
 	fd, mem, err := svc.NewMemfd(name, n)
 	if err != nil {
 		x.dropRing(mem, n)
@@ -929,6 +987,7 @@ func (x *session) dropRing(mem []byte, n int) {
 	if mem != nil {
 		svc.Unmap(mem)
 	}
+	x.srv.dropMap(x.cred.UID)
 	x.mu.Lock()
 	x.ringBytes -= int64(n)
 	x.memBytes -= int64(n)
@@ -1098,6 +1157,13 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 	}()
 	x.mrBytes += int64(n)
 	x.mu.Unlock()
+	if err := x.srv.takeMap(x.cred.UID); err != nil {
+		x.mu.Lock()
+		x.mrBytes -= int64(n)
+		x.memBytes -= memSmall
+		x.mu.Unlock()
+		return err
+	}
 	mapping, part, err := svc.MapFile(fds[0], int64(off), int(n), true)
 	if err == nil {
 		var mr *MR
@@ -1113,6 +1179,7 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 	} else {
 		err = fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
+	x.srv.dropMap(x.cred.UID)
 	x.mu.Lock()
 	x.mrBytes -= int64(n)
 	x.memBytes -= memSmall
@@ -1182,6 +1249,7 @@ func (x *session) releaseMR(r *servedMR) error {
 
 func (x *session) unmapMR(r *servedMR) {
 	svc.Unmap(r.mapping)
+	x.srv.dropMap(x.cred.UID)
 	x.mu.Lock()
 	x.mrBytes -= r.n
 	x.memBytes -= memSmall
@@ -2638,6 +2706,7 @@ func (x *session) teardown() {
 	}
 	if x.ctl != nil {
 		svc.Unmap(x.ctl)
+		x.srv.dropMap(x.cred.UID)
 	}
 	if x.ctlFd >= 0 {
 		closeFd(x.ctlFd)

@@ -412,3 +412,41 @@ func TestServiceUnprivilegedChild(t *testing.T) {
 	}
 	l.Close()
 }
+
+// TestServiceMappings: the MRs and rings of one uid's clients, each a
+// mapping of the service, stop at a quarter of what the service allows
+// for all clients (half of vm.max_map_count: past it, the runtime could
+// not map its heap and the process would die).
+func TestServiceMappings(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, srv := startService(t, p.a, verbs.Limits{})
+	verbs.SetMaxMappings(srv, 40) // 10 for one uid
+	a := connectService(t, path)  // its control page: one
+	var cqs []*verbs.CQ
+	for {
+		cq, err := a.CreateCQ(8)
+		if err != nil {
+			if !errors.Is(err, verbs.ErrLimit) || !strings.Contains(err.Error(), "mappings") {
+				t.Fatalf("CQ %d: %v, want ErrLimit naming the mappings", len(cqs), err)
+			}
+			break
+		}
+		cqs = append(cqs, cq)
+	}
+	if len(cqs) != 9 {
+		t.Fatalf("%d CQ rings beside the control page, want 9", len(cqs))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if d, err := verbs.Connect(ctx, path); !errors.Is(err, verbs.ErrLimit) {
+		if err == nil {
+			d.Close()
+		}
+		t.Fatalf("a session whose control page would pass the uid's mappings: %v, want ErrLimit", err)
+	}
+	cqs[0].Close()
+	b := connectService(t, path)
+	if _, err := b.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+}
