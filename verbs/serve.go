@@ -160,7 +160,7 @@ type ServeConfig struct {
 	// MaxClientsPerUser bounds the sessions of one uid (default 64, and
 	// never above MaxClients), so that one user cannot take every slot;
 	// MaxPendingPerUser bounds those of them that have not said HELLO
-	// yet (default 8). A connection beyond either is refused with a
+	// yet (default 16). A connection beyond either is refused with a
 	// HELLO reply naming the limit (ErrLimit at the client).
 	MaxClientsPerUser, MaxPendingPerUser int
 	// HelloTimeout is how long a new connection may take to say HELLO
@@ -309,7 +309,7 @@ func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
 	}
 	cfg.MaxClientsPerUser = min(cfg.MaxClientsPerUser, cfg.MaxClients)
 	if cfg.MaxPendingPerUser <= 0 {
-		cfg.MaxPendingPerUser = 8
+		cfg.MaxPendingPerUser = 16
 	}
 	cfg.MaxPendingPerUser = min(cfg.MaxPendingPerUser, cfg.MaxClientsPerUser)
 	if cfg.HelloTimeout <= 0 {

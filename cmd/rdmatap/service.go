@@ -46,7 +46,7 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.clients, "max-clients", 1024, "clients served at once; more are refused")
 	fs.StringVar(&f.memory, "client-memory", "512M", "per-client limit on the service memory its objects may hold: rings, queue slots with their inline buffers, page lists, TCP buffers of its connections, pending requests (suffix K, M, G)")
 	fs.IntVar(&f.perUser, "max-clients-per-user", 64, "clients of one uid served at once (at most --max-clients); more are refused")
-	fs.IntVar(&f.pending, "max-pending-per-user", 8, "connections of one uid that have not said HELLO yet; more are refused")
+	fs.IntVar(&f.pending, "max-pending-per-user", 16, "connections of one uid that have not said HELLO yet; more are refused")
 	fs.DurationVar(&f.pollSpin, "poll-spin", 50*time.Microsecond, "longest a client's ring poller spins after its last work request before it sleeps (less for clients whose work requests come further apart)")
 }
 
