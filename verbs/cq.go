@@ -86,6 +86,9 @@ type CQ struct {
 	// side (remote.go, serve.go). Both nil for an embedded CQ.
 	rc  *remoteCQ
 	shm *servedCQ
+	// qps counts the embedded QPs that complete into the CQ (once as
+	// send CQ, once as receive CQ), under mu: Close refuses while any do.
+	qps int
 }
 
 // armState is what a CQ's next completion event waits for.
@@ -277,6 +280,19 @@ func (cq *CQ) Close() error {
 			return err
 		}
 	}
+	cq.mu.Lock()
+	n := cq.qps
+	cq.mu.Unlock()
+	if n > 0 {
+		return fmt.Errorf("%w: QPs use the CQ", ErrBusy)
+	}
 	cq.once.Do(func() { close(cq.closed) })
 	return nil
+}
+
+// use counts an embedded QP completing into the CQ, until unuse.
+func (cq *CQ) use(d int) {
+	cq.mu.Lock()
+	cq.qps += d
+	cq.mu.Unlock()
 }

@@ -80,7 +80,13 @@ func TestCQEvents(t *testing.T) {
 	}
 	event("an unsuccessful completion, armed for solicited completions")
 
-	sv.rcq.Close()
+	if err := sv.rcq.Close(); !errors.Is(err, verbs.ErrBusy) {
+		t.Fatalf("closing a CQ a QP completes into: %v, want ErrBusy", err)
+	}
+	sv.qp.Close()
+	if err := sv.rcq.Close(); err != nil {
+		t.Fatalf("closing the CQ once its QP is gone: %v", err)
+	}
 	if err := sv.rcq.ReqNotify(false); err == nil {
 		t.Fatal("ReqNotify on a closed CQ")
 	}

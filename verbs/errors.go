@@ -7,18 +7,34 @@ import (
 	"rdmatap/iwarp"
 )
 
-// Errors. They work with errors.Is; closed objects report net.ErrClosed.
+// Errors. They work with errors.Is, and an error matches the same one
+// whichever device kind (embedded or a service's) and whichever layer (the
+// verbs, the protocol engine, the service) found it; closed objects report
+// net.ErrClosed.
 var (
 	ErrInvalidArgument = errors.New("verbs: invalid argument")
-	ErrInvalidState    = errors.New("verbs: invalid state")
-	ErrBusy            = errors.New("verbs: resource busy")
-	ErrQueueFull       = iwarp.ErrQueueFull
-	ErrTooManySGE      = iwarp.ErrTooManySGE
-	ErrRejected        = iwarp.ErrRejected
-	ErrMarkers         = iwarp.ErrMarkersUnsupported
-	ErrNoMatchingRTR   = iwarp.ErrNoMatchingRTR
-	ErrTerminated      = iwarp.ErrTerminated
-	ErrCompletion      = errors.New("verbs: work completion error")
+	// ErrInvalidState: the object's state does not allow the call (a
+	// post to a QP in ERROR or closed, a connect of a connected QP).
+	ErrInvalidState = iwarp.ErrInvalidState
+	// ErrInvalidWR: a work request the QP cannot execute (an unknown
+	// opcode, more inline data than MaxInline, a REG_MR or BIND_MW of
+	// another protection domain), as ibv_post_send's EINVAL.
+	ErrInvalidWR     = iwarp.ErrInvalidWR
+	ErrBusy          = errors.New("verbs: resource busy")
+	ErrQueueFull     = iwarp.ErrQueueFull
+	ErrTooManySGE    = iwarp.ErrTooManySGE
+	ErrRejected      = iwarp.ErrRejected
+	ErrMarkers       = iwarp.ErrMarkersUnsupported
+	ErrNoMatchingRTR = iwarp.ErrNoMatchingRTR
+	ErrTerminated    = iwarp.ErrTerminated
+	ErrCompletion    = errors.New("verbs: work completion error")
+	// ErrUnsupported reports an operation a device cannot do.
+	ErrUnsupported = fmt.Errorf("verbs: %w", errors.ErrUnsupported)
+	// ErrLimit reports a per-client limit of the service.
+	ErrLimit = errors.New("verbs: per-client limit reached")
+	// ErrNotShared reports an MR buffer a service cannot map: it must lie
+	// in a zerocopy.AllocShared buffer.
+	ErrNotShared = errors.New("verbs: memory for a device of a service must come from zerocopy.AllocShared")
 )
 
 // RejectedError carries the private data of a peer's rejection.

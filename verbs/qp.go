@@ -175,6 +175,8 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	pd.mu.Lock()
 	pd.qps++
 	pd.mu.Unlock()
+	cfg.SendCQ.use(1)
+	cfg.RecvCQ.use(1)
 	return qp, nil
 }
 
@@ -342,6 +344,8 @@ func (qp *QP) close(how func() error) error {
 		if qp.cfg.SRQ != nil {
 			qp.cfg.SRQ.unuse()
 		}
+		qp.cfg.SendCQ.use(-1)
+		qp.cfg.RecvCQ.use(-1)
 	}
 	return err
 }

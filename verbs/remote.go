@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -75,16 +76,6 @@ import (
 // and window's fr and w fields are tokens that name them in REG_MR and
 // BIND_MW work requests, which go through the ring with the service's
 // handle in the entry (svc.PutSend).
-
-// ErrUnsupported reports an operation a device cannot do.
-var ErrUnsupported = fmt.Errorf("verbs: %w", errors.ErrUnsupported)
-
-// ErrLimit reports a per-client limit of the service.
-var ErrLimit = errors.New("verbs: per-client limit reached")
-
-// ErrNotShared reports an MR buffer a service cannot map: it must lie in a
-// zerocopy.AllocShared buffer.
-var ErrNotShared = errors.New("verbs: memory for a device of a service must come from zerocopy.AllocShared")
 
 // client is a device's connection to a service.
 type client struct {
@@ -154,7 +145,7 @@ func Connect(ctx context.Context, path string) (*Device, error) {
 		err = fmt.Errorf("verbs: service answered HELLO with %v", m.Type())
 	}
 	if err == nil && m.Status() != svc.StatusOK {
-		err = statusError(m.Status(), m.Payload())
+		err = statusError(m)
 	}
 	if err == nil && len(fds) != 2 {
 		err = fmt.Errorf("verbs: service's HELLO carried %d descriptors, want 2", len(fds))
@@ -316,7 +307,7 @@ func (cl *client) call(ctx context.Context, b *svc.Builder, seqSet func(*svc.Bui
 	}
 	if st := r.m.Status(); st != svc.StatusOK {
 		closeFDs(r.fds)
-		return reply{}, statusError(st, r.m.Payload())
+		return reply{}, statusError(r.m)
 	}
 	return r, nil
 }
@@ -342,9 +333,10 @@ func (cl *client) do(ctx context.Context, t svc.Type, build func(*svc.Builder), 
 }
 
 // statusError turns a reply's status and text into the verbs error.
-func statusError(st uint32, payload []byte) error {
+func statusError(m svc.Msg) error {
+	st := m.Status()
 	var f [1][]byte
-	svc.Fields(payload, f[:])
+	svc.Fields(m.Payload(), f[:])
 	text := string(f[0])
 	wrap := func(e error) error {
 		if text == "" {
@@ -385,6 +377,10 @@ func statusError(st uint32, payload []byte) error {
 		return &svcError{text: text, errs: []error{iwarp.ErrInvalidWR}}
 	case svc.StatusInvalidArgWR:
 		return &svcError{text: text, errs: []error{ErrInvalidArgument, iwarp.ErrInvalidWR}}
+	case svc.StatusErrno:
+		if e := syscall.Errno(m.Arg(0)); e != 0 && m.Arg(0) < 4096 {
+			return &svcError{text: text, errs: []error{e}}
+		}
 	}
 	return errors.New("verbs: service: " + text)
 }

@@ -734,9 +734,13 @@ func (x *session) reply(b *svc.Builder, t svc.Type, seq uint32, fds []int, err e
 		st, text := errStatus(err)
 		b.Reset(t, seq, st)
 		var rej *RejectedError
-		if errors.As(err, &rej) {
+		var errno syscall.Errno
+		switch {
+		case errors.As(err, &rej):
 			b.Bytes(rej.PrivateData)
-		} else {
+		case st == svc.StatusGeneral && errors.As(err, &errno):
+			b.Reset(t, seq, svc.StatusErrno).Args(uint64(errno)).String(text)
+		default:
 			b.String(text)
 		}
 		fds = nil

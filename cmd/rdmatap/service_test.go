@@ -285,7 +285,8 @@ func TestViaService(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "rt0.sock")
 	var mu sync.Mutex
 	clients := 0
-	sf := serviceFlags{socket: sock, qps: 64, cqs: 64, conns: 64, mrs: 64, frPages: 1024, mrBytes: "1G", ring: "64M", pollSpin: 50 * time.Microsecond}
+	sf := serviceFlags{socket: sock, qps: 64, cqs: 64, conns: 64, mrs: 64, frPages: 1024, mrBytes: "1G", ring: "64M", pollSpin: 50 * time.Microsecond,
+		memory: "512M", clients: 1024, perUser: 64, pending: 16}
 	srv, err := sf.start(a.Dev, func(format string, args ...any) {
 		if strings.HasSuffix(format, "connected") {
 			mu.Lock()

@@ -137,6 +137,7 @@ const (
 	StatusTimeout
 	StatusInvalidWR    // iwarp.ErrInvalidWR (a work request or memory object refused)
 	StatusInvalidArgWR // both verbs.ErrInvalidArgument and iwarp.ErrInvalidWR
+	StatusErrno        // a system error: argument 0 is its errno (EADDRINUSE, EADDRNOTAVAIL, ECONNREFUSED, ...)
 )
 
 // MAP_MR's modes (its second argument) and the size of one entry of its
