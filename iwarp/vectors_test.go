@@ -1,7 +1,7 @@
 package iwarp_test
 
 // Test vectors from real Linux siw traffic: the captures in
-// ../shared/testdata/siw-pcaps (a sibling of the repository root) are
+// testdata/siw-pcaps at the repository root are
 // reassembled into TCP byte streams and decoded with the wire views. The
 // expected values come from the captures' README and from ANALYSIS.txt,
 // which tshark produced independently.
@@ -29,7 +29,7 @@ import (
 
 // siwPcapDir is where the siw captures live, relative to this package's
 // directory (go test runs in iwarp/; the repository root's sibling shared/).
-var siwPcapDir = filepath.Join("..", "..", "shared", "testdata", "siw-pcaps")
+var siwPcapDir = filepath.Join("..", "testdata", "siw-pcaps")
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -331,7 +331,7 @@ func siwCaptures(t testing.TB) []*siwCapture {
 		t.Fatal(err)
 	}
 	if len(names) == 0 {
-		t.Skipf("siw captures not found in %s (expected shared/testdata/siw-pcaps next to the repository root); skipping the real-traffic vectors", siwPcapDir)
+		t.Fatalf("siw captures not found in %s", siwPcapDir)
 	}
 	sort.Strings(names)
 	var out []*siwCapture

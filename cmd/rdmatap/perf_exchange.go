@@ -18,7 +18,7 @@ import (
 )
 
 // perftest's -R parameter exchange (perftest_communication.c), byte for
-// byte as the siw captures show it (shared/testdata/siw-pcaps, stream 0):
+// byte as the siw captures show it (testdata/siw-pcaps, stream 0):
 // one rdma_cm connection to the port, one receive of
 // sizeof(struct pingpong_dest) posted at a time and reposted as soon as it
 // completes; every exchange is "client Sends, server Sends back"
