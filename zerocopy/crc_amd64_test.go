@@ -6,6 +6,8 @@ import (
 	"bytes"
 	stdcrc "hash/crc32"
 	"math/rand/v2"
+	"os"
+	"strings"
 	"testing"
 
 	"rdmatap/zerocopy/internal/crcgen"
@@ -17,7 +19,30 @@ func TestFoldTable(t *testing.T) {
 	}
 }
 
+// TestFoldKernelUsed: the AVX-512 kernel is chosen exactly when the
+// kernel's CPU flags list every extension it uses.
 func TestFoldKernelUsed(t *testing.T) {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		t.Skipf("skipping: no /proc/cpuinfo: %v", err)
+	}
+	var flags map[string]bool
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "flags" {
+			flags = map[string]bool{}
+			for _, f := range strings.Fields(v) {
+				flags[f] = true
+			}
+			break
+		}
+	}
+	if flags == nil {
+		t.Skip("skipping: /proc/cpuinfo lists no flags")
+	}
+	want := flags["avx512f"] && flags["avx512vl"] && flags["vpclmulqdq"] && flags["pclmulqdq"] && flags["avx2"] && flags["sse4_2"]
+	if useFold512 != want {
+		t.Fatalf("useFold512 = %v, but the CPU flags say %v", useFold512, want)
+	}
 	t.Logf("useFold512 = %v (fold512Min %d)", useFold512, fold512Min)
 }
 

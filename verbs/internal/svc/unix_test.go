@@ -36,12 +36,9 @@ func TestEventfdWaitThread(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 		e.Signal()
 	}()
-	t0 = time.Now()
-	if rang, err := e.WaitThread(5 * time.Second); !rang || err != nil {
+	// rang: it woke for the ring, not for the timeout.
+	if rang, err := e.WaitThread(time.Minute); !rang || err != nil {
 		t.Fatalf("ring while waiting: %v %v", rang, err)
-	}
-	if d := time.Since(t0); d > time.Second {
-		t.Errorf("woke after %v", d)
 	}
 	if n := testing.AllocsPerRun(100, func() {
 		e.Signal()
