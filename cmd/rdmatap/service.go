@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"os/user"
 	"strconv"
-	"strings"
 	"time"
 
+	"rdmatap/internal/units"
 	"rdmatap/verbs"
 )
 
@@ -50,22 +50,14 @@ func (f *serviceFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.pollSpin, "poll-spin", 50*time.Microsecond, "longest a client's ring poller spins after its last work request before it sleeps (less for clients whose work requests come further apart)")
 }
 
-// parseBytes reads a byte count with an optional K, M or G suffix.
+// parseBytes reads a positive byte count with an optional K, M or G
+// suffix.
 func parseBytes(s string) (int64, error) {
-	mul := int64(1)
-	switch {
-	case strings.HasSuffix(s, "K"):
-		mul, s = 1<<10, strings.TrimSuffix(s, "K")
-	case strings.HasSuffix(s, "M"):
-		mul, s = 1<<20, strings.TrimSuffix(s, "M")
-	case strings.HasSuffix(s, "G"):
-		mul, s = 1<<30, strings.TrimSuffix(s, "G")
+	n, err := units.ParseBytes(s, 1<<62)
+	if err == nil && n == 0 {
+		err = fmt.Errorf("%w %q: must be positive", units.ErrSize, s)
 	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 || n > (1<<62)/mul {
-		return 0, fmt.Errorf("bad byte count %q", s)
-	}
-	return n * mul, nil
+	return n, err
 }
 
 // check validates the flags and resolves the group (-1: none given).

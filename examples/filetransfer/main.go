@@ -11,17 +11,19 @@ import (
 	"time"
 
 	"rdmatap/examples/internal/embed"
+	"rdmatap/internal/units"
 	"rdmatap/verbs"
 	"rdmatap/zerocopy"
 )
 
 func main() {
 	file := flag.String("file", "", "file to send (default: random data of -size bytes)")
-	size := flag.Int("size", 64<<20, "bytes of random data when no -file is given")
+	size := units.Size{N: 64 << 20, Max: 16 << 30}
+	flag.Var(&size, "size", "bytes of random data when no -file is given (K, M, G suffixes)")
 	crc := flag.Bool("crc", false, "negotiate MPA CRC32c")
 	service := flag.Bool("service", false, "run the sender as a client of a service of its endpoint (verbs.Connect), as a process using `rdmatap up --socket` does")
 	flag.Parse()
-	if err := run(*file, *size, *crc, *service); err != nil {
+	if err := run(*file, int(size.N), *crc, *service); err != nil {
 		fmt.Fprintln(os.Stderr, "filetransfer:", err)
 		os.Exit(1)
 	}
