@@ -52,6 +52,9 @@ type Config struct {
 	// segment may wait for the connection's next segment to carry it
 	// (see ackdelay.go). Default DefaultAckDelay; negative: never delay.
 	AckDelay time.Duration
+	// NoLinkRepair turns off the link's repair of lost GSO packets
+	// (repair.go): the stack's TCP alone recovers them.
+	NoLinkRepair bool
 }
 
 // DefaultPeerTimeout is Config.PeerTimeout's default.
@@ -188,7 +191,7 @@ func New(cfg Config) (*Stack, error) {
 	if ackDelay == 0 {
 		ackDelay = DefaultAckDelay
 	}
-	nic := newTapLink(cfg.Link, ackDelay)
+	nic := newTapLink(cfg.Link, ackDelay, !cfg.NoLinkRepair)
 	if terr := s.CreateNICWithOptions(nicID, nic, stack.NICOptions{QDisc: directQDisc{link: nic}}); terr != nil {
 		return fail("create NIC", terr)
 	}

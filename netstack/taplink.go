@@ -31,10 +31,14 @@ type tapLink struct {
 	// last is the tap the link's previous data segment went to (the
 	// same goroutine, as views).
 	last tapCache
+	// rp repairs lost GSO packets (see repair.go).
+	rp *repairer
 }
 
-func newTapLink(l stack.LinkEndpoint, ackDelay time.Duration) *tapLink {
+func newTapLink(l stack.LinkEndpoint, ackDelay time.Duration, repair bool) *tapLink {
 	t := &tapLink{LinkEndpoint: l}
+	t.rp = newRepairer(l.WritePackets)
+	t.rp.off = !repair
 	if ackDelay > 0 {
 		t.acks = newAckDelay(l, ackDelay)
 	}
@@ -42,8 +46,10 @@ func newTapLink(l stack.LinkEndpoint, ackDelay time.Duration) *tapLink {
 }
 
 // WritePackets implements stack.LinkEndpoint: outbound packets pass the
-// ACK delaying, when it is on.
+// repair of lost GSO packets (which keeps them) and the ACK delaying,
+// when it is on.
 func (l *tapLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	l.rp.outbound(pkts)
 	if l.acks != nil {
 		return l.acks.writePackets(pkts)
 	}
@@ -56,6 +62,7 @@ func (l *tapLink) Close() {
 		l.acks.close()
 	}
 	l.LinkEndpoint.Close()
+	l.rp.close()
 }
 
 // Attach implements stack.LinkEndpoint: the link delivers to tapLink,
@@ -75,6 +82,11 @@ func (l *tapLink) IsAttached() bool { return l.d.Load() != nil }
 
 // DeliverNetworkPacket implements stack.NetworkDispatcher.
 func (l *tapLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	if l.rp.n.Load() > 0 {
+		l.views = gatherData(l.views[:0], pkt)
+		l.rp.inbound(proto, l.views)
+		clear(l.views)
+	}
 	if t := l.taps.Load(); t != nil {
 		l.inspect(t, proto, pkt)
 	}

@@ -1,0 +1,124 @@
+package netstack
+
+import (
+	"context"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+)
+
+// gsoTailLoss runs request/response rounds over a GSO link: A sends a
+// message that fits one GSO packet (45 segments), B answers one byte, so
+// that the message is all A has in flight. The packet of round lose is
+// dropped, once. It returns A's connection counters and stack stats.
+func gsoTailLoss(t *testing.T, repair bool) (ConnTCP, TCPStats) {
+	t.Helper()
+	const (
+		msg    = 64000
+		rounds = 12
+		lose   = 8
+	)
+	var seen atomic.Int32
+	filter := func(pkt *stack.PacketBuffer) bool {
+		// Only the first packet of exactly msg bytes of round lose:
+		// retransmissions (the stack's, one segment each; the link's,
+		// the same packet again) pass.
+		return pkt.Data().Size() == msg && seen.Add(1) == lose
+	}
+	la, lb := NewLinkPair(LinkConfig{})
+	im := NewImpair(la, ImpairConfig{Seed: 1, LossRate: 1, Filter: filter}).(*Impair)
+	cfg := Config{MinRTO: 10 * time.Millisecond, NoLinkRepair: !repair}
+	cfg.Link, cfg.Addrs = im, []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Link, cfg.Addrs = lb, []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}
+	b, err := New(cfg)
+	if err != nil {
+		a.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.Close()
+		b.Close()
+	})
+	ca, cb := connect(t, a, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		buf := make([]byte, msg)
+		for i := range rounds {
+			if err := cb.ReadFull(ctx, buf); err != nil {
+				errc <- err
+				return
+			}
+			for j, c := range buf {
+				if c != pattern(byte(i), int64(j)) {
+					t.Errorf("round %d: byte %d wrong", i, j)
+					break
+				}
+			}
+			if _, err := cb.Write(ctx, buf[:1]); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	buf := make([]byte, msg)
+	one := make([]byte, 1)
+	for i := range rounds {
+		fillPattern(byte(i), 0, buf)
+		if _, err := ca.Write(ctx, buf); err != nil {
+			t.Fatalf("round %d: write: %v", i, err)
+		}
+		if err := ca.ReadFull(ctx, one); err != nil {
+			t.Fatalf("round %d: read the answer: %v", i, err)
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if st := im.Stats(); st.Dropped != 1 {
+		t.Fatalf("dropped %d packets, want 1 (the scenario was not reached: %d packets of %d bytes)", st.Dropped, seen.Load(), msg)
+	}
+	return ca.TCP(), a.TCPStats()
+}
+
+// TestGSOTailLossRepaired: a GSO packet lost at the tail of what a
+// connection has in flight is recovered without a retransmission timeout:
+// the link sends the packet again when the peer's acknowledgment of the
+// stack's tail-loss probe lands inside it.
+func TestGSOTailLossRepaired(t *testing.T) {
+	c, s := gsoTailLoss(t, true)
+	t.Logf("conn %+v", c)
+	t.Logf("stack %+v", s)
+	if c.Timeouts != 0 {
+		t.Errorf("%d retransmission timeouts, want 0", c.Timeouts)
+	}
+	if s.LinkResentPackets == 0 {
+		t.Errorf("the link resent nothing")
+	}
+}
+
+// TestGVisorGSOTailLossWaitsForTimeouts reproduces the gVisor behaviour
+// the link's repair works around (docs/tcp-recovery.md): with the repair
+// off, the same lost packet is recovered by retransmission timeouts, two
+// segments per timeout. If this test fails, gVisor recovers such losses by
+// itself now, and the repair may be unnecessary.
+func TestGVisorGSOTailLossWaitsForTimeouts(t *testing.T) {
+	c, s := gsoTailLoss(t, false)
+	t.Logf("conn %+v", c)
+	t.Logf("stack %+v", s)
+	if c.Timeouts == 0 {
+		t.Errorf("no retransmission timeout: gVisor recovered the lost GSO packet by itself")
+	}
+	if s.LinkResentPackets != 0 {
+		t.Errorf("the link resent %d packets with the repair off", s.LinkResentPackets)
+	}
+}

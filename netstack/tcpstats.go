@@ -1,0 +1,123 @@
+package netstack
+
+import (
+	"net/netip"
+	"slices"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+)
+
+// TCPStats count how a stack's TCP recovered from loss, over all its
+// connections since the stack was made, and what its link repaired
+// (repair.go).
+type TCPStats struct {
+	SegmentsSent uint64 // TCP segments sent (a GSO packet counts once)
+	Retransmits  uint64 // segments retransmitted
+	// FastRetransmits are segments retransmitted on entering recovery;
+	// Timeouts are retransmission timeouts (RTOs).
+	FastRetransmits, Timeouts uint64
+	// Recoveries by SACK (RFC 6675 / RACK) and recoveries a tail-loss
+	// probe started; recoveries and RTOs later found spurious.
+	SACKRecoveries, TLPRecoveries        uint64
+	SpuriousRecoveries, SpuriousRTOs     uint64
+	LinkResentPackets, LinkResentBytes   uint64 // GSO packets the link sent again, and their payload
+	SegmentsReceived, ChecksumErrors     uint64
+	DSACKs                               uint64 // segments the peer reported received twice (D-SACK)
+	FastRecoveries, SlowStartRetransmits uint64
+}
+
+// TCPStats returns the stack's TCP recovery counters.
+func (s *Stack) TCPStats() TCPStats {
+	t := s.s.Stats().TCP
+	r := s.nic.rp.stats()
+	return TCPStats{
+		SegmentsSent: t.SegmentsSent.Value(), Retransmits: t.Retransmits.Value(),
+		FastRetransmits: t.FastRetransmit.Value(), Timeouts: t.Timeouts.Value(),
+		SACKRecoveries: t.SACKRecovery.Value(), TLPRecoveries: t.TLPRecovery.Value(),
+		SpuriousRecoveries: t.SpuriousRecovery.Value(), SpuriousRTOs: t.SpuriousRTORecovery.Value(),
+		LinkResentPackets: r.Resent, LinkResentBytes: r.ResentBytes,
+		SegmentsReceived: t.ValidSegmentsReceived.Value(), ChecksumErrors: t.ChecksumErrors.Value(),
+		DSACKs:         t.SegmentsAckedWithDSACK.Value(),
+		FastRecoveries: t.FastRecovery.Value(), SlowStartRetransmits: t.SlowStartRetransmits.Value(),
+	}
+}
+
+// ConnTCP is one connection's TCP state, as `ss -ti` shows a kernel
+// socket's: its own counters (gVisor keeps recoveries by kind per stack
+// only: TCPStats) and its sender's current estimates.
+type ConnTCP struct {
+	Local, Remote      netip.AddrPort
+	SegmentsSent       uint64
+	SegmentsReceived   uint64
+	Retransmits        uint64
+	FastRetransmits    uint64
+	Timeouts           uint64
+	Cwnd, Ssthresh     uint32 // congestion window and slow-start threshold, in segments
+	SRTT, RTTVar, RTO  time.Duration
+	CongestionState    tcpip.CongestionControlState // Open, RTORecovery, FastRecovery, SACKRecovery, Disorder
+	ReorderSeen, Alive bool                         // Alive: the connection is open
+}
+
+// TCP returns the connection's TCP state.
+func (c *Conn) TCP() ConnTCP {
+	out := ConnTCP{Local: c.laddr, Remote: c.raddr}
+	if st, ok := c.ep.Stats().(*tcp.Stats); ok {
+		out.SegmentsSent = st.SegmentsSent.Value()
+		out.SegmentsReceived = st.SegmentsReceived.Value()
+		out.Retransmits = st.SendErrors.Retransmits.Value()
+		out.FastRetransmits = st.SendErrors.FastRetransmit.Value()
+		out.Timeouts = st.SendErrors.Timeouts.Value()
+	}
+	var info tcpip.TCPInfoOption
+	if c.ep.GetSockOpt(&info) == nil {
+		out.Cwnd, out.Ssthresh = info.SndCwnd, info.SndSsthresh
+		out.SRTT, out.RTTVar, out.RTO = info.RTT, info.RTTVar, info.RTO
+		out.CongestionState, out.ReorderSeen = info.CcState, info.ReorderSeen
+		out.Alive = !finishedState(tcp.EndpointState(info.State))
+	}
+	return out
+}
+
+// ConnsTCP returns the TCP state of the stack's open connections, the
+// busiest sender first.
+func (s *Stack) ConnsTCP() []ConnTCP {
+	s.mu.Lock()
+	conns := make([]*Conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	out := make([]ConnTCP, 0, len(conns))
+	for _, c := range conns {
+		out = append(out, c.TCP())
+	}
+	slices.SortFunc(out, func(a, b ConnTCP) int {
+		switch {
+		case a.SegmentsSent > b.SegmentsSent:
+			return -1
+		case a.SegmentsSent < b.SegmentsSent:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// CongestionStateName names a ConnTCP.CongestionState.
+func CongestionStateName(s tcpip.CongestionControlState) string {
+	switch s {
+	case tcpip.Open:
+		return "open"
+	case tcpip.RTORecovery:
+		return "rto-recovery"
+	case tcpip.FastRecovery:
+		return "fast-recovery"
+	case tcpip.SACKRecovery:
+		return "sack-recovery"
+	case tcpip.Disorder:
+		return "disorder"
+	}
+	return "unknown"
+}
