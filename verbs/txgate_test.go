@@ -26,9 +26,15 @@ func TestOpenTXGate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Gated: the Write waits for the initiator.
+	// Gated: the Write waits for the initiator. An open QP's poster
+	// transmits a small Write itself, before PostSend returns; a gated
+	// one only queues it, so nothing has gone out when PostSend returns
+	// (and the initiator, which has not spoken, cannot have opened it).
+	sent := p.b.Stats().TxFPDUs
 	write(1)
-	time.Sleep(50 * time.Millisecond)
+	if n := p.b.Stats().TxFPDUs; n != sent {
+		t.Fatalf("a gated responder sent %d FPDUs", n-sent)
+	}
 	wc := make([]verbs.WC, 1)
 	if n := sv.scq.Poll(wc); n != 0 {
 		t.Fatalf("a responder's Write completed before the initiator spoke: %+v", wc[0])
