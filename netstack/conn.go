@@ -572,6 +572,7 @@ func (c *Conn) finish(abort bool) {
 		c.release()
 		if abort {
 			c.ep.Abort()
+			c.s.nic.rp.forget(ackKey{src: toTCPIPAddr(c.laddr.Addr()), dst: toTCPIPAddr(c.raddr.Addr()), sport: c.laddr.Port(), dport: c.raddr.Port()})
 		} else {
 			c.ep.Close()
 		}

@@ -110,6 +110,12 @@ func (r *repairer) outbound(pkts stack.PacketBufferList) {
 	for _, pkt := range pkts.AsSlice() {
 		g := &pkt.GSOOptions
 		if !g.NeedsCsum || (g.Type != stack.GSOTCPv4 && g.Type != stack.GSOTCPv6) {
+			if r.n.Load() > 0 && pkt.Data().Size() == 0 {
+				// A reset ends the connection: what it kept goes.
+				if k, th, ok := tcpOf(pkt); ok && th.Flags()&header.TCPFlagRst != 0 {
+					r.forget(k)
+				}
+			}
 			continue
 		}
 		size := pkt.Data().Size()
