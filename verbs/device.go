@@ -228,6 +228,7 @@ func (d *Device) Stats() Stats {
 		out.RxOps[i] = s.RxOps[i].Load()
 		out.TxOps[i] = s.TxOps[i].Load()
 	}
+	out.TCP = tcpStats(d.ns)
 	return out
 }
 
@@ -244,6 +245,53 @@ type Stats struct {
 	RxOps, TxOps [16]uint64
 	// Segment placement (DeviceConfig.Placement).
 	Segment SegmentStats
+	// TCP's loss recovery under the device's connections.
+	TCP TCPStats
+}
+
+// TCPStats are the TCP counters of a device's stack since it was made
+// (netstack.TCPStats: how its connections recovered from loss, and what
+// its link repaired), and the state of its busiest open connection (the
+// most segments sent), as `ss -ti` shows a kernel socket's. Fixed-size
+// fields only: a service sends them as they are.
+type TCPStats struct {
+	SegmentsSent, Retransmits uint64
+	// Segments retransmitted on entering recovery; retransmission
+	// timeouts (RTOs).
+	FastRetransmits, Timeouts uint64
+	// Recoveries by SACK (RACK) and those a tail-loss probe started;
+	// recoveries and RTOs found spurious; segments the peer reported
+	// received twice (D-SACK).
+	SACKRecoveries, TLPRecoveries, SpuriousRecoveries, SpuriousRTOs, DSACKs uint64
+	// Lost GSO packets the link sent again, and their payload bytes.
+	LinkResentPackets, LinkResentBytes uint64
+	Conns                              uint64 // open connections
+	// The busiest open connection's own counters, congestion window and
+	// slow-start threshold (segments), smoothed round trip, its
+	// variation, and retransmission timeout.
+	ConnSegmentsSent, ConnRetransmits, ConnFastRetransmits, ConnTimeouts uint64
+	Cwnd, Ssthresh                                                       uint64
+	SRTT, RTTVar, RTO                                                    time.Duration
+}
+
+func tcpStats(ns *netstack.Stack) TCPStats {
+	t := ns.TCPStats()
+	out := TCPStats{
+		SegmentsSent: t.SegmentsSent, Retransmits: t.Retransmits,
+		FastRetransmits: t.FastRetransmits, Timeouts: t.Timeouts,
+		SACKRecoveries: t.SACKRecoveries, TLPRecoveries: t.TLPRecoveries,
+		SpuriousRecoveries: t.SpuriousRecoveries, SpuriousRTOs: t.SpuriousRTOs, DSACKs: t.DSACKs,
+		LinkResentPackets: t.LinkResentPackets, LinkResentBytes: t.LinkResentBytes,
+	}
+	conns := ns.ConnsTCP()
+	out.Conns = uint64(len(conns))
+	if len(conns) > 0 {
+		c := conns[0]
+		out.ConnSegmentsSent, out.ConnRetransmits, out.ConnFastRetransmits, out.ConnTimeouts = c.SegmentsSent, c.Retransmits, c.FastRetransmits, c.Timeouts
+		out.Cwnd, out.Ssthresh = uint64(c.Cwnd), uint64(c.Ssthresh)
+		out.SRTT, out.RTTVar, out.RTO = c.SRTT, c.RTTVar, c.RTO
+	}
+	return out
 }
 
 // SegmentStats count segment placement. Copies per payload byte received
