@@ -134,6 +134,9 @@ func TestServiceMemoryBound(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fills 64 MiB of inline buffers")
 	}
+	if raceEnabled {
+		t.Skip("skipping: the race detector's shadow memory grows with the heap")
+	}
 	const (
 		budget = 64 << 20
 		slack  = 32 << 20 // the client's side, rings mapped twice, the heap's own growth
