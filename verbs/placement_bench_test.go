@@ -37,7 +37,7 @@ import (
 // RDMATAP_PLACEMENT_MARKERS=1 negotiates MPA markers in both directions;
 // RDMATAP_PLACEMENT_QUEUE=N sets the link's packet queue (default 1,024: a
 // burst that overflows it loses packets even in the clean rounds, and
-// gVisor's TCP then recovers slowly, see the README).
+// gVisor's TCP then recovers slowly, see docs/tcp-recovery.md).
 func BenchmarkPlacement(b *testing.B) {
 	rounds := envInt("RDMATAP_BENCH_ROUNDS", 9)
 	only := os.Getenv("RDMATAP_BENCH_ONLY")
