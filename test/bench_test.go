@@ -6,9 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -57,86 +55,6 @@ func BenchmarkNetwork(b *testing.B) {
 		fmt.Fprintf(os.Stderr, "%s: rdmatap bw write over bridged TAPs: %.2f Gbit/s, %.3f CPU-s/GB; kernel TCP over veth: %.2f Gbit/s, %.3f CPU-s/GB; ratio %.2f\n",
 			how, rg, rcpu, kg, kcpu, rg/kg)
 	}
-}
-
-// BenchmarkNetworkLatency measures, in one run, rdmatap's one-way latency
-// of 2-byte RDMA Writes and Sends between two processes on bridged TAPs
-// (lat write / lat send, t_typical: perftest's median of half round
-// trips) and a kernel TCP 2-byte ping-pong between two network namespaces
-// over veth (the median round trip):
-//
-//	sudo go test ./test/ -run XXX -bench NetworkLatency -benchtime 1x
-//
-// The goal of the performance issue is t_typical at most half the kernel
-// round trip: ratio = t_typical / (kernel round trip / 2) at most 1.
-func BenchmarkNetworkLatency(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("skipping: the network benchmark needs root (TAPs, bridge, namespaces)")
-	}
-	const iters = 5000
-	w := rdmatapLat(b, "write", iters)
-	sd := rdmatapLat(b, "send", iters)
-	k := kernelPingPong(b, iters)
-	b.ReportMetric(w, "write_t_typical_us")
-	b.ReportMetric(sd, "send_t_typical_us")
-	b.ReportMetric(k, "kernel_rtt_us")
-	b.ReportMetric(w/(k/2), "write_ratio")
-	b.ReportMetric(sd/(k/2), "send_ratio")
-	fmt.Fprintf(os.Stderr, "2-byte latency over bridged TAPs: lat write t_typical %.2f µs, lat send %.2f µs; kernel TCP ping-pong over veth: %.2f µs round trip (%.2f one way); ratios %.2f and %.2f (goal <= 1)\n",
-		w, sd, k, k/2, w/(k/2), sd/(k/2))
-}
-
-// rdmatapLat runs rdmatap lat op with 2-byte messages between two
-// processes on bridged TAPs and returns t_typical in µs.
-func rdmatapLat(b *testing.B, op string, iters int) float64 {
-	n := newNetns(b, 1500)
-	args := []string{"lat", op, "-s", "2", "-n", strconv.Itoa(iters)}
-	srv := n.start(b, append(args, benchEndpointArgs(n, 0)...)...)
-	n.ready(b, 0)
-	cl := n.start(b, append(append([]string{args[0], args[1], n.ips[0]}, args[2:]...), benchEndpointArgs(n, 1)...)...)
-	out, err := cl.wait(b, 2*time.Minute)
-	if err != nil {
-		b.Fatalf("client: %v\n%s\nserver:\n%s", err, out, srv.out.String())
-	}
-	srv.wait(b, 30*time.Second)
-	// #bytes #iterations t_min t_max t_typical ...
-	m := regexp.MustCompile(`(?m)^\s*2\s+` + strconv.Itoa(iters) + `\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)`).FindStringSubmatch(out)
-	if m == nil {
-		b.Fatalf("no latency row in:\n%s", out)
-	}
-	v, _ := strconv.ParseFloat(m[3], 64)
-	return v
-}
-
-// kernelPingPong runs a 2-byte TCP ping-pong (TCP_NODELAY) between two
-// namespaces over veth, with this test binary on both ends, and returns
-// the median round trip in µs.
-func kernelPingPong(b *testing.B, iters int) float64 {
-	nsA, nsB := vethPair(b, "rdla", "rdlb")
-	self, _ := os.Executable()
-	srv := exec.Command("ip", "netns", "exec", nsB, self, "-test.run", "^TestKernelTCPHelper$")
-	srv.Env = append(os.Environ(), "RDMATAP_TCP_HELPER=echo")
-	srvOut, _ := srv.StdoutPipe()
-	if err := srv.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer srv.Wait()
-	buf := make([]byte, 64)
-	if n, _ := srvOut.Read(buf); n == 0 {
-		b.Fatal("TCP helper server did not start")
-	}
-	cl := exec.Command("ip", "netns", "exec", nsA, self, "-test.run", "^TestKernelTCPHelper$", "-test.v")
-	cl.Env = append(os.Environ(), "RDMATAP_TCP_HELPER=pingpong", "RDMATAP_TCP_ITERS="+strconv.Itoa(iters))
-	out, err := cl.CombinedOutput()
-	if err != nil {
-		b.Fatalf("TCP client: %v %s", err, out)
-	}
-	m := regexp.MustCompile(`median_rtt_us=([\d.]+)`).FindSubmatch(out)
-	if m == nil {
-		b.Fatalf("no round trip in:\n%s", out)
-	}
-	v, _ := strconv.ParseFloat(string(m[1]), 64)
-	return v
 }
 
 // vethPair makes two namespaces joined by a veth pair at MTU 1500, with
@@ -276,49 +194,6 @@ func TestKernelTCPHelper(t *testing.T) {
 		if got != total {
 			t.Fatalf("received %d of %d", got, total)
 		}
-	case "echo":
-		l, err := net.Listen("tcp", "10.89.0.2:5202")
-		if err != nil {
-			t.Fatal(err)
-		}
-		fmt.Println("listening")
-		c, err := l.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		b := make([]byte, 2)
-		for {
-			if _, err := io.ReadFull(c, b); err != nil {
-				return
-			}
-			if _, err := c.Write(b); err != nil {
-				return
-			}
-		}
-	case "pingpong":
-		iters, _ := strconv.Atoi(os.Getenv("RDMATAP_TCP_ITERS"))
-		c, err := net.Dial("tcp", "10.89.0.2:5202")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.(*net.TCPConn).SetNoDelay(true)
-		b := make([]byte, 2)
-		rtts := make([]float64, 0, iters)
-		for i := 0; i < iters+100; i++ {
-			start := time.Now()
-			if _, err := c.Write(b); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := io.ReadFull(c, b); err != nil {
-				t.Fatal(err)
-			}
-			if i >= 100 { // warm-up
-				rtts = append(rtts, float64(time.Since(start).Nanoseconds())/1e3)
-			}
-		}
-		c.Close()
-		slices.Sort(rtts)
-		fmt.Printf("median_rtt_us=%.2f\n", rtts[len(rtts)/2])
 	case "client":
 		c, err := net.Dial("tcp", "10.89.0.2:5201")
 		if err != nil {
