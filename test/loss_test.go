@@ -17,8 +17,8 @@ import (
 // and kernel TCP between two network namespaces over a veth pair, with the
 // same nftables rule dropping a random fraction of the packets on both:
 // `numgen random mod 10000 < N drop` in a bridge table's forward chain
-// (TAPs) or in an inet table's input chain of the receiving namespace, or
-// of both (veth). On both paths the rule sees what the sender's TCP sent:
+// (TAPs; IPv4 frames only) or in an inet table's input chain of the
+// receiving namespace, or of both (veth). On both paths the rule sees what the sender's TCP sent:
 // GSO packets cross the bridge and the veth whole, so a drop takes a whole
 // TSO packet (up to 64 KB), as a switch's would on a real link only
 // segment by segment.
@@ -31,12 +31,13 @@ import (
 // write, read and send with 1 MiB messages; kernel TCP with 1 MiB writes),
 // it prints the throughput and its fraction of the same side's clean
 // throughput in this run, then the 99th percentile of 64-byte lat write
-// and of a kernel TCP 64-byte ping-pong under each rate. Every rdmatap run
-// verifies its data (bw --verify... is not used: bw's own checks of
-// completions and sizes apply; the netstack and verbs tests verify every
-// byte under loss). Environment: RDMATAP_LOSS_SECONDS (per run, default
+// and of a kernel TCP 64-byte ping-pong under each rate. bw checks its
+// completions and sizes; the netstack and verbs tests verify every byte
+// under loss. Environment: RDMATAP_LOSS_SECONDS (per run, default
 // 4), RDMATAP_LOSS_RATES (percent, default 0.1,1,2), RDMATAP_LOSS_OPS
-// (default write,read,send), RDMATAP_LOSS_DIRS (default both,data).
+// (default write,read,send), RDMATAP_LOSS_DIRS (default both,data),
+// RDMATAP_LOSS_EXTRA (more endpoint flags for bw, e.g. --no-offload or
+// --no-link-repair).
 
 // lossRule installs the drop rule in namespace ns: family bridge (forward
 // chain) or inet (input chain); iif, when set, limits it to packets that
@@ -52,9 +53,15 @@ func lossRule(t testing.TB, ns, family, iif string, rate float64) {
 		hook = "forward"
 	}
 	n := int(rate*10000 + 0.5)
+	// IP only, as the inet family's input chain sees it: a lost ARP
+	// reply would stall the endpoints' neighbour resolution, a loss the
+	// kernel's side never meets.
 	match := ""
+	if family == "bridge" {
+		match = "ether type ip "
+	}
 	if iif != "" {
-		match = fmt.Sprintf("iifname %q ", iif)
+		match += fmt.Sprintf("iifname %q ", iif)
 	}
 	script := fmt.Sprintf("table %s lossl {\n chain c {\n  type filter hook %s priority 0; policy accept;\n  %snumgen random mod 10000 < %d drop\n }\n}\n", family, hook, match, n)
 	cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
@@ -95,9 +102,10 @@ func lossBW(b *testing.B, op string, rate float64, dataOnly bool, secs int) (flo
 	}
 	lossRule(b, n.name, "bridge", iif, rate)
 	args := []string{"bw", op, "-s", "1048576", "-D", strconv.Itoa(secs)}
-	srv := n.start(b, append(args, benchEndpointArgs(n, 0)...)...)
+	extra := strings.Fields(os.Getenv("RDMATAP_LOSS_EXTRA"))
+	srv := n.start(b, append(append(args, benchEndpointArgs(n, 0)...), extra...)...)
 	n.ready(b, 0)
-	cl := n.start(b, append([]string{"bw", op, n.ips[0], "-s", "1048576", "-D", strconv.Itoa(secs)}, benchEndpointArgs(n, 1)...)...)
+	cl := n.start(b, append(append([]string{"bw", op, n.ips[0], "-s", "1048576", "-D", strconv.Itoa(secs)}, benchEndpointArgs(n, 1)...), extra...)...)
 	out, err := cl.wait(b, time.Duration(secs)*time.Second+2*time.Minute)
 	if err != nil {
 		b.Fatalf("client: %v\n%s\nserver:\n%s", err, out, srv.out.String())

@@ -31,6 +31,7 @@ type endpointFlags struct {
 	p2p       string
 	pcap      string
 	noOffload bool
+	noRepair  bool
 	name      string
 	ackDelay  time.Duration
 	busyPoll  time.Duration
@@ -51,6 +52,7 @@ func (f *endpointFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.p2p, "p2p", "", "RFC 6581 peer-to-peer mode with this RTR: write, read or send")
 	fs.StringVar(&f.pcap, "pcap", "", "capture the endpoint's frames to this pcap file")
 	fs.BoolVar(&f.noOffload, "no-offload", false, "plain TAP: no virtio-net header, no TSO/checksum offload")
+	fs.BoolVar(&f.noRepair, "no-link-repair", false, "leave lost GSO packets to TCP alone: the link does not send them again (docs/tcp-recovery.md)")
 	fs.StringVar(&f.name, "name", "rt0", "RDMA device name")
 	fs.DurationVar(&f.ackDelay, "ack-delay", netstack.DefaultAckDelay, "longest a TCP ACK of less than a segment waits to ride on the next segment (0: never)")
 	fs.DurationVar(&f.busyPoll, "busy-poll", 0, "keep reading the TAP for this long after each frame before sleeping until the next (lower latency, a CPU busy while traffic flows; 0: sleep at once; lat's default: "+latBusyPoll.String()+")")
@@ -176,7 +178,7 @@ func (f *endpointFlags) open() (*endpoint, error) {
 	}
 	// Outside the capture, so that the capture shows what is on the wire.
 	link, e.impair = f.lab.wrap(link)
-	e.Net, err = netstack.New(netstack.Config{Link: link, Addrs: []netip.Prefix{pfx}, Gateway: gw, CongestionControl: "cubic", AckDelay: ackDelayConfig(f.ackDelay)})
+	e.Net, err = netstack.New(netstack.Config{Link: link, Addrs: []netip.Prefix{pfx}, Gateway: gw, CongestionControl: "cubic", AckDelay: ackDelayConfig(f.ackDelay), NoLinkRepair: f.noRepair})
 	if err != nil {
 		e.Close()
 		return nil, err
