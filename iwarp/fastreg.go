@@ -23,16 +23,25 @@ import (
 // a REG_MR over a scattered page list is): placement that crosses a page
 // boundary continues in the next page of the list. The SGEs given to
 // MapSG make a page list where they leave gaps at page boundaries.
+//
+// mu guards the mapping the next REG_MR registers. It is a leaf, taken by
+// the consumer (MapPages, MapSG, SetIOVA) and by the transmitter that
+// executes a REG_MR (mapping, under QP.txMu). The registration itself is
+// the memory object's, under the table's lock (see memObject).
 type FastRegMR struct {
 	memObject
 	maxPages int
 
-	mu     sync.Mutex
-	buf    []byte    // what the next REG_MR maps: one run,
-	pages  *pageList // or a page list
+	mu sync.Mutex
+	// +checklocks:mu
+	buf []byte // what the next REG_MR maps: one run,
+	// +checklocks:mu
+	pages *pageList // or a page list
+	// +checklocks:mu
 	mapped bool
 	// iova is the TO of the first byte of a VA-based registration: the
 	// first byte's address unless SetIOVA changed it.
+	// +checklocks:mu
 	iova uint64
 }
 

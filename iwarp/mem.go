@@ -54,6 +54,10 @@ const (
 // again: an access that began before sees the region valid and ends, one
 // that begins after sees it invalid (valid and users are sequentially
 // consistent atomics, so one of the two always sees the other's store).
+//
+// A Region has no mutex: its exported fields, pages, stag and parent are
+// set before the table publishes it (Register, rebind, under MemTable.mu)
+// and never change after; valid, users and windows are atomics.
 type Region struct {
 	// Buf is the region's memory, one run of bytes; it is nil for a
 	// region over a page list of separate buffers (see pages, Pieces).
@@ -280,16 +284,33 @@ func BufferAddr(b []byte) uint64 {
 //
 // Lookups, one per tagged FPDU, take no lock: the table is a list of
 // fixed-size chunks of atomic slots that only ever grows.
+//
+// mu serialises every change: Register, Deregister, and the memory
+// objects' reserve, rebind, release and invalidateUnbound. It guards the
+// index allocator and the counters below, each chunk's key histories
+// (memChunk.keys) and the memory objects' used and freed flags; slots
+// and the chunk list are atomics, stored under it and loaded without it.
+// mu is a leaf: nothing is locked under it, and the fences that wait for
+// accesses in progress run after it is released. It is taken inside
+// QP.txMu (registration and invalidation work requests), QP.rxMu (a
+// Send with Invalidate, a Read with local invalidate), and verbs' PD.mu
+// and MR.mu (registration, Dereg).
 type MemTable struct {
-	mu       sync.Mutex // serialises Register and Deregister
-	chunks   atomic.Pointer[[]*memChunk]
-	next     uint32   // next never-used index
-	free     []uint32 // freed indices, oldest first from freeHead
+	mu     sync.Mutex
+	chunks atomic.Pointer[[]*memChunk]
+	// +checklocks:mu
+	next uint32 // next never-used index
+	// +checklocks:mu
+	free []uint32 // freed indices, oldest first from freeHead
+	// +checklocks:mu
 	freeHead int
-	n        int
+	// +checklocks:mu
+	n int
 	// owners are the fast-register MRs and windows by index, serial the
 	// last serial given to one (memRef).
+	// +checklocks:mu
 	owners map[uint32]any
+	// +checklocks:mu
 	serial uint64
 }
 
@@ -340,6 +361,7 @@ func (t *MemTable) slot(idx uint32) *atomic.Pointer[Region] {
 }
 
 // index returns the index for a new registration; t.mu is held.
+// +checklocks:t.mu
 func (t *MemTable) index() (uint32, error) {
 	if len(t.free)-t.freeHead > memQuarantine || t.next > MaxRegions && t.freeHead < len(t.free) {
 		idx := t.free[t.freeHead]

@@ -70,6 +70,12 @@ var (
 
 // memObject is what fast-register MRs and windows share: an STag index
 // held for life and the registration currently in it.
+//
+// It has no mutex of its own: mem, idx, pd, kind and serial are set by
+// reserve and never change; cur is an atomic, stored under the table's
+// lock (MemTable.mu) and loaded without it; used and freed are guarded by
+// the table's lock (not annotated: the methods that touch them lock the
+// table they are given, which checklocks cannot tie to o.mem).
 type memObject struct {
 	mem  *MemTable
 	idx  uint32

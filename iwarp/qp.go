@@ -263,65 +263,136 @@ type irqEntry struct {
 
 // QP is one RDMAP stream's protocol engine: the send queue and its TX
 // goroutine, the receive path, the ORQ and IRQ, and the state machine.
+//
+// Locks. A QP has three mutexes:
+//
+//   - mu guards what everyone shares: the state, the send queue, the ORQ
+//     and IRQ, the queued Terminate, the gates and holds, the MSNs sent,
+//     the error (the fields marked +checklocks:mu). It is held only for
+//     short bookkeeping: never across a stream read or write, a
+//     completion, an event or another QP lock.
+//   - txMu is held while transmitting. Its holder owns tx (the
+//     transmitter and its scratch) and writes to the stream: the TX
+//     goroutine, for each drain of work; a poster that sends in its own
+//     goroutine (postInline, postDirect; it only ever TryLocks txMu);
+//     Start, while it sets the transmitter up; flush, which takes it once
+//     to wait for a poster's write to end.
+//   - rxMu is held while receiving. Its holder owns rx (the receiver) and
+//     reads from the stream: the RX goroutine, for each read; a poller in
+//     Progress (TryLock) or WaitProgress; the segment placer feeding the
+//     receiver on netstack's link goroutine (segPlacer.feed, TryLock);
+//     and flush, after the goroutines have ended.
+//
+// Lock order: txMu → mu and rxMu → mu. mu is taken inside either, for
+// each piece of shared state (pick, nextMSN, the ORQ and IRQ checks of
+// the receive path); no one takes txMu or rxMu while holding mu, except
+// PostSend's TryLock of txMu, which cannot wait. txMu and rxMu are never
+// held together. Taken under txMu or rxMu (never under mu): the CQs'
+// locks (completions are pushed by the holder of txMu or rxMu, and by
+// flush), the memory table's (MemTable.mu: registration work requests,
+// invalidations), a fast-register MR's (FastRegMR.mu), the segment
+// placer's mu (fail, the receiver's Send bookkeeping), and through it
+// the receive queue's (RecvQueue.mu). The segment placer's placeMu comes
+// before rxMu (see segPlacer).
+//
+// Who touches what: posters (PostSend, PostRecv) take mu for the send
+// queue and the state; the TX goroutine and transmitting posters hold
+// txMu and take mu in pick; the RX goroutine, pollers and the placer's
+// feed hold rxMu and take mu for the ORQ, IRQ and gates; the hold and
+// Terminate timers take mu; flush runs once both goroutines have ended
+// and takes each lock in turn. Set once by Start, under txMu and mu,
+// before the goroutines start and the QP leaves IDLE, and read without a
+// lock after it: stream, ctx, cancel, txDone, rxDone, seg, segUntap
+// (live is an atomic copy of stream, for Progress). termErr is written
+// once under mu, together with term (terminate) or by the peer's
+// Terminate (terminated), and read without mu only by the one who saw
+// term set (sendTerminate) or armed the Terminate timer (terminate).
 type QP struct {
 	cfg QPConfig
 
-	mu   sync.Mutex
-	txMu sync.Mutex // held while transmitting: by the TX goroutine or a poster
-	rxMu sync.Mutex // held while receiving: by the RX goroutine or a poller
+	mu   sync.Mutex // guards the fields marked +checklocks:mu
+	txMu sync.Mutex // held while transmitting: by the TX goroutine or a poster; guards tx
+	rxMu sync.Mutex // held while receiving: by the RX goroutine or a poller; guards rx
 	// termTimer fails the QP if its Terminate cannot go out (terminate);
 	// stopped once the QP is done.
+	// +checklocks:mu
 	termTimer *time.Timer
-	state     QPState
-	params    ConnParams
-	stream    Stream
-	live      atomic.Value // the Stream, for lock-free Progress
-	ctx       context.Context
-	cancel    context.CancelFunc
+	// +checklocks:mu
+	state QPState
+	// +checklocks:mu
+	params ConnParams
+	// stream, ctx and cancel: set once by Start (see above).
+	stream Stream
+	live   atomic.Value // the Stream, for lock-free Progress
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	// send queue (ring of posted, not yet transmitted WRs)
-	sq     []sendWQE
+	// +checklocks:mu
+	sq []sendWQE
+	// +checklocks:mu
 	sqHead int
-	sqN    int
-	// outstanding reads (we are requester) and inbound reads (responder)
-	orq     []orqEntry
+	// +checklocks:mu
+	sqN int
+	// outstanding reads (we are requester) and inbound reads (responder);
+	// the receiver keeps a copy of the head (receiver.rresp)
+	// +checklocks:mu
+	orq []orqEntry
+	// +checklocks:mu
 	orqHead int
-	orqN    int
+	// +checklocks:mu
+	orqN int
 	// immOK: the peer has answered the Read behind an Immediate Data
 	// message, so it takes them (see probesImm).
+	// +checklocks:mu
 	immOK bool
 	// The opcode of the message the peer's Terminate names, if it did.
-	termOp      Opcode
+	// +checklocks:mu
+	termOp Opcode
+	// +checklocks:mu
 	termOpKnown bool
-	irq         []irqEntry
-	irqHead     int
-	irqN        int
-	txGate      bool // responder: TX waits for the first inbound FPDU
+	// +checklocks:mu
+	irq []irqEntry
+	// +checklocks:mu
+	irqHead int
+	// +checklocks:mu
+	irqN int
+	// +checklocks:mu
+	txGate bool // responder: TX waits for the first inbound FPDU
 	// held: an initiator's TX waits out FirstFPDUDelay after the MPA
 	// Reply (holdTimer ends it); posts meanwhile queue, nothing is sent.
-	held      bool
+	// +checklocks:mu
+	held bool
+	// +checklocks:mu
 	holdTimer *time.Timer
-	rtrDue    bool // a peer-to-peer initiator's RTR is still to go, before anything else
-	term      *TerminateFields
-	termBuf   [TerminateMaxSize]byte
-	termErr   *TerminateError
-	closing   bool // graceful close requested
+	// +checklocks:mu
+	rtrDue bool // a peer-to-peer initiator's RTR is still to go, before anything else
+	// +checklocks:mu
+	term    *TerminateFields
+	termBuf [TerminateMaxSize]byte
+	termErr *TerminateError // written once under mu; see above for its reads
+	// +checklocks:mu
+	closing bool // graceful close requested
+	// +checklocks:mu
 	txSendMSN [numQN]uint32
-	atomicID  uint32 // Request Identifier of the last atomic issued
+	// +checklocks:mu
+	atomicID uint32 // Request Identifier of the last atomic issued
 
+	// +checklocks:mu
 	windows []*Region // type 2 window bindings made on this QP (memwr.go)
 
 	kick   chan struct{}
 	done   chan struct{}
-	txDone chan struct{}
-	rxDone chan struct{}
-	err    error
+	txDone chan struct{} // set once by Start
+	rxDone chan struct{} // set once by Start
+	// +checklocks:mu
+	err error
 
-	rx receiver
-	tx transmitter
+	rx receiver    // guarded by rxMu (see receiver)
+	tx transmitter // guarded by txMu (see transmitter)
 
-	seg      *segPlacer // PlacementSegment
-	segUntap func()
+	seg      *segPlacer // PlacementSegment; set once by Start
+	segUntap func()     // set once by Start
 }
 
 // NewQP creates a QP in the IDLE state. Receives may be posted at once;
@@ -353,6 +424,7 @@ func NewQP(cfg QPConfig) (*QP, error) {
 // growSQ doubles the full send queue ring (up to MaxSendWR), keeping the
 // queued WRs in order; qp.mu is held. Once the queue has grown to its
 // working depth, posting allocates nothing.
+// +checklocks:qp.mu
 func (qp *QP) growSQ() {
 	old := len(qp.sq)
 	n := min(max(2*old, queueGrowth), qp.cfg.MaxSendWR)
@@ -536,6 +608,7 @@ func (qp *QP) OpenTXGate() { qp.openGate() }
 // txHeld reports whether the QP may not transmit yet: a responder waiting
 // for the initiator's first FPDU, or an initiator holding its own. qp.mu
 // is held.
+// +checklocks:qp.mu
 func (qp *QP) txHeld() bool { return qp.txGate || qp.held }
 
 func (qp *QP) event(e Event) {
@@ -778,11 +851,13 @@ func (qp *QP) terminate(code TermCode, offending []byte, segLen int) {
 // response came, the peer is known to take them and WRs with Immediate
 // complete as Sends and Writes do. Not with ORD 0 (the peer takes no
 // Reads). qp.mu is held.
+// +checklocks:qp.mu
 func (qp *QP) probesImm(op WROp) bool {
 	return op.hasImm() && !qp.immOK && qp.params.ORD > 0
 }
 
 // needsORQ reports whether a WR of op takes an ORQ entry; qp.mu is held.
+// +checklocks:qp.mu
 func (qp *QP) needsORQ(op WROp) bool { return op.usesORQ() || qp.probesImm(op) }
 
 // terminated handles a Terminate from the peer; op, when known, is the

@@ -298,16 +298,27 @@ type recvWQE struct {
 // Its slots are allocated as they are first needed, doubling up to the
 // depth: an idle connection holds none, and once a queue has grown to its
 // working depth, posting allocates nothing.
+//
+// mu guards the ring and the SRQ limit. It is a leaf: nothing is locked
+// under it (onLimit runs after it is released). Its takers: posters
+// (Post), the receive path (take, with QP.rxMu held, and with segment
+// placement inside segPlacer.mu), the segment placer (peek, inside
+// segPlacer.mu), and a QP's flush. depth and maxSGE never change.
 type RecvQueue struct {
-	mu     sync.Mutex
-	ring   []recvWQE
-	head   int
+	mu sync.Mutex
+	// +checklocks:mu
+	ring []recvWQE
+	// +checklocks:mu
+	head int
+	// +checklocks:mu
 	n      int
 	depth  int
 	maxSGE int
 	// limit is the SRQ limit: when the number of posted receives drops
 	// below it, onLimit runs once and the limit disarms (ibv_modify_srq).
-	limit   int
+	// +checklocks:mu
+	limit int
+	// +checklocks:mu
 	onLimit func()
 }
 
@@ -324,6 +335,7 @@ const queueGrowth = 4
 
 // grow doubles the full ring (up to the depth), keeping the receives in
 // order; q.mu is held.
+// +checklocks:q.mu
 func (q *RecvQueue) grow() {
 	old := len(q.ring)
 	n := min(max(2*old, queueGrowth), q.depth)

@@ -60,6 +60,14 @@ type rxMsg struct {
 	regs   []*Region // the regions dst lies in
 }
 
+// receiver is a QP's receive side. Its fields belong to the holder of
+// qp.rxMu: the RX goroutine, a poller in Progress or WaitProgress, the
+// segment placer's feed on netstack's link goroutine, or flush; init runs
+// in Start, before the RX goroutine starts. The QP's shared state (the
+// ORQ and IRQ, the TX gate, immOK) it reads and changes under qp.mu,
+// taken inside rxMu; the Send state it tells the segment placer, under
+// the placer's mu (takeRecv, publishSends), which the receive queue's
+// lock nests in. It completes work requests with rxMu held, qp.mu not.
 type receiver struct {
 	qp       *QP
 	crcOn    bool

@@ -177,6 +177,19 @@ const smallFPDU = 64
 // segPlacer places one QP's segments. Its methods run on netstack's link
 // goroutine (place), serialized per connection by netstack, and on the
 // receive path (claimInOrder); mu guards the state they share.
+//
+// Locks: placeMu serializes placement and guards the scratch fields it
+// uses (wv, woff, wn, dv, held, hdr, ssge, sdst, sregs): the link's
+// goroutine holds it in placeRetain, the receive goroutine in work.
+// mu guards the shared state (the fields marked +checklocks:mu, and kh,
+// kn and keepFor, left unannotated because checklocks attributes the
+// annotations after a multi-name field to the wrong fields); front,
+// nrec, parsed and nkept are atomics read without it. Order: placeMu →
+// QP.rxMu (feed, TryLock only) → mu → RecvQueue.mu (takeRecv, sendDst's
+// peek); placeMu → QP.mu (readResponseDst); QP.rxMu → mu (the
+// receiver's bookkeeping); QP.txMu or no lock → mu (stop, from
+// QP.fail). mu is never held while QP.mu, rxMu or placeMu is taken.
+// Kept packets are released (netstack.Kept.Release) with mu held.
 type segPlacer struct {
 	qp      *QP
 	crcOn   bool
@@ -199,8 +212,9 @@ type segPlacer struct {
 	// placeMu serializes placement (the scratch fields above): the link's
 	// goroutine and, for queued segments, the receive goroutine.
 	placeMu sync.Mutex
-	jobs    []segJob      // segments beyond a hole for the receive goroutine (mu)
-	wake    chan struct{} // wakes the receive goroutine for jobs
+	// +checklocks:mu
+	jobs []segJob      // segments beyond a hole for the receive goroutine (mu)
+	wake chan struct{} // wakes the receive goroutine for jobs
 	// fedWake (ManualProgress QPs) wakes a WaitProgress caller once the
 	// tap has fed the receiver: what was fed may be what it waits for.
 	fedWake chan struct{}
@@ -212,30 +226,46 @@ type segPlacer struct {
 	// had were seen, whether or not the tap saw their segments (those
 	// that arrived before the tap was installed, or that it refused and
 	// TCP took).
-	parsed  atomic.Uint64
-	known   map[uint64]struct{} // FPDU starts the stream or placed FPDUs told
-	after   map[uint64]uint64   // segment end -> the FPDU start its cut FPDU told
-	prune   int                 // prune known and after beyond this size
-	placed  map[uint64]*placedFPDU
-	starts  startQueue // of placed, lowest first
-	contig  uint64     // end of the contiguous data the tap has seen
-	ahead   spans      // the ranges of segments seen beyond contig
+	parsed atomic.Uint64
+	// +checklocks:mu
+	known map[uint64]struct{} // FPDU starts the stream or placed FPDUs told
+	// +checklocks:mu
+	after map[uint64]uint64 // segment end -> the FPDU start its cut FPDU told
+	// +checklocks:mu
+	prune int // prune known and after beyond this size
+	// +checklocks:mu
+	placed map[uint64]*placedFPDU
+	// +checklocks:mu
+	starts startQueue // of placed, lowest first
+	// +checklocks:mu
+	contig uint64 // end of the contiguous data the tap has seen
+	// +checklocks:mu
+	ahead spans // the ranges of segments seen beyond contig
+	// +checklocks:mu
 	removed bool
-	busy    int       // place calls under way
-	observe bool      // place nothing: only time hole fills (QPConfig.TimeHoleFills)
-	fillAt  time.Time // arrival of the last segment that filled a hole, zero once timed
-	fillEnd uint64    // the end of the contiguous data that segment made
+	// +checklocks:mu
+	busy    int  // place calls under way
+	observe bool // place nothing: only time hole fills (QPConfig.TimeHoleFills)
+	// +checklocks:mu
+	fillAt time.Time // arrival of the last segment that filled a hole, zero once timed
+	// +checklocks:mu
+	fillEnd uint64 // the end of the contiguous data that segment made
 
 	// rx is the QP's receiver, fed from the tap when a segment fills the
 	// hole it waits at (nil: no delivery from the tap, as with markers).
 	rx *receiver
 	// The receiver's Send state (see sendDst): the message under way and
 	// its receive, and the MSN of the next untagged message.
-	rxCur    bool
+	// +checklocks:mu
+	rxCur bool
+	// +checklocks:mu
 	rxCurMSN uint32
-	rxCurID  uint64
+	// +checklocks:mu
+	rxCurID uint64
+	// +checklocks:mu
 	rxCurSGL []SGE
-	rxNext   uint32
+	// +checklocks:mu
+	rxNext uint32
 	// kept are the latest segments that reached the tap in order (and hole
 	// fillers), their packets retained (no copy) until the receiver has
 	// parsed their bytes, oldest first from kh (mu). TCP's processor
@@ -246,6 +276,7 @@ type segPlacer struct {
 	// Keeping costs a clean stream some 4% of its throughput (a packet
 	// reference taken and dropped per segment), so the tap keeps only
 	// while holes come: for keepAfterHole segments after the last one.
+	// +checklocks:mu
 	kept    [maxKept]keptSeg
 	kh, kn  int
 	nkept   atomic.Int32 // kn, read without mu
@@ -452,6 +483,7 @@ const (
 // keep keeps a segment that arrived in order (placeRetain: the segment at
 // stream offset off, n octets of the FPDU stream; its raw views and, with
 // markers, p.woff); p.mu is held.
+// +checklocks:p.mu
 func (p *segPlacer) keep(payload [][]byte, off uint64, n int, retain func() netstack.Kept) {
 	parsed := p.parsed.Load()
 	for p.kn > 0 && (p.kept[p.kh].dend <= parsed || p.kn == maxKept) {
@@ -473,6 +505,7 @@ func (p *segPlacer) keep(payload [][]byte, off uint64, n int, retain func() nets
 }
 
 // popKept takes the oldest kept segment off the ring; p.mu is held.
+// +checklocks:p.mu
 func (p *segPlacer) popKept() keptSeg {
 	e := p.kept[p.kh]
 	p.kept[p.kh] = keptSeg{}
@@ -771,6 +804,7 @@ const (
 
 // seen records that the tap saw bytes [start, end) and tells how they
 // arrived; p.mu is held.
+// +checklocks:p.mu
 func (p *segPlacer) seen(start, end uint64) int {
 	if d := p.parsed.Load(); d > p.contig {
 		p.contig = p.ahead.advance(d)
@@ -1341,6 +1375,7 @@ func (p *segPlacer) claimInOrder(at, next uint64) (e *placedFPDU, stale bool) {
 // bound drops the FPDU starts behind the in-order path once known and after
 // have grown past the bound, which then doubles with what stays
 // (amortized); p.mu is held.
+// +checklocks:p.mu
 func (p *segPlacer) bound() {
 	if len(p.known)+len(p.after) <= p.prune {
 		return

@@ -56,6 +56,12 @@ const (
 	jobExit
 )
 
+// transmitter is a QP's transmit side. Its fields belong to the holder of
+// qp.txMu: the TX goroutine, or a poster transmitting in its own goroutine
+// (postInline, postDirect); init runs in Start, under txMu too. The QP's
+// shared state (the send queue, the ORQ and IRQ, the MSNs) it reads and
+// changes under qp.mu, taken inside txMu (pick, claimORQ, nextMSN), and
+// it completes work requests and calls qp.fail with txMu held, qp.mu not.
 type transmitter struct {
 	qp      *QP
 	crcOn   bool
@@ -236,6 +242,7 @@ func (qp *QP) postInline() {
 // directOK reports whether wr may skip the send queue: the QP is up and
 // transmitting, nothing is queued before it (send queue, Read Responses,
 // a Terminate), and it is a small Send or Write. qp.mu is held.
+// +checklocks:qp.mu
 func (qp *QP) directOK(wr *SendWR) bool {
 	if qp.state != StateRTS || qp.txHeld() || qp.rtrDue || qp.sqN > 0 || qp.irqN > 0 || qp.term != nil ||
 		qp.needsORQ(wr.Op) || wr.Flags&FlagFence != 0 && qp.orqN > 0 {
@@ -253,6 +260,8 @@ func (qp *QP) directOK(wr *SendWR) bool {
 // out of the send queue slot (netstack copies the bytes before it returns,
 // which is what inline requires). qp.mu and qp.txMu are held on entry;
 // both are released.
+// +checklocksrelease:qp.mu
+// +checklocksrelease:qp.txMu
 func (qp *QP) postDirect(wr *SendWR) (int, error) {
 	t := &qp.tx
 	if err := qp.checkSendWR(wr); err != nil {
@@ -283,6 +292,7 @@ func (qp *QP) postDirect(wr *SendWR) (int, error) {
 }
 
 // pick chooses work; qp.mu is held.
+// +checklocks:t.qp.mu
 func (t *transmitter) pick(inline bool) txJob {
 	qp := t.qp
 	if qp.term != nil {
@@ -358,6 +368,7 @@ func (t *transmitter) pick(inline bool) txJob {
 
 // claimORQ resolves the sink of a Read (or the 8 bytes that receive an
 // atomic's original value) and reserves its ORQ entry; qp.mu held.
+// +checklocks:t.qp.mu
 func (t *transmitter) claimORQ() bool {
 	qp := t.qp
 	w := &t.wqe
@@ -411,6 +422,7 @@ func (t *transmitter) claimORQ() bool {
 
 // claimProbe reserves the ORQ entry of the zero-length Read that follows
 // the Immediate Data message of e (see QP.probesImm); qp.mu held.
+// +checklocks:t.qp.mu
 func (t *transmitter) claimProbe(e *sendWQE) {
 	qp := t.qp
 	n := len(e.inline)
