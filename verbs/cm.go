@@ -336,8 +336,9 @@ type ConnRequest struct {
 	l      *Listener
 	stream *netstack.Conn
 	req    *iwarp.MPARequest
-	mu     sync.Mutex
-	used   bool
+	mu     sync.Mutex // a leaf: guards used (claim)
+	// +checklocks:mu
+	used bool
 	// A service's request (remote.go): its handle and the initiator.
 	rh    uint64
 	raddr netip.AddrPort

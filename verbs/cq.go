@@ -67,12 +67,26 @@ func (wc WC) Err() error {
 
 // CQ is a completion queue. Poll may run concurrently with producers; one
 // goroutine at a time should consume it.
+//
+// mu guards the ring (ring, head, n, over), the arming and the count of
+// QPs. On a device of a service it serialises the client's consumers of
+// the shared ring (remoteCQ.cons and seen), and on the service's side its
+// producers (servedCQ.prod and dead). Completions are pushed by the
+// engine's transmitter or receiver, with their QP's txMu or rxMu held (the
+// QP's mu is not), and by flush: mu nests inside those. Nothing of the
+// engine is locked under mu; a served CQ's retire takes the session's
+// and the Server's locks under it (dropRing, uncharge). The channels
+// and once are safe on their own; rc and shm never change.
 type CQ struct {
-	dev    *Device
-	mu     sync.Mutex
-	ring   []WC
-	head   int
-	n      int
+	dev *Device
+	mu  sync.Mutex
+	// +checklocks:mu
+	ring []WC
+	// +checklocks:mu
+	head int
+	// +checklocks:mu
+	n int
+	// +checklocks:mu
 	over   bool
 	notify chan struct{}
 	closed chan struct{}
@@ -80,6 +94,7 @@ type CQ struct {
 	// Completion events (ibv_req_notify_cq / ibv_get_cq_event): armed
 	// for the next completion, or the next solicited or failed one; the
 	// event is delivered on events.
+	// +checklocks:mu
 	armed  armState
 	events chan struct{}
 	// rc: the client's side of a service's CQ ring; shm: the service's
@@ -88,6 +103,7 @@ type CQ struct {
 	shm *servedCQ
 	// qps counts the embedded QPs that complete into the CQ (once as
 	// send CQ, once as receive CQ), under mu: Close refuses while any do.
+	// +checklocks:mu
 	qps int
 }
 

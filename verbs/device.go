@@ -62,6 +62,12 @@ type DeviceConfig struct {
 
 // Device is an RDMA device: one iWARP RNIC on one netstack. It owns the
 // STag table, the QP numbers and the counters.
+//
+// mu guards the device's lists of QPs and listeners and its closed flag.
+// It is a leaf, held only around their updates: Close copies the lists
+// and closes each QP and listener after releasing it. The counters,
+// the QP and PD numbers, lost and hook are atomics; the rest is set by
+// Open (or Connect) and never changes.
 type Device struct {
 	cfg    DeviceConfig
 	ns     *netstack.Stack
@@ -78,9 +84,12 @@ type Device struct {
 	// query unanswered, as Linux siw's do (tests and benchmarks).
 	siwReply bool
 
-	mu        sync.Mutex
-	closed    bool
-	qps       map[uint32]*QP
+	mu sync.Mutex
+	// +checklocks:mu
+	closed bool
+	// +checklocks:mu
+	qps map[uint32]*QP
+	// +checklocks:mu
 	listeners map[*Listener]struct{}
 
 	// rc is the connection to a service for a device from Connect (see

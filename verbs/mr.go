@@ -34,16 +34,27 @@ type STag = uint32
 
 // PD is a protection domain: MRs and QPs of different PDs cannot use each
 // other.
+//
+// mu guards closed and the counts of what uses the PD. It is held across
+// a registration in the STag table (regMRAt, AllocMR, AllocMW: PD.mu →
+// MemTable.mu) and, on a device of a service, across Close's DEALLOC_PD
+// call (PD.mu → client.mu). An MR's Dereg and an SRQ's Close take it
+// inside their own lock (MR.mu → PD.mu, SRQ.mu → PD.mu). dev, id and rh
+// never change.
 type PD struct {
 	dev *Device
 	id  uint32
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	closed bool
-	mrs    int // MRs and memory windows
-	qps    int
-	srqs   int
-	rh     uint64 // the service's handle (remote.go); 0 when embedded
+	// +checklocks:mu
+	mrs int // MRs and memory windows
+	// +checklocks:mu
+	qps int
+	// +checklocks:mu
+	srqs int
+	rh   uint64 // the service's handle (remote.go); 0 when embedded
 }
 
 // Device returns the PD's device.
@@ -113,12 +124,20 @@ func (pd *PD) regMRAt(buf []byte, base uint64, acc Access) (*MR, error) {
 // For a fast-register MR, the accessors report the current (or last)
 // registration; on a device of a service, the registration last posted
 // (the service executes it in send queue order).
+//
+// mu guards freed and makes Dereg one step: it is held across the
+// deregistration (the STag table's lock and fence, or the service's
+// DEREG_MR call and the client's lock) and the PD's count (MR.mu →
+// MemTable.mu, MR.mu → client.mu, MR.mu → PD.mu). The other fields never
+// change; a fast-register MR's mapping locks for itself (FastRegMR.mu,
+// remoteFR.mu).
 type MR struct {
 	pd *PD
 	r  *iwarp.Region    // RegMR
 	fr *iwarp.FastRegMR // AllocMR
 
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	freed bool
 
 	// A service's MR (remote.go): its handle and STag; r describes the

@@ -97,6 +97,11 @@ type QPConfig struct {
 }
 
 // QP is a reliable-connected queue pair.
+//
+// It has no mutex: its fields are set by CreateQP and never change. The
+// engine's QP (iwarp.QP) and a service's QP (remoteQP) lock for
+// themselves; CreateQP and Close take the device's, the PD's, the SRQ's
+// and the CQs' locks one at a time, never nested.
 type QP struct {
 	pd  *PD
 	iw  *iwarp.QP
@@ -351,14 +356,22 @@ func (qp *QP) close(how func() error) error {
 }
 
 // SRQ is a shared receive queue.
+//
+// mu guards the count of QPs and makes Close's check of it and its store
+// of closed one step against use. closed is written under mu and read
+// without it (PostRecv, Len, SetLimit: an atomic). Close holds mu across
+// the service's DESTROY_SRQ call (remoteClose, which takes the client's
+// lock) and then takes the PD's: order SRQ.mu → client.mu, SRQ.mu →
+// PD.mu. The receive queue locks for itself.
 type SRQ struct {
 	pd *PD
 	rq *iwarp.RecvQueue
 	r  *remoteSRQ // a service's SRQ (remote.go); nil when embedded
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	qps    int         // QPs created on it and not closed
-	closed atomic.Bool // Close succeeded
+	closed atomic.Bool // Close succeeded; stored under mu
 }
 
 // use counts a QP that is being created on the SRQ; false: it is closed.

@@ -78,6 +78,18 @@ import (
 // handle in the entry (svc.PutSend).
 
 // client is a device's connection to a service.
+//
+// mu guards the calls in flight, the session's end (closed, err) and the
+// tables of what the client made (the fields marked +checklocks:mu). It
+// is a leaf: held only to look up or update them, never across a call
+// or a write. It is taken by any caller's goroutine (call), the read
+// loop (a reply's or event's lookup), and inside remoteQP.sqMu (the
+// checks and bookkeeping of a REG_MR or BIND_MW posted), MR.mu (Dereg),
+// SRQ.mu and PD.mu (their Close's service call). Each request is one
+// message on the socket, written by its caller's goroutine (the conn is
+// safe for concurrent writes); its reply comes back on the channel the
+// read loop finds under mu. ctl, sleeping and bell are set by Connect
+// before the read loop starts; done is closed once, by fail.
 type client struct {
 	dev  *Device
 	conn *net.UnixConn
@@ -86,18 +98,28 @@ type client struct {
 	sleeping *atomic.Uint32 // the service's poller sleeps
 	bell     *svc.Eventfd   // its doorbell
 
-	mu      sync.Mutex
-	seq     uint32
+	mu sync.Mutex
+	// +checklocks:mu
+	seq uint32
+	// +checklocks:mu
 	pending map[uint32]chan reply
-	closed  bool
-	err     error
-	qps     map[uint32]*QP
-	srqs    map[uint64]*SRQ
-	cqs     map[*CQ]struct{}
+	// +checklocks:mu
+	closed bool
+	// +checklocks:mu
+	err error
+	// +checklocks:mu
+	qps map[uint32]*QP
+	// +checklocks:mu
+	srqs map[uint64]*SRQ
+	// +checklocks:mu
+	cqs map[*CQ]struct{}
 	// Memory objects: the fast-register MRs and windows by the tokens
 	// their work requests carry, and the regular MRs by STag (MapSG).
-	frs    map[*iwarp.FastRegMR]*MR
-	mwt    map[*iwarp.Window]*MW
+	// +checklocks:mu
+	frs map[*iwarp.FastRegMR]*MR
+	// +checklocks:mu
+	mwt map[*iwarp.Window]*MW
+	// +checklocks:mu
 	mrKeys map[STag]*MR
 	done   chan struct{}
 	wg     sync.WaitGroup
@@ -541,15 +563,25 @@ func (cl *client) forget(m *MR) {
 
 // remoteFR is the client's side of a fast-register MR of a service: what
 // its next REG_MR maps and the registration last posted.
+//
+// mu, a leaf, guards every field but maxPages (base, n and rbuf too: they
+// are not annotated because checklocks attributes the annotations after
+// a multi-name field to the wrong fields). It is taken inside
+// remoteQP.sqMu when a REG_MR is posted (registered).
 type remoteFR struct {
 	maxPages int
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	mapped bool
+	// +checklocks:mu
 	mapLen uint64
-	iova   uint64
-	buf    []byte // the mapped bytes when they are one run
+	// +checklocks:mu
+	iova uint64
+	// +checklocks:mu
+	buf []byte // the mapped bytes when they are one run
 	// The registration last posted (the first STag until then).
+	// +checklocks:mu
 	stag    STag
 	base, n uint64
 	rbuf    []byte
@@ -760,13 +792,15 @@ func (m *MR) remoteValid() bool {
 }
 
 // remoteMW is the client's side of a window of a service: the binding
-// last posted.
+// last posted. mu, a leaf, guards buf; it is taken inside remoteQP.sqMu
+// when a BIND_MW is checked and posted.
 type remoteMW struct {
 	cl  *client
 	h   uint64
 	typ MWType
 
-	mu  sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	buf RemoteBuf
 }
 
@@ -921,7 +955,10 @@ func (r *remoteQP) posted(wr *SendWR) {
 
 // --- CQ ---
 
-// remoteCQ is the client's side of a CQ ring.
+// remoteCQ is the client's side of a CQ ring. Its consumer state, cons
+// and seen, is under the CQ's mu (Poll, Len, WaitEvent); the ring's
+// shared indexes are atomics; dead is stored once, by release (under the
+// CQ's mu from Close, or by the client's close).
 type remoteCQ struct {
 	cl   *client
 	h    uint64
@@ -929,7 +966,7 @@ type remoteCQ struct {
 	ring *svc.Ring
 	cons uint32 // under CQ.mu
 	ev   *svc.Eventfd
-	seen uint32 // events consumed
+	seen uint32 // events consumed; under CQ.mu
 	// spin is how long Wait polls before it sleeps (see remoteWait);
 	// zero: spinWait.
 	spin atomic.Int64
@@ -1157,6 +1194,14 @@ func (rc *remoteCQ) release() {
 // --- QP ---
 
 // remoteQP is the client's side of a QP's rings.
+//
+// sqMu serialises the posters of the send ring: it guards sqProd and the
+// entries being written, and is held across the checks of a REG_MR or
+// BIND_MW (sqMu → client.mu, remoteFR.mu, remoteMW.mu); publishSQ stores
+// the index and releases it. rqMu guards rqProd and the receive ring's
+// entries being written (postRing); errMu guards err. They are not
+// annotated for checklocks: it attributes the annotations after a
+// multi-name field to the wrong fields. The rest never changes.
 type remoteQP struct {
 	cl     *client
 	num    uint32
@@ -1361,6 +1406,7 @@ func (qp *QP) remotePostSend(wrs []SendWR) error {
 }
 
 // publishSQ stores the producer index, unlocks and rings the doorbell.
+// +checklocksrelease:r.sqMu
 func (r *remoteQP) publishSQ() {
 	r.sq.Prod.Store(r.sqProd)
 	r.sqMu.Unlock()
@@ -1438,6 +1484,10 @@ func (qp *QP) remoteDisconnect(ctx context.Context) error {
 
 // --- SRQ ---
 
+// remoteSRQ is the client's side of an SRQ's ring. mu, a leaf, serialises
+// the posters: it guards prod and the entries being written (postRing,
+// which is given the lock and the index; not annotated, as checklocks
+// cannot follow them there). The rest never changes.
 type remoteSRQ struct {
 	cl      *client
 	h       uint64

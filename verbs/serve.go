@@ -169,6 +169,16 @@ type ServeConfig struct {
 }
 
 // Server serves a device to clients on a unix socket.
+//
+// mu guards the sessions, the admission and mapping counts and the QP
+// owners (the fields marked +checklocks:mu). It is a leaf: no other lock
+// is taken while it is held (ClientStats releases it before it locks
+// each session). Sessions take it after their own locks are released or
+// inside them: inside session.ringMu and CQ.mu (dropRing's dropMap from
+// releaseQP, destroySRQ and a served CQ's retire), and from the engine's
+// event path (routeEvent, the device's hook, runs where the QP raises
+// the event, possibly with its txMu or rxMu held). refusing is an atomic;
+// the fields above mu and maxMaps are set by Serve and never change.
 type Server struct {
 	dev  *Device
 	ln   *net.UnixListener
@@ -179,18 +189,26 @@ type Server struct {
 	// send and receive buffers.
 	tcpBufMax int64
 
-	mu       sync.Mutex
-	closed   bool
+	mu sync.Mutex
+	// +checklocks:mu
+	closed bool
+	// +checklocks:mu
 	sessions map[*session]struct{}
 	refusing atomic.Int32 // refusals in progress (refuse)
-	perUID   map[int]int  // sessions of each uid
-	maps     int          // mappings made for clients (takeMap)
-	mapsUID  map[int]int  // ... for the clients of each uid
-	maxMaps  int
-	pending  map[int]int // ... of which have not said HELLO yet
-	qpOwner  map[uint32]*session
-	nextID   uint64
-	wg       sync.WaitGroup
+	// +checklocks:mu
+	perUID map[int]int // sessions of each uid
+	// +checklocks:mu
+	maps int // mappings made for clients (takeMap)
+	// +checklocks:mu
+	mapsUID map[int]int // ... for the clients of each uid
+	maxMaps int
+	// +checklocks:mu
+	pending map[int]int // ... of which have not said HELLO yet
+	// +checklocks:mu
+	qpOwner map[uint32]*session
+	// +checklocks:mu
+	nextID uint64
+	wg     sync.WaitGroup
 }
 
 // ListenSocket makes the service's socket at path with mode 0660, owned by
@@ -500,6 +518,7 @@ func (s *Server) acceptLoop() {
 
 // admit says why a new connection of uid cannot be served, "" if it can
 // (s.mu held).
+// +checklocks:s.mu
 func (s *Server) admit(uid int) string {
 	switch {
 	case len(s.sessions) >= s.cfg.MaxClients:
@@ -568,6 +587,39 @@ func (s *Server) routeEvent(e AsyncEvent) bool {
 
 // --- sessions ---
 
+// session is one client's connection. Its goroutines: the reader (run:
+// HELLO, then each request; the non-blocking ones it handles itself), a
+// goroutine per blocking call (dispatch), the poller, the event writer,
+// a watcher per QP (watchQP), and at the end teardown (the reader's, with
+// a goroutine per QP it releases). From outside: the engine's goroutines
+// push into its CQ rings (servedCQ.push) and raise its events
+// (sendEvent), and Server.ClientStats reads its counts.
+//
+// Locks:
+//   - wmu: one writer on the socket at a time (replies, events, QP
+//     ends). A leaf, held only across svc.Write.
+//   - mu guards the handle tables, the limits' counts and the charges
+//     (the fields marked +checklocks:mu). A leaf: held for bookkeeping
+//     only, never across a call into the device or the engine.
+//   - pollMu: one pass over the rings at a time (pollOnce), by the poller
+//     or the reader (dispatch). The pass holds it across the engine's
+//     PostSend and PostRecv (QP.mu; QP.txMu, for a send the poster
+//     transmits itself; RecvQueue.mu), the CQs' locks (failWR, and the
+//     completions of those sends) and mu (resolve, stopPoller). It
+//     guards the served QPs' and SRQs' consumer state (sqCons, sqSnap,
+//     rqCons, cons, and their scratch).
+//   - ringMu: a pass holds it for reading while it touches the rings and
+//     pollQPs and pollSRQs; createQP, createSRQ, destroySRQ and releaseQP
+//     hold it for writing while they add or remove a ring (releaseQP
+//     also to clear servedQP.blocked, which the pass sets).
+//
+// Lock order: pollMu → ringMu → mu (createQP, createSRQ and destroySRQ
+// take mu inside ringMu); ringMu → Server.mu (dropRing); ringMu → SRQ.mu
+// → PD.mu (destroySRQ); pollMu → ringMu → the engine's QP and queue
+// locks → CQ.mu; CQ.mu → Server.mu and CQ.mu → mu (a served CQ's
+// retire). Server.mu, mu and wmu are leaves. The fast path's ctl, ctlFd,
+// sleeping and bell are set by hello before the poller starts and never
+// change; blocked is an atomic; stop is closed once, under mu.
 type session struct {
 	srv  *Server
 	dev  *Device
@@ -581,25 +633,42 @@ type session struct {
 
 	wmu sync.Mutex // one writer at a time
 
-	mu        sync.Mutex
-	next      uint64
-	pds       map[uint64]*PD
-	cqs       map[uint64]*servedCQ
-	mrs       map[uint64]*servedMR
-	frmrs     map[uint64]*servedFRMR
-	mws       map[uint64]*MW
-	frPages   int // pages the fast-register MRs may map, counted against Limits.FRPages
-	srqs      map[uint64]*servedSRQ
-	qps       map[uint32]*servedQP
-	lns       map[uint64]*Listener
-	reqs      map[uint64]*ConnRequest
-	inflight  map[uint32]context.CancelFunc
-	mrBytes   int64
-	mrPending int   // registrations under way (counted against Limits.MRs)
+	mu sync.Mutex
+	// +checklocks:mu
+	next uint64
+	// +checklocks:mu
+	pds map[uint64]*PD
+	// +checklocks:mu
+	cqs map[uint64]*servedCQ
+	// +checklocks:mu
+	mrs map[uint64]*servedMR
+	// +checklocks:mu
+	frmrs map[uint64]*servedFRMR
+	// +checklocks:mu
+	mws map[uint64]*MW
+	// +checklocks:mu
+	frPages int // pages the fast-register MRs may map, counted against Limits.FRPages
+	// +checklocks:mu
+	srqs map[uint64]*servedSRQ
+	// +checklocks:mu
+	qps map[uint32]*servedQP
+	// +checklocks:mu
+	lns map[uint64]*Listener
+	// +checklocks:mu
+	reqs map[uint64]*ConnRequest
+	// +checklocks:mu
+	inflight map[uint32]context.CancelFunc
+	// +checklocks:mu
+	mrBytes int64
+	// +checklocks:mu
+	mrPending int // registrations under way (counted against Limits.MRs)
+	// +checklocks:mu
 	ringBytes int64 // queue memory made for the client
-	memBytes  int64 // service memory charged to the client (Limits.Memory)
-	conns     int
-	calls     sync.WaitGroup
+	// +checklocks:mu
+	memBytes int64 // service memory charged to the client (Limits.Memory)
+	// +checklocks:mu
+	conns int
+	calls sync.WaitGroup
 
 	// Fast path.
 	ctl      []byte
@@ -608,7 +677,9 @@ type session struct {
 	bell     *svc.Eventfd
 	pollMu   sync.Mutex   // one pass over the rings at a time (pollOnce)
 	ringMu   sync.RWMutex // a pass holds it for reading while it touches rings
-	pollQPs  []*servedQP
+	// +checklocks:ringMu
+	pollQPs []*servedQP
+	// +checklocks:ringMu
 	pollSRQs []*servedSRQ
 	stop     chan struct{}
 	blocked  atomic.Int32 // ring entries waiting for room in a full queue
@@ -1021,6 +1092,7 @@ const (
 
 // chargeLocked charges n bytes of service memory to the client (x.mu
 // held), or fails with ErrLimit naming the limit.
+// +checklocks:x.mu
 func (x *session) chargeLocked(n int64, what string) error {
 	if x.memBytes+n > x.lim.Memory {
 		return fmt.Errorf("%w: %s needs %d bytes of service memory; the client holds %d of its %d (Limits.Memory, up --client-memory)",
@@ -1050,6 +1122,7 @@ func (s *Server) connMemory() int64 {
 	return s.tcpBufMax + memRequest
 }
 
+// +checklocks:x.mu
 func (x *session) handle64() uint64 {
 	x.next++
 	return x.next
@@ -1203,6 +1276,7 @@ func (pd *PD) regMRChecked(buf []byte, base uint64, acc Access) (*MR, error) {
 }
 
 // memObjects counts the STags the client holds (session.mu held).
+// +checklocks:x.mu
 func (x *session) memObjects() int { return len(x.mrs) + len(x.frmrs) + len(x.mws) }
 
 func (x *session) deregMR(h uint64) error {
@@ -1356,6 +1430,7 @@ func (x *session) releaseFRMR(f *servedFRMR) error {
 
 // clientMR finds the client's registered MR whose pages hold the client
 // addresses [va, va+n); session.mu held.
+// +checklocks:x.mu
 func (x *session) clientMR(va, n uint64) *servedMR {
 	for _, r := range x.mrs {
 		if va >= r.va && va-r.va <= uint64(len(r.mr.r.Buf)) && n <= uint64(len(r.mr.r.Buf))-(va-r.va) {
@@ -1715,6 +1790,9 @@ func takeUnused[T any](mu *sync.Mutex, m map[uint64]*T, h uint64, refs func(*T) 
 
 // --- SRQ ---
 
+// servedSRQ is a client's SRQ and the service's side of its ring. cons
+// and sgl are the pass's, under session.pollMu; refs is under
+// session.mu; the rest never changes.
 type servedSRQ struct {
 	h      uint64
 	srq    *SRQ
@@ -1810,6 +1888,11 @@ func (x *session) srqLimit(h, limit uint64) error {
 // --- QP ---
 
 // servedQP is a client's QP and the service's side of its rings.
+//
+// The ring consumer's state (sqCons, sqSnap, rqCons, wrs, sgl, rsgl) is
+// the pass's, under session.pollMu; blocked too, except that releaseQP
+// clears it holding session.ringMu for writing (no pass runs then).
+// conn and cost are under session.mu. The rest never changes.
 type servedQP struct {
 	qp       *QP
 	num      uint32
