@@ -281,7 +281,8 @@ type irqEntry struct {
 //     reads from the stream: the RX goroutine, for each read; a poller in
 //     Progress (TryLock) or WaitProgress; the segment placer feeding the
 //     receiver on netstack's link goroutine (segPlacer.feed, TryLock);
-//     and flush, after the goroutines have ended.
+//     and flush, once the RX goroutine has ended (a poller may still
+//     hold it: flush waits for it).
 //
 // Lock order: txMu → mu and rxMu → mu. mu is taken inside either, for
 // each piece of shared state (pick, nextMSN, the ORQ and IRQ checks of
@@ -291,9 +292,10 @@ type irqEntry struct {
 // locks (completions are pushed by the holder of txMu or rxMu, and by
 // flush), the memory table's (MemTable.mu: registration work requests,
 // invalidations), a fast-register MR's (FastRegMR.mu), the segment
-// placer's mu (fail, the receiver's Send bookkeeping), and through it
-// the receive queue's (RecvQueue.mu). The segment placer's placeMu comes
-// before rxMu (see segPlacer).
+// placer's mu (fail, the receiver's Send bookkeeping), and the receive
+// queue's (RecvQueue.mu: the receiver's take, directly or inside the
+// placer's mu). The segment placer's placeMu comes before rxMu (see
+// segPlacer).
 //
 // Who touches what: posters (PostSend, PostRecv) take mu for the send
 // queue and the state; the TX goroutine and transmitting posters hold

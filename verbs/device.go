@@ -67,7 +67,8 @@ type DeviceConfig struct {
 // It is a leaf, held only around their updates: Close copies the lists
 // and closes each QP and listener after releasing it. The counters,
 // the QP and PD numbers, lost and hook are atomics; the rest is set by
-// Open (or Connect) and never changes.
+// Open (or Connect; siwReply by a test, before the device is used) and
+// never changes.
 type Device struct {
 	cfg    DeviceConfig
 	ns     *netstack.Stack
