@@ -179,6 +179,7 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "rdmatap demo: two endpoints in one process, in-memory link (MTU %d, 64 KB GSO segments)\n", o.mtu)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "operation\tbytes\titerations\tGbit/s\tMiB/s\tavg latency (µs)\tverified\t")
+	var tcpLines []string // with impairment: what TCP did during each operation
 	for _, op := range []struct {
 		name string
 		run  func(int) error
@@ -188,6 +189,7 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 		{"RDMA READ", e.readRound},
 	} {
 		e.latSum, e.latN, e.verifiedMsgs = 0, 0, 0
+		tcpA, tcpB := devA.Stats().TCP, devB.Stats().TCP
 		start := time.Now()
 		for done := 0; done < o.iters; {
 			k := min(e.slots, o.iters-done)
@@ -204,8 +206,15 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.1f\t%.1f\t%d/%d\t\n", op.name, o.size, o.iters,
 			bytesMoved*8/el/1e9, bytesMoved/el/(1<<20), lat, e.verifiedMsgs, o.iters)
+		if im != nil {
+			tcpLines = append(tcpLines, fmt.Sprintf("%s, A %s", op.name, tcpReport(tcpA, devA.Stats().TCP)),
+				fmt.Sprintf("%s, B %s", op.name, tcpReport(tcpB, devB.Stats().TCP)))
+		}
 	}
 	tw.Flush()
+	for _, l := range tcpLines {
+		fmt.Fprintln(stdout, l)
+	}
 	st := devA.Stats()
 	fmt.Fprintf(stdout, "MPA rev %d, CRC %v, peer-to-peer %v; endpoint A sent %d FPDUs, received %d (%d placement copies, %d CRC errors)\n",
 		o.mpaRev, o.crc, rtr != 0, st.TxFPDUs, st.RxFPDUs, st.PlacementCopies, st.CRCErrors)
