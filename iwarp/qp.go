@@ -525,23 +525,8 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 		}
 		seg := newSegPlacer(qp, p.CRC, p.MarkersRx)
 		seg.observe = qp.cfg.Placement != PlacementSegment
-		var untap func()
-		var err error
-		if rs, ok := s.(SegmentRetainer); ok && !seg.observe && !qp.cfg.ManualProgress {
-			// Segments beyond a hole go to the receive goroutine.
-			qp.rx.waitOr = rs.WaitReadableOr
-			untap, err = rs.TapSegmentsRetain(seg.placeRetain, &seg.stats.ConnTapStats)
-		} else {
-			untap, err = src.TapSegments(seg.place, &seg.stats.ConnTapStats)
-		}
-		if err != nil {
-			qp.state = StateIdle
-			qp.mu.Unlock()
-			qp.txMu.Unlock()
-			qp.cancel()
-			return fmt.Errorf("iwarp: segment placement: %w", err)
-		}
-		qp.seg, qp.segUntap = seg, untap
+		// What the tap's callbacks read is set before the tap goes in:
+		// from then on the link's goroutine may call them.
 		qp.rx.seg = seg
 		if !seg.observe && qp.cfg.ManualProgress {
 			seg.fedWake = make(chan struct{}, 1)
@@ -556,6 +541,24 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 			qp.rx.tcp = tcpFeed{r: &qp.rx, off: at}
 			qp.rx.in = &qp.rx.tcp
 		}
+		var untap func()
+		var err error
+		if rs, ok := s.(SegmentRetainer); ok && !seg.observe && !qp.cfg.ManualProgress {
+			// Segments beyond a hole go to the receive goroutine.
+			qp.rx.waitOr = rs.WaitReadableOr
+			untap, err = rs.TapSegmentsRetain(seg.placeRetain, &seg.stats.ConnTapStats)
+		} else {
+			untap, err = src.TapSegments(seg.place, &seg.stats.ConnTapStats)
+		}
+		if err != nil {
+			qp.rx.seg, qp.rx.waitOr = nil, nil
+			qp.state = StateIdle
+			qp.mu.Unlock()
+			qp.txMu.Unlock()
+			qp.cancel()
+			return fmt.Errorf("iwarp: segment placement: %w", err)
+		}
+		qp.seg, qp.segUntap = seg, untap
 	}
 	// RFC 6581: a peer-to-peer initiator's first FPDU is the RTR. The
 	// transmitter sends it before anything else (pick), and no poster

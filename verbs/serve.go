@@ -1034,8 +1034,9 @@ func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []i
 func (x *session) ringMemfd(name string, n int) (int, []byte, error) {
 	x.mu.Lock()
 	if x.ringBytes+int64(n) > x.lim.RingBytes {
+		err := fmt.Errorf("%w: %d bytes of queue memory, limit %d", ErrLimit, x.ringBytes, x.lim.RingBytes)
 		x.mu.Unlock()
-		return -1, nil, fmt.Errorf("%w: %d bytes of queue memory, limit %d", ErrLimit, x.ringBytes, x.lim.RingBytes)
+		return -1, nil, err
 	}
 	if err := x.chargeLocked(int64(n), "a ring"); err != nil {
 		x.mu.Unlock()
@@ -1215,12 +1216,14 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 	}
 	x.mu.Lock()
 	if x.mrBytes+int64(n) > x.lim.MRBytes {
+		err := fmt.Errorf("%w: %d MR bytes registered, limit %d", ErrLimit, x.mrBytes, x.lim.MRBytes)
 		x.mu.Unlock()
-		return fmt.Errorf("%w: %d MR bytes registered, limit %d", ErrLimit, x.mrBytes, x.lim.MRBytes)
+		return err
 	}
 	if x.memObjects()+x.mrPending >= x.lim.MRs {
+		err := fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
 		x.mu.Unlock()
-		return fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
+		return err
 	}
 	if err := x.chargeLocked(memSmall, "an MR"); err != nil {
 		x.mu.Unlock()
@@ -1374,12 +1377,14 @@ func (x *session) allocMR(b *svc.Builder, m svc.Msg) error {
 	}
 	x.mu.Lock()
 	if x.memObjects()+x.mrPending >= x.lim.MRs {
+		err := fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
 		x.mu.Unlock()
-		return fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
+		return err
 	}
 	if x.frPages+int(maxPages) > x.lim.FRPages {
+		err := fmt.Errorf("%w: fast-register MRs of %d pages, limit %d", ErrLimit, x.frPages, x.lim.FRPages)
 		x.mu.Unlock()
-		return fmt.Errorf("%w: fast-register MRs of %d pages, limit %d", ErrLimit, x.frPages, x.lim.FRPages)
+		return err
 	}
 	cost := frmrMemory(int(maxPages))
 	if err := x.chargeLocked(cost, "a fast-register MR"); err != nil {
@@ -1567,8 +1572,9 @@ func (x *session) allocMW(b *svc.Builder, m svc.Msg) error {
 	}
 	x.mu.Lock()
 	if x.memObjects()+x.mrPending >= x.lim.MRs {
+		err := fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
 		x.mu.Unlock()
-		return fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
+		return err
 	}
 	x.mu.Unlock()
 	if t := m.Arg(1); t != uint64(MWType1) && t != uint64(MWType2) {
@@ -1669,8 +1675,9 @@ func (x *session) createCQ(b *svc.Builder, cqe uint64) ([]int, error) {
 	}
 	x.mu.Lock()
 	if len(x.cqs) >= x.lim.CQs {
+		err := fmt.Errorf("%w: %d CQs", ErrLimit, len(x.cqs))
 		x.mu.Unlock()
-		return nil, fmt.Errorf("%w: %d CQs", ErrLimit, len(x.cqs))
+		return nil, err
 	}
 	x.mu.Unlock()
 	if err := x.charge(memSmall, "a CQ"); err != nil {
@@ -2776,19 +2783,24 @@ func (x *session) teardown() {
 			x.logf("MR: %v: its pages stay mapped", err)
 		}
 	}
+	// ClientStats may read the tables meanwhile: they change under x.mu.
+	x.mu.Lock()
 	srqs := make([]uint64, 0, len(x.srqs))
 	for h := range x.srqs {
 		srqs = append(srqs, h)
 	}
+	x.mu.Unlock()
 	for _, h := range srqs {
 		x.destroySRQ(h)
 	}
-	for h, s := range x.cqs {
-		delete(x.cqs, h)
+	x.mu.Lock()
+	cqs, pds := x.cqs, x.pds
+	x.cqs, x.pds = map[uint64]*servedCQ{}, map[uint64]*PD{}
+	x.mu.Unlock()
+	for _, s := range cqs {
 		s.retire()
 	}
-	for h, pd := range x.pds {
-		delete(x.pds, h)
+	for _, pd := range pds {
 		pd.Close()
 	}
 	if x.ctl != nil {
