@@ -45,6 +45,10 @@ type Impair struct {
 	held   *stack.PacketBuffer // held-back packet (our clone), guarded by mu
 	timer  *time.Timer
 	closed bool
+	// noTimer (tests): a held-back packet waits for a successor or an
+	// explicit flush, never for the timer, so a trace does not depend on
+	// how fast its writer runs.
+	noTimer bool
 
 	packets, dropped, duplicated, reordered atomic.Uint64
 }
@@ -166,6 +170,9 @@ func (im *Impair) releaseHeldLocked(out *stack.PacketBufferList, owned []*stack.
 }
 
 func (im *Impair) armTimerLocked() {
+	if im.noTimer {
+		return
+	}
 	if im.timer == nil {
 		im.timer = time.AfterFunc(reorderFlush, im.flush)
 		return
