@@ -156,8 +156,10 @@ func TestRedialSamePortTakesNewPort(t *testing.T) {
 	if p := cl2.LocalAddr().Port(); p == old {
 		t.Fatalf("connected from port %d, which the server holds in TIME-WAIT", p)
 	}
-	if d := time.Since(start); d < dialFirstSYNWait/2 || d > 3*dialFirstSYNWait {
-		t.Errorf("Dial took %v, want about %v (one unanswered SYN)", d, dialFirstSYNWait)
+	// It waited out the first SYN (a timer: no load makes it shorter)
+	// before it dialed from another port.
+	if d := time.Since(start); d < dialFirstSYNWait {
+		t.Errorf("Dial took %v, less than the %v it waits for an answer to the first SYN", d, dialFirstSYNWait)
 	}
 	<-acc
 }
@@ -168,13 +170,11 @@ func TestDialNoRoute(t *testing.T) {
 	a, _ := newTestPair(t, PairConfig{})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	start := time.Now()
+	// A Dial that waited for an answer would end with the context's
+	// deadline instead.
 	_, err := a.Dial(ctx, netip.MustParseAddrPort("198.51.100.1:80"))
 	if !errors.Is(err, syscall.ENETUNREACH) && !errors.Is(err, syscall.EHOSTUNREACH) {
 		t.Fatalf("Dial without a route: %v, want ENETUNREACH or EHOSTUNREACH", err)
-	}
-	if d := time.Since(start); d > time.Second {
-		t.Fatalf("Dial took %v", d)
 	}
 	t.Logf("%v", err)
 }
