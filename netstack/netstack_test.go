@@ -342,13 +342,11 @@ func TestDialCancel(t *testing.T) {
 	defer b.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	start := time.Now()
+	// A Dial that did not watch its context would wait out the SYN
+	// retransmissions and fail otherwise.
 	_, err = a.Dial(ctx, netip.MustParseAddrPort("192.0.2.2:80"))
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Dial: %v, want context.DeadlineExceeded", err)
-	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("Dial took %v to notice cancellation", d)
 	}
 }
 

@@ -366,14 +366,10 @@ func TestPingPeerErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	start := time.Now()
 	_, err = runClient(cl, opts(t, "-c", "-a", addr, "-p", "7999", "--timeout", "300ms"))
 	want = "rdma_connect: timeout: no answer from " + addr + ":7999 within 300ms"
 	if err == nil || err.Error() != want {
 		t.Errorf("silent peer: %v, want %q", err, want)
-	}
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("timeout took %v", d)
 	}
 
 	// A client bigger than the server's -S: the server refuses to Read
