@@ -150,6 +150,9 @@ func negotiated(p iwarp.ConnParams, m iwarp.MarkerDirs) Negotiated {
 // Dial connects qp to a listener at raddr (rdma_connect): TCP connect,
 // MPA Request/Reply with p's private data and IRD/ORD, then RTS.
 func (d *Device) Dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error) {
+	if err := checkPrivateData(p.PrivateData); err != nil {
+		return nil, err
+	}
 	if d.rc != nil {
 		return d.remoteDial(ctx, qp, raddr, p)
 	}
@@ -391,6 +394,9 @@ func (r *ConnRequest) claim() error {
 // sends nothing until the initiator's first message arrives (iWARP's
 // "active side sends first"; peer-to-peer mode makes that automatic).
 func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error) {
+	if err := checkPrivateData(p.PrivateData); err != nil {
+		return nil, err
+	}
 	if r.rh != 0 {
 		return r.remoteAccept(ctx, qp, p)
 	}
@@ -422,6 +428,9 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, 
 
 // Reject refuses the request with private data (rdma_reject).
 func (r *ConnRequest) Reject(privateData []byte) error {
+	if err := checkPrivateData(privateData); err != nil {
+		return err
+	}
 	if r.rh != 0 {
 		return r.remoteReject(privateData)
 	}
@@ -437,3 +446,12 @@ func (r *ConnRequest) Reject(privateData []byte) error {
 
 // defaultBacklog is a listener's backlog when its configuration names none.
 const defaultBacklog = 64
+
+// checkPrivateData refuses private data longer than an MPA Request or
+// Reply carries (RFC 5044's PD_Length limit), on either kind of device.
+func checkPrivateData(pd []byte) error {
+	if len(pd) > iwarp.MPAMaxPrivateData {
+		return fmt.Errorf("%w: %d bytes of private data, MPA carries at most %d", ErrInvalidArgument, len(pd), iwarp.MPAMaxPrivateData)
+	}
+	return nil
+}

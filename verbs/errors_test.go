@@ -18,6 +18,14 @@ import (
 func TestErrorsAlike(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	path, _ := startService(t, p.a, verbs.Limits{})
+	// Listeners that refuse requests for markers, as Linux siw does.
+	for _, d := range []*verbs.Device{p.a, p.b} {
+		l, err := d.Listen(netip.AddrPortFrom(netip.Addr{}, 7002), verbs.ListenConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+	}
 	kinds := []struct {
 		name string
 		dev  *verbs.Device
@@ -93,6 +101,29 @@ func TestErrorsAlike(t *testing.T) {
 		{"freeing a PD that holds objects", verbs.ErrBusy, func(e *env) error { return e.pd.Close() }},
 		{"listening on an address not the device's", syscall.EADDRNOTAVAIL, func(e *env) error {
 			_, err := e.d.Listen(netip.MustParseAddrPort("198.51.100.1:7000"), verbs.ListenConfig{})
+			return err
+		}},
+		{"dialing with more private data than MPA carries", verbs.ErrInvalidArgument, func(e *env) error {
+			qp, err := e.pd.CreateQP(verbs.QPConfig{SendCQ: e.cq, RecvCQ: e.cq})
+			if err != nil {
+				return err
+			}
+			defer qp.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err = e.d.Dial(ctx, qp, e.peer, verbs.ConnParams{PrivateData: make([]byte, 5000)})
+			return err
+		}},
+		{"dialing with markers a peer that refuses them", verbs.ErrMarkers, func(e *env) error {
+			qp, err := e.pd.CreateQP(verbs.QPConfig{SendCQ: e.cq, RecvCQ: e.cq})
+			if err != nil {
+				return err
+			}
+			defer qp.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			yes := true
+			_, err = e.d.Dial(ctx, qp, netip.AddrPortFrom(e.peer.Addr(), 7002), verbs.ConnParams{Markers: &yes})
 			return err
 		}},
 		{"dialing a port no one listens on", syscall.ECONNREFUSED, func(e *env) error {

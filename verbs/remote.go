@@ -302,10 +302,20 @@ func (cl *client) call(ctx context.Context, b *svc.Builder, seqSet func(*svc.Bui
 	cl.pending[seq] = ch
 	cl.mu.Unlock()
 	seqSet(b, seq)
-	if err := svc.Write(cl.conn, b.Msg(), fds...); err != nil {
+	m := b.Msg()
+	err := svc.CheckSize(m)
+	if err == nil {
+		err = svc.Write(cl.conn, m, fds...)
+	}
+	if err != nil {
 		cl.mu.Lock()
 		delete(cl.pending, seq)
 		cl.mu.Unlock()
+		if errors.Is(err, svc.ErrTooLarge) {
+			// The service would get it cut off and could not tell
+			// which call it was.
+			return reply{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
 		return reply{}, fmt.Errorf("verbs: service: %w", err)
 	}
 	var r reply
@@ -378,7 +388,7 @@ func statusError(m svc.Msg) error {
 	case svc.StatusQueueFull:
 		return wrap(ErrQueueFull)
 	case svc.StatusRejected:
-		return &RejectedError{PrivateData: append([]byte(nil), f[0]...)}
+		return &RejectedError{PrivateData: append([]byte(nil), f[0]...), Markers: m.Arg(0) != 0}
 	case svc.StatusLimit:
 		return wrap(ErrLimit)
 	case svc.StatusPermission:

@@ -808,7 +808,7 @@ func (x *session) reply(b *svc.Builder, t svc.Type, seq uint32, fds []int, err e
 		var errno syscall.Errno
 		switch {
 		case errors.As(err, &rej):
-			b.Bytes(rej.PrivateData)
+			b.Args(bool64(rej.Markers)).Bytes(rej.PrivateData)
 		case st == svc.StatusGeneral && errors.As(err, &errno):
 			b.Reset(t, seq, svc.StatusErrno).Args(uint64(errno)).String(text)
 		default:
@@ -2699,6 +2699,10 @@ func (x *session) accept(ctx context.Context, b *svc.Builder, m svc.Msg) error {
 		r.Reject(nil)
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
+	if err := checkPrivateData(f[0]); err != nil {
+		r.Reject(nil) // taken from the client's table: not to be left pending
+		return err
+	}
 	cost := x.srv.connMemory()
 	if err := x.takeConn(cost, "a connection"); err != nil {
 		r.Reject(nil)
@@ -2721,6 +2725,10 @@ func (x *session) reject(m svc.Msg) error {
 	}
 	var f [1][]byte
 	svc.Fields(m.Payload(), f[:])
+	if err := checkPrivateData(f[0]); err != nil {
+		r.Reject(nil) // taken from the client's table: not to be left pending
+		return err
+	}
 	return r.Reject(f[0])
 }
 

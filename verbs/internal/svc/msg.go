@@ -223,6 +223,15 @@ func (m Msg) Check() error {
 	return nil
 }
 
+// CheckSize reports a message too long for one datagram (MaxMessage): the
+// other end would get it cut off.
+func CheckSize(m Msg) error {
+	if len(m) > MaxMessage {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrTooLarge, len(m), MaxMessage)
+	}
+	return nil
+}
+
 // Builder encodes a message into a reusable buffer.
 type Builder struct {
 	b     []byte
