@@ -2319,9 +2319,14 @@ func (x *session) drainSQ(q *servedQP) bool {
 			err = x.resolve(wr, obj)
 		}
 		if err != nil {
-			// A malformed entry completes in error; the client's other
-			// work goes on.
-			x.failWR(q.scq, q.num, iwarp.Completion{ID: svc.EntryID(q.sq.Entry(q.sqCons)), Status: iwarp.StatusLocalQPOp, Op: iwarp.CompSend})
+			// A malformed entry completes in error, as the operation it
+			// names where it names one; the client's other work goes on.
+			e := q.sq.Entry(q.sqCons)
+			cop := iwarp.CompSend
+			if op, ok := svc.EntryOp(e); ok {
+				cop = sendCompOp(op)
+			}
+			x.failWR(q.scq, q.num, iwarp.Completion{ID: svc.EntryID(e), Status: iwarp.StatusLocalQPOp, Op: cop})
 		} else if _, err := q.qp.iw.PostSend(q.wrs[:]...); err != nil {
 			if errors.Is(err, iwarp.ErrQueueFull) {
 				x.setBlocked(q, true)

@@ -2,6 +2,7 @@ package verbs_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -17,7 +18,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"rdmatap/iwarp"
 	"rdmatap/verbs"
+	"rdmatap/verbs/internal/svc"
 	"rdmatap/zerocopy"
 )
 
@@ -451,5 +456,74 @@ func TestServiceMappings(t *testing.T) {
 	b := connectService(t, path)
 	if _, err := b.AllocPD(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestServiceMalformedEntriesComplete: a malformed SQ entry completes in
+// error with its WR ID and the operation it names; a malformed RQ entry
+// with its WR ID.
+func TestServiceMalformedEntriesComplete(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, verbs.Limits{})
+	r, _ := dialRaw(t, path, svc.Version)
+	pd := r.alive()
+	m, fds := r.call(svc.TCreateCQ, []uint64{16}, nil)
+	if m.Status() != svc.StatusOK || len(fds) != 2 {
+		t.Fatalf("CREATE_CQ: status %d, %d fds", m.Status(), len(fds))
+	}
+	cqh := m.Arg(0)
+	cqMem, err := svc.MapRing(fds[0])
+	unix.Close(fds[0])
+	unix.Close(fds[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Unmap(cqMem)
+	cq, err := svc.OpenRing(cqMem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1 send SGE, 1 receive SGE.
+	m, fds = r.call(svc.TCreateQP, []uint64{pd, cqh, cqh, 0, 16, 16, 1, 1, 0, 0}, nil)
+	if m.Status() != svc.StatusOK || len(fds) != 1 {
+		t.Fatalf("CREATE_QP: status %d, %d fds", m.Status(), len(fds))
+	}
+	qpMem, err := svc.MapRing(fds[0])
+	unix.Close(fds[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Unmap(qpMem)
+	sqBytes := int(m.Arg(1))
+	sq, err := svc.OpenRing(qpMem[:sqBytes])
+	if err != nil {
+		t.Fatal(err)
+	}
+	rq, err := svc.OpenRing(qpMem[sqBytes:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An RDMA Write entry claiming 2 SGEs on a QP of 1.
+	e := sq.Entry(0)
+	svc.PutSend(e, &iwarp.SendWR{ID: 77, Op: iwarp.WRWrite}, 0)
+	binary.LittleEndian.PutUint16(e[10:], 2)
+	sq.Prod.Store(1)
+	// A receive entry claiming 2 SGEs.
+	e = rq.Entry(0)
+	binary.LittleEndian.PutUint64(e, 88)
+	binary.LittleEndian.PutUint32(e[8:], 2)
+	rq.Prod.Store(1)
+	r.alive() // a call: the service takes the rings first
+	got := map[uint64]iwarp.Completion{}
+	for i := uint32(0); i < cq.Prod.Load(); i++ {
+		var c iwarp.Completion
+		svc.GetCompletion(cq.Entry(i), &c)
+		got[c.ID] = c
+	}
+	if c, ok := got[77]; !ok || c.Op != iwarp.CompWrite || c.Status != iwarp.StatusLocalQPOp {
+		t.Errorf("malformed RDMA Write entry: %+v (found %v), want an RDMA Write completion in error, ID 77", c, ok)
+	}
+	if c, ok := got[88]; !ok || c.Op != iwarp.CompRecv || c.Status != iwarp.StatusLocalQPOp {
+		t.Errorf("malformed receive entry: %+v (found %v), want a receive completion in error, ID 88", c, ok)
 	}
 }

@@ -312,7 +312,7 @@ func GetRecv(e []byte, sgl []iwarp.SGE) (uint64, []iwarp.SGE, error) {
 	}
 	n := binary.LittleEndian.Uint32(e[8:])
 	if n > uint32(cap(sgl)) || RecvEntryBase+int(n)*SGESize > len(e) {
-		return 0, nil, ErrRingEntry
+		return binary.LittleEndian.Uint64(e), nil, ErrRingEntry // the ID, for the failed completion
 	}
 	return binary.LittleEndian.Uint64(e), getSGL(e[RecvEntryBase:], int(n), sgl), nil
 }
@@ -344,6 +344,16 @@ func GetCompletion(e []byte, c *iwarp.Completion) {
 		Imm:  binary.LittleEndian.Uint32(e[24:]),
 		Term: iwarp.TermCode{Layer: iwarp.Layer(e[28]), EType: e[29], Code: e[30]},
 	}
+}
+
+// EntryOp returns a send entry's opcode, also of an entry GetSend refused;
+// ok is false when the opcode is not one a client may post.
+func EntryOp(e []byte) (op iwarp.WROp, ok bool) {
+	if len(e) <= seOp {
+		return 0, false
+	}
+	op = iwarp.WROp(e[seOp])
+	return op, SendOpAllowed(op)
 }
 
 // EntryID returns the work request ID of an SQ or RQ entry (its first
