@@ -33,6 +33,7 @@ type endpointFlags struct {
 	noOffload bool
 	noRepair  bool
 	cc        string
+	minRTO    time.Duration
 	name      string
 	ackDelay  time.Duration
 	busyPoll  time.Duration
@@ -54,6 +55,7 @@ func (f *endpointFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.pcap, "pcap", "", "capture the endpoint's frames to this pcap file")
 	fs.BoolVar(&f.noOffload, "no-offload", false, "plain TAP: no virtio-net header, no TSO/checksum offload")
 	fs.StringVar(&f.cc, "congestion-control", "reno", "TCP congestion control: reno or cubic (gVisor's cubic regains its window after a loss in seconds, not round trips: under loss on a LAN it keeps a fraction of reno's throughput; docs/tcp-recovery.md)")
+	fs.DurationVar(&f.minRTO, "min-rto", 0, "TCP's minimum retransmission timeout (0: gVisor's, 200ms)")
 	fs.BoolVar(&f.noRepair, "no-link-repair", false, "leave lost GSO packets to TCP alone: the link does not send them again (docs/tcp-recovery.md)")
 	fs.StringVar(&f.name, "name", "rt0", "RDMA device name")
 	fs.DurationVar(&f.ackDelay, "ack-delay", netstack.DefaultAckDelay, "longest a TCP ACK of less than a segment waits to ride on the next segment (0: never)")
@@ -180,7 +182,7 @@ func (f *endpointFlags) open() (*endpoint, error) {
 	}
 	// Outside the capture, so that the capture shows what is on the wire.
 	link, e.impair = f.lab.wrap(link)
-	e.Net, err = netstack.New(netstack.Config{Link: link, Addrs: []netip.Prefix{pfx}, Gateway: gw, CongestionControl: f.cc, AckDelay: ackDelayConfig(f.ackDelay), NoLinkRepair: f.noRepair})
+	e.Net, err = netstack.New(netstack.Config{Link: link, Addrs: []netip.Prefix{pfx}, Gateway: gw, CongestionControl: f.cc, AckDelay: ackDelayConfig(f.ackDelay), NoLinkRepair: f.noRepair, MinRTO: f.minRTO})
 	if err != nil {
 		e.Close()
 		return nil, err
