@@ -104,10 +104,13 @@ type QPConfig struct {
 // and the CQs' locks one at a time, never nested.
 type QP struct {
 	pd  *PD
-	iw  *iwarp.QP
 	cfg QPConfig
-	rq  *iwarp.RecvQueue
-	r   *remoteQP // a service's QP (remote.go); nil when embedded
+	ops qpOps // engineQP or remoteQP: what the QP does
+	// The kind's own state: the engine's QP and its receive queue
+	// (embedded), or the service's QP (remote.go).
+	iw *iwarp.QP
+	rq *iwarp.RecvQueue
+	r  *remoteQP
 }
 
 // CreateQP makes an RC QP. It is connected through Dial or
@@ -136,6 +139,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 		return pd.remoteCreateQP(cfg)
 	}
 	qp := &QP{pd: pd, cfg: cfg}
+	qp.ops = engineQP{qp}
 	if cfg.SRQ != nil {
 		if cfg.SRQ.pd != pd {
 			return nil, fmt.Errorf("%w: SRQ belongs to another PD", ErrInvalidArgument)
@@ -195,42 +199,20 @@ func qpEvent(e iwarp.Event) AsyncEvent {
 }
 
 // Num returns the QP number.
-func (qp *QP) Num() uint32 {
-	if qp.r != nil {
-		return qp.r.num
-	}
-	return qp.iw.Num()
-}
+func (qp *QP) Num() uint32 { return qp.ops.qpNum() }
 
 // PD returns the QP's protection domain.
 func (qp *QP) PD() *PD { return qp.pd }
 
 // State returns the QP state.
 // On a device of a service it asks the service.
-func (qp *QP) State() QPState {
-	if qp.r != nil {
-		return qp.r.state()
-	}
-	return qp.iw.State()
-}
+func (qp *QP) State() QPState { return qp.ops.qpState() }
 
 // Err returns why the QP went to ERROR (nil after a clean disconnect).
-func (qp *QP) Err() error {
-	if qp.r != nil {
-		qp.r.errMu.Lock()
-		defer qp.r.errMu.Unlock()
-		return qp.r.err
-	}
-	return qp.iw.Err()
-}
+func (qp *QP) Err() error { return qp.ops.qpErr() }
 
 // Done is closed once the QP is in ERROR and every WR has completed.
-func (qp *QP) Done() <-chan struct{} {
-	if qp.r != nil {
-		return qp.r.done
-	}
-	return qp.iw.Done()
-}
+func (qp *QP) Done() <-chan struct{} { return qp.ops.qpDone() }
 
 // Progress runs the QP's receive path in the calling goroutine and never
 // blocks: what the connection holds is placed and completed now. A
@@ -238,12 +220,7 @@ func (qp *QP) Done() <-chan struct{} {
 // write_lat does, or on CQ.Poll) calls it in its loop to skip the hand-off
 // to the QP's receive goroutine, which otherwise does the same work.
 // On a device of a service it does nothing: the service progresses the QP.
-func (qp *QP) Progress() {
-	if qp.r != nil {
-		return
-	}
-	qp.iw.Progress()
-}
+func (qp *QP) Progress() { qp.ops.progress() }
 
 // WaitProgress blocks until the connection has data (or ctx ends) and runs
 // the receive path in the calling goroutine. It is how a ManualProgress
@@ -256,25 +233,16 @@ func (qp *QP) Progress() {
 //
 // On a device of a service, where the service runs the receive path, it
 // yields once and returns (or returns the QP's end).
-func (qp *QP) WaitProgress(ctx context.Context) error {
-	if qp.r != nil {
-		return qp.r.waitProgress(ctx)
-	}
-	return qp.iw.WaitProgress(ctx)
-}
+func (qp *QP) WaitProgress(ctx context.Context) error { return qp.ops.waitProgress(ctx) }
 
 // OpenTXGate lets an accepted (responder) QP transmit before the
 // initiator's first message has arrived, as Linux siw allows (see
 // Accept). Call it only once the initiator is known to have finished
 // connecting, e.g. it has spoken on another connection since: an
 // initiator that is still reading the MPA Reply (siw) resets a connection
-// whose Reply is followed by early bytes. It does nothing on an initiator.
-func (qp *QP) OpenTXGate() {
-	if qp.r != nil {
-		return
-	}
-	qp.iw.OpenTXGate()
-}
+// whose Reply is followed by early bytes. It does nothing on an initiator,
+// nor on a device of a service.
+func (qp *QP) OpenTXGate() { qp.ops.openTXGate() }
 
 // Config returns the QP's attributes.
 func (qp *QP) Config() QPConfig { return qp.cfg }
@@ -288,45 +256,76 @@ func (qp *QP) Config() QPConfig { return qp.cfg }
 // On a device of a service the WRs go into the QP's send ring; an error
 // the service finds later comes back as an error completion.
 func (qp *QP) PostSend(wrs ...SendWR) error {
-	if qp.r != nil {
-		return qp.remotePostSend(wrs)
+	// The data path calls its implementation statically: through the
+	// interface the compiler could not tell that wrs is not kept, and
+	// every post would allocate it.
+	if r, ok := qp.ops.(*remoteQP); ok {
+		return r.postSend(wrs)
 	}
-	if i, err := qp.iw.PostSend(wrs...); err != nil {
-		return &PostError{Index: i, Err: err}
-	}
-	return nil
+	return qp.ops.(engineQP).postSend(wrs)
 }
 
 // PostRecv posts receive work requests to the QP's own receive queue.
 func (qp *QP) PostRecv(wrs ...RecvWR) error {
-	if qp.r != nil {
-		return qp.remotePostRecv(wrs)
+	if r, ok := qp.ops.(*remoteQP); ok { // statically, as PostSend
+		return r.postRecv(wrs)
 	}
-	for i := range wrs {
-		if err := qp.iw.PostRecv(wrs[i].ID, wrs[i].SGL); err != nil {
-			return &PostError{Index: i, Err: err}
-		}
-	}
-	return nil
+	return qp.ops.(engineQP).postRecv(wrs)
 }
 
 // Disconnect closes the connection gracefully (rdma_disconnect): queued
 // sends go out, then TCP FIN; it returns once the QP is in ERROR with every
 // WR completed, or ctx ends (then it aborts).
-func (qp *QP) Disconnect(ctx context.Context) error {
-	if qp.r != nil {
-		return qp.remoteDisconnect(ctx)
-	}
-	return qp.iw.Disconnect(ctx)
-}
+func (qp *QP) Disconnect(ctx context.Context) error { return qp.ops.disconnect(ctx) }
 
 // Close destroys the QP: the connection is reset and outstanding WRs
 // complete with StatusWRFlush.
-func (qp *QP) Close() error {
-	if qp.r != nil {
-		return qp.remoteClose()
+func (qp *QP) Close() error { return qp.ops.destroy() }
+
+// qpOps is what a QP does, one implementation per kind of device: the
+// protocol engine's QP of an embedded device (engineQP), or a QP of a
+// service, reached through its rings and socket (remoteQP, remote.go).
+type qpOps interface {
+	qpNum() uint32
+	qpState() QPState
+	qpErr() error
+	qpDone() <-chan struct{}
+	progress()
+	waitProgress(ctx context.Context) error
+	openTXGate()
+	postSend(wrs []SendWR) error
+	postRecv(wrs []RecvWR) error
+	disconnect(ctx context.Context) error
+	destroy() error
+}
+
+// engineQP is an embedded device's QP: the engine's.
+type engineQP struct{ qp *QP }
+
+func (e engineQP) qpNum() uint32                          { return e.qp.iw.Num() }
+func (e engineQP) qpState() QPState                       { return e.qp.iw.State() }
+func (e engineQP) qpErr() error                           { return e.qp.iw.Err() }
+func (e engineQP) qpDone() <-chan struct{}                { return e.qp.iw.Done() }
+func (e engineQP) progress()                              { e.qp.iw.Progress() }
+func (e engineQP) waitProgress(ctx context.Context) error { return e.qp.iw.WaitProgress(ctx) }
+func (e engineQP) openTXGate()                            { e.qp.iw.OpenTXGate() }
+func (e engineQP) disconnect(ctx context.Context) error   { return e.qp.iw.Disconnect(ctx) }
+func (e engineQP) destroy() error                         { return e.qp.close(e.qp.iw.Close) }
+
+func (e engineQP) postSend(wrs []SendWR) error {
+	if i, err := e.qp.iw.PostSend(wrs...); err != nil {
+		return &PostError{Index: i, Err: err}
 	}
-	return qp.close(qp.iw.Close)
+	return nil
+}
+
+func (e engineQP) postRecv(wrs []RecvWR) error {
+	for i := range wrs {
+		if err := e.qp.iw.PostRecv(wrs[i].ID, wrs[i].SGL); err != nil {
+			return &PostError{Index: i, Err: err}
+		}
+	}
+	return nil
 }
 
 // fatal destroys an embedded QP as an RNIC does on a local catastrophic

@@ -1213,6 +1213,7 @@ func (rc *remoteCQ) release() {
 // annotated for checklocks: it attributes the annotations after a
 // multi-name field to the wrong fields. The rest never changes.
 type remoteQP struct {
+	qp     *QP
 	cl     *client
 	num    uint32
 	mem    []byte
@@ -1295,6 +1296,7 @@ func (pd *PD) remoteCreateQPOn(cl *client, cfg QPConfig, srq uint64) (*QP, error
 		return nil, err
 	}
 	qp := &QP{pd: pd, cfg: cfg, r: rq}
+	qp.ops, rq.qp = rq, qp
 	cl.mu.Lock()
 	cl.qps[num] = qp
 	cl.mu.Unlock()
@@ -1694,3 +1696,22 @@ func (r *ConnRequest) remoteReject(privateData []byte) error {
 }
 
 func closeFd(fd int) { unix.Close(fd) }
+
+// remoteQP's qpOps: a QP of a service.
+
+func (r *remoteQP) qpNum() uint32    { return r.num }
+func (r *remoteQP) qpState() QPState { return r.state() }
+
+func (r *remoteQP) qpErr() error {
+	r.errMu.Lock()
+	defer r.errMu.Unlock()
+	return r.err
+}
+
+func (r *remoteQP) qpDone() <-chan struct{}              { return r.done }
+func (r *remoteQP) progress()                            {} // the service progresses the QP
+func (r *remoteQP) openTXGate()                          {} // the service's QP opens its own
+func (r *remoteQP) postSend(wrs []SendWR) error          { return r.qp.remotePostSend(wrs) }
+func (r *remoteQP) postRecv(wrs []RecvWR) error          { return r.qp.remotePostRecv(wrs) }
+func (r *remoteQP) disconnect(ctx context.Context) error { return r.qp.remoteDisconnect(ctx) }
+func (r *remoteQP) destroy() error                       { return r.qp.remoteClose() }
