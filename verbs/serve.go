@@ -340,6 +340,15 @@ func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
 	if !d.hook.CompareAndSwap(nil, &s.hook) {
 		return nil, fmt.Errorf("%w: device is already served", ErrBusy)
 	}
+	// The descriptors the service keeps for its clients are three per
+	// session (socket, doorbell, control page) and one per CQ (its
+	// eventfd); a CQ's ring is a mapping, so the mappings' bound keeps
+	// the CQs' descriptors within the open-file limit too.
+	if fds := int(nofile()) - 3*cfg.MaxClients - 64; fds < s.maxMaps {
+		s.maxMaps = max(fds, 0)
+		cfg.Logf("service: the open-file limit (%d) leaves room for %d mappings (MRs, rings) beside %d clients' sessions (raise RLIMIT_NOFILE, or lower --max-clients, for more)",
+			nofile(), s.maxMaps, cfg.MaxClients)
+	}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -361,8 +370,9 @@ func tcpBufMax(d *Device) int64 {
 // default), and the Go runtime maps its heap too: a process that cannot
 // map more dies when its heap must grow. Each MR, ring and control page of
 // a client is a mapping of the service's. So all clients together may
-// hold at most half of the count, and the clients of one uid a quarter:
-// a request beyond fails with ErrLimit.
+// hold at most half of the count (less where the open-file limit is
+// lower: see Serve), and the clients of one uid a quarter of that: a
+// request beyond fails with ErrLimit.
 func maxMappings() int {
 	n := 65530
 	if b, err := os.ReadFile("/proc/sys/vm/max_map_count"); err == nil {
@@ -371,6 +381,16 @@ func maxMappings() int {
 		}
 	}
 	return n / 2
+}
+
+// nofile is the process's open-file limit (its soft limit, which Go
+// raises to the hard limit at start).
+func nofile() uint64 {
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) != nil {
+		return 0
+	}
+	return rl.Cur
 }
 
 // takeMap counts a mapping made for a client of uid.
