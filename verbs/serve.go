@@ -344,7 +344,7 @@ func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
 	// session (socket, doorbell, control page) and one per CQ (its
 	// eventfd); a CQ's ring is a mapping, so the mappings' bound keeps
 	// the CQs' descriptors within the open-file limit too.
-	if fds := int(nofile()) - 3*cfg.MaxClients - 64; fds < s.maxMaps {
+	if fds := int(nofile()) - 3*cfg.MaxClients - fdSlack; fds < s.maxMaps {
 		s.maxMaps = max(fds, 0)
 		cfg.Logf("service: the open-file limit (%d) leaves room for %d mappings (MRs, rings) beside %d clients' sessions (raise RLIMIT_NOFILE, or lower --max-clients, for more)",
 			nofile(), s.maxMaps, cfg.MaxClients)
@@ -382,6 +382,11 @@ func maxMappings() int {
 	}
 	return n / 2
 }
+
+// fdSlack is what the process keeps of its open-file limit for itself
+// beside its clients: its TAP, captures, the control socket's
+// connections, refusals in progress.
+const fdSlack = 256
 
 // nofile is the process's open-file limit (its soft limit, which Go
 // raises to the hard limit at start).
