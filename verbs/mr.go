@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"rdmatap/iwarp"
+	"rdmatap/zerocopy"
 )
 
 // Access is a set of memory access rights (the ibv_access_flags values).
@@ -348,4 +349,39 @@ func (pd *PD) remoteRegMRCounted(buf []byte, iova uint64, acc Access) (*MR, erro
 	pd.mrs++
 	pd.mu.Unlock()
 	return m, nil
+}
+
+// Buffer is memory for registration that AllocBuffer made.
+type Buffer struct {
+	b      []byte
+	shared *zerocopy.Buffer // on a device of a service
+}
+
+// AllocBuffer returns n bytes of zeroed memory that a PD of d can register:
+// Go memory on an embedded device, and on a device of a service a sealed
+// memfd that the service maps too (zerocopy.AllocShared), as RegMR there
+// requires. Code that allocates this way runs on either kind of device.
+func (d *Device) AllocBuffer(n int) (*Buffer, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("%w: a buffer of %d bytes", ErrInvalidArgument, n)
+	}
+	if d.rc == nil {
+		return &Buffer{b: make([]byte, n)}, nil
+	}
+	m, err := zerocopy.AllocShared("rdmatap-"+d.Name(), n)
+	if err != nil {
+		return nil, err
+	}
+	return &Buffer{b: m.Bytes()[:n], shared: m}, nil
+}
+
+// Bytes returns the buffer's memory.
+func (b *Buffer) Bytes() []byte { return b.b }
+
+// Close frees the buffer; deregister its MRs first. It is idempotent.
+func (b *Buffer) Close() error {
+	if b.shared != nil {
+		return b.shared.Close()
+	}
+	return nil
 }
