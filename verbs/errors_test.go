@@ -31,15 +31,7 @@ func TestErrorsAlike(t *testing.T) {
 		dev  *verbs.Device
 		peer netip.AddrPort
 	}{{"embedded", p.b, netip.AddrPortFrom(p.na.Addrs()[0].Addr(), 7001)}, {"service", connectService(t, path), netip.AddrPortFrom(p.nb.Addrs()[0].Addr(), 7001)}}
-	type env struct {
-		d    *verbs.Device
-		pd   *verbs.PD
-		cq   *verbs.CQ
-		qp   *verbs.QP
-		mr   *verbs.MR
-		mem  []byte
-		peer netip.AddrPort // an address of the other device, a port no one listens on
-	}
+	type env = errEnv
 	cases := []struct {
 		name string
 		want error
@@ -104,38 +96,14 @@ func TestErrorsAlike(t *testing.T) {
 			return err
 		}},
 		{"dialing with more private data than MPA carries", verbs.ErrInvalidArgument, func(e *env) error {
-			qp, err := e.pd.CreateQP(verbs.QPConfig{SendCQ: e.cq, RecvCQ: e.cq})
-			if err != nil {
-				return err
-			}
-			defer qp.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_, err = e.d.Dial(ctx, qp, e.peer, verbs.ConnParams{PrivateData: make([]byte, 5000)})
-			return err
+			return e.dial(e.peer, verbs.ConnParams{PrivateData: make([]byte, 5000)})
 		}},
 		{"dialing with markers a peer that refuses them", verbs.ErrMarkers, func(e *env) error {
-			qp, err := e.pd.CreateQP(verbs.QPConfig{SendCQ: e.cq, RecvCQ: e.cq})
-			if err != nil {
-				return err
-			}
-			defer qp.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
 			yes := true
-			_, err = e.d.Dial(ctx, qp, netip.AddrPortFrom(e.peer.Addr(), 7002), verbs.ConnParams{Markers: &yes})
-			return err
+			return e.dial(netip.AddrPortFrom(e.peer.Addr(), 7002), verbs.ConnParams{Markers: &yes})
 		}},
 		{"dialing a port no one listens on", syscall.ECONNREFUSED, func(e *env) error {
-			qp, err := e.pd.CreateQP(verbs.QPConfig{SendCQ: e.cq, RecvCQ: e.cq})
-			if err != nil {
-				return err
-			}
-			defer qp.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_, err = e.d.Dial(ctx, qp, e.peer, verbs.ConnParams{})
-			return err
+			return e.dial(e.peer, verbs.ConnParams{})
 		}},
 	}
 	for _, k := range kinds {
@@ -168,4 +136,29 @@ func TestErrorsAlike(t *testing.T) {
 			}
 		}
 	}
+}
+
+// errEnv is what TestErrorsAlike's cases work on, on one kind of device.
+type errEnv struct {
+	d    *verbs.Device
+	pd   *verbs.PD
+	cq   *verbs.CQ
+	qp   *verbs.QP
+	mr   *verbs.MR
+	mem  []byte
+	peer netip.AddrPort // an address of the other device, a port no one listens on
+}
+
+// dial connects a new QP of the environment's to raddr and returns the
+// error.
+func (e *errEnv) dial(raddr netip.AddrPort, p verbs.ConnParams) error {
+	qp, err := e.pd.CreateQP(verbs.QPConfig{SendCQ: e.cq, RecvCQ: e.cq})
+	if err != nil {
+		return err
+	}
+	defer qp.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = e.d.Dial(ctx, qp, raddr, p)
+	return err
 }
