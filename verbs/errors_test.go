@@ -31,49 +31,48 @@ func TestErrorsAlike(t *testing.T) {
 		dev  *verbs.Device
 		peer netip.AddrPort
 	}{{"embedded", p.b, netip.AddrPortFrom(p.na.Addrs()[0].Addr(), 7001)}, {"service", connectService(t, path), netip.AddrPortFrom(p.nb.Addrs()[0].Addr(), 7001)}}
-	type env = errEnv
 	cases := []struct {
 		name string
 		want error
-		run  func(e *env) error
+		run  func(e *errEnv) error
 	}{
-		{"CQ of no entries", verbs.ErrInvalidArgument, func(e *env) error { _, err := e.d.CreateCQ(0); return err }},
-		{"QP of 100 SGEs", verbs.ErrInvalidArgument, func(e *env) error {
+		{"CQ of no entries", verbs.ErrInvalidArgument, func(e *errEnv) error { _, err := e.d.CreateCQ(0); return err }},
+		{"QP of 100 SGEs", verbs.ErrInvalidArgument, func(e *errEnv) error {
 			_, err := e.pd.CreateQP(verbs.QPConfig{SendCQ: e.cq, RecvCQ: e.cq, MaxSendSGE: 100})
 			return err
 		}},
-		{"MR with unknown access flags", verbs.ErrInvalidArgument, func(e *env) error {
+		{"MR with unknown access flags", verbs.ErrInvalidArgument, func(e *errEnv) error {
 			_, err := e.pd.RegMR(e.mem[:4096], verbs.Access(1<<30))
 			return err
 		}},
-		{"MR with remote write but not local write", verbs.ErrInvalidArgument, func(e *env) error {
+		{"MR with remote write but not local write", verbs.ErrInvalidArgument, func(e *errEnv) error {
 			_, err := e.pd.RegMR(e.mem[:4096], verbs.AccessRemoteWrite)
 			return err
 		}},
-		{"send of an unknown opcode", verbs.ErrInvalidWR, func(e *env) error {
+		{"send of an unknown opcode", verbs.ErrInvalidWR, func(e *errEnv) error {
 			return e.qp.PostSend(verbs.SendWR{Op: verbs.Opcode(200), SGL: []verbs.SGE{e.mr.SGE(0, 8)}})
 		}},
-		{"send of too many SGEs", verbs.ErrTooManySGE, func(e *env) error {
+		{"send of too many SGEs", verbs.ErrTooManySGE, func(e *errEnv) error {
 			sgl := make([]verbs.SGE, 5)
 			for i := range sgl {
 				sgl[i] = e.mr.SGE(i*8, 8)
 			}
 			return e.qp.PostSend(verbs.SendWR{Op: verbs.OpSend, SGL: sgl})
 		}},
-		{"inline send beyond MaxInline", verbs.ErrInvalidWR, func(e *env) error {
+		{"inline send beyond MaxInline", verbs.ErrInvalidWR, func(e *errEnv) error {
 			return e.qp.PostSend(verbs.SendWR{Op: verbs.OpSend, Flags: verbs.Inline, SGL: []verbs.SGE{e.mr.SGE(0, 1024)}})
 		}},
-		{"RDMA Read of two SGEs", verbs.ErrTooManySGE, func(e *env) error {
+		{"RDMA Read of two SGEs", verbs.ErrTooManySGE, func(e *errEnv) error {
 			return e.qp.PostSend(verbs.SendWR{Op: verbs.OpRead, SGL: []verbs.SGE{e.mr.SGE(0, 8), e.mr.SGE(8, 8)}})
 		}},
-		{"receive of too many SGEs", verbs.ErrTooManySGE, func(e *env) error {
+		{"receive of too many SGEs", verbs.ErrTooManySGE, func(e *errEnv) error {
 			sgl := make([]verbs.SGE, 5)
 			for i := range sgl {
 				sgl[i] = e.mr.SGE(i*8, 8)
 			}
 			return e.qp.PostRecv(verbs.RecvWR{SGL: sgl})
 		}},
-		{"send on a closed QP", verbs.ErrInvalidState, func(e *env) error {
+		{"send on a closed QP", verbs.ErrInvalidState, func(e *errEnv) error {
 			qp, err := e.pd.CreateQP(verbs.QPConfig{SendCQ: e.cq, RecvCQ: e.cq})
 			if err != nil {
 				return err
@@ -81,7 +80,7 @@ func TestErrorsAlike(t *testing.T) {
 			qp.Close()
 			return qp.PostSend(verbs.SendWR{Op: verbs.OpSend, SGL: []verbs.SGE{e.mr.SGE(0, 8)}})
 		}},
-		{"receive on a closed QP", verbs.ErrInvalidState, func(e *env) error {
+		{"receive on a closed QP", verbs.ErrInvalidState, func(e *errEnv) error {
 			qp, err := e.pd.CreateQP(verbs.QPConfig{SendCQ: e.cq, RecvCQ: e.cq})
 			if err != nil {
 				return err
@@ -89,20 +88,20 @@ func TestErrorsAlike(t *testing.T) {
 			qp.Close()
 			return qp.PostRecv(verbs.RecvWR{SGL: []verbs.SGE{e.mr.SGE(0, 8)}})
 		}},
-		{"closing a CQ a QP uses", verbs.ErrBusy, func(e *env) error { return e.cq.Close() }},
-		{"freeing a PD that holds objects", verbs.ErrBusy, func(e *env) error { return e.pd.Close() }},
-		{"listening on an address not the device's", syscall.EADDRNOTAVAIL, func(e *env) error {
+		{"closing a CQ a QP uses", verbs.ErrBusy, func(e *errEnv) error { return e.cq.Close() }},
+		{"freeing a PD that holds objects", verbs.ErrBusy, func(e *errEnv) error { return e.pd.Close() }},
+		{"listening on an address not the device's", syscall.EADDRNOTAVAIL, func(e *errEnv) error {
 			_, err := e.d.Listen(netip.MustParseAddrPort("198.51.100.1:7000"), verbs.ListenConfig{})
 			return err
 		}},
-		{"dialing with more private data than MPA carries", verbs.ErrInvalidArgument, func(e *env) error {
+		{"dialing with more private data than MPA carries", verbs.ErrInvalidArgument, func(e *errEnv) error {
 			return e.dial(e.peer, verbs.ConnParams{PrivateData: make([]byte, 5000)})
 		}},
-		{"dialing with markers a peer that refuses them", verbs.ErrMarkers, func(e *env) error {
+		{"dialing with markers a peer that refuses them", verbs.ErrMarkers, func(e *errEnv) error {
 			yes := true
 			return e.dial(netip.AddrPortFrom(e.peer.Addr(), 7002), verbs.ConnParams{Markers: &yes})
 		}},
-		{"dialing a port no one listens on", syscall.ECONNREFUSED, func(e *env) error {
+		{"dialing a port no one listens on", syscall.ECONNREFUSED, func(e *errEnv) error {
 			return e.dial(e.peer, verbs.ConnParams{})
 		}},
 	}
@@ -128,7 +127,7 @@ func TestErrorsAlike(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		e := &env{d: k.dev, pd: pd, cq: cq, qp: qp, mr: mr, mem: buf.Bytes(), peer: k.peer}
+		e := &errEnv{d: k.dev, pd: pd, cq: cq, qp: qp, mr: mr, mem: buf.Bytes(), peer: k.peer}
 		for _, c := range cases {
 			err := c.run(e)
 			if !errors.Is(err, c.want) {
