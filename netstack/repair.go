@@ -34,7 +34,8 @@ import (
 // before; where it retransmits the same data the peer reports a duplicate
 // (D-SACK), which gVisor takes as a spurious recovery. A packet
 // retransmitted by the stack itself (its sequence number below what the
-// link already saw sent) is not kept.
+// link already saw sent) is not kept. A tail probe (probe) covers a lost
+// packet with nothing after it, and lost ACKs.
 //
 // The resent packet is the original, headers included: its timestamp is
 // no newer than any the peer has taken as recent for in-order data (the
@@ -57,6 +58,10 @@ const (
 	// repairMinGap is the least time between two resends of a packet,
 	// besides twice the connection's smoothed round trip.
 	repairMinGap = time.Millisecond
+	// probeSlack is what the tail probe waits besides two round trips;
+	// probeTick is how often it looks while packets are kept.
+	probeSlack = 2 * time.Millisecond
+	probeTick  = time.Millisecond
 )
 
 // RepairStats count what the link's repair of lost GSO packets did.
@@ -78,6 +83,8 @@ type repairConn struct {
 	high  uint32    // the highest end sent
 	known bool      // high is valid
 	srtt  time.Duration
+	// heard is when the peer's last ACK came (since repairEpoch).
+	heard time.Duration
 }
 
 type repairer struct {
@@ -90,6 +97,11 @@ type repairer struct {
 	n     atomic.Int32           // len(conns)
 
 	resent, resentBytes atomic.Uint64
+
+	// The tail probe's timer (tmu): armed while packets are kept.
+	tmu   sync.Mutex
+	timer *time.Timer
+	armed bool
 }
 
 var repairEpoch = time.Now()
@@ -166,7 +178,82 @@ func (r *repairer) outbound(pkts stack.PacketBufferList) {
 		}
 		c.kept = append(c.kept, keptPkt{pkt: pkt.IncRef(), seq: seq, end: end, at: now})
 		r.mu.Unlock()
+		r.arm()
 	}
+}
+
+// arm starts the tail probe's timer unless it runs.
+func (r *repairer) arm() {
+	r.tmu.Lock()
+	if !r.armed {
+		r.armed = true
+		if r.timer == nil {
+			r.timer = time.AfterFunc(probeTick, r.probe)
+		} else {
+			r.timer.Reset(probeTick)
+		}
+	}
+	r.tmu.Unlock()
+}
+
+// probe sends again the oldest packet of each connection whose newest
+// kept packet is overdue and whose peer has been silent as long: a lost
+// tail (nothing sent after it, so no SACK tells) or lost ACKs. gVisor's
+// own tail-loss probe waits two smoothed round trips of its millisecond
+// clock, and 200 ms more when one segment is outstanding (RFC 8985's
+// allowance for a delayed ACK); the link's round trip is measured in
+// nanoseconds. The resent packet makes the peer acknowledge what it has.
+func (r *repairer) probe() {
+	now := time.Since(repairEpoch)
+	var resend []*stack.PacketBuffer
+	more := false
+	r.mu.Lock()
+	if r.dead {
+		r.mu.Unlock()
+		return
+	}
+	for _, c := range r.conns {
+		if len(c.kept) == 0 {
+			continue
+		}
+		more = true
+		wait := 2*c.srtt + probeSlack
+		last := &c.kept[len(c.kept)-1]
+		if now-last.at < wait || now-c.heard < wait {
+			continue
+		}
+		p := &c.kept[0]
+		if p.resent >= repairResends || (p.resent > 0 && now-p.resentAt < 2*wait) {
+			continue
+		}
+		p.resent++
+		p.resentAt = now
+		resend = append(resend, p.pkt.IncRef())
+	}
+	r.mu.Unlock()
+	r.tmu.Lock()
+	if more {
+		r.timer.Reset(probeTick)
+	} else {
+		r.armed = false
+	}
+	r.tmu.Unlock()
+	r.send(resend)
+}
+
+// send writes packets taken for resending and releases them.
+func (r *repairer) send(resend []*stack.PacketBuffer) {
+	if len(resend) == 0 {
+		return
+	}
+	var l stack.PacketBufferList
+	for _, p := range resend {
+		l.PushBack(p)
+		r.resentBytes.Add(uint64(p.Data().Size()))
+	}
+	r.resent.Add(uint64(len(resend)))
+	r.write(l)
+	l.Reset()
 }
 
 // inbound looks at a packet from the peer (views: its IP packet) before
@@ -231,6 +318,7 @@ func (r *repairer) inbound(proto tcpip.NetworkProtocolNumber, views [][]byte) {
 		r.mu.Unlock()
 		return
 	}
+	c.heard = now
 	// Release what the peer acknowledged.
 	i := 0
 	for ; i < len(c.kept) && !seqGT(c.kept[i].end, ack); i++ {
@@ -289,17 +377,7 @@ func (r *repairer) inbound(proto tcpip.NetworkProtocolNumber, views [][]byte) {
 		}
 	}
 	r.mu.Unlock()
-	if len(resend) == 0 {
-		return
-	}
-	var l stack.PacketBufferList
-	for _, p := range resend {
-		l.PushBack(p)
-		r.resentBytes.Add(uint64(p.Data().Size()))
-	}
-	r.resent.Add(uint64(len(resend)))
-	r.write(l)
-	l.Reset()
+	r.send(resend)
 }
 
 // covered reports whether one SACK block covers [seq, end).
@@ -376,6 +454,11 @@ func (r *repairer) sweepLocked() {
 
 // close releases everything kept.
 func (r *repairer) close() {
+	r.tmu.Lock()
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+	r.tmu.Unlock()
 	r.mu.Lock()
 	r.dead = true
 	for k, c := range r.conns {

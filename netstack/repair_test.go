@@ -16,9 +16,13 @@ import (
 // whole message from round lose on is dropped, once. It returns A's
 // connection counters and stack stats.
 func gsoTailLoss(t *testing.T, repair bool) (ConnTCP, TCPStats) {
+	return tailLoss(t, repair, 64000)
+}
+
+// tailLoss is gsoTailLoss with messages of msg bytes.
+func tailLoss(t *testing.T, repair bool, msg int) (ConnTCP, TCPStats) {
 	t.Helper()
 	const (
-		msg    = 64000
 		rounds = 24
 		lose   = 6
 	)
@@ -126,5 +130,22 @@ func TestGVisorGSOTailLossWaitsForTimeouts(t *testing.T) {
 	}
 	if s.LinkResentPackets != 0 {
 		t.Errorf("the link resent %d packets with the repair off", s.LinkResentPackets)
+	}
+}
+
+// TestShortTailLossProbed: a short message lost at the tail (one segment
+// in flight, nothing after it to be SACKed) is sent again by the link's
+// probe a few milliseconds later, before gVisor's own tail-loss probe
+// (two smoothed round trips plus 200 ms for one outstanding segment,
+// capped by the RTO): the stack retransmits nothing.
+func TestShortTailLossProbed(t *testing.T) {
+	c, s := tailLoss(t, true, 100)
+	t.Logf("conn %+v", c)
+	t.Logf("stack %+v", s)
+	if s.LinkResentPackets == 0 {
+		t.Errorf("the link resent nothing")
+	}
+	if c.Retransmits != 0 || c.Timeouts != 0 {
+		t.Errorf("the stack retransmitted %d segments (%d timeouts): the link's probe came late", c.Retransmits, c.Timeouts)
 	}
 }
