@@ -2,13 +2,16 @@ package verbs
 
 import (
 	"fmt"
+	"math"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"rdmatap/iwarp"
 	"rdmatap/netstack"
+	"rdmatap/verbs/internal/svc"
 )
 
 // DeviceConfig configures a Device. Zero values take the defaults.
@@ -96,6 +99,9 @@ type Device struct {
 	// rc is the connection to a service for a device from Connect (see
 	// remote.go); nil for an embedded device.
 	rc *client
+	// rattr: a service device's limits for this client (QUERY_DEVICE);
+	// nil from a service that does not answer it.
+	rattr *DeviceAttr
 	// hook, when set (Serve), sees each QP event first and keeps those
 	// of a service's clients from the device's own channel.
 	hook atomic.Pointer[func(AsyncEvent) bool]
@@ -188,8 +194,13 @@ const (
 	AtomicGlob = "ATOMIC_GLOB"
 )
 
-// Query returns the device's limits.
+// Query returns the device's limits. On a device of a service they are the
+// limits this client may use: the device's, lowered to the service's
+// limits for a client.
 func (d *Device) Query() DeviceAttr {
+	if d.rattr != nil {
+		return *d.rattr
+	}
 	atomicCap := AtomicGlob
 	if d.cfg.NoExtensions {
 		atomicCap = AtomicNone
@@ -437,4 +448,42 @@ func (d *Device) Close() error {
 		return d.rc.close()
 	}
 	return nil
+}
+
+// atomicCapValues are the ibv_atomic_cap values of DeviceAttr.AtomicCap.
+var atomicCapValues = [...]string{AtomicNone, AtomicHCA, AtomicGlob}
+
+// encodeAttr lays a out as QUERY_DEVICE's reply arguments.
+func encodeAttr(a DeviceAttr) []uint64 {
+	v := make([]uint64, svc.QueryArgs)
+	v[svc.QueryMaxQP], v[svc.QueryMaxQPWR], v[svc.QueryMaxSGE] = uint64(a.MaxQP), uint64(a.MaxQPWR), uint64(a.MaxSGE)
+	v[svc.QueryMaxSGERd], v[svc.QueryMaxCQ], v[svc.QueryMaxCQE] = uint64(a.MaxSGERd), uint64(a.MaxCQ), uint64(a.MaxCQE)
+	v[svc.QueryMaxMR], v[svc.QueryMaxMRSize], v[svc.QueryMaxPD] = uint64(a.MaxMR), a.MaxMRSize, uint64(a.MaxPD)
+	v[svc.QueryMaxQPRdAtom], v[svc.QueryMaxQPInitRd] = uint64(a.MaxQPRdAtom), uint64(a.MaxQPInitRd)
+	v[svc.QueryMaxSRQ], v[svc.QueryMaxSRQWR], v[svc.QueryMaxSRQSGE] = uint64(a.MaxSRQ), uint64(a.MaxSRQWR), uint64(a.MaxSRQSGE)
+	v[svc.QueryMaxInline], v[svc.QueryMaxPrivData], v[svc.QueryMaxMsgSize] = uint64(a.MaxInline), uint64(a.MaxPrivData), a.MaxMsgSize
+	v[svc.QueryAtomicCap] = uint64(slices.Index(atomicCapValues[:], a.AtomicCap))
+	v[svc.QueryPageSizeCap], v[svc.QueryMaxMW], v[svc.QueryMaxFRPages] = a.PageSizeCap, uint64(a.MaxMW), uint64(a.MaxFRPages)
+	v[svc.QueryVendorPartID] = uint64(a.VendorPartID)
+	return v
+}
+
+// decodeAttr reads QUERY_DEVICE's reply arguments. Counts are bounded to
+// what an int holds on this machine, and an unknown atomic capability
+// reads as none.
+func decodeAttr(m svc.Msg) DeviceAttr {
+	n := func(i int) int { return int(min(m.Arg(i), math.MaxInt32)) }
+	capName := AtomicNone
+	if c := m.Arg(svc.QueryAtomicCap); c < uint64(len(atomicCapValues)) {
+		capName = atomicCapValues[c]
+	}
+	return DeviceAttr{Transport: "iWARP",
+		MaxQP: n(svc.QueryMaxQP), MaxQPWR: n(svc.QueryMaxQPWR), MaxSGE: n(svc.QueryMaxSGE), MaxSGERd: n(svc.QueryMaxSGERd),
+		MaxCQ: n(svc.QueryMaxCQ), MaxCQE: n(svc.QueryMaxCQE), MaxMR: n(svc.QueryMaxMR), MaxMRSize: m.Arg(svc.QueryMaxMRSize),
+		MaxPD: n(svc.QueryMaxPD), MaxQPRdAtom: n(svc.QueryMaxQPRdAtom), MaxQPInitRd: n(svc.QueryMaxQPInitRd),
+		MaxSRQ: n(svc.QueryMaxSRQ), MaxSRQWR: n(svc.QueryMaxSRQWR), MaxSRQSGE: n(svc.QueryMaxSRQSGE),
+		MaxInline: n(svc.QueryMaxInline), MaxPrivData: n(svc.QueryMaxPrivData), MaxMsgSize: m.Arg(svc.QueryMaxMsgSize),
+		AtomicCap: capName, PageSizeCap: m.Arg(svc.QueryPageSizeCap), MaxMW: n(svc.QueryMaxMW),
+		MaxFRPages: n(svc.QueryMaxFRPages), VendorPartID: uint32(m.Arg(svc.QueryVendorPartID)),
+	}
 }

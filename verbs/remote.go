@@ -145,7 +145,7 @@ func Connect(ctx context.Context, path string) (*Device, error) {
 		cqs: map[*CQ]struct{}{}, frs: map[*iwarp.FastRegMR]*MR{}, mwt: map[*iwarp.Window]*MW{}, mrKeys: map[STag]*MR{},
 		done: make(chan struct{})}
 	var b svc.Builder
-	werr := svc.Write(conn, b.Reset(svc.THello, 0, 0).Args(svc.Magic, svc.Version).Msg())
+	werr := svc.Write(conn, b.Reset(svc.THello, 0, 0).Args(svc.Magic, svc.Version, svc.Features).Msg())
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetReadDeadline(dl)
 	}
@@ -199,6 +199,15 @@ func Connect(ctx context.Context, path string) (*Device, error) {
 	cl.dev = dev
 	cl.wg.Add(1)
 	go cl.readLoop()
+	if m.Arg(3)&svc.FeatureQueryDevice != 0 {
+		r, err := cl.do(ctx, svc.TQueryDevice, nil)
+		if err != nil {
+			dev.Close()
+			return nil, fmt.Errorf("verbs: connect to service %s: %w", path, err)
+		}
+		a := decodeAttr(r.m)
+		dev.rattr = &a
+	}
 	return dev, nil
 }
 

@@ -819,7 +819,10 @@ func (x *session) hello(buf, oob []byte, fds []int) bool {
 	if x.dev.cfg.NoExtensions {
 		flags |= 1
 	}
-	err = svc.Write(x.conn, b.Reset(svc.THello, 0, 0).Args(svc.Version, flags, x.id).String(x.dev.Name()).Msg(), x.ctlFd, x.bell.Fd())
+	// The features both ends know (a client that lists none, as one
+	// from before features, gets none).
+	features := m.Arg(2) & svc.Features
+	err = svc.Write(x.conn, b.Reset(svc.THello, 0, 0).Args(svc.Version, flags, x.id, features).String(x.dev.Name()).Msg(), x.ctlFd, x.bell.Fd())
 	return err == nil
 }
 
@@ -1041,6 +1044,10 @@ func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []i
 		return nil, x.bindMW(b, m)
 	case svc.TQueryMem:
 		return nil, x.queryMem(b, m.Arg(0))
+	case svc.TQueryDevice:
+		a := x.queryDevice()
+		b.Args(encodeAttr(a)...).String(x.dev.Name())
+		return nil, nil
 	case svc.TStats:
 		st := x.dev.Stats()
 		pay, err := binary.Append(nil, binary.LittleEndian, &st)
@@ -1052,6 +1059,25 @@ func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []i
 	}
 	closeFDs(fds)
 	return nil, fmt.Errorf("%w: unknown request %v", ErrInvalidArgument, t)
+}
+
+// queryDevice is the device's limits as the client may use them: the
+// device's, lowered to the client's own limits.
+func (x *session) queryDevice() DeviceAttr {
+	a := x.dev.Query()
+	l := x.lim
+	a.MaxQP = min(a.MaxQP, l.QPs)
+	a.MaxQPWR = min(a.MaxQPWR, l.MaxWR)
+	a.MaxCQ = min(a.MaxCQ, l.CQs)
+	a.MaxCQE = min(a.MaxCQE, 4*l.MaxWR) // createCQ's bound
+	a.MaxMR = min(a.MaxMR, l.MRs)
+	a.MaxMRSize = min(a.MaxMRSize, uint64(l.MRBytes))
+	a.MaxPD = min(a.MaxPD, l.PDs)
+	a.MaxSRQ = min(a.MaxSRQ, l.SRQs)
+	a.MaxSRQWR = min(a.MaxSRQWR, l.MaxWR)
+	a.MaxMW = min(a.MaxMW, l.MRs)
+	a.MaxFRPages = min(a.MaxFRPages, l.FRPages)
+	return a
 }
 
 // ringMemfd makes a ring memfd of n bytes, counted against

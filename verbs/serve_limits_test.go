@@ -527,3 +527,32 @@ func TestServiceMalformedEntriesComplete(t *testing.T) {
 		t.Errorf("malformed receive entry: %+v (found %v), want a receive completion in error, ID 88", c, ok)
 	}
 }
+
+// TestServiceQueryDevice: a client of a service that knows QUERY_DEVICE
+// sees the device's limits lowered to its own; a client that lists no
+// features (one from before them) is offered none.
+func TestServiceQueryDevice(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	lim := verbs.Limits{QPs: 7, MaxWR: 512, CQs: 9, MRs: 11, MRBytes: 1 << 24, PDs: 3, SRQs: 5, FRPages: 100}
+	path, _ := startService(t, p.a, lim)
+	d := connectService(t, path)
+	want := p.a.Query()
+	want.MaxQP, want.MaxQPWR, want.MaxCQ, want.MaxCQE = 7, 512, 9, 4*512
+	want.MaxMR, want.MaxMRSize, want.MaxPD, want.MaxSRQ, want.MaxSRQWR = 11, 1<<24, 3, 5, 512
+	want.MaxMW, want.MaxFRPages = 11, 100
+	if got := d.Query(); got != want {
+		t.Fatalf("a service client's limits:\n%+v\nwant\n%+v", got, want)
+	}
+	if _, err := d.CreateCQ(4*512 + 1); !errors.Is(err, verbs.ErrInvalidArgument) {
+		t.Fatalf("a CQ over the queried MaxCQE: %v, want ErrInvalidArgument", err)
+	}
+	r, m := dialRaw(t, path, svc.Version)
+	if m.Status() != svc.StatusOK || m.Arg(3) != 0 {
+		t.Fatalf("HELLO without features: status %d, features %#x, want none", m.Status(), m.Arg(3))
+	}
+	// QUERY_DEVICE still answers such a client.
+	q, _ := r.call(svc.TQueryDevice, nil, nil)
+	if q.Status() != svc.StatusOK || q.Arg(svc.QueryMaxQP) != 7 || q.NArgs() != svc.QueryArgs {
+		t.Fatalf("QUERY_DEVICE: status %d, %d args, max QP %d", q.Status(), q.NArgs(), q.Arg(svc.QueryMaxQP))
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"fmt"
+	"math/bits"
 	"os"
 	"strconv"
 	"strings"
@@ -595,6 +596,14 @@ var docConstants = map[string]func(name string) (uint64, bool){
 	"rtr":      named(map[string]uint64{"SEND": uint64(iwarp.RTRSend), "WRITE": uint64(iwarp.RTRWrite), "READ": uint64(iwarp.RTRRead)}),
 	"layers": named(map[string]uint64{"RDMAP": uint64(iwarp.LayerRDMAP), "DDP": uint64(iwarp.LayerDDP),
 		"LLP": uint64(iwarp.LayerLLP)}),
+	"features": named(map[string]uint64{"QUERY_DEVICE": uint64(bits.TrailingZeros64(FeatureQueryDevice))}),
+	"query-device": named(map[string]uint64{"max_qp": QueryMaxQP, "max_qp_wr": QueryMaxQPWR, "max_sge": QueryMaxSGE,
+		"max_sge_rd": QueryMaxSGERd, "max_cq": QueryMaxCQ, "max_cqe": QueryMaxCQE, "max_mr": QueryMaxMR,
+		"max_mr_size": QueryMaxMRSize, "max_pd": QueryMaxPD, "max_qp_rd_atom": QueryMaxQPRdAtom,
+		"max_qp_init_rd_atom": QueryMaxQPInitRd, "max_srq": QueryMaxSRQ, "max_srq_wr": QueryMaxSRQWR,
+		"max_srq_sge": QueryMaxSRQSGE, "max_inline_data": QueryMaxInline, "max_private_data": QueryMaxPrivData,
+		"max_msg_sz": QueryMaxMsgSize, "atomic_cap": QueryAtomicCap, "page_size_cap": QueryPageSizeCap,
+		"max_mw": QueryMaxMW, "max_fast_reg_page_list_len": QueryMaxFRPages, "vendor_part_id": QueryVendorPartID}),
 	"tri": func(s string) (uint64, bool) {
 		for _, v := range []uint64{0, 1, 2} {
 			b := Untri(v)
@@ -621,6 +630,8 @@ var tableComplete = map[string]int{
 	"wc-opcodes":    10,
 	"wc-status":     int(iwarp.StatusGeneral) + 1,
 	"events":        int(iwarp.EventFatal) + 2,
+	"features":      bits.OnesCount64(Features),
+	"query-device":  QueryArgs,
 }
 
 func TestProtocolDocTables(t *testing.T) {

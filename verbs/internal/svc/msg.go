@@ -38,7 +38,21 @@ const (
 	Magic = 0x7264_6d61_7461_7000 // "rdmatap\0"
 	// Version 2: fast-register MRs, memory windows and their work
 	// requests, RegMRIOVA (REG_MR's IOVA argument), device statistics.
+	// The version changes only for a change an older end cannot live
+	// with; what is added beside it is offered as a feature (HELLO's
+	// feature bits), which an end that does not know it ignores.
 	Version = 2
+)
+
+// Features (HELLO's feature bits): the client's request lists those it
+// knows, the service's reply those of them it offers.
+const (
+	// FeatureQueryDevice: QUERY_DEVICE answers with the device's
+	// limits as this client may use them.
+	FeatureQueryDevice uint64 = 1 << 0
+
+	// Features is every feature this implementation knows.
+	Features = FeatureQueryDevice
 )
 
 // Sizes and limits.
@@ -99,13 +113,16 @@ const (
 	TBindMW    // QP, window, WR ID, flags, MR's STag, address, length, access → STag (a type 1 bind)
 	TQueryMem  // MR or window → STag, valid, base, length of its current (or last) registration
 	TStats     // → the device's Stats, little endian, as the payload's one field
+	// TQueryDevice (FeatureQueryDevice) → the device's limits for this
+	// client, in QueryArg order; the device's name.
+	TQueryDevice
 	tLast
 )
 
 var typeNames = [...]string{"", "HELLO", "ALLOC_PD", "DEALLOC_PD", "CREATE_CQ", "DESTROY_CQ", "REG_MR", "DEREG_MR",
 	"CREATE_SRQ", "DESTROY_SRQ", "SRQ_LIMIT", "CREATE_QP", "DESTROY_QP", "QUERY_QP", "DISCONNECT", "DIAL", "LISTEN",
 	"CLOSE_LISTENER", "GET_REQUEST", "ACCEPT", "REJECT", "CANCEL", "EVENT", "QP_DONE", "ERROR", "ALLOC_MR", "MAP_MR",
-	"SET_IOVA", "ALLOC_MW", "DEALLOC_MW", "BIND_MW", "QUERY_MEM", "STATS"}
+	"SET_IOVA", "ALLOC_MW", "DEALLOC_MW", "BIND_MW", "QUERY_MEM", "STATS", "QUERY_DEVICE"}
 
 func (t Type) String() string {
 	if t > 0 && t < tLast {
@@ -333,3 +350,32 @@ func Untri(v uint64) *bool {
 	}
 	return nil
 }
+
+// QUERY_DEVICE's reply arguments, by index: the ibv_device_attr limits as
+// this client may use them (the device's, lowered to the client's limits
+// where those are lower).
+const (
+	QueryMaxQP = iota
+	QueryMaxQPWR
+	QueryMaxSGE
+	QueryMaxSGERd
+	QueryMaxCQ
+	QueryMaxCQE
+	QueryMaxMR
+	QueryMaxMRSize
+	QueryMaxPD
+	QueryMaxQPRdAtom // IRD
+	QueryMaxQPInitRd // ORD
+	QueryMaxSRQ
+	QueryMaxSRQWR
+	QueryMaxSRQSGE
+	QueryMaxInline
+	QueryMaxPrivData
+	QueryMaxMsgSize
+	QueryAtomicCap // 0 IBV_ATOMIC_NONE, 1 IBV_ATOMIC_HCA, 2 IBV_ATOMIC_GLOB
+	QueryPageSizeCap
+	QueryMaxMW
+	QueryMaxFRPages
+	QueryVendorPartID
+	QueryArgs // the number of arguments
+)
