@@ -219,6 +219,15 @@ func TestStatReportsPlacement(t *testing.T) {
 			t.Errorf("stat lacks %s: %s", k, text)
 		}
 	}
+	// TCP's recovery counters, as ss -ti shows a kernel socket's.
+	for _, kv := range tcpCounters(verbs.TCPStats{}) {
+		if vals[kv.k] == "" {
+			t.Errorf("stat lacks %s: %s", kv.k, text)
+		}
+	}
+	if n, _ := strconv.ParseUint(vals["tcp_segs_out"], 10, 64); n == 0 {
+		t.Errorf("stat counts no TCP segment sent after the traffic: %s", text)
+	}
 	if vals["seg_placed_early_bytes"] != strconv.FormatUint(want.Segment.PlacedEarly, 10) {
 		t.Errorf("seg_placed_early_bytes %s, device %d", vals["seg_placed_early_bytes"], want.Segment.PlacedEarly)
 	}

@@ -852,6 +852,9 @@ func statCmd(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(w, " link_%s %v", strings.ToLower(k), m[k])
 		}
 	}
+	for _, kv := range tcpCounters(v.TCP) {
+		fmt.Fprintf(w, " %s %d", kv.k, kv.v)
+	}
 	fmt.Fprintln(w)
 	for _, c := range s.Clients {
 		fmt.Fprintf(w, "client %d uid %d pid %d memory_bytes %d memory_limit %d ring_bytes %d mr_bytes %d pds %d cqs %d qps %d srqs %d mrs %d conns %d calls %d\n",
@@ -882,4 +885,23 @@ func atomicCapValue(s string) int {
 		return 2
 	}
 	return 0
+}
+
+// tcpCounters are the device's TCP recovery counters as stat prints them
+// (the stack's since it started, and the busiest connection's state), as
+// `ss -ti` shows a kernel socket's.
+func tcpCounters(t verbs.TCPStats) []struct {
+	k string
+	v uint64
+} {
+	return []struct {
+		k string
+		v uint64
+	}{
+		{"tcp_segs_out", t.SegmentsSent}, {"tcp_retrans", t.Retransmits}, {"tcp_fast_retrans", t.FastRetransmits},
+		{"tcp_rto_timeouts", t.Timeouts}, {"tcp_sack_recoveries", t.SACKRecoveries}, {"tcp_tlp_recoveries", t.TLPRecoveries},
+		{"tcp_spurious", t.SpuriousRecoveries + t.SpuriousRTOs}, {"tcp_dsack", t.DSACKs},
+		{"tcp_link_resent", t.LinkResentPackets}, {"tcp_link_resent_bytes", t.LinkResentBytes}, {"tcp_conns", t.Conns},
+		{"tcp_cwnd", t.Cwnd}, {"tcp_srtt_us", uint64(t.SRTT.Microseconds())}, {"tcp_rto_ms", uint64(t.RTO.Milliseconds())},
+	}
 }
