@@ -1,4 +1,4 @@
-module rdmatap
+module github.com/rdmatap/rdmatap
 
 go 1.26.3
 

@@ -10,7 +10,7 @@ import (
 	"time"
 	"unsafe"
 
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // readFPDU reads the next FPDU from the raw peer's side and returns its

@@ -18,7 +18,7 @@ import (
 	"sync"
 	"testing"
 
-	"rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/iwarp"
 )
 
 // clip returns b with its capacity cut to its length.

@@ -8,7 +8,7 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // MPA markers (RFC 5044): a 4-octet marker at every 512th octet of one

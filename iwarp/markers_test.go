@@ -11,7 +11,7 @@ import (
 	"testing"
 	"unsafe"
 
-	"rdmatap/iwarp/internal/pcapread"
+	"github.com/rdmatap/rdmatap/iwarp/internal/pcapread"
 )
 
 var markerCRCTable = crc32.MakeTable(crc32.Castagnoli)

@@ -7,7 +7,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // TestMarkerTiles frames messages with the FPDU writer inside the marker

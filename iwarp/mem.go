@@ -9,7 +9,7 @@ import (
 	"time"
 	"unsafe"
 
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // Access is a set of memory access rights (the ibv_access_flags values).

@@ -3,7 +3,7 @@ package iwarp
 import (
 	"math/bits"
 
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // pageList is the memory of a region mapped from a page list whose pages

@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"rdmatap/zerocopy"
+
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // Stream is the reliable byte stream (an LLP) an RDMAP stream runs on: a

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // The receive path of an RDMAP stream, one goroutine per QP. An FPDU's way

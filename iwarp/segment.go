@@ -12,8 +12,8 @@ import (
 	"time"
 	"unsafe"
 
-	"rdmatap/netstack"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // Segment placement: payload placed from TCP segments as they arrive,

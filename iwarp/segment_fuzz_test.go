@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/netstack"
 )
 
 // feedSegments runs data through a fresh QP's receive path as segment

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/netstack"
 )
 
 // segRig is a segment placer of a QP of PD 7 with one remote-writable

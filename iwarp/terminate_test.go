@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // rawFPDU frames a ULPDU (DDP header + payload) as an FPDU.

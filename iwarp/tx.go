@@ -7,7 +7,8 @@ import (
 	"io"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"rdmatap/zerocopy"
+
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // The transmit path of an RDMAP stream, one goroutine per QP. A message's

@@ -8,7 +8,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 var castagnoliTable = crc32.MakeTable(crc32.Castagnoli)

@@ -23,8 +23,8 @@ import (
 
 	"github.com/klauspost/crc32"
 
-	"rdmatap/iwarp"
-	"rdmatap/iwarp/internal/pcapread"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/iwarp/internal/pcapread"
 )
 
 // siwPcapDir is where the siw captures live, relative to this package's

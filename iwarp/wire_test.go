@@ -15,7 +15,7 @@ import (
 
 	"github.com/klauspost/crc32"
 
-	"rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/iwarp"
 )
 
 func unhex(t testing.TB, s string) []byte {

@@ -14,8 +14,8 @@ import (
 	"time"
 	"unsafe"
 
-	"rdmatap/netstack"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // The benchmarks compare rdmatap with plain netstack TCP on the same

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"rdmatap/iwarp"
-	"rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/netstack"
 )
 
 // Connection management in the rdma_cm style: a Listener yields connection

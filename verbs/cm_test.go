@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/iwarp"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 func TestHundredQPs(t *testing.T) {

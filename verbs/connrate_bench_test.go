@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // Connection setup and QP scale, the "connection rate" and

@@ -6,7 +6,7 @@ import (
 	"net"
 	"sync"
 
-	"rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/iwarp"
 )
 
 // Status is a work completion status; String() gives ibv_wc_status_str.

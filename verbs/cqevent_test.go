@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // TestCQEvents: ReqNotify and WaitEvent behave as ibv_req_notify_cq and

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/verbs"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // after is the byte the application writes into a buffer once Dereg has

@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"rdmatap/iwarp"
-	"rdmatap/netstack"
-	"rdmatap/verbs/internal/svc"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/verbs/internal/svc"
 )
 
 // DeviceConfig configures a Device. Zero values take the defaults.

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/netstack"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // testLink is the in-memory link the tests and benchmarks use.

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/iwarp"
 )
 
 // Errors. They work with errors.Is, and an error matches the same one

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/verbs"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // TestErrorsAlike: every error case gives an error that errors.Is matches

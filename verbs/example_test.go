@@ -9,8 +9,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"rdmatap/netstack"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // Two endpoints in one process, on an in-memory link (no TAP, no root): a

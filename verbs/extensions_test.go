@@ -13,8 +13,8 @@ import (
 	"time"
 	"unsafe"
 
-	"rdmatap/iwarp"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // alignedBuf returns n bytes starting at an 8-byte aligned address.

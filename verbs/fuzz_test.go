@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"testing"
 
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // FuzzRemoteBuf: a peer's buffer descriptor (private data, a Send) decodes

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // The siw accept-race guard seen from the API: Dial returns without

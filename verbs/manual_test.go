@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/iwarp"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // TestManualProgress: a ManualProgress QP receives only when its

@@ -5,7 +5,7 @@ import (
 	"net"
 	"sync"
 
-	"rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/iwarp"
 )
 
 // Memory registration work requests (see iwarp/memobj.go for the keys):

@@ -7,8 +7,8 @@ import (
 	"net"
 	"sync"
 
-	"rdmatap/iwarp"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // Access is a set of memory access rights (the ibv_access_flags values).

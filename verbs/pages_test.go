@@ -5,10 +5,10 @@ import (
 	"errors"
 	"testing"
 
-	"rdmatap/iwarp"
-	"rdmatap/netstack"
-	"rdmatap/verbs"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // Fast registration over scattered pages: a REG_MR over a page list of

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/iwarp"
 )
 
 // SGE is a scatter-gather element: Length bytes at Addr of the MR whose

@@ -16,9 +16,9 @@ import (
 	"time"
 	"unsafe"
 
-	"rdmatap/iwarp"
-	"rdmatap/verbs/internal/svc"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/verbs/internal/svc"
+	"github.com/rdmatap/rdmatap/zerocopy"
 
 	"golang.org/x/sys/unix"
 )

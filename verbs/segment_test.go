@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/iwarp"
-	"rdmatap/netstack"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // impairedPair is a pair whose side A (the client) sends through an

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/verbs"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // benchConn is one connection of the service benchmarks: the client end

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/verbs"
-	"rdmatap/verbs/internal/svc"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/internal/svc"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // killStateEnv makes TestServiceKillChild's process bring its session to

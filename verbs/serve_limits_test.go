@@ -20,10 +20,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"rdmatap/iwarp"
-	"rdmatap/verbs"
-	"rdmatap/verbs/internal/svc"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/internal/svc"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // clientStat returns the one client's figures of srv.

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/iwarp"
-	"rdmatap/verbs"
-	"rdmatap/verbs/internal/svc"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/internal/svc"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // Memory registration through the service: memOpsClient is application

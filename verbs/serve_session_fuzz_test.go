@@ -21,10 +21,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"rdmatap/iwarp"
-	"rdmatap/verbs"
-	"rdmatap/verbs/internal/svc"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/internal/svc"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // FuzzServiceSession mutates whole sessions of a hostile client rather

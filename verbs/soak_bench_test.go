@@ -9,8 +9,8 @@ import (
 	"sync"
 	"testing"
 
-	"rdmatap/netstack"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // BenchmarkSoak is a long soak compressed: 256 connections over a link

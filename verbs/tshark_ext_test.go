@@ -9,8 +9,8 @@ import (
 	"sync"
 	"testing"
 
-	"rdmatap/netstack"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // lockedBuffer is a bytes.Buffer the capture may write from the links'

@@ -7,7 +7,7 @@ import (
 	"time"
 	"unsafe"
 
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // TestOpenTXGate: an accepted QP sends nothing before the initiator's

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"rdmatap/zerocopy/internal/crcgen"
+	"github.com/rdmatap/rdmatap/zerocopy/internal/crcgen"
 )
 
 func TestFoldTable(t *testing.T) {

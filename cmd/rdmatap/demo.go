@@ -16,9 +16,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"rdmatap/iwarp"
-	"rdmatap/netstack"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // parseSize parses "4096", "64K", "1M", "1G" (binary units).

@@ -12,10 +12,10 @@ import (
 	"os"
 	"time"
 
-	"rdmatap/netstack"
-	"rdmatap/tap"
-	"rdmatap/verbs"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/tap"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // endpointFlags are the flags every network command shares: they make the

@@ -11,9 +11,9 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 
-	"rdmatap/iwarp"
-	"rdmatap/netstack"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // labFlags are the placement lab's flags, shared by demo and every TAP

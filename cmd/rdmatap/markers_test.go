@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // TestMarkersFlag: --markers (and rping's single-dash spelling) reaches

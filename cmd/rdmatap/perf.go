@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // rdmatap bw / rdmatap lat: perftest's ib_{write,read,send}_{bw,lat}

@@ -11,7 +11,7 @@ import (
 	"time"
 	"unsafe"
 
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // The bandwidth tests (run_iter_bw, run_iter_bw_server of

@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // perftest's -R parameter exchange (perftest_communication.c), byte for

@@ -11,8 +11,8 @@ import (
 	"slices"
 	"time"
 
-	"rdmatap/iwarp"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // The latency tests (run_iter_lat_write, run_iter_lat_send, run_iter_lat

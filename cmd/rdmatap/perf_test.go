@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/iwarp"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // perfRun runs a server and a client of "rdmatap KIND args..." between two

@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // rdmatap ping is rdma-core's rping, wire- and output-compatible: the same

@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"time"
 
-	"rdmatap/internal/units"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/internal/units"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // The endpoint as a service: `rdmatap up --socket PATH` lets

@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/verbs"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 func TestServiceFlags(t *testing.T) {

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // ctlEndpoint is an embedded endpoint for the control server to report on.

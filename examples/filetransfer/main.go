@@ -10,10 +10,10 @@ import (
 	"os"
 	"time"
 
-	"rdmatap/examples/internal/embed"
-	"rdmatap/internal/units"
-	"rdmatap/verbs"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/examples/internal/embed"
+	"github.com/rdmatap/rdmatap/internal/units"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 func main() {

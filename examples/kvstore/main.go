@@ -11,9 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"rdmatap/examples/internal/embed"
-	"rdmatap/verbs"
-	"rdmatap/zerocopy"
+	"github.com/rdmatap/rdmatap/examples/internal/embed"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // A slot: crc32c(slot[4:]) | used | keyLen | valLen(2) | key[32] | value[216].

@@ -8,8 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"rdmatap/netstack"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // Endpoint is one device with a PD and CQs.

@@ -24,10 +24,10 @@ import (
 	"strconv"
 	"time"
 
-	"rdmatap/iwarp"
-	"rdmatap/netstack"
-	"rdmatap/tap"
-	"rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/tap"
+	"github.com/rdmatap/rdmatap/verbs"
 )
 
 var cellNum = map[string]uint8{"sendinv_in": 1, "sendinv_out": 2, "srq": 3, "solicited_in": 4, "solicited_out": 5, "atomic": 6,

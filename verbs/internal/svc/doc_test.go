@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/iwarp"
 )
 
 // The protocol's specification (docs/service-protocol.md) is checked

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"testing"
 
-	"rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/iwarp"
 )
 
 func TestBuilderRoundTrip(t *testing.T) {
