@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -210,8 +211,9 @@ func TestKernelTCPHelper(t *testing.T) {
 
 // benchEndpointArgs is endpointArgs with what the environment asks of the
 // network benchmarks' endpoints: RDMATAP_BENCH_PLACEMENT (--placement,
-// e.g. segment) and RDMATAP_BENCH_ACK_DELAY (--ack-delay, e.g. 0 for none),
-// for comparisons side by side.
+// e.g. segment), RDMATAP_BENCH_ACK_DELAY (--ack-delay, e.g. 0 for none) and
+// RDMATAP_BENCH_EXTRA (any more endpoint flags, e.g. --no-link-repair), for
+// comparisons side by side.
 func benchEndpointArgs(n *netns, i int) []string {
 	var extra []string
 	if pl := os.Getenv("RDMATAP_BENCH_PLACEMENT"); pl != "" {
@@ -220,5 +222,6 @@ func benchEndpointArgs(n *netns, i int) []string {
 	if d := os.Getenv("RDMATAP_BENCH_ACK_DELAY"); d != "" {
 		extra = append(extra, "--ack-delay", d)
 	}
+	extra = append(extra, strings.Fields(os.Getenv("RDMATAP_BENCH_EXTRA"))...)
 	return n.endpointArgs(i, extra...)
 }
