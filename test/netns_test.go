@@ -408,7 +408,7 @@ func TestUpExitsWhenTAPDeleted(t *testing.T) {
 // with setpriv) runs ping, bw write and lat send with --via against a
 // running `rdmatap up --socket` on one TAP, with a plain rdmatap endpoint
 // on the other TAP of the bridge as the peer: the tools as clients of the
-// service, across a network, as issue #13 asks.
+// service, across a network.
 func TestViaServiceAcrossBridge(t *testing.T) {
 	needRoot(t)
 	setpriv, err := exec.LookPath("setpriv")

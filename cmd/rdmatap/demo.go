@@ -11,38 +11,22 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
-	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/rdmatap/rdmatap/internal/units"
 	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
-// parseSize parses "4096", "64K", "1M", "1G" (binary units).
+// parseSize parses "4096", "64K", "1M", "1G" (binary units), at most 1G.
 func parseSize(s string) (int, error) {
-	mult := 1
-	t := strings.TrimSpace(s)
-	if t != "" {
-		switch t[len(t)-1] {
-		case 'k', 'K':
-			mult, t = 1<<10, t[:len(t)-1]
-		case 'm', 'M':
-			mult, t = 1<<20, t[:len(t)-1]
-		case 'g', 'G':
-			mult, t = 1<<30, t[:len(t)-1]
-		}
+	n, err := units.ParseBytes(s, 1<<30)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", errUsage, err)
 	}
-	n, err := strconv.Atoi(t)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("%w: bad size %q", errUsage, s)
-	}
-	if n > (1<<30)/mult {
-		return 0, fmt.Errorf("%w: size %q over 1G", errUsage, s)
-	}
-	return n * mult, nil
+	return int(n), nil
 }
 
 type demoOpts struct {

@@ -14,7 +14,7 @@ import (
 // TestSiwViaService runs rping and perftest's bandwidth programs against
 // siw with rdmatap's side a process without privileges (nobody, dropped
 // with setpriv) that uses, with --via, the device a running `rdmatap up
-// --socket` serves on the harness's TAP: issue #13's tools as clients of
+// --socket` serves on the harness's TAP: ping, bw and lat as clients of
 // the service, against a real iWARP peer.
 func TestSiwViaService(t *testing.T) {
 	e := setup(t)
