@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmatap/rdmatap/internal/units"
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
@@ -217,7 +218,9 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 			fs.BoolVar(p, long, false, usage)
 		}
 	}
-	intVar(&size, "s", "size", -1, "message size (default 65536 for bw, 2 for lat)")
+	size = -1
+	fs.Var(units.Int{P: &size, Max: 1 << 32}, "s", "message size (default 65536 for bw, 2 for lat; K, M, G suffixes)")
+	fs.Var(units.Int{P: &size, Max: 1 << 32}, "size", "message size (default 65536 for bw, 2 for lat; K, M, G suffixes)")
 	intVar(&iters, "n", "iters", -1, "number of exchanges (default 5000 for write bw, 1000 otherwise)")
 	intVar(&dur, "D", "duration", 0, "run for this many seconds (duration mode)")
 	intVar(&margin, "f", "margin", -1, "duration mode: measure within these margins (default duration/4)")

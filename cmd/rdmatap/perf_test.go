@@ -373,6 +373,13 @@ func TestPerfBadFlags(t *testing.T) {
 	if o, _, _ = parsePerfFlags(perfBW, []string{"read", "-s", "4096"}, io.Discard); o.cqMod != 100 || o.iters != 1000 {
 		t.Errorf("bw read -s 4096: %+v", o)
 	}
+	// Sizes take K, M, G as every size flag does.
+	if o, _, err := parsePerfFlags(perfBW, []string{"write", "-s", "64K"}, io.Discard); err != nil || o.size != 64<<10 {
+		t.Errorf("bw write -s 64K: size %d, %v", o.size, err)
+	}
+	if o, _, err := parsePerfFlags(perfBW, []string{"write", "--size", "1M"}, io.Discard); err != nil || o.size != 1<<20 {
+		t.Errorf("bw write --size 1M: size %d, %v", o.size, err)
+	}
 	o, _, _ = parsePerfFlags(perfBW, []string{"send", "-n", "20"}, io.Discard)
 	if o.iters != 20 || o.txDepth != 20 || o.rxDepth != 20 {
 		t.Errorf("bw send -n 20: %+v", o)

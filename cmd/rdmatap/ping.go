@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmatap/rdmatap/internal/units"
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
@@ -102,7 +103,8 @@ func parsePingFlags(args []string, stderr io.Writer) (pingOpts, *endpointFlags, 
 	a := fs.String("a", "", "server: address to bind to (default any); client: the server's address (required)")
 	port := fs.Int("p", rpingPort, "port")
 	fs.IntVar(&o.count, "C", 0, "ping count (default 0: forever)")
-	fs.IntVar(&o.size, "S", rpingDefaultSize, fmt.Sprintf("ping data size, %d to %d", rpingMinSize, rpingMaxSize))
+	o.size = rpingDefaultSize
+	fs.Var(units.Int{P: &o.size, Max: 1 << 32}, "S", fmt.Sprintf("ping data size, %d to %d (K, M, G suffixes)", rpingMinSize, rpingMaxSize))
 	fs.BoolVar(&o.verbose, "v", false, "display ping data on stdout")
 	fs.BoolVar(&o.validate, "V", false, "validate ping data (client)")
 	fs.BoolVar(&o.debug, "d", false, "debug printfs")

@@ -633,3 +633,14 @@ func tcpStreams(t *testing.T, b []byte) map[uint32][]byte {
 	}
 	return out
 }
+
+// TestPingSizeSuffixes: -S takes K, M, G as every size flag does, and
+// keeps rping's range.
+func TestPingSizeSuffixes(t *testing.T) {
+	if o := opts(t, "-c", "-a", "10.0.0.1", "-S", "1K"); o.size != 1024 {
+		t.Fatalf("-S 1K: size %d", o.size)
+	}
+	if _, _, err := parsePingFlags([]string{"-c", "-a", "10.0.0.1", "-S", "1G"}, &bytes.Buffer{}); err == nil {
+		t.Fatal("-S 1G, beyond rping's largest size, was accepted")
+	}
+}

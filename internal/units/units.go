@@ -74,3 +74,28 @@ func (z *Size) Set(s string) error {
 	z.N = n
 	return nil
 }
+
+// Int is a flag.Value that sets *P to a byte count of at most Max (the
+// flag's default is whatever *P holds when it is registered).
+type Int struct {
+	P   *int
+	Max int64
+}
+
+// String returns *P.
+func (z Int) String() string {
+	if z.P == nil {
+		return "0"
+	}
+	return strconv.Itoa(*z.P)
+}
+
+// Set reads a count (ParseBytes).
+func (z Int) Set(s string) error {
+	n, err := ParseBytes(s, z.Max)
+	if err != nil {
+		return err
+	}
+	*z.P = int(n)
+	return nil
+}

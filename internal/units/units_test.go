@@ -51,3 +51,19 @@ func FuzzParseBytes(f *testing.F) {
 		}
 	})
 }
+
+func TestIntFlag(t *testing.T) {
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	size := -1
+	fs.Var(Int{P: &size, Max: 8 << 20}, "s", "message size")
+	if err := fs.Parse([]string{"-s", "64K"}); err != nil || size != 64<<10 {
+		t.Fatalf("-s 64K: %d %v", size, err)
+	}
+	if err := fs.Parse([]string{"-s", "4096"}); err != nil || size != 4096 {
+		t.Fatalf("-s 4096: %d %v", size, err)
+	}
+	if err := fs.Parse([]string{"-s", "16M"}); err == nil {
+		t.Fatal("-s over the maximum accepted")
+	}
+}
