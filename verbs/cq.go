@@ -306,7 +306,7 @@ func (cq *CQ) Close() error {
 	return nil
 }
 
-// use counts an embedded QP completing into the CQ, until unuse.
+// use counts (d 1) or uncounts (d -1) an embedded QP completing into the CQ.
 func (cq *CQ) use(d int) {
 	cq.mu.Lock()
 	cq.qps += d

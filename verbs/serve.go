@@ -344,10 +344,12 @@ func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
 	// session (socket, doorbell, control page) and one per CQ (its
 	// eventfd); a CQ's ring is a mapping, so the mappings' bound keeps
 	// the CQs' descriptors within the open-file limit too.
-	if fds := int(nofile()) - 3*cfg.MaxClients - fdSlack; fds < s.maxMaps {
-		s.maxMaps = max(fds, 0)
-		cfg.Logf("service: the open-file limit (%d) leaves room for %d mappings (MRs, rings) beside %d clients' sessions (raise RLIMIT_NOFILE, or lower --max-clients, for more)",
-			nofile(), s.maxMaps, cfg.MaxClients)
+	if n := nofile(); n > 0 {
+		if fds := int(n) - 3*cfg.MaxClients - fdSlack; fds < s.maxMaps {
+			s.maxMaps = max(fds, 0)
+			cfg.Logf("service: the open-file limit (%d) leaves room for %d mappings (MRs, rings) beside %d clients' sessions (raise RLIMIT_NOFILE, or lower --max-clients, for more)",
+				n, s.maxMaps, cfg.MaxClients)
+		}
 	}
 	s.wg.Add(1)
 	go s.acceptLoop()
@@ -389,7 +391,7 @@ func maxMappings() int {
 const fdSlack = 256
 
 // nofile is the process's open-file limit (its soft limit, which Go
-// raises to the hard limit at start).
+// raises to the hard limit at start); 0 when it cannot be read.
 func nofile() uint64 {
 	var rl unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) != nil {
@@ -403,10 +405,10 @@ func (s *Server) takeMap(uid int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.maps >= s.maxMaps {
-		return fmt.Errorf("%w: the service holds %d mappings for its clients, half the kernel's vm.max_map_count", ErrLimit, s.maps)
+		return fmt.Errorf("%w: the service holds %d mappings (MRs and rings) for its clients, its limit for all clients together", ErrLimit, s.maps)
 	}
 	if s.mapsUID[uid] >= s.maxMaps/4 {
-		return fmt.Errorf("%w: the clients of uid %d hold %d mappings (MRs and rings), an eighth of the kernel's vm.max_map_count", ErrLimit, uid, s.mapsUID[uid])
+		return fmt.Errorf("%w: the clients of uid %d hold %d mappings (MRs and rings), a quarter of the %d the service allows all clients", ErrLimit, uid, s.mapsUID[uid], s.maxMaps)
 	}
 	s.maps++
 	s.mapsUID[uid]++
