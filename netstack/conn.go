@@ -51,6 +51,10 @@ type Conn struct {
 	// gsoSeg > 0 is the most payload gVisor puts in one segment on this
 	// GSO link; writes of records are cut to fit it (see writePayload).
 	gsoSeg int
+
+	// ccAuto: the connection still runs Cubic and changes to Reno at its
+	// first loss (congestion.go). Read and written by the one writer.
+	ccAuto bool
 }
 
 func newConn(s *Stack, ep tcpip.Endpoint, wq *waiter.Queue) *Conn {
@@ -62,6 +66,7 @@ func newConn(s *Stack, ep tcpip.Endpoint, wq *waiter.Queue) *Conn {
 		done:     make(chan struct{}),
 		wsem:     make(chan struct{}, 1),
 		gsoSeg:   gsoSegmentMax(s.link),
+		ccAuto:   s.ccAuto,
 	}
 	c.readEntry, c.readCh = waiter.NewChannelEntry(waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr)
 	c.writeEntry, c.writeCh = waiter.NewChannelEntry(waiter.WritableEvents | waiter.EventHUp | waiter.EventErr)
@@ -510,6 +515,9 @@ func (c *Conn) writePayload(ctx context.Context, pl tcpip.Payloader, g *payloadG
 		}
 		switch terr.(type) {
 		case *tcpip.ErrWouldBlock:
+			if c.ccAuto {
+				c.congestionAuto()
+			}
 		case *tcpip.ErrBadBuffer:
 			if g != nil && g.err != nil {
 				return total, &OpError{Op: "write", Err: g.err}

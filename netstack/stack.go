@@ -32,14 +32,17 @@ const (
 
 // Config configures a Stack.
 type Config struct {
-	Link              stack.LinkEndpoint // required: the NIC's link endpoint
-	Addrs             []netip.Prefix     // IPv4 and/or IPv6 addresses of the NIC; routes for their subnets
-	Gateway           netip.Addr         // optional default gateway
-	CongestionControl string             // "reno" (default) or "cubic"; anything else -> error
-	RcvBufMax         int                // TCP receive buffer max, default 8 MiB
-	SndBufMax         int                // TCP send buffer max, default 8 MiB
-	NoSACK            bool               // SACK is on unless set
-	MinRTO            time.Duration      // optional TCPMinRTOOption
+	Link    stack.LinkEndpoint // required: the NIC's link endpoint
+	Addrs   []netip.Prefix     // IPv4 and/or IPv6 addresses of the NIC; routes for their subnets
+	Gateway netip.Addr         // optional default gateway
+	// CongestionControl is "reno" (the default), "cubic", or "auto": each
+	// connection starts with Cubic and changes to Reno once it has
+	// retransmitted (see CongestionAuto). Anything else is an error.
+	CongestionControl string
+	RcvBufMax         int           // TCP receive buffer max, default 8 MiB
+	SndBufMax         int           // TCP send buffer max, default 8 MiB
+	NoSACK            bool          // SACK is on unless set
+	MinRTO            time.Duration // optional TCPMinRTOOption
 	// PeerTimeout is how long a connection may go without hearing from its
 	// peer before it fails with ErrTimeout: keepalive probes start after
 	// half of it and a quarter of it apart, and data unacknowledged for
@@ -64,11 +67,15 @@ const DefaultPeerTimeout = 30 * time.Second
 // IPv6. It tracks the connections and listeners it created so Close can tear
 // everything down.
 type Stack struct {
-	s     *stack.Stack
-	link  stack.LinkEndpoint
-	addrs []netip.Prefix
-	has4  bool
-	has6  bool
+	s *stack.Stack
+	// ccAuto: connections change from Cubic to Reno at their first loss
+	// (Config.CongestionControl "auto").
+	ccAuto    bool
+	ccChanges atomic.Uint64 // connections changed to Reno (TCPStats.CongestionChanges)
+	link      stack.LinkEndpoint
+	addrs     []netip.Prefix
+	has4      bool
+	has6      bool
 
 	peerTimeout time.Duration
 
@@ -99,8 +106,10 @@ func New(cfg Config) (*Stack, error) {
 	case "":
 		cc = "reno"
 	case "reno", "cubic":
+	case CongestionAuto:
+		cc = "cubic"
 	default:
-		return nil, errConfig(fmt.Sprintf("unknown congestion control %q (want reno or cubic)", cfg.CongestionControl))
+		return nil, errConfig(fmt.Sprintf("unknown congestion control %q (want reno, cubic or auto)", cfg.CongestionControl))
 	}
 	rcvMax, err := bufMax("RcvBufMax", cfg.RcvBufMax)
 	if err != nil {
@@ -226,6 +235,7 @@ func New(cfg Config) (*Stack, error) {
 	}
 	return &Stack{
 		s:           s,
+		ccAuto:      cfg.CongestionControl == CongestionAuto,
 		peerTimeout: pt,
 		link:        cfg.Link,
 		nic:         nic,

@@ -26,6 +26,9 @@ type TCPStats struct {
 	SegmentsReceived, ChecksumErrors     uint64
 	DSACKs                               uint64 // segments the peer reported received twice (D-SACK)
 	FastRecoveries, SlowStartRetransmits uint64
+	// CongestionChanges counts connections changed from Cubic to Reno at
+	// their first loss (Config.CongestionControl "auto").
+	CongestionChanges uint64
 }
 
 // TCPStats returns the stack's TCP recovery counters.
@@ -41,6 +44,7 @@ func (s *Stack) TCPStats() TCPStats {
 		SegmentsReceived: t.ValidSegmentsReceived.Value(), ChecksumErrors: t.ChecksumErrors.Value(),
 		DSACKs:         t.SegmentsAckedWithDSACK.Value(),
 		FastRecoveries: t.FastRecovery.Value(), SlowStartRetransmits: t.SlowStartRetransmits.Value(),
+		CongestionChanges: s.ccChanges.Load(),
 	}
 }
 

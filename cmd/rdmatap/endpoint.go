@@ -54,7 +54,7 @@ func (f *endpointFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.p2p, "p2p", "", "RFC 6581 peer-to-peer mode with this RTR: write, read or send")
 	fs.StringVar(&f.pcap, "pcap", "", "capture the endpoint's frames to this pcap file")
 	fs.BoolVar(&f.noOffload, "no-offload", false, "plain TAP: no virtio-net header, no TSO/checksum offload")
-	fs.StringVar(&f.cc, "congestion-control", "cubic", "TCP congestion control: cubic or reno (reno keeps several times cubic's throughput under random loss on a LAN, cubic about 1.4x reno's at the median without loss: docs/tcp-recovery.md)")
+	fs.StringVar(&f.cc, "congestion-control", "auto", "TCP congestion control: auto (each connection starts with cubic and changes to reno at its first loss), cubic or reno: docs/tcp-recovery.md")
 	fs.DurationVar(&f.minRTO, "min-rto", 0, "TCP's minimum retransmission timeout (0: gVisor's, 200ms)")
 	fs.BoolVar(&f.noRepair, "no-link-repair", false, "leave lost GSO packets to TCP alone: the link does not send them again (docs/tcp-recovery.md)")
 	fs.StringVar(&f.name, "name", "rt0", "RDMA device name")
