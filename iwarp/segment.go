@@ -1210,7 +1210,7 @@ func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, del
 	if !qp.rxMu.TryLock() {
 		return false, 0
 	}
-	defer qp.rxMu.Unlock()
+	defer qp.rxMu.Unlock() // +checklocksignore: taken by TryLock
 	r := p.rx
 	if p.markers {
 		// The marked segment goes to the stripper in front of the

@@ -231,7 +231,7 @@ func (qp *QP) postInline() {
 		return
 	}
 	qp.tx.drain(true)
-	qp.txMu.Unlock()
+	qp.txMu.Unlock() // +checklocksignore: taken by TryLock
 	qp.mu.Lock()
 	more := qp.sqN > 0 || qp.irqN > 0 || qp.term != nil || qp.closing
 	qp.mu.Unlock()

@@ -1823,7 +1823,7 @@ func (s *servedCQ) retire() {
 }
 
 func (x *session) destroyCQ(h uint64) error {
-	s, err := takeUnused(&x.mu, x.cqs, h, func(s *servedCQ) int { return s.refs }, "CQ")
+	s, err := takeUnused(&x.mu, x.cqs, h, func(s *servedCQ) int { return s.refs }, "CQ") // +checklocksignore: the map is made once; takeUnused reads it under x.mu
 	if err != nil {
 		return err
 	}
@@ -1915,7 +1915,7 @@ func (x *session) createSRQ(b *svc.Builder, m svc.Msg) ([]int, error) {
 func (x *session) destroySRQ(h uint64) error {
 	x.ringMu.Lock()
 	defer x.ringMu.Unlock()
-	s, err := takeUnused(&x.mu, x.srqs, h, func(s *servedSRQ) int { return s.refs }, "SRQ")
+	s, err := takeUnused(&x.mu, x.srqs, h, func(s *servedSRQ) int { return s.refs }, "SRQ") // +checklocksignore: the map is made once; takeUnused reads it under x.mu
 	if err != nil {
 		return err
 	}
@@ -2309,6 +2309,8 @@ func (x *session) pollOnce() bool {
 
 // passRings is one pass of pollOnce; a panic in it (a bug a client's
 // ring contents reached) comes back as an error for that client.
+//
+// +checklocksignore: checklocks loses the read lock in the recovering defer.
 func (x *session) passRings() (did bool, bad error) {
 	x.ringMu.RLock()
 	defer x.ringMu.RUnlock()
