@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rdmatap/rdmatap/internal/lattrace"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -635,6 +636,7 @@ func (qp *QP) wake() {
 // WRs, its data), so the caller may reuse them at once. On error it returns
 // the index of the first WR not posted, as ibv_post_send's bad_wr does.
 func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
+	lattrace.Mark(lattrace.Post)
 	qp.mu.Lock()
 	if qp.state > StateRTS || qp.closing {
 		qp.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"github.com/rdmatap/rdmatap/internal/lattrace"
 	"runtime"
 	"slices"
 	"sort"
@@ -1258,6 +1259,7 @@ func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, del
 	delivered = r.n.fpdus - fpdus
 	p.stats.DeliveredEarly.Add(delivered)
 	r.flushStats()
+	lattrace.Mark(lattrace.Fed)
 	if p.fedWake != nil {
 		select {
 		case p.fedWake <- struct{}{}:

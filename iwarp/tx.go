@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/rdmatap/rdmatap/internal/lattrace"
 	"io"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -651,7 +652,9 @@ func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, regs []*Region, n 
 	}
 	t.fw.regs = regs
 	w0, d0 := t.mk.wire, t.mk.data
+	lattrace.Mark(lattrace.TCPWrite)
 	sent, err := qp.stream.WritePayload(qp.ctx, t.payload())
+	lattrace.Mark(lattrace.TCPWritten)
 	t.fw.regs = nil
 	if t.fw.cut {
 		// netstack dropped what it read in the call that hit the cut and
@@ -720,6 +723,7 @@ func (t *transmitter) sendTerminate() {
 		t.mk.tile(0) // one FPDU, the last
 	}
 	ok := true
+	lattrace.Mark(lattrace.TCPWrite)
 	if _, err := qp.stream.WritePayload(qp.ctx, t.payload()); err != nil {
 		ok = false
 	}

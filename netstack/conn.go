@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/rdmatap/rdmatap/internal/lattrace"
 	"io"
 	"net/netip"
 	"reflect"
@@ -78,6 +79,10 @@ func newConn(s *Stack, ep tcpip.Endpoint, wq *waiter.Queue) *Conn {
 		}
 	})
 	wq.EventRegister(&c.readEntry)
+	if lattrace.Enabled {
+		e := waiter.NewFunctionEntry(waiter.ReadableEvents, func(waiter.EventMask) { lattrace.Mark(lattrace.Readable) })
+		wq.EventRegister(&e)
+	}
 	wq.EventRegister(&c.writeEntry)
 	wq.EventRegister(&c.doneEntry)
 	return c
@@ -255,8 +260,13 @@ func (c *Conn) readTo(ctx context.Context, w io.Writer, max int, block bool) (in
 		if c.closed.Load() {
 			return 0, closedError("read")
 		}
+		t0 := lattrace.Now()
 		res, terr := c.ep.Read(dst, tcpip.ReadOptions{})
 		if terr == nil && res.Count > 0 {
+			if lattrace.Enabled {
+				lattrace.MarkAt(lattrace.ReadStart, t0)
+				lattrace.Mark(lattrace.ReadDone)
+			}
 			c.readBytes.Add(uint64(res.Count))
 			c.ep.ModerateRecvBuf(res.Count)
 			if woke && ((max > 0 && st.lim.N == 0) || st.guard.short) {

@@ -1,6 +1,7 @@
 package netstack
 
 import (
+	"github.com/rdmatap/rdmatap/internal/lattrace"
 	"sync/atomic"
 	"time"
 
@@ -49,6 +50,9 @@ func newTapLink(l stack.LinkEndpoint, ackDelay time.Duration, repair bool) *tapL
 // repair of lost GSO packets (which keeps them) and the ACK delaying,
 // when it is on.
 func (l *tapLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	if lattrace.Enabled && pkts.Len() > 0 && pkts.AsSlice()[0].Data().Size() > 0 {
+		lattrace.Mark(lattrace.LinkEnter)
+	}
 	l.rp.outbound(pkts)
 	if l.acks != nil {
 		return l.acks.writePackets(pkts)

@@ -3,6 +3,7 @@ package tap
 import (
 	"errors"
 	"fmt"
+	"github.com/rdmatap/rdmatap/internal/lattrace"
 	"os"
 	"runtime"
 	"sync"
@@ -190,7 +191,14 @@ func (d *Device) writePacket(pkt *stack.PacketBuffer) tcpip.Error {
 	}
 	// Plain path: d.fd is water's fd; Close takes txMu before closing it,
 	// so it cannot be closed (and reused) under us.
+	traced := lattrace.Enabled && pkt.TransportProtocolNumber == header.TCPProtocolNumber && pkt.Data().Size() > 0
+	if traced {
+		lattrace.Mark(lattrace.LinkWrite)
+	}
 	errno := writev(d.fd, iovs)
+	if traced {
+		lattrace.Mark(lattrace.TAPWritten)
+	}
 	if errno != 0 {
 		return tcpip.TranslateErrno(errno)
 	}
@@ -441,6 +449,10 @@ func (d *Device) readLoopPlain() {
 // deliver hands a frame to the stack; it takes ownership of buf. hdr holds
 // at least the Ethernet header of the frame.
 func (d *Device) deliver(buf buffer.Buffer, hdr []byte) {
+	if lattrace.Enabled && lattrace.TCPPayload(hdr) > 0 {
+		lattrace.Mark(lattrace.TAPRead)
+		defer lattrace.Mark(lattrace.Delivered)
+	}
 	if len(hdr) < header.EthernetMinimumSize {
 		buf.Release()
 		d.st.rxDropped.Add(1)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/rdmatap/rdmatap/internal/lattrace"
 	"io"
 	"math"
 	"slices"
@@ -37,6 +38,7 @@ import (
 // there waits forever.
 
 func (s *perfSession) runLat(ctx context.Context, stdout io.Writer) error {
+	defer dumpLatTrace()
 	o := s.o
 	if o.oneSided() && !o.client() {
 		extra := o.dur + time.Duration(len(o.sizes()))*o.timeout
@@ -203,12 +205,14 @@ func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 					return err
 				}
 			}
+			lattrace.Mark(lattrace.AppSaw)
 			if o.verify {
 				return latCheck(dst, i, "write")
 			}
 		case perfSend:
 			for {
 				if k := s.rcq.Poll(wc[:1]); k > 0 {
+					lattrace.Mark(lattrace.AppSaw)
 					if err := wc[0].Err(); err != nil {
 						return err
 					}
