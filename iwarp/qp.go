@@ -953,10 +953,17 @@ func (qp *QP) flush() {
 		<-qp.rxDone
 	}
 	// A poster may still be transmitting in its own goroutine (postDirect,
-	// postInline); the failed stream ends its write. Once flush is done,
-	// nothing of this QP touches registered memory again.
+	// postInline), and an application may be receiving in its own
+	// (WaitProgress, Progress: a ManualProgress QP has no receive
+	// goroutine) or the connection tap on the link's; the failed stream
+	// ends the write and the read. The receiver may be completing a Read
+	// or an atomic from the ORQ, which must not be flushed from under it.
+	// Once flush is done, nothing of this QP touches registered memory
+	// again.
 	qp.txMu.Lock()
 	qp.txMu.Unlock()
+	qp.rxMu.Lock()
+	qp.rxMu.Unlock()
 	qp.mu.Lock()
 	var term *TerminateError
 	if qp.termErr != nil && qp.termErr.Received {

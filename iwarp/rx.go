@@ -1321,10 +1321,17 @@ func (r *receiver) endSend(h DDPHeader) {
 	qp.complete(qp.cfg.RecvCQ, c)
 }
 
+// testHookReadResponseEnd, when set, runs when a Read Response's last
+// segment has been placed, before its ORQ entry is completed.
+var testHookReadResponseEnd func()
+
 func (r *receiver) endReadResponse(h DDPHeader) {
 	r.rresp.placed += uint32(r.payLen)
 	if !h.Last() {
 		return
+	}
+	if testHookReadResponseEnd != nil {
+		testHookReadResponseEnd()
 	}
 	placed := r.rresp.placed
 	r.rresp, r.rrespOn = orqEntry{}, false
