@@ -373,7 +373,6 @@ type QP struct {
 	rtrDue bool // a peer-to-peer initiator's RTR is still to go, before anything else
 	// +checklocks:mu
 	term    *TerminateFields
-	termBuf [TerminateMaxSize]byte
 	termErr *TerminateError // written once under mu; see above for its reads
 	// +checklocks:mu
 	closing bool // graceful close requested
