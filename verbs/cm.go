@@ -20,14 +20,16 @@ import (
 // Listener unblocks its waiters with net.ErrClosed.
 
 // RTR is a set of RFC 6581 Ready-To-Receive message types.
-type RTR = iwarp.RTR
+type RTR uint8
 
 // RTR types.
 const (
-	RTRSend  = iwarp.RTRSend
-	RTRWrite = iwarp.RTRWrite
-	RTRRead  = iwarp.RTRRead
+	RTRSend  RTR = 1 << iota // zero-length Send (FPDU)
+	RTRWrite                 // zero-length RDMA Write
+	RTRRead                  // zero-length RDMA Read
 )
+
+func (r RTR) String() string { return iwarp.RTR(r).String() }
 
 // ConnParams are a connection's parameters (rdma_conn_param and the MPA
 // settings). Zero values take the device's defaults.
@@ -63,7 +65,7 @@ type Negotiated struct {
 const defaultIRDORD = 16
 
 func (d *Device) mpaConfig(p ConnParams) iwarp.MPAConfig {
-	c := iwarp.MPAConfig{Revision: d.cfg.MPARevision, CRC: d.cfg.CRC, Markers: d.cfg.Markers, PeerToPeer: d.cfg.PeerToPeer, RTR: d.cfg.RTR,
+	c := iwarp.MPAConfig{Revision: d.cfg.MPARevision, CRC: d.cfg.CRC, Markers: d.cfg.Markers, PeerToPeer: d.cfg.PeerToPeer, RTR: iwarp.RTR(d.cfg.RTR),
 		IRD: p.IRD, ORD: p.ORD, PrivateData: p.PrivateData,
 		// With a first-FPDU hold to skip, ask the responder whether it
 		// may be skipped (iwarp.MPAFlagEarlyFPDUQuery).
@@ -93,7 +95,7 @@ func (d *Device) mpaConfig(p ConnParams) iwarp.MPAConfig {
 		c.PeerToPeer = *p.PeerToPeer
 	}
 	if p.RTR != 0 {
-		c.RTR = p.RTR
+		c.RTR = iwarp.RTR(p.RTR)
 	}
 	return c
 }
@@ -143,7 +145,7 @@ func (c *Conn) Disconnect(ctx context.Context) error { return c.qp.Disconnect(ct
 func (c *Conn) Close() error { return c.qp.Close() }
 
 func negotiated(p iwarp.ConnParams, m iwarp.MarkerDirs) Negotiated {
-	return Negotiated{MPARevision: p.Revision, CRC: p.CRC, IRD: p.IRD, ORD: p.ORD, PeerToPeer: p.PeerToPeer, RTR: p.RTR,
+	return Negotiated{MPARevision: p.Revision, CRC: p.CRC, IRD: p.IRD, ORD: p.ORD, PeerToPeer: p.PeerToPeer, RTR: RTR(p.RTR),
 		MarkersTx: m.Tx, MarkersRx: m.Rx}
 }
 
@@ -170,7 +172,7 @@ func (d *Device) Dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnP
 	params, mk, pd, err := iwarp.InitiateMarkers(ctx, s, cfg)
 	if err != nil {
 		s.Abort()
-		return nil, fmt.Errorf("verbs: connect %v: %w", raddr, err)
+		return nil, engineErr(fmt.Errorf("verbs: connect %v: %w", raddr, err))
 	}
 	params.MarkersTx, params.MarkersRx = mk.Tx, mk.Rx
 	if err := qp.iw.Start(s, params); err != nil {
@@ -364,7 +366,7 @@ func (r *ConnRequest) CRC() bool { return r.req.CRC }
 
 // PeerToPeer reports whether the initiator asked for peer-to-peer mode
 // and the RTR types it offered.
-func (r *ConnRequest) PeerToPeer() (bool, RTR) { return r.req.V2.PeerToPeer, r.req.V2.RTR }
+func (r *ConnRequest) PeerToPeer() (bool, RTR) { return r.req.V2.PeerToPeer, RTR(r.req.V2.RTR) }
 
 // Markers reports whether the initiator asked for MPA markers in what this
 // end sends (only a device with Markers passes such a request on).

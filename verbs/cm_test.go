@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
@@ -419,7 +418,7 @@ func TestDataPathAllocatesNothing(t *testing.T) {
 			posted++
 		}
 		// A completion goes in (the engine's side) and comes out.
-		e.scq.Push(iwarp.Completion{ID: 3, Op: iwarp.CompWrite, ByteLen: 64})
+		verbs.PushWC(e.scq, verbs.WC{ID: 3, Op: verbs.WCWrite, ByteLen: 64})
 		if e.scq.Poll(wcs) != 1 || wcs[0].ID != 3 {
 			t.Fatal("the pushed completion did not come out")
 		}

@@ -9,52 +9,71 @@ import (
 	"github.com/rdmatap/rdmatap/iwarp"
 )
 
-// Status is a work completion status; String() gives ibv_wc_status_str.
-type Status = iwarp.Status
+// Status is a work completion status: the ibv_wc_status values, and
+// String gives ibv_wc_status_str.
+type Status uint8
 
 // Completion statuses (ibv_wc_status).
 const (
-	StatusSuccess              = iwarp.StatusSuccess
-	StatusLocalLength          = iwarp.StatusLocalLength
-	StatusLocalQPOp            = iwarp.StatusLocalQPOp
-	StatusLocalProtection      = iwarp.StatusLocalProtection
-	StatusWRFlush              = iwarp.StatusWRFlush
-	StatusLocalAccess          = iwarp.StatusLocalAccess
-	StatusRemoteInvalidRequest = iwarp.StatusRemoteInvalidRequest
-	StatusRemoteAccess         = iwarp.StatusRemoteAccess
-	StatusRemoteOperation      = iwarp.StatusRemoteOperation
-	StatusFatal                = iwarp.StatusFatal
-	StatusGeneral              = iwarp.StatusGeneral
+	StatusSuccess              Status = 0
+	StatusLocalLength          Status = 1
+	StatusLocalQPOp            Status = 2
+	StatusLocalProtection      Status = 4
+	StatusWRFlush              Status = 5
+	StatusLocalAccess          Status = 8
+	StatusRemoteInvalidRequest Status = 9
+	StatusRemoteAccess         Status = 10
+	StatusRemoteOperation      Status = 11
+	StatusFatal                Status = 19
+	StatusGeneral              Status = 21
 )
 
-// WCOpcode is the operation a completion reports (ibv_wc_opcode).
-type WCOpcode = iwarp.CompletionOp
+func (s Status) String() string { return iwarp.Status(s).String() }
+
+// WCOpcode is the operation a completion reports (ibv_wc_opcode values).
+type WCOpcode uint8
 
 // Completion operations.
 const (
-	WCSend  = iwarp.CompSend
-	WCWrite = iwarp.CompWrite
-	WCRead  = iwarp.CompRead
-	WCRecv  = iwarp.CompRecv
+	WCSend  WCOpcode = 0
+	WCWrite WCOpcode = 1
+	WCRead  WCOpcode = 2
 	// RFC 7306 operations.
-	WCCompSwap        = iwarp.CompCmpSwap         // IBV_WC_COMP_SWAP
-	WCFetchAdd        = iwarp.CompFetchAdd        // IBV_WC_FETCH_ADD
-	WCRecvRDMAWithImm = iwarp.CompRecvRDMAWithImm // IBV_WC_RECV_RDMA_WITH_IMM
+	WCCompSwap        WCOpcode = 3   // IBV_WC_COMP_SWAP
+	WCFetchAdd        WCOpcode = 4   // IBV_WC_FETCH_ADD
+	WCRecv            WCOpcode = 128 // IBV_WC_RECV
+	WCRecvRDMAWithImm WCOpcode = 129 // IBV_WC_RECV_RDMA_WITH_IMM
 )
+
+func (o WCOpcode) String() string { return iwarp.CompletionOp(o).String() }
+
+// WCFlags are ibv_wc_flags.
+type WCFlags uint8
 
 // WC flags.
 const (
-	WCWithInvalidate = iwarp.CompWithInvalidate
-	WCSolicited      = iwarp.CompSolicited
-	WCWithImm        = iwarp.CompWithImm // Imm is valid (IBV_WC_WITH_IMM)
+	WCWithInvalidate WCFlags = 1 << iota // InvalidatedRKey is valid (IBV_WC_WITH_INV)
+	WCSolicited                          // the Send asked for a solicited event
+	WCWithImm                            // Imm is valid (IBV_WC_WITH_IMM)
 )
 
-// WC is a work completion (ibv_wc): ID is the wr_id, ByteLen the bytes
-// received (receives) or transferred, InvalidatedRKey the STag a Send
-// with Invalidate invalidated (Flags has WCWithInvalidate), Imm the
-// immediate data of a Write or Send with Immediate (Flags has WCWithImm).
-// Term names the Terminate behind an error status, when there was one.
-type WC iwarp.Completion
+// WC is a work completion (ibv_wc).
+type WC struct {
+	ID      uint64 // the WR's wr_id
+	Status  Status
+	Op      WCOpcode
+	Flags   WCFlags
+	ByteLen uint32 // bytes received (receives) or transferred
+	QPNum   uint32
+	// InvalidatedRKey is the STag a Send with Invalidate invalidated
+	// (Flags has WCWithInvalidate).
+	InvalidatedRKey STag
+	// Imm is the immediate data of a Write or Send with Immediate (Flags
+	// has WCWithImm).
+	Imm uint32
+	// Term names the Terminate behind an error status, when there was one.
+	Term TermCode
+}
 
 // Err returns nil for a successful completion and a *CompletionError
 // otherwise.
@@ -127,10 +146,16 @@ func (d *Device) CreateCQ(cqe int) (*CQ, error) {
 	return &CQ{dev: d, ring: make([]WC, cqe), notify: make(chan struct{}, 1), closed: make(chan struct{}), events: make(chan struct{}, 1)}, nil
 }
 
+// engineCQ is a CQ as the engine's completion sink (iwarp.CQ).
+type engineCQ CQ
+
 // Push implements iwarp.CQ.
-func (cq *CQ) Push(c iwarp.Completion) bool {
+func (e *engineCQ) Push(c iwarp.Completion) bool { return (*CQ)(e).push(verbsWC(&c)) }
+
+// push adds a completion; false: the CQ is full (it overflowed).
+func (cq *CQ) push(wc *WC) bool {
 	if cq.shm != nil {
-		return cq.shm.push(cq, &c)
+		return cq.shm.push(cq, engineWC(wc))
 	}
 	cq.mu.Lock()
 	if cq.n == len(cq.ring) {
@@ -138,9 +163,9 @@ func (cq *CQ) Push(c iwarp.Completion) bool {
 		cq.mu.Unlock()
 		return false
 	}
-	cq.ring[(cq.head+cq.n)%len(cq.ring)] = WC(c)
+	cq.ring[(cq.head+cq.n)%len(cq.ring)] = *wc
 	cq.n++
-	event := cq.armed == armAny || cq.armed == armSolicited && (c.Flags&iwarp.CompSolicited != 0 || c.Status != iwarp.StatusSuccess)
+	event := cq.armed == armAny || cq.armed == armSolicited && (wc.Flags&WCSolicited != 0 || wc.Status != StatusSuccess)
 	if event {
 		cq.armed = armNone // one event per arming, as ibv_req_notify_cq
 	}

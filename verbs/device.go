@@ -22,7 +22,7 @@ type DeviceConfig struct {
 	MPARevision uint8 // 1 or 2 (default 2, enhanced setup, as siw)
 	CRC         bool  // ask for CRC32c (siw's default is off)
 	PeerToPeer  bool  // RFC 6581 peer-to-peer mode (siw's default is off)
-	RTR         iwarp.RTR
+	RTR         RTR   // RFC 6581 Ready-To-Receive types offered (with PeerToPeer)
 	// Markers enables MPA markers (RFC 5044 §5), off by default: a
 	// connection asks the peer to insert them (M bit) and honours a
 	// peer's request, and listeners pass requests for them on to the
@@ -55,13 +55,27 @@ type DeviceConfig struct {
 	// stream arrived (Stats.Segment.HoleFills, HoleFillTime); it installs
 	// the segment tap (its per-segment cost) with stream placement too.
 	TimeHoleFills bool
-	// Placement: iwarp.PlacementSegment also places RDMA Write, Read
+	// Placement: PlacementSegment also places RDMA Write, Read
 	// Response and Send payload from TCP segments that arrive beyond a
 	// hole, and delivers from the segment that fills it, before TCP hands
 	// the stream over (the netstack must not have connections yet); the
 	// default places from TCP's in-order stream only.
-	Placement iwarp.Placement
+	Placement Placement
 }
+
+// Placement is where a device places incoming payload from.
+type Placement uint8
+
+// Placement modes.
+const (
+	// PlacementStream places payload from TCP's in-order stream only.
+	PlacementStream Placement = iota
+	// PlacementSegment also places payload from TCP segments as they
+	// arrive beyond a hole, and delivers from them when a hole fills.
+	PlacementSegment
+)
+
+func (p Placement) String() string { return iwarp.Placement(p).String() }
 
 // Device is an RDMA device: one iWARP RNIC on one netstack. It owns the
 // STag table, the QP numbers and the counters.
@@ -134,8 +148,8 @@ func Open(ns *netstack.Stack, cfg DeviceConfig) (*Device, error) {
 		cfg.EventQueue = 256
 	}
 	switch cfg.Placement {
-	case iwarp.PlacementStream:
-	case iwarp.PlacementSegment:
+	case PlacementStream:
+	case PlacementSegment:
 		ns.EnableConnTaps()
 	default:
 		return nil, fmt.Errorf("%w: placement %v", ErrInvalidArgument, cfg.Placement)
@@ -243,7 +257,7 @@ func (d *Device) Stats() Stats {
 		Fed: g.FedBytes.Load(), DeliveredEarly: g.DeliveredEarly.Load(), Queued: g.Queued.Load(), QuickFed: g.QuickFed.Load(), QuickFedBytes: g.QuickFedBytes.Load(),
 		Kept: g.KeptBytes.Load(), FillsFed: g.FillsFed.Load(),
 		HoleFills: g.HoleFills.Load(), HoleFillTime: time.Duration(g.HoleFillNanos.Load()),
-		HoleFillHist: g.HoleFillHist.Load(),
+		HoleFillHist: Histogram(g.HoleFillHist.Load()),
 	}
 	for i := range s.RxOps {
 		out.RxOps[i] = s.RxOps[i].Load()
@@ -262,7 +276,7 @@ type Stats struct {
 	TerminatesSent               uint64
 	TerminatesReceived           uint64
 	EventsLost                   uint64
-	// Messages by RDMAP opcode (iwarp.Opcode values).
+	// Messages by RDMAP opcode (indexed by RDMAPOpcode).
 	RxOps, TxOps [16]uint64
 	// Segment placement (DeviceConfig.Placement).
 	Segment SegmentStats
@@ -363,8 +377,52 @@ type SegmentStats struct {
 	HoleFillTime time.Duration
 	// HoleFillHist holds the same times by size (HoleFillHist.Quantile(0.5)
 	// is the median; Sub of an earlier snapshot, what came in between).
-	HoleFillHist iwarp.Histogram
+	HoleFillHist Histogram
 }
+
+// RDMAPOpcode is an RDMAP message's opcode (RFC 5040 §4.2, RFC 7306 §8):
+// Stats.RxOps and TxOps count messages by it.
+type RDMAPOpcode uint8
+
+// RDMAP opcodes.
+const (
+	RDMAPWrite            RDMAPOpcode = 0x0
+	RDMAPReadRequest      RDMAPOpcode = 0x1
+	RDMAPReadResponse     RDMAPOpcode = 0x2
+	RDMAPSend             RDMAPOpcode = 0x3
+	RDMAPSendInvalidate   RDMAPOpcode = 0x4
+	RDMAPSendSE           RDMAPOpcode = 0x5
+	RDMAPSendSEInvalidate RDMAPOpcode = 0x6
+	RDMAPTerminate        RDMAPOpcode = 0x7
+	// RFC 7306 extensions.
+	RDMAPImmediate      RDMAPOpcode = 0x8
+	RDMAPImmediateSE    RDMAPOpcode = 0x9
+	RDMAPAtomicRequest  RDMAPOpcode = 0xa
+	RDMAPAtomicResponse RDMAPOpcode = 0xb
+)
+
+func (o RDMAPOpcode) String() string { return iwarp.Opcode(o).String() }
+
+// Histogram counts durations in log-linear buckets: one per nanosecond
+// below 16 ns, then eight per power of two (a quantile read from it is
+// within about 6 % of the true value), up to about 68 s.
+type Histogram [272]uint64
+
+// Count returns the number of durations counted.
+func (h *Histogram) Count() uint64 { return (*iwarp.Histogram)(h).Count() }
+
+// Sub returns the counts of h less those of an earlier snapshot o of the
+// same histogram (what was counted in between).
+func (h *Histogram) Sub(o *Histogram) Histogram {
+	return Histogram((*iwarp.Histogram)(h).Sub((*iwarp.Histogram)(o)))
+}
+
+// Add adds o's counts to h.
+func (h *Histogram) Add(o *Histogram) { (*iwarp.Histogram)(h).Add((*iwarp.Histogram)(o)) }
+
+// Quantile returns the q-quantile (0 <= q <= 1) of the durations counted:
+// the middle of the bucket it falls in. It returns 0 when none were.
+func (h *Histogram) Quantile(q float64) time.Duration { return (*iwarp.Histogram)(h).Quantile(q) }
 
 // AsyncEventType is the kind of an asynchronous event.
 type AsyncEventType uint8
@@ -388,7 +446,7 @@ type AsyncEvent struct {
 	Type  AsyncEventType
 	QPNum uint32
 	SRQ   *SRQ
-	Term  iwarp.TermCode
+	Term  TermCode // the Terminate of EventTerminateSent, EventTerminateReceived
 	Err   error
 }
 

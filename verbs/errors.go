@@ -37,11 +37,62 @@ var (
 	ErrNotShared = errors.New("verbs: memory for a device of a service must come from zerocopy.AllocShared")
 )
 
-// RejectedError carries the private data of a peer's rejection.
-type RejectedError = iwarp.RejectedError
+// RejectedError carries the private data of a peer's rejection (the
+// MPA Reply with the Reject bit). errors.As finds it in the error Dial
+// returns; the error matches ErrRejected too.
+type RejectedError struct {
+	PrivateData []byte
+	// Markers says the Request asked for MPA markers: the likely reason,
+	// as Linux siw and most iWARP peers reject any Request with M.
+	Markers bool
+}
 
-// TerminateError describes a Terminate sent or received.
-type TerminateError = iwarp.TerminateError
+func (e *RejectedError) Error() string {
+	return (&iwarp.RejectedError{PrivateData: e.PrivateData, Markers: e.Markers}).Error()
+}
+
+// Is matches ErrRejected, and ErrMarkers when the Request asked for
+// markers.
+func (e *RejectedError) Is(target error) bool {
+	return target == ErrRejected || target == ErrMarkers && e.Markers
+}
+
+// TerminateError describes a Terminate sent or received. errors.As finds
+// it in a QP's error (QP.Err, AsyncEvent.Err) when a Terminate ended the
+// QP; the error matches ErrTerminated too.
+type TerminateError struct {
+	Code     TermCode
+	Received bool // true: the peer sent it
+}
+
+func (e *TerminateError) Error() string {
+	return (&iwarp.TerminateError{Code: e.Code.engine(), Received: e.Received}).Error()
+}
+
+// Is matches ErrTerminated.
+func (e *TerminateError) Is(target error) bool { return target == ErrTerminated }
+
+// TermCode is the (layer, error type, error code) triple of a Terminate
+// (RFC 5040 §7.1, RFC 5041 §7.2, RFC 5044 §8).
+type TermCode struct {
+	Layer TermLayer
+	EType uint8
+	Code  uint8
+}
+
+func (c TermCode) String() string { return c.engine().String() }
+
+// TermLayer is the layer a Terminate names.
+type TermLayer uint8
+
+// Terminate layers.
+const (
+	TermRDMAP TermLayer = 0
+	TermDDP   TermLayer = 1
+	TermLLP   TermLayer = 2 // MPA
+)
+
+func (l TermLayer) String() string { return iwarp.Layer(l).String() }
 
 // PostError reports which work request of a post failed (bad_wr).
 type PostError struct {
@@ -61,7 +112,7 @@ type CompletionError struct{ WC WC }
 
 func (e *CompletionError) Error() string {
 	s := fmt.Sprintf("verbs: %v WR %d: %v", e.WC.Op, e.WC.ID, e.WC.Status)
-	if e.WC.Term != (iwarp.TermCode{}) {
+	if e.WC.Term != (TermCode{}) {
 		s += fmt.Sprintf(" (terminate %v)", e.WC.Term)
 	}
 	return s
@@ -73,7 +124,7 @@ func (e *CompletionError) Is(target error) bool {
 	case ErrCompletion:
 		return true
 	case ErrTerminated:
-		return e.WC.Term != (iwarp.TermCode{})
+		return e.WC.Term != (TermCode{})
 	}
 	return false
 }

@@ -12,3 +12,6 @@ func SetMaxMappings(s *Server, n int) {
 	s.maxMaps = n
 	s.mu.Unlock()
 }
+
+// PushWC adds a completion to cq as the engine does.
+func PushWC(cq *CQ, wc WC) bool { return cq.push(&wc) }

@@ -265,18 +265,18 @@ func TestAtomicErrors(t *testing.T) {
 		name   string
 		remote func(target, plain *verbs.MR) (uint64, uint32)
 		status verbs.Status
-		code   iwarp.TermCode
+		code   verbs.TermCode
 	}{
 		{"misaligned", func(m, _ *verbs.MR) (uint64, uint32) { return m.Addr() + 4, m.RKey() },
-			verbs.StatusRemoteOperation, iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteOperation, Code: iwarp.CodeUnspecified}},
+			verbs.StatusRemoteOperation, verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteOperation, Code: iwarp.CodeUnspecified}},
 		{"no-atomic-access", func(_, plain *verbs.MR) (uint64, uint32) { return plain.Addr(), plain.RKey() },
-			verbs.StatusRemoteAccess, iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeAccessRights}},
+			verbs.StatusRemoteAccess, verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeAccessRights}},
 		{"bad-rkey", func(m, _ *verbs.MR) (uint64, uint32) { return m.Addr(), m.RKey() ^ 0x100 },
-			verbs.StatusRemoteAccess, iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeInvalidSTag}},
+			verbs.StatusRemoteAccess, verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeInvalidSTag}},
 		{"out-of-bounds", func(m, _ *verbs.MR) (uint64, uint32) { return m.Addr() + 64, m.RKey() },
-			verbs.StatusRemoteAccess, iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeBaseBounds}},
+			verbs.StatusRemoteAccess, verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeBaseBounds}},
 		{"straddles-end", func(m, _ *verbs.MR) (uint64, uint32) { return m.Addr() + 60, m.RKey() },
-			verbs.StatusRemoteAccess, iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeBaseBounds}},
+			verbs.StatusRemoteAccess, verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeBaseBounds}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
@@ -384,8 +384,8 @@ func TestORDCountsAtomics(t *testing.T) {
 	if v := atomic.LoadUint64(word(target.Bytes(), 8)); v != n/3 {
 		t.Fatalf("CmpSwap target %d", v)
 	}
-	if s := p.b.Stats(); s.TerminatesSent != 0 || s.RxOps[iwarp.OpAtomicRequest] != 2*n/3 || s.RxOps[iwarp.OpReadRequest] != n/3 {
-		t.Fatalf("responder stats: %d Terminates, %d atomics, %d reads", s.TerminatesSent, s.RxOps[iwarp.OpAtomicRequest], s.RxOps[iwarp.OpReadRequest])
+	if s := p.b.Stats(); s.TerminatesSent != 0 || s.RxOps[verbs.RDMAPAtomicRequest] != 2*n/3 || s.RxOps[verbs.RDMAPReadRequest] != n/3 {
+		t.Fatalf("responder stats: %d Terminates, %d atomics, %d reads", s.TerminatesSent, s.RxOps[verbs.RDMAPAtomicRequest], s.RxOps[verbs.RDMAPReadRequest])
 	}
 }
 
@@ -490,7 +490,7 @@ func TestImmediateWithoutReceive(t *testing.T) {
 				RemoteAddr: sv.mr.Addr(), RKey: sv.mr.RKey()}); err != nil {
 				t.Fatal(err)
 			}
-			want := iwarp.TermCode{Layer: iwarp.LayerDDP, EType: iwarp.ETypeUntaggedBuffer, Code: iwarp.CodeNoBuffer}
+			want := verbs.TermCode{Layer: verbs.TermDDP, EType: iwarp.ETypeUntaggedBuffer, Code: iwarp.CodeNoBuffer}
 			if ev := waitEvent(t, p.b, verbs.EventTerminateSent); ev.Term != want {
 				t.Fatalf("peer sent %v, want %v", ev.Term, want)
 			}
@@ -510,7 +510,7 @@ func TestImmediateWithoutReceive(t *testing.T) {
 // Operation / Unexpected OpCode), which takes the QP down. The device
 // without them reports ATOMIC_NONE and refuses to post them.
 func TestPeerWithoutExtensions(t *testing.T) {
-	want := iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteOperation, Code: iwarp.CodeUnexpectedOpcode}
+	want := verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteOperation, Code: iwarp.CodeUnexpectedOpcode}
 	for _, tc := range []struct {
 		op       verbs.Opcode
 		signaled bool
@@ -596,7 +596,7 @@ func TestImmediateProbe(t *testing.T) {
 	}
 	post(0)
 	check(0)
-	reads := p.a.Stats().TxOps[iwarp.OpReadRequest]
+	reads := p.a.Stats().TxOps[verbs.RDMAPReadRequest]
 	if reads != 1 {
 		t.Fatalf("%d Read Requests behind the first WR with Immediate, want 1", reads)
 	}
@@ -606,7 +606,7 @@ func TestImmediateProbe(t *testing.T) {
 	for i := 1; i < n; i++ {
 		check(i)
 	}
-	if r := p.a.Stats().TxOps[iwarp.OpReadRequest]; r != reads {
+	if r := p.a.Stats().TxOps[verbs.RDMAPReadRequest]; r != reads {
 		t.Fatalf("%d more Read Requests once the peer answered one", r-reads)
 	}
 }
@@ -616,7 +616,7 @@ func TestImmediateProbe(t *testing.T) {
 // Terminate names (the Terminate carries the refused message's header),
 // and the Read is flushed.
 func TestTerminateBlamesItsMessage(t *testing.T) {
-	want := iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteOperation, Code: iwarp.CodeUnexpectedOpcode}
+	want := verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteOperation, Code: iwarp.CodeUnexpectedOpcode}
 	for _, op := range []verbs.Opcode{verbs.OpWriteImm, verbs.OpAtomicFetchAdd} {
 		t.Run(op.String(), func(t *testing.T) {
 			p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{NoExtensions: true})
@@ -696,7 +696,7 @@ func TestExtensionsAcrossModes(t *testing.T) {
 		{"crc", verbs.DeviceConfig{CRC: true}},
 		{"markers", verbs.DeviceConfig{Markers: true}},
 		{"markers-crc", verbs.DeviceConfig{Markers: true, CRC: true}},
-		{"segment", verbs.DeviceConfig{Placement: iwarp.PlacementSegment}},
+		{"segment", verbs.DeviceConfig{Placement: verbs.PlacementSegment}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPair(t, tc.dc, tc.dc)

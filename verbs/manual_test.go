@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
@@ -87,12 +86,12 @@ func TestManualProgress(t *testing.T) {
 // 8.8 µs when the waiter held it): most Writes must be quick-fed, and none
 // placed twice.
 func TestManualProgressWritePingPong(t *testing.T) {
-	for _, pl := range []iwarp.Placement{iwarp.PlacementStream, iwarp.PlacementSegment} {
+	for _, pl := range []verbs.Placement{verbs.PlacementStream, verbs.PlacementSegment} {
 		t.Run(pl.String(), func(t *testing.T) { testManualProgressWritePingPong(t, pl) })
 	}
 }
 
-func testManualProgressWritePingPong(t *testing.T, pl iwarp.Placement) {
+func testManualProgressWritePingPong(t *testing.T, pl verbs.Placement) {
 	dc := verbs.DeviceConfig{Placement: pl}
 	p := newPair(t, dc, dc)
 	cl := newEndCfg(t, p.a, 128, verbs.QPConfig{ManualProgress: true})
@@ -145,7 +144,7 @@ func testManualProgressWritePingPong(t *testing.T, pl iwarp.Placement) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	if pl != iwarp.PlacementSegment {
+	if pl != verbs.PlacementSegment {
 		return
 	}
 	for _, d := range []*verbs.Device{p.a, p.b} {

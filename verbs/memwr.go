@@ -19,23 +19,23 @@ const (
 	// (IBV_WR_LOCAL_INV): a fast-register MR, a type 2 window this QP
 	// bound, or a regular MR of the QP's PD. It waits for the accesses to
 	// it in progress; FlagFence makes it wait for outstanding Reads too.
-	OpLocalInv = iwarp.WRLocalInv
+	OpLocalInv Opcode = 8
 	// OpRegMR registers a fast-register MR (IB_WR_REG_MR); see MR.RegWR.
-	OpRegMR = iwarp.WRRegMR
+	OpRegMR Opcode = 9
 	// OpBindMW binds a type 2 window (IBV_WR_BIND_MW); see MW.BindWR.
-	OpBindMW = iwarp.WRBindMW
+	OpBindMW Opcode = 10
 	// OpReadInv is an RDMA Read that invalidates the local STag
 	// InvalidateRKey (usually the sink's) once the data has arrived and
 	// before the Read completes (IB_WR_RDMA_READ_WITH_INV). The peer sees
 	// an ordinary Read Request: RFC 5040 has no wire form for it.
-	OpReadInv = iwarp.WRReadInv
+	OpReadInv Opcode = 11
 )
 
 // Completion operations of memory registration WRs.
 const (
-	WCBindMW   = iwarp.CompBindMW   // IBV_WC_BIND_MW
-	WCLocalInv = iwarp.CompLocalInv // IBV_WC_LOCAL_INV
-	WCRegMR    = iwarp.CompRegMR    // IB_WC_REG_MR
+	WCBindMW   WCOpcode = 5 // IBV_WC_BIND_MW
+	WCLocalInv WCOpcode = 6 // IBV_WC_LOCAL_INV
+	WCRegMR    WCOpcode = 8 // IB_WC_REG_MR
 )
 
 // StatusMWBind ("memory management operation error", IBV_WC_MW_BIND_ERR)
@@ -44,7 +44,7 @@ const (
 // valid, a key not changed, an STag that cannot be invalidated. As any
 // error completion, it takes the QP to ERROR (a Terminate goes out:
 // RDMAP, local catastrophic error).
-const StatusMWBind = iwarp.StatusMWBind
+const StatusMWBind Status = 6
 
 // IncRKey returns k with its 8-bit key advanced by one (ibv_inc_rkey):
 // the STag a fast-register MR or type 2 window takes at its next
@@ -114,7 +114,7 @@ func (m *MR) MapSG(sgl []SGE, pageSize int) error {
 	if m.rfr != nil {
 		return m.remoteMapSG(sgl, pageSize)
 	}
-	if err := m.fr.MapSG(sgl, pageSize); err != nil {
+	if err := m.fr.MapSG(engineSGL(sgl), pageSize); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	return nil
@@ -146,16 +146,22 @@ func (m *MR) SetIOVA(iova uint64) error {
 // address unless SetIOVA changed it).
 // The MR must be invalid when it executes, and the key must change.
 func (m *MR) RegWR(id uint64, flags SendFlags, rkey STag, acc Access) SendWR {
-	return SendWR{ID: id, Op: OpRegMR, Flags: flags, MR: m.fr, RKey: rkey, Access: acc}
+	return SendWR{ID: id, Op: OpRegMR, Flags: flags, mr: m.fr, RKey: rkey, Access: acc}
 }
 
 // MWType is a memory window's type.
-type MWType = iwarp.MWType
+type MWType uint8
 
-// Memory window types (see iwarp.MWType1, MWType2).
+// Memory window types.
 const (
-	MWType1 = iwarp.MWType1 // bound by QP.BindMW; any QP of the PD
-	MWType2 = iwarp.MWType2 // bound by a BIND_MW WR; only that QP
+	// MWType1 is bound by QP.BindMW, which the QP executes in send queue
+	// order; any QP of the window's PD may use it; it cannot be
+	// invalidated (a zero-length bind unbinds it).
+	MWType1 MWType = 1
+	// MWType2 is bound by a BIND_MW work request with the key the
+	// application chooses; only the QP that bound it may use it (type
+	// 2B); Local Invalidate or a Send with Invalidate invalidates it.
+	MWType2 MWType = 2
 )
 
 // MW is a memory window (ibv_mw): a remote-access STag for part of an MR
@@ -179,7 +185,7 @@ func (pd *PD) AllocMW(t MWType) (*MW, error) {
 	if pd.closed {
 		return nil, net.ErrClosed
 	}
-	w, err := iwarp.NewWindow(pd.dev.mem, pd.id, t)
+	w, err := iwarp.NewWindow(pd.dev.mem, pd.id, iwarp.MWType(t))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
@@ -192,7 +198,7 @@ func (mw *MW) Type() MWType {
 	if mw.r != nil {
 		return mw.r.typ
 	}
-	return mw.w.Type()
+	return MWType(mw.w.Type())
 }
 
 // RKey returns the window's STag (of its current or last binding; on a
@@ -256,7 +262,7 @@ func (b BindInfo) iwarp() iwarp.MWBind {
 	if b.MR != nil {
 		lkey = b.MR.LKey()
 	}
-	return iwarp.MWBind{MR: lkey, Addr: b.Addr, Length: b.Length, Access: b.Access}
+	return iwarp.MWBind{MR: lkey, Addr: b.Addr, Length: b.Length, Access: iwarp.Access(b.Access)}
 }
 
 // BindWR returns the BIND_MW work request (IBV_WR_BIND_MW) that binds
@@ -266,7 +272,7 @@ func (b BindInfo) iwarp() iwarp.MWBind {
 // Local Invalidate or a Send with Invalidate on that QP, or the QP's end,
 // invalidates it.
 func (mw *MW) BindWR(id uint64, flags SendFlags, rkey STag, b BindInfo) SendWR {
-	return SendWR{ID: id, Op: OpBindMW, Flags: flags, MW: mw.w, RKey: rkey, Bind: b.iwarp()}
+	return SendWR{ID: id, Op: OpBindMW, Flags: flags, mw: mw.w, RKey: rkey, bind: b.iwarp()}
 }
 
 // BindMW binds type 1 window mw (ibv_bind_mw): the bind is posted to the
@@ -284,7 +290,7 @@ func (qp *QP) BindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, erro
 	if mw.r != nil {
 		return 0, &PostError{Err: fmt.Errorf("%w: BIND_MW of a window of another device", iwarp.ErrInvalidWR)}
 	}
-	stag, err := qp.iw.BindMW1(id, flags, mw.w, b.iwarp())
+	stag, err := qp.iw.BindMW1(id, iwarp.SendFlags(flags), mw.w, b.iwarp())
 	if err != nil {
 		return 0, &PostError{Err: err}
 	}

@@ -18,19 +18,19 @@ import (
 // one the other side decodes from the stream (its QP's error).
 
 var (
-	termInvalidSTag     = iwarp.TermCode{Layer: iwarp.LayerDDP, EType: iwarp.ETypeTaggedBuffer, Code: iwarp.CodeDDPInvalidSTag}
-	termBaseBounds      = iwarp.TermCode{Layer: iwarp.LayerDDP, EType: iwarp.ETypeTaggedBuffer, Code: iwarp.CodeDDPBaseBounds}
-	termNotAssociated   = iwarp.TermCode{Layer: iwarp.LayerDDP, EType: iwarp.ETypeTaggedBuffer, Code: iwarp.CodeDDPSTagNotAssociated}
-	termReadInvalidSTag = iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeInvalidSTag}
-	termReadNotAssoc    = iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeSTagNotAssociated}
-	termAccessRights    = iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeAccessRights}
-	termCannotInval     = iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteOperation, Code: iwarp.CodeCannotInvalidate}
-	termLocalCatastroph = iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRDMAPCatastrophic, Code: iwarp.CodeUnspecified}
+	termInvalidSTag     = verbs.TermCode{Layer: verbs.TermDDP, EType: iwarp.ETypeTaggedBuffer, Code: iwarp.CodeDDPInvalidSTag}
+	termBaseBounds      = verbs.TermCode{Layer: verbs.TermDDP, EType: iwarp.ETypeTaggedBuffer, Code: iwarp.CodeDDPBaseBounds}
+	termNotAssociated   = verbs.TermCode{Layer: verbs.TermDDP, EType: iwarp.ETypeTaggedBuffer, Code: iwarp.CodeDDPSTagNotAssociated}
+	termReadInvalidSTag = verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeInvalidSTag}
+	termReadNotAssoc    = verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeSTagNotAssociated}
+	termAccessRights    = verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeAccessRights}
+	termCannotInval     = verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteOperation, Code: iwarp.CodeCannotInvalidate}
+	termLocalCatastroph = verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRDMAPCatastrophic, Code: iwarp.CodeUnspecified}
 )
 
 // expectTerminate checks that dev (the refusing side) sent a Terminate
 // with code and that the peer's QP received exactly that from the wire.
-func expectTerminate(t *testing.T, dev *verbs.Device, peer *end, code iwarp.TermCode) {
+func expectTerminate(t *testing.T, dev *verbs.Device, peer *end, code verbs.TermCode) {
 	t.Helper()
 	ev := waitEvent(t, dev, verbs.EventTerminateSent)
 	if ev.Term != code {
@@ -670,7 +670,7 @@ func TestMemoryWindowChecks(t *testing.T) {
 		name string
 		op   verbs.Opcode
 		off  uint64
-		want iwarp.TermCode
+		want verbs.TermCode
 	}{
 		{"write-past-window", verbs.OpWrite, 60, termBaseBounds},
 		{"write-before-window", verbs.OpWrite, ^uint64(0) - 7, termBaseBounds},
@@ -711,7 +711,7 @@ func TestMemoryWindowType2(t *testing.T) {
 		name string
 		zero bool
 		op   verbs.Opcode
-		want iwarp.TermCode
+		want verbs.TermCode
 	}{
 		{"va-write", false, verbs.OpWrite, termNotAssociated},
 		{"zero-based-read", true, verbs.OpRead, termReadNotAssoc},
@@ -929,7 +929,7 @@ func TestMemoryWRsAllocateNothingToPost(t *testing.T) {
 func TestMemoryWindowsUnderSegmentPlacement(t *testing.T) {
 	icfg := netstack.ImpairConfig{Seed: 5, LossRate: 0.02, ReorderRate: 0.02}
 	p := impairedPair(t, icfg, netstack.LinkConfig{MTU: 1500, NoGSO: true}, verbs.DeviceConfig{},
-		verbs.DeviceConfig{Placement: iwarp.PlacementSegment})
+		verbs.DeviceConfig{Placement: verbs.PlacementSegment})
 	const size = 512 << 10
 	cl, sv := connect(t, p, size, verbs.ConnParams{})
 	cl3, _ := connectSamePD(t, p, sv)

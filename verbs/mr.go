@@ -12,21 +12,22 @@ import (
 )
 
 // Access is a set of memory access rights (the ibv_access_flags values).
-type Access = iwarp.Access
+type Access uint32
 
 // Access rights.
 const (
-	AccessLocalWrite  = iwarp.AccessLocalWrite
-	AccessRemoteWrite = iwarp.AccessRemoteWrite
-	AccessRemoteRead  = iwarp.AccessRemoteRead
+	AccessLocalWrite  Access = 1 // IBV_ACCESS_LOCAL_WRITE
+	AccessRemoteWrite Access = 2 // IBV_ACCESS_REMOTE_WRITE
+	AccessRemoteRead  Access = 4 // IBV_ACCESS_REMOTE_READ
 	// AccessRemoteAtomic lets peers run RFC 7306 atomics on the MR's
 	// 8-byte aligned words (IBV_ACCESS_REMOTE_ATOMIC).
-	AccessRemoteAtomic = iwarp.AccessRemoteAtomic
-	// AccessZeroBased makes the region's remote addresses start at 0.
-	AccessZeroBased = iwarp.AccessZeroBased
+	AccessRemoteAtomic Access = 8
 	// AccessMWBind lets memory windows be bound to the MR
 	// (IBV_ACCESS_MW_BIND; see MW).
-	AccessMWBind = iwarp.AccessMWBind
+	AccessMWBind Access = 16
+	// AccessZeroBased makes the region's remote addresses start at 0
+	// (IBV_ACCESS_ZERO_BASED).
+	AccessZeroBased Access = 32
 )
 
 // STag is an iWARP Steering Tag: on iWARP the lkey and the rkey are the
@@ -109,7 +110,7 @@ func (pd *PD) regMRAt(buf []byte, base uint64, acc Access) (*MR, error) {
 	if pd.closed {
 		return nil, net.ErrClosed
 	}
-	r := &iwarp.Region{Buf: buf, Access: acc, PD: pd.id, Kind: iwarp.KindMR}
+	r := &iwarp.Region{Buf: buf, Access: iwarp.Access(acc), PD: pd.id, Kind: iwarp.KindMR}
 	if acc&AccessZeroBased == 0 {
 		r.Base = base
 	}

@@ -15,7 +15,7 @@ import (
 // separate buffers maps one contiguous Tagged Offset space onto the pages
 // in list order (RFC 5040 §5.2, RFC 5042's STag over a set of pages).
 
-var termReadBaseBounds = iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeBaseBounds}
+var termReadBaseBounds = verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeBaseBounds}
 
 // scattered returns n pages of ps bytes, each its own allocation: no page
 // follows another in memory as far as Go slices can tell.
@@ -239,7 +239,7 @@ func TestFastRegisterScatteredBounds(t *testing.T) {
 func TestScatteredPagesUnderSegmentPlacement(t *testing.T) {
 	icfg := netstack.ImpairConfig{Seed: 7, LossRate: 0.02, ReorderRate: 0.02}
 	p := impairedPair(t, icfg, netstack.LinkConfig{MTU: 1500, NoGSO: true}, verbs.DeviceConfig{},
-		verbs.DeviceConfig{Placement: iwarp.PlacementSegment})
+		verbs.DeviceConfig{Placement: verbs.PlacementSegment})
 	const size = 256 << 10
 	cl, sv := connect(t, p, size, verbs.ConnParams{})
 	frmr, err := sv.pd.AllocMR(size / 4096)

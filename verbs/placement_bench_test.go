@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
 )
@@ -59,7 +58,7 @@ func BenchmarkPlacement(b *testing.B) {
 		// otherwise, so its throughput is taken on bulk, without it.
 		fills workload
 	}
-	mk := func(pl iwarp.Placement, impair bool) *side {
+	mk := func(pl verbs.Placement, impair bool) *side {
 		icfg := netstack.ImpairConfig{}
 		if impair {
 			icfg = lossy
@@ -68,7 +67,7 @@ func BenchmarkPlacement(b *testing.B) {
 		tx := verbs.DeviceConfig{Markers: markers}
 		p := impairedPair(b, icfg, link, tx, verbs.DeviceConfig{Placement: pl, TimeHoleFills: impair, Markers: markers})
 		s.bulk, s.rx = rdmaBulkOn(b, p, verbs.OpWrite, crc), p.b
-		if impair && pl == iwarp.PlacementStream {
+		if impair && pl == verbs.PlacementStream {
 			s.fills = s.bulk
 			p := impairedPair(b, icfg, link, tx, verbs.DeviceConfig{Placement: pl, Markers: markers})
 			s.bulk = rdmaBulkOn(b, p, verbs.OpWrite, crc)
@@ -86,7 +85,7 @@ func BenchmarkPlacement(b *testing.B) {
 		vals             []float64
 		absSeg           []float64
 		absStr           []float64
-		fillSeg, fillStr iwarp.Histogram // hole fill times over the rounds
+		fillSeg, fillStr verbs.Histogram // hole fill times over the rounds
 	}
 	var cmps []*cmp
 	for _, impair := range []bool{true, false} {
@@ -97,7 +96,7 @@ func BenchmarkPlacement(b *testing.B) {
 		if !strings.Contains(name, only) {
 			continue
 		}
-		cmps = append(cmps, &cmp{name: name, seg: mk(iwarp.PlacementSegment, impair), stream: mk(iwarp.PlacementStream, impair)})
+		cmps = append(cmps, &cmp{name: name, seg: mk(verbs.PlacementSegment, impair), stream: mk(verbs.PlacementStream, impair)})
 	}
 	if len(cmps) == 0 {
 		b.Fatalf("RDMATAP_BENCH_ONLY=%q matches nothing", only)

@@ -12,33 +12,43 @@ import (
 
 // SGE is a scatter-gather element: Length bytes at Addr of the MR whose
 // STag is LKey (see MR.SGE).
-type SGE = iwarp.SGE
+type SGE struct {
+	Addr   uint64
+	Length uint32
+	LKey   STag
+}
 
 // Opcode is a send work request's operation (ibv_wr_opcode).
-type Opcode = iwarp.WROp
+type Opcode uint8
 
 // Send operations.
 const (
-	OpSend           = iwarp.WRSend
-	OpSendInvalidate = iwarp.WRSendInvalidate
-	OpWrite          = iwarp.WRWrite
-	OpRead           = iwarp.WRRead
+	OpSend           Opcode = 0
+	OpSendInvalidate Opcode = 1
+	OpWrite          Opcode = 2
+	OpRead           Opcode = 3
 	// RFC 7306 (between rdmatap endpoints; see DeviceConfig.NoExtensions).
-	OpWriteImm       = iwarp.WRWriteImm       // IBV_WR_RDMA_WRITE_WITH_IMM
-	OpSendImm        = iwarp.WRSendImm        // IBV_WR_SEND_WITH_IMM
-	OpAtomicCmpSwap  = iwarp.WRAtomicCmpSwap  // IBV_WR_ATOMIC_CMP_AND_SWP
-	OpAtomicFetchAdd = iwarp.WRAtomicFetchAdd // IBV_WR_ATOMIC_FETCH_AND_ADD
+	OpWriteImm       Opcode = 4 // IBV_WR_RDMA_WRITE_WITH_IMM
+	OpSendImm        Opcode = 5 // IBV_WR_SEND_WITH_IMM
+	OpAtomicCmpSwap  Opcode = 6 // IBV_WR_ATOMIC_CMP_AND_SWP
+	OpAtomicFetchAdd Opcode = 7 // IBV_WR_ATOMIC_FETCH_AND_ADD
+	// Memory registration operations: see memwr.go.
 )
 
+func (o Opcode) String() string { return iwarp.WROp(o).String() }
+
+// IsAtomic reports whether o is an atomic operation.
+func (o Opcode) IsAtomic() bool { return o == OpAtomicCmpSwap || o == OpAtomicFetchAdd }
+
 // SendFlags are ibv_send_flags.
-type SendFlags = iwarp.SendFlags
+type SendFlags uint8
 
 // Send flags.
 const (
-	Signaled  = iwarp.FlagSignaled
-	Inline    = iwarp.FlagInline
-	Solicited = iwarp.FlagSolicited
-	Fence     = iwarp.FlagFence
+	Signaled  SendFlags = 1 << iota // generate a completion (IBV_SEND_SIGNALED)
+	Inline                          // copy the data at post time (IBV_SEND_INLINE)
+	Solicited                       // Send (or Immediate Data) with Solicited Event
+	Fence                           // wait for outstanding RDMA Reads first
 )
 
 // SendWR is a send work request (ibv_send_wr): ID is the wr_id; RDMA Write
@@ -58,8 +68,32 @@ const (
 // against ORD, as RDMA Reads do.
 //
 // Memory registration WRs (OpRegMR, OpBindMW, OpLocalInv, OpReadInv) are
-// described in memwr.go; MR.RegWR and MW.BindWR build the first two.
-type SendWR = iwarp.SendWR
+// described in memwr.go; MR.RegWR and MW.BindWR build the first two (they
+// set the MR or window, and the binding, in unexported fields).
+type SendWR struct {
+	ID    uint64
+	Op    Opcode
+	Flags SendFlags
+	SGL   []SGE
+	// RDMA Write and Read, atomics: the remote buffer.
+	RemoteAddr uint64
+	RKey       STag
+	// Send with Invalidate: the peer's STag to invalidate; Local
+	// Invalidate and Read with Invalidate: the local one.
+	InvalidateRKey STag
+	// Write and Send with Immediate: the immediate data.
+	Imm uint32
+	// Atomics: FetchAdd's addend or CmpSwap's comparand, and CmpSwap's
+	// new value.
+	CompareAdd uint64
+	Swap       uint64
+
+	mr *iwarp.FastRegMR // REG_MR: the fast-register MR (RegWR)
+	// Access is the access a REG_MR grants.
+	Access Access
+	mw     *iwarp.Window // BIND_MW: the window (BindWR)
+	bind   iwarp.MWBind  // BIND_MW: where and how
+}
 
 // RecvWR is a receive work request.
 type RecvWR struct {
@@ -68,16 +102,18 @@ type RecvWR struct {
 }
 
 // QPState is the QP's state.
-type QPState = iwarp.QPState
+type QPState uint8
 
 // QP states.
 const (
-	QPIdle      = iwarp.StateIdle
-	QPRTS       = iwarp.StateRTS
-	QPClosing   = iwarp.StateClosing
-	QPTerminate = iwarp.StateTerminate
-	QPError     = iwarp.StateError
+	QPIdle QPState = iota
+	QPRTS
+	QPClosing
+	QPTerminate
+	QPError
 )
+
+func (s QPState) String() string { return iwarp.QPState(s).String() }
 
 // QPConfig are a QP's attributes (ibv_qp_init_attr).
 type QPConfig struct {
@@ -157,11 +193,11 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	}
 	num := d.nextQPN.Add(1)
 	iw, err := iwarp.NewQP(iwarp.QPConfig{
-		Num: num, PD: pd.id, Mem: d.mem, SendCQ: cfg.SendCQ, RecvCQ: cfg.RecvCQ,
+		Num: num, PD: pd.id, Mem: d.mem, SendCQ: (*engineCQ)(cfg.SendCQ), RecvCQ: (*engineCQ)(cfg.RecvCQ),
 		RQ: qp.rq, SharedRQ: cfg.SRQ != nil, MaxSendWR: cfg.MaxSendWR, MaxSendSGE: cfg.MaxSendSGE,
 		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU, ManualProgress: cfg.ManualProgress, FirstFPDUDelay: d.cfg.FirstFPDUDelay,
 		Stats: &d.stats, OnEvent: func(e iwarp.Event) { d.post(qpEvent(e)) },
-		Placement: d.cfg.Placement, SegStats: &d.seg, TimeHoleFills: d.cfg.TimeHoleFills, NoExtensions: d.cfg.NoExtensions,
+		Placement: iwarp.Placement(d.cfg.Placement), SegStats: &d.seg, TimeHoleFills: d.cfg.TimeHoleFills, NoExtensions: d.cfg.NoExtensions,
 	})
 	if err != nil {
 		if cfg.SRQ != nil {
@@ -195,7 +231,7 @@ func qpEvent(e iwarp.Event) AsyncEvent {
 		iwarp.EventTerminateSent: EventTerminateSent, iwarp.EventTerminateReceived: EventTerminateReceived,
 		iwarp.EventFatal: EventQPFatal,
 	}[e.Type]
-	return AsyncEvent{Type: t, QPNum: e.QPNum, Term: e.Term, Err: e.Err}
+	return AsyncEvent{Type: t, QPNum: e.QPNum, Term: verbsTermCode(e.Term), Err: engineErr(e.Err)}
 }
 
 // Num returns the QP number.
@@ -302,18 +338,20 @@ type qpOps interface {
 // engineQP is an embedded device's QP: the engine's.
 type engineQP struct{ qp *QP }
 
-func (e engineQP) qpNum() uint32                          { return e.qp.iw.Num() }
-func (e engineQP) qpState() QPState                       { return e.qp.iw.State() }
-func (e engineQP) qpErr() error                           { return e.qp.iw.Err() }
-func (e engineQP) qpDone() <-chan struct{}                { return e.qp.iw.Done() }
-func (e engineQP) progress()                              { e.qp.iw.Progress() }
-func (e engineQP) waitProgress(ctx context.Context) error { return e.qp.iw.WaitProgress(ctx) }
-func (e engineQP) openTXGate()                            { e.qp.iw.OpenTXGate() }
-func (e engineQP) disconnect(ctx context.Context) error   { return e.qp.iw.Disconnect(ctx) }
-func (e engineQP) destroy() error                         { return e.qp.close(e.qp.iw.Close) }
+func (e engineQP) qpNum() uint32           { return e.qp.iw.Num() }
+func (e engineQP) qpState() QPState        { return QPState(e.qp.iw.State()) }
+func (e engineQP) qpErr() error            { return engineErr(e.qp.iw.Err()) }
+func (e engineQP) qpDone() <-chan struct{} { return e.qp.iw.Done() }
+func (e engineQP) progress()               { e.qp.iw.Progress() }
+func (e engineQP) waitProgress(ctx context.Context) error {
+	return engineErr(e.qp.iw.WaitProgress(ctx))
+}
+func (e engineQP) openTXGate()                          { e.qp.iw.OpenTXGate() }
+func (e engineQP) disconnect(ctx context.Context) error { return engineErr(e.qp.iw.Disconnect(ctx)) }
+func (e engineQP) destroy() error                       { return e.qp.close(e.qp.iw.Close) }
 
 func (e engineQP) postSend(wrs []SendWR) error {
-	if i, err := e.qp.iw.PostSend(wrs...); err != nil {
+	if i, err := e.qp.iw.PostSend(engineWRs(wrs)...); err != nil {
 		return &PostError{Index: i, Err: err}
 	}
 	return nil
@@ -321,7 +359,7 @@ func (e engineQP) postSend(wrs []SendWR) error {
 
 func (e engineQP) postRecv(wrs []RecvWR) error {
 	for i := range wrs {
-		if err := e.qp.iw.PostRecv(wrs[i].ID, wrs[i].SGL); err != nil {
+		if err := e.qp.iw.PostRecv(wrs[i].ID, engineSGL(wrs[i].SGL)); err != nil {
 			return &PostError{Index: i, Err: err}
 		}
 	}
@@ -452,7 +490,7 @@ func (s *SRQ) PostRecv(wrs ...RecvWR) error {
 		return postRing(s.r.cl, s.r.ring, &s.r.mu, &s.r.prod, s.r.maxSGE, wrs)
 	}
 	for i := range wrs {
-		if err := s.rq.Post(wrs[i].ID, wrs[i].SGL); err != nil {
+		if err := s.rq.Post(wrs[i].ID, engineSGL(wrs[i].SGL)); err != nil {
 			return &PostError{Index: i, Err: err}
 		}
 	}

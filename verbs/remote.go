@@ -438,7 +438,7 @@ func (e *svcError) Unwrap() []error { return e.errs }
 
 func (cl *client) event(m svc.Msg) {
 	e := AsyncEvent{Type: AsyncEventType(m.Arg(0)), QPNum: uint32(m.Arg(1)),
-		Term: iwarp.TermCode{Layer: iwarp.Layer(m.Arg(3)), EType: uint8(m.Arg(4)), Code: uint8(m.Arg(5))}}
+		Term: TermCode{Layer: TermLayer(m.Arg(3)), EType: uint8(m.Arg(4)), Code: uint8(m.Arg(5))}}
 	if e.Type > EventSRQLimitReached {
 		return
 	}
@@ -551,7 +551,7 @@ func (pd *PD) remoteRegMR(buf []byte, iova uint64, acc Access) (*MR, error) {
 	if err != nil {
 		return nil, err
 	}
-	reg := &iwarp.Region{Buf: buf, Access: acc, PD: pd.id, Kind: iwarp.KindMR}
+	reg := &iwarp.Region{Buf: buf, Access: iwarp.Access(acc), PD: pd.id, Kind: iwarp.KindMR}
 	if acc&AccessZeroBased == 0 {
 		reg.Base = iova
 	}
@@ -852,7 +852,7 @@ func (r *remoteMW) remote() RemoteBuf {
 func (r *remoteMW) bound(stag STag, b *iwarp.MWBind) {
 	r.mu.Lock()
 	r.buf = RemoteBuf{Addr: b.Addr, Len: b.Length, RKey: stag}
-	if b.Access&AccessZeroBased != 0 {
+	if Access(b.Access)&AccessZeroBased != 0 {
 		r.buf.Addr = 0
 	}
 	r.mu.Unlock()
@@ -882,7 +882,7 @@ func (qp *QP) remoteBindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag
 		return 0, &PostError{Err: fmt.Errorf("%w: a type 2 window is bound by a BIND_MW work request", iwarp.ErrInvalidWR)}
 	}
 	bi := b.iwarp()
-	if bi.Access&^windowAccess != 0 {
+	if b.Access&^windowAccess != 0 {
 		return 0, &PostError{Err: fmt.Errorf("%w: window access %#x (remote read, write, atomic, zero-based only)", iwarp.ErrInvalidWR, uint32(bi.Access))}
 	}
 	select {
@@ -915,7 +915,7 @@ func (r *remoteQP) checkLocal(qp *QP, wr *SendWR) (uint64, error) {
 	switch wr.Op {
 	case OpRegMR:
 		r.cl.mu.Lock()
-		m := r.cl.frs[wr.MR]
+		m := r.cl.frs[wr.mr]
 		r.cl.mu.Unlock()
 		switch {
 		case m == nil:
@@ -935,7 +935,7 @@ func (r *remoteQP) checkLocal(qp *QP, wr *SendWR) (uint64, error) {
 		return m.rh, nil
 	case OpBindMW:
 		r.cl.mu.Lock()
-		w := r.cl.mwt[wr.MW]
+		w := r.cl.mwt[wr.mw]
 		r.cl.mu.Unlock()
 		switch {
 		case w == nil:
@@ -946,10 +946,10 @@ func (r *remoteQP) checkLocal(qp *QP, wr *SendWR) (uint64, error) {
 			return 0, fmt.Errorf("%w: a type 1 window is bound by QP.BindMW, not a work request", iwarp.ErrInvalidWR)
 		case wr.RKey>>8 != w.r.remote().RKey>>8:
 			return 0, fmt.Errorf("%w: BIND_MW key %#x is not of the window's STag %#x", iwarp.ErrInvalidWR, wr.RKey, w.r.remote().RKey)
-		case wr.Bind.MR == 0:
+		case wr.bind.MR == 0:
 			return 0, fmt.Errorf("%w: BIND_MW without an MR", iwarp.ErrInvalidWR)
-		case wr.Bind.Access&^windowAccess != 0:
-			return 0, fmt.Errorf("%w: window access %#x (remote read, write, atomic, zero-based only)", iwarp.ErrInvalidWR, uint32(wr.Bind.Access))
+		case Access(wr.bind.Access)&^windowAccess != 0:
+			return 0, fmt.Errorf("%w: window access %#x (remote read, write, atomic, zero-based only)", iwarp.ErrInvalidWR, uint32(wr.bind.Access))
 		}
 		return w.r.h, nil
 	}
@@ -961,14 +961,14 @@ func (r *remoteQP) posted(wr *SendWR) {
 	switch wr.Op {
 	case OpRegMR:
 		r.cl.mu.Lock()
-		m := r.cl.frs[wr.MR]
+		m := r.cl.frs[wr.mr]
 		r.cl.mu.Unlock()
 		m.rfr.registered(wr.RKey, wr.Access)
 	case OpBindMW:
 		r.cl.mu.Lock()
-		w := r.cl.mwt[wr.MW]
+		w := r.cl.mwt[wr.mw]
 		r.cl.mu.Unlock()
-		w.r.bound(wr.RKey, &wr.Bind)
+		w.r.bound(wr.RKey, &wr.bind)
 	}
 }
 
@@ -1042,7 +1042,7 @@ func (rc *remoteCQ) poll(dst []WC) int {
 	}
 	k := min(len(dst), int(n))
 	for i := 0; i < k; i++ {
-		svc.GetCompletion(rc.ring.Entry(rc.cons), (*iwarp.Completion)(&dst[i]))
+		svc.GetCompletion(rc.ring.Entry(rc.cons), engineWC(&dst[i]))
 		rc.cons++
 	}
 	if k > 0 {
@@ -1364,7 +1364,7 @@ func (r *remoteQP) state() QPState {
 // mistakes fail in PostSend as they do on an embedded device; it returns
 // the handle of a REG_MR's MR or a BIND_MW's window.
 func (r *remoteQP) checkSend(qp *QP, wr *SendWR) (uint64, error) {
-	if !svc.SendOpAllowed(wr.Op) {
+	if !svc.SendOpAllowed(iwarp.WROp(wr.Op)) {
 		return 0, fmt.Errorf("%w: opcode %v", iwarp.ErrInvalidWR, wr.Op)
 	}
 	if wr.Op == OpRegMR || wr.Op == OpBindMW || wr.Op == OpLocalInv {
@@ -1415,7 +1415,7 @@ func (qp *QP) remotePostSend(wrs []SendWR) error {
 			r.publishSQ()
 			return &PostError{Index: i, Err: ErrQueueFull}
 		}
-		svc.PutSend(r.sq.Entry(r.sqProd), &wrs[i], obj)
+		svc.PutSend(r.sq.Entry(r.sqProd), engineWR(&wrs[i]), obj)
 		if obj != 0 {
 			r.posted(&wrs[i])
 		}
@@ -1465,7 +1465,7 @@ func postRing(cl *client, ring *svc.Ring, mu *sync.Mutex, prod *uint32, maxSGE i
 			perr = &PostError{Index: i, Err: ErrQueueFull}
 			break
 		}
-		svc.PutRecv(ring.Entry(*prod), wrs[i].ID, wrs[i].SGL)
+		svc.PutRecv(ring.Entry(*prod), wrs[i].ID, engineSGL(wrs[i].SGL))
 		*prod++
 		free--
 	}
@@ -1662,7 +1662,7 @@ func (l *Listener) remoteGetRequest(ctx context.Context) (*ConnRequest, error) {
 	}
 	ra, _ := netip.ParseAddrPort(string(f[0]))
 	req := &iwarp.MPARequest{Revision: uint8(m.Arg(1)), CRC: m.Arg(2) != 0, Enhanced: m.Arg(1) == 2,
-		V2:          iwarp.MPAv2Params{IRD: uint16(m.Arg(3)), ORD: uint16(m.Arg(4)), PeerToPeer: m.Arg(5) != 0, RTR: RTR(m.Arg(6))},
+		V2:          iwarp.MPAv2Params{IRD: uint16(m.Arg(3)), ORD: uint16(m.Arg(4)), PeerToPeer: m.Arg(5) != 0, RTR: iwarp.RTR(m.Arg(6))},
 		PrivateData: append([]byte(nil), f[1]...), Markers: m.Arg(7) != 0}
 	return &ConnRequest{l: l, req: req, rh: m.Arg(0), raddr: ra}, nil
 }

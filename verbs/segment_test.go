@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
 )
@@ -52,7 +51,7 @@ func TestSegmentPlacementUnderImpairment(t *testing.T) {
 			// 64 KB segments cut FPDUs anywhere.
 			lcfg := netstack.LinkConfig{MTU: 1500, NoGSO: !tc.gso}
 			p := impairedPair(t, icfg, lcfg, verbs.DeviceConfig{CRC: crc, Markers: tc.markers},
-				verbs.DeviceConfig{CRC: crc, Markers: tc.markers, Placement: iwarp.PlacementSegment})
+				verbs.DeviceConfig{CRC: crc, Markers: tc.markers, Placement: verbs.PlacementSegment})
 			const size = 4 << 20
 			cl, sv := connect(t, p, size, verbs.ConnParams{Markers: &tc.markers})
 			if n := sv.conn.Negotiated(); n.MarkersRx != tc.markers {
@@ -157,7 +156,7 @@ func TestSegmentPlacementMixed(t *testing.T) {
 			icfg := netstack.ImpairConfig{Seed: 21, LossRate: 0.01, ReorderRate: 0.01, DupRate: 0.01}
 			lcfg := netstack.LinkConfig{MTU: 1500, NoGSO: !tc.gso}
 			p := impairedPair(t, icfg, lcfg, verbs.DeviceConfig{CRC: tc.crc, Markers: tc.markers},
-				verbs.DeviceConfig{CRC: tc.crc, Markers: tc.markers, Placement: iwarp.PlacementSegment})
+				verbs.DeviceConfig{CRC: tc.crc, Markers: tc.markers, Placement: verbs.PlacementSegment})
 			const size, slots = 4 << 20, 4
 			const slot = size / slots
 			cl, sv := connect(t, p, size, verbs.ConnParams{Markers: &tc.markers})
@@ -259,7 +258,7 @@ func TestSegmentPlacementMixed(t *testing.T) {
 func TestSegmentQuickFeed(t *testing.T) {
 	for _, crc := range []bool{false, true} {
 		t.Run(fmt.Sprintf("crc=%v", crc), func(t *testing.T) {
-			dc := verbs.DeviceConfig{CRC: crc, Placement: iwarp.PlacementSegment}
+			dc := verbs.DeviceConfig{CRC: crc, Placement: verbs.PlacementSegment}
 			p := impairedPair(t, netstack.ImpairConfig{}, netstack.LinkConfig{MTU: 1500, NoGSO: true}, dc, dc)
 			cl, sv := connect(t, p, 1<<16, verbs.ConnParams{CRC: &crc})
 			var wc [4]verbs.WC

@@ -1679,7 +1679,7 @@ func (x *session) bindMW(b *svc.Builder, m svc.Msg) error {
 		return fmt.Errorf("%w: BIND_MW arguments", ErrInvalidArgument)
 	}
 	stag, err := q.qp.iw.BindMW1(m.Arg(2), iwarp.SendFlags(m.Arg(3)), mw.w,
-		iwarp.MWBind{MR: uint32(m.Arg(4)), Addr: m.Arg(5), Length: m.Arg(6), Access: Access(m.Arg(7))})
+		iwarp.MWBind{MR: uint32(m.Arg(4)), Addr: m.Arg(5), Length: m.Arg(6), Access: iwarp.Access(m.Arg(7))})
 	if err != nil {
 		return err
 	}
@@ -2471,7 +2471,7 @@ func (x *session) resolve(wr *iwarp.SendWR, obj uint64) error {
 
 func (x *session) failWR(cq *servedCQ, num uint32, c iwarp.Completion) {
 	c.QPNum = num
-	cq.cq.Push(c)
+	cq.cq.push(verbsWC(&c))
 }
 
 // sendCompOp is the completion operation of a send WR.

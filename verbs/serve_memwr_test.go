@@ -743,9 +743,7 @@ func memErrs(d *verbs.Device) ([]string, error) {
 	wr := frmr.RegWR(1, 0, rkey, verbs.AccessLocalWrite)
 	wr.SGL = []verbs.SGE{mr.SGE(0, 8)}
 	note("REG_MR(with an SGE)", qp.PostSend(wr))
-	wr = frmr.RegWR(1, 0, rkey, verbs.AccessLocalWrite)
-	wr.MR = nil
-	note("REG_MR(no MR)", qp.PostSend(wr))
+	note("REG_MR(no MR)", qp.PostSend(verbs.SendWR{ID: 1, Op: verbs.OpRegMR, RKey: rkey, Access: verbs.AccessLocalWrite}))
 	_, err = pd.AllocMW(3)
 	note("AllocMW(type 3)", err)
 	bi := verbs.BindInfo{MR: mr, Addr: mr.Addr(), Length: 4096, Access: verbs.AccessRemoteWrite}

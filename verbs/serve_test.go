@@ -22,7 +22,6 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 
-	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
 	"github.com/rdmatap/rdmatap/zerocopy"
@@ -885,10 +884,10 @@ func TestServiceClientDeathTerminate(t *testing.T) {
 				t.Fatalf("round %d: no Terminate at the peer", round)
 			}
 		}
-		if term.Term != iwarp.LocalCatastrophicTermCode {
-			t.Fatalf("round %d: Terminate %v, want %v", round, term.Term, iwarp.LocalCatastrophicTermCode)
+		if term.Term != termLocalCatastroph {
+			t.Fatalf("round %d: Terminate %v, want %v", round, term.Term, termLocalCatastroph)
 		}
-		var te *iwarp.TerminateError
+		var te *verbs.TerminateError
 		if !errors.As(term.Err, &te) || !te.Received {
 			t.Fatalf("round %d: event error %v, want a received Terminate", round, term.Err)
 		}
@@ -907,7 +906,7 @@ func TestServiceClientDeathTerminate(t *testing.T) {
 				t.Fatalf("round %d: receive %d: %v, want flushed", round, wc.ID, wc.Status)
 			}
 		}
-		if !errors.As(qp.Err(), &te) || te.Code != iwarp.LocalCatastrophicTermCode {
+		if !errors.As(qp.Err(), &te) || te.Code != termLocalCatastroph {
 			t.Fatalf("round %d: QP error %v", round, qp.Err())
 		}
 		qp.Close()

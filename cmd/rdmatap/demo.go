@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/rdmatap/rdmatap/internal/units"
-	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
 )
@@ -211,7 +210,7 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 		fmt.Fprintln(stdout, impairReport(im, "A's transmit side", &o.lab))
 	}
 	fmt.Fprintln(stdout, placementReport(o.lab.mode, "endpoint B (receiver of Sends and Writes)", settledStats(devB)))
-	if o.lab.mode == iwarp.PlacementSegment && im != nil && !o.crc && !o.markers {
+	if o.lab.mode == verbs.PlacementSegment && im != nil && !o.crc && !o.markers {
 		fmt.Fprintln(stdout, "  (FPDUs beyond a hole are framed by the MPA CRC or by markers: add --crc or --markers to place them out of order)")
 	}
 	if o.pcap != "" {

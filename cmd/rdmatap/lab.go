@@ -25,7 +25,7 @@ type labFlags struct {
 	loss, reorder, dup float64
 	seed               int64
 
-	mode iwarp.Placement // parsed by check
+	mode verbs.Placement // parsed by check
 }
 
 // labHelp words the impairment flags' help for the side they impair.
@@ -54,7 +54,7 @@ func (l *labFlags) check() error {
 	if err != nil || l.placement == "" {
 		return fmt.Errorf("%w: --placement %q: want stream or segment", errUsage, l.placement)
 	}
-	l.mode = mode
+	l.mode = verbs.Placement(mode)
 	for _, p := range []struct {
 		name string
 		v    float64
@@ -153,10 +153,10 @@ func copiesPerByte(v verbs.Stats) string {
 }
 
 // placementReport says in words how a device placed what it received.
-func placementReport(mode iwarp.Placement, who string, v verbs.Stats) string {
+func placementReport(mode verbs.Placement, who string, v verbs.Stats) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "placement %v at %s: %d payload bytes received, %d placed, %s copies per payload byte received", mode, who, v.RxBytes, v.PlacedBytes, copiesPerByte(v))
-	if mode != iwarp.PlacementSegment {
+	if mode != verbs.PlacementSegment {
 		return b.String()
 	}
 	g := v.Segment

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
 )
@@ -128,7 +127,7 @@ func TestLabFlagsReachTheEndpoint(t *testing.T) {
 			t.Fatal(err)
 		}
 		l := ef.lab
-		if l.mode != iwarp.PlacementSegment || l.loss != 0.02 || l.reorder != 0.03 || l.dup != 0.04 || l.seed != 9 || !l.impaired() {
+		if l.mode != verbs.PlacementSegment || l.loss != 0.02 || l.reorder != 0.03 || l.dup != 0.04 || l.seed != 9 || !l.impaired() {
 			t.Errorf("lab flags %+v", l)
 		}
 	}
@@ -140,7 +139,7 @@ func TestLabFlagsReachTheEndpoint(t *testing.T) {
 	if _, _, _, err := ef.check(); err != nil {
 		t.Fatal(err)
 	}
-	if l := ef.lab; l.mode != iwarp.PlacementStream || l.impaired() || l.seed != 1 {
+	if l := ef.lab; l.mode != verbs.PlacementStream || l.impaired() || l.seed != 1 {
 		t.Errorf("defaults %+v", l)
 	}
 	if _, im := ef.lab.wrap(nil); im != nil {

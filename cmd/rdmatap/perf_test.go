@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
@@ -600,12 +599,12 @@ func TestBusyPollFlag(t *testing.T) {
 	for _, c := range []struct {
 		test perfTestKind
 		args []string
-		want iwarp.Placement
+		want verbs.Placement
 	}{
-		{perfLat, []string{"write"}, iwarp.PlacementSegment},
-		{perfLat, []string{"send", "--placement", "stream"}, iwarp.PlacementStream},
-		{perfBW, []string{"write"}, iwarp.PlacementStream},
-		{perfBW, []string{"write", "--placement", "segment"}, iwarp.PlacementSegment},
+		{perfLat, []string{"write"}, verbs.PlacementSegment},
+		{perfLat, []string{"send", "--placement", "stream"}, verbs.PlacementStream},
+		{perfBW, []string{"write"}, verbs.PlacementStream},
+		{perfBW, []string{"write", "--placement", "segment"}, verbs.PlacementSegment},
 	} {
 		if ef := checked(c.test, c.args); ef.lab.mode != c.want {
 			t.Errorf("%q: placement %v, want %v", c.args, ef.lab.mode, c.want)

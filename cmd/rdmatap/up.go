@@ -21,7 +21,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
 )
@@ -232,7 +231,7 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 
 func formatEvent(ev verbs.AsyncEvent) string {
 	s := fmt.Sprintf("event: %v qp %d", ev.Type, ev.QPNum)
-	if ev.Term != (iwarp.TermCode{}) {
+	if ev.Term != (verbs.TermCode{}) {
 		s += fmt.Sprintf(" terminate %v", ev.Term)
 	}
 	if ev.Err != nil {
@@ -706,7 +705,7 @@ type statSet struct {
 func getStats(e *endpoint) statSet {
 	s := statSet{Device: e.Dev.Name(), Verbs: e.Dev.Stats(), Ops: map[string]uint64{}}
 	for i := 0; i < 12; i++ {
-		name := strings.ReplaceAll(strings.ToLower(iwarp.Opcode(i).String()), " ", "_")
+		name := strings.ReplaceAll(strings.ToLower(verbs.RDMAPOpcode(i).String()), " ", "_")
 		if v := s.Verbs.RxOps[i]; v != 0 {
 			s.Ops["rx_"+name] = v
 		}

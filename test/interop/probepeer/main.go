@@ -384,7 +384,7 @@ func (c *conn) sendInvIn() (string, error) {
 		return "", fmt.Errorf("Read of the invalidated STag: %w", err)
 	}
 	detail := fmt.Sprintf("siw's verdict: %s; our Read of the invalidated STag %#x: %v (terminate %v)", verdict, c.rkey, wc.Status, wc.Term)
-	if verdict != "ok" || wc.Status != verbs.StatusRemoteAccess || wc.Term != (iwarp.TermCode{Layer: iwarp.LayerRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeInvalidSTag}) {
+	if verdict != "ok" || wc.Status != verbs.StatusRemoteAccess || wc.Term != (verbs.TermCode{Layer: verbs.TermRDMAP, EType: iwarp.ETypeRemoteProtection, Code: iwarp.CodeInvalidSTag}) {
 		return "", errors.New(detail)
 	}
 	return detail, nil
@@ -621,7 +621,7 @@ func (c *conn) expectMsg(want string) (string, error) {
 }
 
 // refused waits for the QP to end with a Terminate we sent with code.
-func (c *conn) refused(code iwarp.TermCode) (string, error) {
+func (c *conn) refused(code verbs.TermCode) (string, error) {
 	select {
 	case <-c.qp.Done():
 	case <-time.After(10 * time.Second):
@@ -634,7 +634,7 @@ func (c *conn) refused(code iwarp.TermCode) (string, error) {
 	return fmt.Sprintf("Terminate sent: %v", term.Code), nil
 }
 
-var termDDPInvalidSTag = iwarp.TermCode{Layer: iwarp.LayerDDP, EType: iwarp.ETypeTaggedBuffer, Code: iwarp.CodeDDPInvalidSTag}
+var termDDPInvalidSTag = verbs.TermCode{Layer: verbs.TermDDP, EType: iwarp.ETypeTaggedBuffer, Code: iwarp.CodeDDPInvalidSTag}
 
 // fastReg: a fast-register MR over a page list of separate buffers,
 // registered VA-based with a REG_MR; siw Writes 3000 bytes into it across a page boundary (they
