@@ -155,9 +155,11 @@ func (d *Device) Dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnP
 	if err := checkPrivateData(p.PrivateData); err != nil {
 		return nil, err
 	}
-	if d.rc != nil {
-		return d.remoteDial(ctx, qp, raddr, p)
-	}
+	return d.ops.dial(ctx, qp, raddr, p)
+}
+
+func (e *engineDevice) dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error) {
+	d := (*Device)(e)
 	if qp == nil || qp.pd.dev != d {
 		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
 	}
@@ -212,9 +214,11 @@ func (d *Device) Listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, erro
 	if cfg.MPATimeout <= 0 {
 		cfg.MPATimeout = 5 * time.Second
 	}
-	if d.rc != nil {
-		return d.remoteListen(laddr, cfg)
-	}
+	return d.ops.listen(laddr, cfg)
+}
+
+func (e *engineDevice) listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, error) {
+	d := (*Device)(e)
 	t, err := d.ns.Listen(laddr, cfg.Backlog)
 	if err != nil {
 		return nil, fmt.Errorf("verbs: listen %v: %w", laddr, err)

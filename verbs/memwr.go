@@ -55,10 +55,10 @@ func IncRKey(k STag) STag { return k&^0xff | (k+1)&0xff }
 // (ib_alloc_mr with IB_MR_TYPE_MEM_REG). It has an STag but no memory, and
 // is invalid: MapPages or MapSG sets the memory, and a REG_MR work request
 // (RegWR) registers it. Its first STag's key is drawn at random.
-func (pd *PD) AllocMR(maxPages int) (*MR, error) {
-	if pd.rh != 0 {
-		return pd.remoteAllocMR(maxPages)
-	}
+func (pd *PD) AllocMR(maxPages int) (*MR, error) { return pd.ops.allocMR(maxPages) }
+
+func (e *enginePD) allocMR(maxPages int) (*MR, error) {
+	pd := (*PD)(e)
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {
@@ -69,7 +69,9 @@ func (pd *PD) AllocMR(maxPages int) (*MR, error) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	pd.mrs++
-	return &MR{pd: pd, fr: fr}, nil
+	m := &MR{pd: pd, fr: fr}
+	m.ops = (*engineMR)(m)
+	return m, nil
 }
 
 // MapPages sets the memory the MR's next REG_MR maps: length bytes from
@@ -90,10 +92,11 @@ func (m *MR) MapPages(pages [][]byte, pageSize, offset, length int) error {
 	if m.fr == nil {
 		return fmt.Errorf("%w: not a fast-register MR", ErrInvalidArgument)
 	}
-	if m.rfr != nil {
-		return m.remoteMapPages(pages, pageSize, offset, length)
-	}
-	if err := m.fr.MapPages(pages, pageSize, offset, length); err != nil {
+	return m.ops.mapPages(pages, pageSize, offset, length)
+}
+
+func (e *engineMR) mapPages(pages [][]byte, pageSize, offset, length int) error {
+	if err := e.fr.MapPages(pages, pageSize, offset, length); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	return nil
@@ -111,10 +114,11 @@ func (m *MR) MapSG(sgl []SGE, pageSize int) error {
 	if m.fr == nil {
 		return fmt.Errorf("%w: not a fast-register MR", ErrInvalidArgument)
 	}
-	if m.rfr != nil {
-		return m.remoteMapSG(sgl, pageSize)
-	}
-	if err := m.fr.MapSG(engineSGL(sgl), pageSize); err != nil {
+	return m.ops.mapSG(sgl, pageSize)
+}
+
+func (e *engineMR) mapSG(sgl []SGE, pageSize int) error {
+	if err := e.fr.MapSG(engineSGL(sgl), pageSize); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	return nil
@@ -130,10 +134,11 @@ func (m *MR) SetIOVA(iova uint64) error {
 	if m.fr == nil {
 		return fmt.Errorf("%w: not a fast-register MR (RegMRIOVA sets a regular MR's)", ErrInvalidArgument)
 	}
-	if m.rfr != nil {
-		return m.remoteSetIOVA(iova)
-	}
-	if err := m.fr.SetIOVA(iova); err != nil {
+	return m.ops.setIOVA(iova)
+}
+
+func (e *engineMR) setIOVA(iova uint64) error {
+	if err := e.fr.SetIOVA(iova); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	return nil
@@ -176,10 +181,10 @@ type MW struct {
 }
 
 // AllocMW allocates a memory window (ibv_alloc_mw).
-func (pd *PD) AllocMW(t MWType) (*MW, error) {
-	if pd.rh != 0 {
-		return pd.remoteAllocMW(t)
-	}
+func (pd *PD) AllocMW(t MWType) (*MW, error) { return pd.ops.allocMW(t) }
+
+func (e *enginePD) allocMW(t MWType) (*MW, error) {
+	pd := (*PD)(e)
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {

@@ -170,10 +170,12 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	if cfg.MaxInline == 0 {
 		cfg.MaxInline = 64
 	}
+	return pd.ops.createQP(cfg)
+}
+
+func (e *enginePD) createQP(cfg QPConfig) (*QP, error) {
+	pd := (*PD)(e)
 	d := pd.dev
-	if d.rc != nil {
-		return pd.remoteCreateQP(cfg)
-	}
 	qp := &QP{pd: pd, cfg: cfg}
 	qp.ops = engineQP{qp}
 	if cfg.SRQ != nil {
@@ -462,23 +464,22 @@ func (pd *PD) CreateSRQ(maxWR, maxSGE int) (*SRQ, error) {
 	if closed {
 		return nil, net.ErrClosed
 	}
-	var s *SRQ
-	if pd.dev.rc != nil {
-		var err error
-		if s, err = pd.remoteCreateSRQ(maxWR, maxSGE); err != nil {
-			return nil, err
-		}
-	} else {
-		rq, err := iwarp.NewRecvQueue(maxWR, maxSGE)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
-		}
-		s = &SRQ{pd: pd, rq: rq}
+	s, err := pd.ops.createSRQ(maxWR, maxSGE)
+	if err != nil {
+		return nil, err
 	}
 	pd.mu.Lock()
 	pd.srqs++
 	pd.mu.Unlock()
 	return s, nil
+}
+
+func (e *enginePD) createSRQ(maxWR, maxSGE int) (*SRQ, error) {
+	rq, err := iwarp.NewRecvQueue(maxWR, maxSGE)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	return &SRQ{pd: (*PD)(e), rq: rq}, nil
 }
 
 // PostRecv posts receives to the SRQ.

@@ -121,8 +121,11 @@ type client struct {
 	mwt map[*iwarp.Window]*MW
 	// +checklocks:mu
 	mrKeys map[STag]*MR
-	done   chan struct{}
-	wg     sync.WaitGroup
+	// attr: the service device's limits for this client (QUERY_DEVICE),
+	// set by Connect; nil from a service that does not answer it.
+	attr *DeviceAttr
+	done chan struct{}
+	wg   sync.WaitGroup
 }
 
 type reply struct {
@@ -194,7 +197,7 @@ func Connect(ctx context.Context, path string) (*Device, error) {
 	var f [1][]byte
 	svc.Fields(m.Payload(), f[:])
 	cfg := DeviceConfig{Name: string(f[0]), NoExtensions: m.Arg(1)&1 != 0, EventQueue: 256}
-	dev := &Device{cfg: cfg, rc: cl, events: make(chan AsyncEvent, cfg.EventQueue), qps: map[uint32]*QP{},
+	dev := &Device{cfg: cfg, ops: cl, events: make(chan AsyncEvent, cfg.EventQueue), qps: map[uint32]*QP{},
 		listeners: map[*Listener]struct{}{}}
 	cl.dev = dev
 	cl.wg.Add(1)
@@ -206,7 +209,7 @@ func Connect(ctx context.Context, path string) (*Device, error) {
 			return nil, fmt.Errorf("verbs: connect to service %s: %w", path, err)
 		}
 		a := decodeAttr(r.m)
-		dev.rattr = &a
+		cl.attr = &a
 	}
 	return dev, nil
 }
@@ -275,7 +278,7 @@ func (cl *client) fail(err error) {
 	}
 	cqs := make([]*remoteCQ, 0, len(cl.cqs))
 	for cq := range cl.cqs {
-		cqs = append(cqs, cq.rc)
+		cqs = append(cqs, cq.ops.(*remoteCQ))
 	}
 	cl.mu.Unlock()
 	close(cl.done)
@@ -489,7 +492,7 @@ func (cl *client) close() error {
 	}
 	cl.mu.Unlock()
 	for _, cq := range cqs {
-		cq.rc.release()
+		cq.ops.(*remoteCQ).release()
 	}
 	for _, q := range qps {
 		q.r.release()
@@ -502,8 +505,16 @@ func (cl *client) close() error {
 	return nil
 }
 
-// stats asks the service for its device's counters.
-func (cl *client) stats() Stats {
+// query returns the limits this client may use.
+func (cl *client) query() DeviceAttr {
+	if cl.attr != nil {
+		return *cl.attr
+	}
+	return defaultAttr(cl.dev.cfg)
+}
+
+// counters asks the service for its device's counters.
+func (cl *client) counters() Stats {
 	var st Stats
 	r, err := cl.do(context.Background(), svc.TStats, nil)
 	if err != nil {
@@ -523,6 +534,13 @@ func (cl *client) ring() {
 	}
 }
 
+// client returns a service's device's connection; nil for an embedded
+// device.
+func (d *Device) client() *client {
+	cl, _ := d.ops.(*client)
+	return cl
+}
+
 // --- PD and MR ---
 
 func (cl *client) allocPD() (*PD, error) {
@@ -530,11 +548,33 @@ func (cl *client) allocPD() (*PD, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &PD{dev: cl.dev, id: uint32(r.m.Arg(0)), rh: r.m.Arg(0)}, nil
+	pd := &PD{dev: cl.dev, id: uint32(r.m.Arg(0))}
+	pd.ops = &remotePD{pd: pd, h: r.m.Arg(0)}
+	return pd, nil
 }
 
+// remotePD is a PD of a service: its handle.
+type remotePD struct {
+	pd *PD
+	h  uint64
+}
+
+// handle returns the service's handle of a PD of a service.
+func (pd *PD) handle() uint64 { return pd.ops.(*remotePD).h }
+
+func (r *remotePD) regMR(buf []byte, iova uint64, acc Access) (*MR, error) {
+	return r.pd.remoteRegMRCounted(buf, iova, acc)
+}
+func (r *remotePD) allocMR(maxPages int) (*MR, error)  { return r.pd.remoteAllocMR(maxPages) }
+func (r *remotePD) allocMW(t MWType) (*MW, error)      { return r.pd.remoteAllocMW(t) }
+func (r *remotePD) createQP(cfg QPConfig) (*QP, error) { return r.pd.remoteCreateQP(cfg) }
+func (r *remotePD) createSRQ(maxWR, maxSGE int) (*SRQ, error) {
+	return r.pd.remoteCreateSRQ(maxWR, maxSGE)
+}
+func (r *remotePD) destroy() error { return r.pd.remoteClose() }
+
 func (pd *PD) remoteClose() error {
-	_, err := pd.dev.rc.do(context.Background(), svc.TDeallocPD, func(b *svc.Builder) { b.Args(pd.rh) })
+	_, err := pd.dev.client().do(context.Background(), svc.TDeallocPD, func(b *svc.Builder) { b.Args(pd.handle()) })
 	return err
 }
 
@@ -544,9 +584,9 @@ func (pd *PD) remoteRegMR(buf []byte, iova uint64, acc Access) (*MR, error) {
 		return nil, ErrNotShared
 	}
 	va := iwarp.BufferAddr(buf)
-	cl := pd.dev.rc
+	cl := pd.dev.client()
 	r, err := cl.do(context.Background(), svc.TRegMR, func(b *svc.Builder) {
-		b.Args(pd.rh, va, uint64(len(buf)), uint64(acc), uint64(off), iova)
+		b.Args(pd.handle(), va, uint64(len(buf)), uint64(acc), uint64(off), iova)
 	}, fd)
 	if err != nil {
 		return nil, err
@@ -555,25 +595,73 @@ func (pd *PD) remoteRegMR(buf []byte, iova uint64, acc Access) (*MR, error) {
 	if acc&AccessZeroBased == 0 {
 		reg.Base = iova
 	}
-	m := &MR{pd: pd, r: reg, rh: r.m.Arg(0), rstag: STag(r.m.Arg(1))}
+	m := &MR{pd: pd, r: reg}
+	m.ops = &remoteMR{m: m, h: r.m.Arg(0), stag: STag(r.m.Arg(1))}
 	cl.mu.Lock()
-	cl.mrKeys[m.rstag] = m
+	cl.mrKeys[m.remote().stag] = m
 	cl.mu.Unlock()
 	return m, nil
 }
 
-func (m *MR) remoteDereg() error {
-	_, err := m.pd.dev.rc.do(context.Background(), svc.TDeregMR, func(b *svc.Builder) { b.Args(m.rh) })
-	return err
+// remoteMR is an MR of a service: its handle and STag, and for a
+// fast-register MR, what the client knows of its mapping and
+// registration (fr).
+type remoteMR struct {
+	m    *MR
+	h    uint64
+	stag STag
+	fr   *remoteFR
 }
+
+// remote returns an MR of a service's side; nil for an embedded MR.
+func (m *MR) remote() *remoteMR {
+	r, _ := m.ops.(*remoteMR)
+	return r
+}
+
+func (r *remoteMR) view() ([]byte, uint64, uint64, STag) {
+	if r.fr != nil {
+		return r.fr.view()
+	}
+	g := r.m.r
+	return g.Buf, g.Base, g.Len(), r.stag
+}
+
+// valid: a regular MR of a service is valid until Dereg (an invalidation
+// by the peer is not seen); a fast-register MR's state is the service's.
+func (r *remoteMR) valid() bool {
+	r.m.mu.Lock()
+	freed := r.m.freed
+	r.m.mu.Unlock()
+	if freed || r.fr == nil {
+		return !freed
+	}
+	return r.m.remoteValid()
+}
+
+func (r *remoteMR) dereg() (bool, error) {
+	cl := r.m.pd.dev.client()
+	if _, err := cl.do(context.Background(), svc.TDeregMR, func(b *svc.Builder) { b.Args(r.h) }); err != nil {
+		return false, err
+	}
+	cl.forget(r.m)
+	return true, nil
+}
+
+func (r *remoteMR) mapPages(pages [][]byte, pageSize, offset, length int) error {
+	return r.m.remoteMapPages(pages, pageSize, offset, length)
+}
+func (r *remoteMR) mapSG(sgl []SGE, pageSize int) error { return r.m.remoteMapSG(sgl, pageSize) }
+func (r *remoteMR) setIOVA(iova uint64) error           { return r.m.remoteSetIOVA(iova) }
 
 // forget drops a freed MR from the client's tables.
 func (cl *client) forget(m *MR) {
+	r := m.remote()
 	cl.mu.Lock()
-	if m.rfr != nil {
+	if r.fr != nil {
 		delete(cl.frs, m.fr)
-	} else if cl.mrKeys[m.rstag] == m {
-		delete(cl.mrKeys, m.rstag)
+	} else if cl.mrKeys[r.stag] == m {
+		delete(cl.mrKeys, r.stag)
 	}
 	cl.mu.Unlock()
 }
@@ -631,20 +719,20 @@ func (pd *PD) remoteAlloc(t svc.Type, arg uint64) (reply, error) {
 	if closed {
 		return reply{}, net.ErrClosed
 	}
-	return pd.dev.rc.do(context.Background(), t, func(b *svc.Builder) { b.Args(pd.rh, arg) })
+	return pd.dev.client().do(context.Background(), t, func(b *svc.Builder) { b.Args(pd.handle(), arg) })
 }
 
 func (pd *PD) remoteAllocMR(maxPages int) (*MR, error) {
 	if maxPages <= 0 || maxPages > iwarp.MaxFastRegPages {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: fast-register MR of %d pages", iwarp.ErrInvalidWR, maxPages))
 	}
-	cl := pd.dev.rc
+	cl := pd.dev.client()
 	r, err := pd.remoteAlloc(svc.TAllocMR, uint64(maxPages))
 	if err != nil {
 		return nil, err
 	}
-	m := &MR{pd: pd, fr: &iwarp.FastRegMR{}, rh: r.m.Arg(0), rstag: STag(r.m.Arg(1)),
-		rfr: &remoteFR{maxPages: maxPages, stag: STag(r.m.Arg(1))}}
+	m := &MR{pd: pd, fr: &iwarp.FastRegMR{}}
+	m.ops = &remoteMR{m: m, h: r.m.Arg(0), stag: STag(r.m.Arg(1)), fr: &remoteFR{maxPages: maxPages, stag: STag(r.m.Arg(1))}}
 	cl.mu.Lock()
 	cl.frs[m.fr] = m
 	cl.mu.Unlock()
@@ -670,7 +758,7 @@ func checkPageSize(pageSize int) error {
 // mapEntries sends a MAP_MR's entries, as many messages as they need,
 // and returns the IOVA and length of the mapping.
 func (m *MR) mapEntries(mode uint64, pageSize, offset, length int, ents []byte) (uint64, uint64, error) {
-	cl := m.pd.dev.rc
+	cl := m.pd.dev.client()
 	flags := uint64(svc.MapFirst)
 	for {
 		k := min(len(ents), svc.MapEntries*svc.MapEntrySize)
@@ -680,7 +768,7 @@ func (m *MR) mapEntries(mode uint64, pageSize, offset, length int, ents []byte) 
 			flags |= svc.MapLast
 		}
 		r, err := cl.do(context.Background(), svc.TMapMR, func(b *svc.Builder) {
-			b.Args(m.rh, mode|flags, uint64(pageSize), uint64(offset), uint64(length)).Bytes(chunk)
+			b.Args(m.remote().h, mode|flags, uint64(pageSize), uint64(offset), uint64(length)).Bytes(chunk)
 		})
 		if err != nil {
 			return 0, 0, err
@@ -693,7 +781,7 @@ func (m *MR) mapEntries(mode uint64, pageSize, offset, length int, ents []byte) 
 }
 
 func (m *MR) remoteMapPages(pages [][]byte, pageSize, offset, length int) error {
-	f := m.rfr
+	f := m.remote().fr
 	if err := checkPageSize(pageSize); err != nil {
 		return err
 	}
@@ -763,7 +851,7 @@ func (m *MR) remoteMapSG(sgl []SGE, pageSize int) error {
 		return err
 	}
 	// The bytes, when the SGEs make one run of this process's memory.
-	cl := m.pd.dev.rc
+	cl := m.pd.dev.client()
 	var buf []byte
 	one := true
 	for i, s := range sgl {
@@ -789,24 +877,24 @@ func (m *MR) remoteMapSG(sgl []SGE, pageSize int) error {
 	if !one {
 		buf = nil
 	}
-	m.rfr.setMapping(iova, n, buf)
+	m.remote().fr.setMapping(iova, n, buf)
 	return nil
 }
 
 func (m *MR) remoteSetIOVA(iova uint64) error {
-	_, err := m.pd.dev.rc.do(context.Background(), svc.TSetIOVA, func(b *svc.Builder) { b.Args(m.rh, iova) })
+	_, err := m.pd.dev.client().do(context.Background(), svc.TSetIOVA, func(b *svc.Builder) { b.Args(m.remote().h, iova) })
 	if err != nil {
 		return err
 	}
-	m.rfr.mu.Lock()
-	m.rfr.iova = iova
-	m.rfr.mu.Unlock()
+	m.remote().fr.mu.Lock()
+	m.remote().fr.iova = iova
+	m.remote().fr.mu.Unlock()
 	return nil
 }
 
 // remoteValid asks the service whether a fast-register MR is valid.
 func (m *MR) remoteValid() bool {
-	r, err := m.pd.dev.rc.do(context.Background(), svc.TQueryMem, func(b *svc.Builder) { b.Args(m.rh) })
+	r, err := m.pd.dev.client().do(context.Background(), svc.TQueryMem, func(b *svc.Builder) { b.Args(m.remote().h) })
 	return err == nil && r.m.Arg(1) != 0
 }
 
@@ -827,7 +915,7 @@ func (pd *PD) remoteAllocMW(t MWType) (*MW, error) {
 	if t != MWType1 && t != MWType2 {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: window type %d", iwarp.ErrInvalidWR, t))
 	}
-	cl := pd.dev.rc
+	cl := pd.dev.client()
 	r, err := pd.remoteAlloc(svc.TAllocMW, uint64(t))
 	if err != nil {
 		return nil, err
@@ -922,7 +1010,7 @@ func (r *remoteQP) checkLocal(qp *QP, wr *SendWR) (uint64, error) {
 			return 0, fmt.Errorf("%w: REG_MR without an MR", iwarp.ErrInvalidWR)
 		case m.pd != qp.pd:
 			return 0, fmt.Errorf("%w: REG_MR of an MR of another protection domain", iwarp.ErrInvalidWR)
-		case wr.RKey>>8 != m.rstag>>8:
+		case wr.RKey>>8 != m.remote().stag>>8:
 			return 0, fmt.Errorf("%w: REG_MR key %#x is not of the MR's STag %#x", iwarp.ErrInvalidWR, wr.RKey, m.stag())
 		}
 		all := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic | AccessMWBind | AccessZeroBased
@@ -932,7 +1020,7 @@ func (r *remoteQP) checkLocal(qp *QP, wr *SendWR) (uint64, error) {
 		case wr.Access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && wr.Access&AccessLocalWrite == 0:
 			return 0, fmt.Errorf("%w: remote write and atomic access require local write", iwarp.ErrInvalidWR)
 		}
-		return m.rh, nil
+		return m.remote().h, nil
 	case OpBindMW:
 		r.cl.mu.Lock()
 		w := r.cl.mwt[wr.mw]
@@ -963,7 +1051,7 @@ func (r *remoteQP) posted(wr *SendWR) {
 		r.cl.mu.Lock()
 		m := r.cl.frs[wr.mr]
 		r.cl.mu.Unlock()
-		m.rfr.registered(wr.RKey, wr.Access)
+		m.remote().fr.registered(wr.RKey, wr.Access)
 	case OpBindMW:
 		r.cl.mu.Lock()
 		w := r.cl.mwt[wr.mw]
@@ -979,6 +1067,7 @@ func (r *remoteQP) posted(wr *SendWR) {
 // shared indexes are atomics; dead is stored once, by release (under the
 // CQ's mu from Close, or by the client's close).
 type remoteCQ struct {
+	cq   *CQ
 	cl   *client
 	h    uint64
 	mem  []byte
@@ -1024,15 +1113,29 @@ func (cl *client) createCQ(cqe int) (*CQ, error) {
 		cl.do(context.Background(), svc.TDestroyCQ, func(b *svc.Builder) { b.Args(rc.h) })
 		return nil, err
 	}
-	cq := &CQ{dev: cl.dev, rc: rc, notify: make(chan struct{}, 1), closed: make(chan struct{}), events: make(chan struct{}, 1)}
+	cq := newCQ(cl.dev, nil)
+	rc.cq, cq.ops = cq, rc
 	cl.mu.Lock()
 	cl.cqs[cq] = struct{}{}
 	cl.mu.Unlock()
 	return cq, nil
 }
 
-// poll moves completions from the ring; cq.mu is held.
+// remote returns a service's CQ's side; nil for an embedded CQ.
+func (cq *CQ) remote() *remoteCQ {
+	r, _ := cq.ops.(*remoteCQ)
+	return r
+}
+
 func (rc *remoteCQ) poll(dst []WC) int {
+	rc.cq.mu.Lock()
+	n := rc.take(dst)
+	rc.cq.mu.Unlock()
+	return n
+}
+
+// take moves completions from the ring; cq.mu is held.
+func (rc *remoteCQ) take(dst []WC) int {
 	if rc.dead.Load() {
 		return 0
 	}
@@ -1060,8 +1163,7 @@ const spinWait = 20 * time.Microsecond
 // within it, halved (down to a sixteenth) after each wait that took longer
 // — spinning through the gaps between the completions of large transfers
 // only takes the CPU from the goroutines that move the data.
-func (cq *CQ) remoteWait(ctx context.Context, dst []WC) (int, error) {
-	rc := cq.rc
+func (rc *remoteCQ) wait(ctx context.Context, dst []WC) (int, error) {
 	start := time.Now()
 	spin := time.Duration(rc.spin.Load())
 	if spin == 0 {
@@ -1076,7 +1178,7 @@ func (cq *CQ) remoteWait(ctx context.Context, dst []WC) (int, error) {
 		rc.spin.Store(int64(spin))
 	}
 	for {
-		if n := cq.Poll(dst); n > 0 {
+		if n := rc.poll(dst); n > 0 {
 			done()
 			return n, nil
 		}
@@ -1096,7 +1198,7 @@ func (cq *CQ) remoteWait(ctx context.Context, dst []WC) (int, error) {
 			continue
 		}
 		rc.ring.Waiting.Add(1)
-		if n := cq.Poll(dst); n > 0 {
+		if n := rc.poll(dst); n > 0 {
 			rc.ring.Waiting.Add(^uint32(0))
 			done()
 			return n, nil
@@ -1136,11 +1238,11 @@ func (rc *remoteCQ) sleep(ctx context.Context) error {
 	return nil
 }
 
-func (cq *CQ) remoteReqNotify(solicitedOnly bool) error {
-	if cq.rc.dead.Load() {
+func (rc *remoteCQ) reqNotify(solicitedOnly bool) error {
+	if rc.dead.Load() {
 		return net.ErrClosed
 	}
-	arm := cq.rc.ring.Arm
+	arm := rc.ring.Arm
 	if solicitedOnly {
 		arm.CompareAndSwap(svc.ArmNone, svc.ArmSolicited)
 	} else {
@@ -1149,8 +1251,8 @@ func (cq *CQ) remoteReqNotify(solicitedOnly bool) error {
 	return nil
 }
 
-func (cq *CQ) remoteWaitEvent(ctx context.Context) error {
-	rc := cq.rc
+func (rc *remoteCQ) waitEvent(ctx context.Context) error {
+	cq := rc.cq
 	for {
 		cq.mu.Lock()
 		if rc.ring.Events.Load() != rc.seen {
@@ -1180,8 +1282,22 @@ func (cq *CQ) remoteWaitEvent(ctx context.Context) error {
 	}
 }
 
-func (cq *CQ) remoteClose() error {
-	rc := cq.rc
+func (rc *remoteCQ) pending() int {
+	rc.cq.mu.Lock()
+	defer rc.cq.mu.Unlock()
+	if rc.dead.Load() {
+		return 0
+	}
+	n, _ := rc.ring.Pending(rc.cons)
+	return int(n)
+}
+
+func (rc *remoteCQ) overflowed() bool {
+	return !rc.dead.Load() && rc.ring.Overflow.Load() != 0
+}
+
+func (rc *remoteCQ) destroy() error {
+	cq := rc.cq
 	if rc.dead.Load() {
 		return nil
 	}
@@ -1242,8 +1358,8 @@ type remoteQP struct {
 }
 
 func (pd *PD) remoteCreateQP(cfg QPConfig) (*QP, error) {
-	cl := pd.dev.rc
-	if cfg.SendCQ.rc == nil || cfg.RecvCQ.rc == nil || cfg.SendCQ.dev != pd.dev || cfg.RecvCQ.dev != pd.dev {
+	cl := pd.dev.client()
+	if cfg.SendCQ.remote() == nil || cfg.RecvCQ.remote() == nil || cfg.SendCQ.dev != pd.dev || cfg.RecvCQ.dev != pd.dev {
 		return nil, fmt.Errorf("%w: CQ of another device", ErrInvalidArgument)
 	}
 	var srq uint64
@@ -1269,7 +1385,7 @@ func (pd *PD) remoteCreateQPOn(cl *client, cfg QPConfig, srq uint64) (*QP, error
 		flags |= 1
 	}
 	r, err := cl.do(context.Background(), svc.TCreateQP, func(b *svc.Builder) {
-		b.Args(pd.rh, cfg.SendCQ.rc.h, cfg.RecvCQ.rc.h, srq, uint64(cfg.MaxSendWR), uint64(cfg.MaxRecvWR),
+		b.Args(pd.handle(), cfg.SendCQ.remote().h, cfg.RecvCQ.remote().h, srq, uint64(cfg.MaxSendWR), uint64(cfg.MaxRecvWR),
 			uint64(cfg.MaxSendSGE), uint64(cfg.MaxRecvSGE), uint64(cfg.MaxInline), flags)
 	})
 	if err != nil {
@@ -1521,8 +1637,8 @@ type remoteSRQ struct {
 }
 
 func (pd *PD) remoteCreateSRQ(maxWR, maxSGE int) (*SRQ, error) {
-	cl := pd.dev.rc
-	r, err := cl.do(context.Background(), svc.TCreateSRQ, func(b *svc.Builder) { b.Args(pd.rh, uint64(maxWR), uint64(maxSGE)) })
+	cl := pd.dev.client()
+	r, err := cl.do(context.Background(), svc.TCreateSRQ, func(b *svc.Builder) { b.Args(pd.handle(), uint64(maxWR), uint64(maxSGE)) })
 	if err != nil {
 		return nil, err
 	}
@@ -1601,11 +1717,12 @@ func connFrom(qp *QP, m svc.Msg) (*Conn, error) {
 	return &Conn{qp: qp, peerData: append([]byte(nil), f[2]...), neg: neg, laddr: la, raddr: ra}, nil
 }
 
-func (d *Device) remoteDial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error) {
+func (cl *client) dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error) {
+	d := cl.dev
 	if qp == nil || qp.r == nil || qp.pd.dev != d {
 		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
 	}
-	r, err := d.rc.do(ctx, svc.TDial, func(b *svc.Builder) {
+	r, err := d.client().do(ctx, svc.TDial, func(b *svc.Builder) {
 		b.Args(uint64(qp.r.num))
 		connArgs(b, p)
 		b.String(raddr.String()).Bytes(p.PrivateData)
@@ -1616,7 +1733,8 @@ func (d *Device) remoteDial(ctx context.Context, qp *QP, raddr netip.AddrPort, p
 	return connFrom(qp, r.m)
 }
 
-func (d *Device) remoteListen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, error) {
+func (cl *client) listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, error) {
+	d := cl.dev
 	addr := "" // any address, any port
 	switch {
 	case laddr.IsValid():
@@ -1624,7 +1742,7 @@ func (d *Device) remoteListen(laddr netip.AddrPort, cfg ListenConfig) (*Listener
 	case laddr.Port() != 0:
 		addr = ":" + strconv.Itoa(int(laddr.Port())) // any address, this port (perftest's 18515)
 	}
-	r, err := d.rc.do(context.Background(), svc.TListen, func(b *svc.Builder) {
+	r, err := d.client().do(context.Background(), svc.TListen, func(b *svc.Builder) {
 		b.Args(uint64(cfg.Backlog), uint64(cfg.MPATimeout)).String(addr)
 	})
 	if err != nil {
@@ -1651,7 +1769,7 @@ func (l *Listener) remoteGetRequest(ctx context.Context) (*ConnRequest, error) {
 		return nil, net.ErrClosed
 	default:
 	}
-	r, err := l.dev.rc.do(ctx, svc.TGetRequest, func(b *svc.Builder) { b.Args(l.rh) })
+	r, err := l.dev.client().do(ctx, svc.TGetRequest, func(b *svc.Builder) { b.Args(l.rh) })
 	if err != nil {
 		return nil, err
 	}
@@ -1670,7 +1788,7 @@ func (l *Listener) remoteGetRequest(ctx context.Context) (*ConnRequest, error) {
 func (l *Listener) remoteClose() error {
 	l.once.Do(func() {
 		close(l.closed)
-		l.dev.rc.do(context.Background(), svc.TCloseListener, func(b *svc.Builder) { b.Args(l.rh) })
+		l.dev.client().do(context.Background(), svc.TCloseListener, func(b *svc.Builder) { b.Args(l.rh) })
 		l.dev.mu.Lock()
 		delete(l.dev.listeners, l)
 		l.dev.mu.Unlock()
@@ -1685,7 +1803,7 @@ func (r *ConnRequest) remoteAccept(ctx context.Context, qp *QP, p ConnParams) (*
 	if err := r.claim(); err != nil {
 		return nil, err
 	}
-	rep, err := r.l.dev.rc.do(ctx, svc.TAccept, func(b *svc.Builder) {
+	rep, err := r.l.dev.client().do(ctx, svc.TAccept, func(b *svc.Builder) {
 		b.Args(r.rh, uint64(qp.r.num))
 		connArgs(b, p)
 		b.Bytes(p.PrivateData)
@@ -1700,7 +1818,7 @@ func (r *ConnRequest) remoteReject(privateData []byte) error {
 	if err := r.claim(); err != nil {
 		return err
 	}
-	_, err := r.l.dev.rc.do(context.Background(), svc.TReject, func(b *svc.Builder) { b.Args(r.rh).Bytes(privateData) })
+	_, err := r.l.dev.client().do(context.Background(), svc.TReject, func(b *svc.Builder) { b.Args(r.rh).Bytes(privateData) })
 	return err
 }
 

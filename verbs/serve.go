@@ -309,7 +309,7 @@ func checkSocketDir(dir string) error {
 // Serve serves d on ln until Close. Events of clients' QPs go to those
 // clients instead of d.Events().
 func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
-	if d.rc != nil {
+	if _, ok := d.ops.(*engineDevice); !ok {
 		return nil, fmt.Errorf("%w: a device of a service cannot be served again", ErrInvalidArgument)
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
@@ -1759,7 +1759,8 @@ func (x *session) createCQ(b *svc.Builder, cqe uint64) ([]int, error) {
 		return nil, err
 	}
 	s := &servedCQ{x: x, mem: mem, ring: ring, ev: ev}
-	s.cq = &CQ{dev: x.dev, shm: s, notify: make(chan struct{}, 1), closed: make(chan struct{}), events: make(chan struct{}, 1)}
+	s.cq = newCQ(x.dev, nil)
+	s.cq.shm, s.cq.ops = s, (*engineCQ)(s.cq)
 	x.mu.Lock()
 	s.h = x.handle64()
 	x.cqs[s.h] = s
