@@ -28,10 +28,15 @@ import (
 // Connect returns a *Device like Open does, and every object made from it
 // (PD, MR, CQ, QP, SRQ, Listener, ConnRequest, Conn) is the same struct
 // type an embedded device makes, so code written against the verbs API
-// runs unchanged on either. Each of those structs has one field that is
-// non-nil only for a device of a service (Device.rc, PD.rh, CQ.rc, QP.r,
-// SRQ.r, MR.rh, Listener.rh, ConnRequest.rh): the methods consult it first
-// and take the service path. Nothing else changes for embedded use.
+// runs unchanged on either. Each of those structs reaches what its kind
+// does through an interface (Device.ops, PD.ops, CQ.ops, QP.ops, SRQ.ops,
+// MR.ops, MW.ops, Listener.ops, ConnRequest.ops) with one implementation
+// per kind: the engine's (engineDevice, enginePD, ...) and the service's,
+// here (client, remotePD, remoteCQ, remoteQP, remoteSRQ, remoteMR,
+// remoteMW, remoteListener, remoteRequest). The data path (QP.PostSend
+// and PostRecv, SRQ.PostRecv, CQ.Poll and Wait) picks its implementation
+// with a type switch and calls it statically, so that the compiler sees
+// the work requests and completions stay on the caller's stack.
 //
 // What crosses to the service, and how (Serve is the other side):
 //
@@ -286,7 +291,7 @@ func (cl *client) fail(err error) {
 		close(ch)
 	}
 	for _, q := range qps {
-		q.r.finish(err)
+		q.remote().finish(err)
 	}
 	// Wake CQ waiters: no service is left to ring their eventfds.
 	for _, rc := range cqs {
@@ -469,7 +474,7 @@ func (cl *client) qpDone(m svc.Msg) {
 	if n, _ := svc.Fields(m.Payload(), f[:]); n == 1 && len(f[0]) > 0 {
 		err = errors.New(string(f[0]))
 	}
-	q.r.finish(err)
+	q.remote().finish(err)
 }
 
 // close ends the session and releases this process's side of it.
@@ -495,10 +500,10 @@ func (cl *client) close() error {
 		cq.ops.(*remoteCQ).release()
 	}
 	for _, q := range qps {
-		q.r.release()
+		q.remote().release()
 	}
 	for _, s := range srqs {
-		s.r.release()
+		s.ops.(*remoteSRQ).release()
 	}
 	cl.bell.Close()
 	svc.Unmap(cl.ctl)
@@ -920,7 +925,7 @@ func (pd *PD) remoteAllocMW(t MWType) (*MW, error) {
 	if err != nil {
 		return nil, err
 	}
-	mw := &MW{pd: pd, w: &iwarp.Window{}, r: &remoteMW{cl: cl, h: r.m.Arg(0), typ: t, buf: RemoteBuf{RKey: STag(r.m.Arg(1))}}}
+	mw := &MW{pd: pd, w: &iwarp.Window{}, ops: &remoteMW{cl: cl, h: r.m.Arg(0), typ: t, buf: RemoteBuf{RKey: STag(r.m.Arg(1))}}}
 	cl.mu.Lock()
 	cl.mwt[mw.w] = mw
 	cl.mu.Unlock()
@@ -930,7 +935,7 @@ func (pd *PD) remoteAllocMW(t MWType) (*MW, error) {
 	return mw, nil
 }
 
-func (r *remoteMW) remote() RemoteBuf {
+func (r *remoteMW) binding() RemoteBuf {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.buf
@@ -946,6 +951,15 @@ func (r *remoteMW) bound(stag STag, b *iwarp.MWBind) {
 	r.mu.Unlock()
 }
 
+// remote returns a service's window's side; nil for an embedded window.
+func (mw *MW) remote() *remoteMW {
+	r, _ := mw.ops.(*remoteMW)
+	return r
+}
+
+func (r *remoteMW) mwType() MWType { return r.typ }
+func (r *remoteMW) rkey() STag     { return r.binding().RKey }
+
 func (r *remoteMW) valid() bool {
 	rep, err := r.cl.do(context.Background(), svc.TQueryMem, func(b *svc.Builder) { b.Args(r.h) })
 	return err == nil && rep.m.Arg(1) != 0
@@ -958,15 +972,16 @@ func (r *remoteMW) dealloc(mw *MW) {
 	r.cl.mu.Unlock()
 }
 
-func (qp *QP) remoteBindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, error) {
-	cl := qp.r.cl
-	if mw.r == nil || mw.r.cl != cl {
+func (rq *remoteQP) bindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, error) {
+	qp := rq.qp
+	cl := qp.remote().cl
+	if mw.remote() == nil || mw.remote().cl != cl {
 		return 0, &PostError{Err: fmt.Errorf("%w: BIND_MW of a window of another device", iwarp.ErrInvalidWR)}
 	}
 	if mw.pd != qp.pd {
 		return 0, &PostError{Err: fmt.Errorf("%w: BIND_MW of a window of another protection domain", iwarp.ErrInvalidWR)}
 	}
-	if mw.r.typ != MWType1 {
+	if mw.remote().typ != MWType1 {
 		return 0, &PostError{Err: fmt.Errorf("%w: a type 2 window is bound by a BIND_MW work request", iwarp.ErrInvalidWR)}
 	}
 	bi := b.iwarp()
@@ -974,19 +989,19 @@ func (qp *QP) remoteBindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag
 		return 0, &PostError{Err: fmt.Errorf("%w: window access %#x (remote read, write, atomic, zero-based only)", iwarp.ErrInvalidWR, uint32(bi.Access))}
 	}
 	select {
-	case <-qp.r.done:
+	case <-qp.remote().done:
 		return 0, &PostError{Err: iwarp.ErrInvalidState}
 	default:
 	}
 	r, err := cl.do(context.Background(), svc.TBindMW, func(bb *svc.Builder) {
-		bb.Args(uint64(qp.r.num), mw.r.h, id, uint64(flags), uint64(bi.MR), bi.Addr, bi.Length, uint64(bi.Access))
+		bb.Args(uint64(qp.remote().num), mw.remote().h, id, uint64(flags), uint64(bi.MR), bi.Addr, bi.Length, uint64(bi.Access))
 	})
 	if err != nil {
 		return 0, &PostError{Err: err}
 	}
 	stag := STag(r.m.Arg(0))
 	if bi.Length > 0 {
-		mw.r.bound(stag, &bi)
+		mw.remote().bound(stag, &bi)
 	}
 	return stag, nil
 }
@@ -1030,16 +1045,16 @@ func (r *remoteQP) checkLocal(qp *QP, wr *SendWR) (uint64, error) {
 			return 0, fmt.Errorf("%w: BIND_MW without a window", iwarp.ErrInvalidWR)
 		case w.pd != qp.pd:
 			return 0, fmt.Errorf("%w: BIND_MW of a window of another protection domain", iwarp.ErrInvalidWR)
-		case w.r.typ != MWType2:
+		case w.remote().typ != MWType2:
 			return 0, fmt.Errorf("%w: a type 1 window is bound by QP.BindMW, not a work request", iwarp.ErrInvalidWR)
-		case wr.RKey>>8 != w.r.remote().RKey>>8:
-			return 0, fmt.Errorf("%w: BIND_MW key %#x is not of the window's STag %#x", iwarp.ErrInvalidWR, wr.RKey, w.r.remote().RKey)
+		case wr.RKey>>8 != w.remote().binding().RKey>>8:
+			return 0, fmt.Errorf("%w: BIND_MW key %#x is not of the window's STag %#x", iwarp.ErrInvalidWR, wr.RKey, w.remote().binding().RKey)
 		case wr.bind.MR == 0:
 			return 0, fmt.Errorf("%w: BIND_MW without an MR", iwarp.ErrInvalidWR)
 		case Access(wr.bind.Access)&^windowAccess != 0:
 			return 0, fmt.Errorf("%w: window access %#x (remote read, write, atomic, zero-based only)", iwarp.ErrInvalidWR, uint32(wr.bind.Access))
 		}
-		return w.r.h, nil
+		return w.remote().h, nil
 	}
 	return 0, nil
 }
@@ -1056,7 +1071,7 @@ func (r *remoteQP) posted(wr *SendWR) {
 		r.cl.mu.Lock()
 		w := r.cl.mwt[wr.mw]
 		r.cl.mu.Unlock()
-		w.r.bound(wr.RKey, &wr.bind)
+		w.remote().bound(wr.RKey, &wr.bind)
 	}
 }
 
@@ -1364,13 +1379,13 @@ func (pd *PD) remoteCreateQP(cfg QPConfig) (*QP, error) {
 	}
 	var srq uint64
 	if cfg.SRQ != nil {
-		if cfg.SRQ.pd != pd || cfg.SRQ.r == nil {
+		if cfg.SRQ.pd != pd || cfg.SRQ.remote() == nil {
 			return nil, fmt.Errorf("%w: SRQ belongs to another PD", ErrInvalidArgument)
 		}
 		if !cfg.SRQ.use() {
 			return nil, fmt.Errorf("%w: the SRQ is closed", ErrInvalidArgument)
 		}
-		srq = cfg.SRQ.r.h
+		srq = cfg.SRQ.remote().h
 	}
 	qp, err := pd.remoteCreateQPOn(cl, cfg, srq)
 	if err != nil && cfg.SRQ != nil {
@@ -1420,8 +1435,8 @@ func (pd *PD) remoteCreateQPOn(cl *client, cfg QPConfig, srq uint64) (*QP, error
 		cl.do(context.Background(), svc.TDestroyQP, func(b *svc.Builder) { b.Args(uint64(num)) })
 		return nil, err
 	}
-	qp := &QP{pd: pd, cfg: cfg, r: rq}
-	qp.ops, rq.qp = rq, qp
+	qp := &QP{pd: pd, cfg: cfg, ops: rq}
+	rq.qp = qp
 	cl.mu.Lock()
 	cl.qps[num] = qp
 	cl.mu.Unlock()
@@ -1509,7 +1524,7 @@ func (r *remoteQP) checkData(wr *SendWR) error {
 }
 
 func (qp *QP) remotePostSend(wrs []SendWR) error {
-	r := qp.r
+	r := qp.remote()
 	select {
 	case <-r.done:
 		return &PostError{Index: 0, Err: iwarp.ErrInvalidState}
@@ -1551,7 +1566,7 @@ func (r *remoteQP) publishSQ() {
 }
 
 func (qp *QP) remotePostRecv(wrs []RecvWR) error {
-	r := qp.r
+	r := qp.remote()
 	if r.rq == nil {
 		return &PostError{Index: 0, Err: fmt.Errorf("%w: QP uses a shared receive queue", iwarp.ErrInvalidWR)}
 	}
@@ -1592,7 +1607,7 @@ func postRing(cl *client, ring *svc.Ring, mu *sync.Mutex, prod *uint32, maxSGE i
 }
 
 func (qp *QP) remoteClose() error {
-	r := qp.r
+	r := qp.remote()
 	_, err := r.cl.do(context.Background(), svc.TDestroyQP, func(b *svc.Builder) { b.Args(uint64(r.num)) })
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return err
@@ -1615,7 +1630,7 @@ func (qp *QP) remoteClose() error {
 }
 
 func (qp *QP) remoteDisconnect(ctx context.Context) error {
-	_, err := qp.r.cl.do(ctx, svc.TDisconnect, func(b *svc.Builder) { b.Args(uint64(qp.r.num)) })
+	_, err := qp.remote().cl.do(ctx, svc.TDisconnect, func(b *svc.Builder) { b.Args(uint64(qp.remote().num)) })
 	return err
 }
 
@@ -1659,7 +1674,7 @@ func (pd *PD) remoteCreateSRQ(maxWR, maxSGE int) (*SRQ, error) {
 		}
 		return nil, err
 	}
-	s := &SRQ{pd: pd, r: rs}
+	s := &SRQ{pd: pd, ops: rs}
 	cl.mu.Lock()
 	cl.srqs[rs.h] = s
 	cl.mu.Unlock()
@@ -1673,10 +1688,23 @@ func (r *remoteSRQ) release() {
 	})
 }
 
-// remoteClose destroys the service's SRQ; the ring stays mapped until
-// the SRQ is unreachable (release).
-func (s *SRQ) remoteClose() error {
-	r := s.r
+// remote returns a service's SRQ's side; nil for an embedded SRQ.
+func (s *SRQ) remote() *remoteSRQ {
+	r, _ := s.ops.(*remoteSRQ)
+	return r
+}
+
+func (r *remoteSRQ) postRecv(wrs []RecvWR) error {
+	return postRing(r.cl, r.ring, &r.mu, &r.prod, r.maxSGE, wrs)
+}
+
+// pending: the receives the service has not yet taken from the ring are
+// not known; none are counted.
+func (r *remoteSRQ) pending() int { return 0 }
+
+// destroy destroys the service's SRQ; the ring stays mapped until the
+// SRQ is unreachable (release).
+func (r *remoteSRQ) destroy() error {
 	_, err := r.cl.do(context.Background(), svc.TDestroySRQ, func(b *svc.Builder) { b.Args(r.h) })
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return err
@@ -1688,8 +1716,8 @@ func (s *SRQ) remoteClose() error {
 	return nil
 }
 
-func (s *SRQ) remoteSetLimit(limit int) error {
-	_, err := s.r.cl.do(context.Background(), svc.TSRQLimit, func(b *svc.Builder) { b.Args(s.r.h, uint64(limit)) })
+func (r *remoteSRQ) setLimit(limit int) error {
+	_, err := r.cl.do(context.Background(), svc.TSRQLimit, func(b *svc.Builder) { b.Args(r.h, uint64(limit)) })
 	return err
 }
 
@@ -1719,11 +1747,11 @@ func connFrom(qp *QP, m svc.Msg) (*Conn, error) {
 
 func (cl *client) dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error) {
 	d := cl.dev
-	if qp == nil || qp.r == nil || qp.pd.dev != d {
+	if qp == nil || qp.remote() == nil || qp.pd.dev != d {
 		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
 	}
 	r, err := d.client().do(ctx, svc.TDial, func(b *svc.Builder) {
-		b.Args(uint64(qp.r.num))
+		b.Args(uint64(qp.remote().num))
 		connArgs(b, p)
 		b.String(raddr.String()).Bytes(p.PrivateData)
 	})
@@ -1756,20 +1784,31 @@ func (cl *client) listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, err
 			return nil, fmt.Errorf("verbs: malformed listen address from the service")
 		}
 	}
-	l := &Listener{dev: d, rh: r.m.Arg(0), laddr: netip.AddrPortFrom(ip, uint16(r.m.Arg(1))), closed: make(chan struct{})}
+	l := &Listener{dev: d, closed: make(chan struct{})}
+	l.ops = &remoteListener{l: l, h: r.m.Arg(0), laddr: netip.AddrPortFrom(ip, uint16(r.m.Arg(1)))}
 	d.mu.Lock()
 	d.listeners[l] = struct{}{}
 	d.mu.Unlock()
 	return l, nil
 }
 
-func (l *Listener) remoteGetRequest(ctx context.Context) (*ConnRequest, error) {
+// remoteListener is a listener of a service: its handle and address.
+type remoteListener struct {
+	l     *Listener
+	h     uint64
+	laddr netip.AddrPort
+}
+
+func (rl *remoteListener) addr() netip.AddrPort { return rl.laddr }
+
+func (rl *remoteListener) getRequest(ctx context.Context) (*ConnRequest, error) {
+	l := rl.l
 	select {
 	case <-l.closed:
 		return nil, net.ErrClosed
 	default:
 	}
-	r, err := l.dev.client().do(ctx, svc.TGetRequest, func(b *svc.Builder) { b.Args(l.rh) })
+	r, err := l.dev.client().do(ctx, svc.TGetRequest, func(b *svc.Builder) { b.Args(rl.h) })
 	if err != nil {
 		return nil, err
 	}
@@ -1782,13 +1821,16 @@ func (l *Listener) remoteGetRequest(ctx context.Context) (*ConnRequest, error) {
 	req := &iwarp.MPARequest{Revision: uint8(m.Arg(1)), CRC: m.Arg(2) != 0, Enhanced: m.Arg(1) == 2,
 		V2:          iwarp.MPAv2Params{IRD: uint16(m.Arg(3)), ORD: uint16(m.Arg(4)), PeerToPeer: m.Arg(5) != 0, RTR: iwarp.RTR(m.Arg(6))},
 		PrivateData: append([]byte(nil), f[1]...), Markers: m.Arg(7) != 0}
-	return &ConnRequest{l: l, req: req, rh: m.Arg(0), raddr: ra}, nil
+	cr := &ConnRequest{l: l, req: req}
+	cr.ops = &remoteRequest{r: cr, h: m.Arg(0), raddr: ra}
+	return cr, nil
 }
 
-func (l *Listener) remoteClose() error {
+func (rl *remoteListener) close() error {
+	l := rl.l
 	l.once.Do(func() {
 		close(l.closed)
-		l.dev.client().do(context.Background(), svc.TCloseListener, func(b *svc.Builder) { b.Args(l.rh) })
+		l.dev.client().do(context.Background(), svc.TCloseListener, func(b *svc.Builder) { b.Args(rl.h) })
 		l.dev.mu.Lock()
 		delete(l.dev.listeners, l)
 		l.dev.mu.Unlock()
@@ -1796,15 +1838,26 @@ func (l *Listener) remoteClose() error {
 	return nil
 }
 
-func (r *ConnRequest) remoteAccept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error) {
-	if qp == nil || qp.r == nil || qp.pd.dev != r.l.dev {
+// remoteRequest is a connection request a service passed on: its handle
+// and the initiator's address.
+type remoteRequest struct {
+	r     *ConnRequest
+	h     uint64
+	raddr netip.AddrPort
+}
+
+func (rr *remoteRequest) remoteAddr() netip.AddrPort { return rr.raddr }
+
+func (rr *remoteRequest) accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error) {
+	r := rr.r
+	if qp == nil || qp.remote() == nil || qp.pd.dev != r.l.dev {
 		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
 	}
 	if err := r.claim(); err != nil {
 		return nil, err
 	}
 	rep, err := r.l.dev.client().do(ctx, svc.TAccept, func(b *svc.Builder) {
-		b.Args(r.rh, uint64(qp.r.num))
+		b.Args(rr.h, uint64(qp.remote().num))
 		connArgs(b, p)
 		b.Bytes(p.PrivateData)
 	})
@@ -1814,17 +1867,24 @@ func (r *ConnRequest) remoteAccept(ctx context.Context, qp *QP, p ConnParams) (*
 	return connFrom(qp, rep.m)
 }
 
-func (r *ConnRequest) remoteReject(privateData []byte) error {
+func (rr *remoteRequest) reject(privateData []byte) error {
+	r := rr.r
 	if err := r.claim(); err != nil {
 		return err
 	}
-	_, err := r.l.dev.client().do(context.Background(), svc.TReject, func(b *svc.Builder) { b.Args(r.rh).Bytes(privateData) })
+	_, err := r.l.dev.client().do(context.Background(), svc.TReject, func(b *svc.Builder) { b.Args(rr.h).Bytes(privateData) })
 	return err
 }
 
 func closeFd(fd int) { unix.Close(fd) }
 
 // remoteQP's qpOps: a QP of a service.
+
+// remote returns a service's QP's side; nil for an embedded QP.
+func (qp *QP) remote() *remoteQP {
+	r, _ := qp.ops.(*remoteQP)
+	return r
+}
 
 func (r *remoteQP) qpNum() uint32    { return r.num }
 func (r *remoteQP) qpState() QPState { return r.state() }
