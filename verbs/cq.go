@@ -89,13 +89,11 @@ func (wc WC) Err() error {
 //
 // mu guards the ring (ring, head, n, over), the arming and the count of
 // QPs. On a device of a service it serialises the client's consumers of
-// the shared ring (remoteCQ.cons and seen), and on the service's side its
-// producers (servedCQ.prod and dead). Completions are pushed by the
+// the shared ring (remoteCQ.cons and seen). Completions are pushed by the
 // engine's transmitter or receiver, with their QP's txMu or rxMu held (the
 // QP's mu is not), and by flush: mu nests inside those. Nothing of the
-// engine is locked under mu; a served CQ's retire takes the session's
-// and the Server's locks under it (dropRing, uncharge). The channels
-// and once are safe on their own; ops and shm never change.
+// engine is locked under mu. The channels and once are safe on their
+// own; ops and sink never change.
 type CQ struct {
 	dev *Device
 	mu  sync.Mutex
@@ -117,10 +115,11 @@ type CQ struct {
 	armed  armState
 	events chan struct{}
 	// ops: what the CQ does, by kind of device (engineCQ, remoteCQ).
-	// shm: the service's side of a CQ it offers a client (serve.go); nil
+	// sink: where the engine puts the completions of a CQ a service
+	// offers a client (its ring; see verbs/service), instead of ring; nil
 	// otherwise.
-	ops cqOps
-	shm *servedCQ
+	ops  cqOps
+	sink iwarp.CQ
 	// qps counts the embedded QPs that complete into the CQ (once as
 	// send CQ, once as receive CQ), under mu: Close refuses while any do.
 	// +checklocks:mu
@@ -173,11 +172,16 @@ type engineCQ CQ
 // Push implements iwarp.CQ.
 func (e *engineCQ) Push(c iwarp.Completion) bool { return (*CQ)(e).push(verbsWC(&c)) }
 
+// engineSink returns what the engine's QPs complete into for cq.
+func (cq *CQ) engineSink() iwarp.CQ {
+	if cq.sink != nil {
+		return cq.sink
+	}
+	return (*engineCQ)(cq)
+}
+
 // push adds a completion; false: the CQ is full (it overflowed).
 func (cq *CQ) push(wc *WC) bool {
-	if cq.shm != nil {
-		return cq.shm.push(cq, engineWC(wc))
-	}
 	cq.mu.Lock()
 	if cq.n == len(cq.ring) {
 		cq.over = true

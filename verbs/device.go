@@ -6,7 +6,6 @@ import (
 	"math"
 	"net"
 	"net/netip"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -545,21 +544,6 @@ func (d *Device) Close() error {
 
 // atomicCapValues are the ibv_atomic_cap values of DeviceAttr.AtomicCap.
 var atomicCapValues = [...]string{AtomicNone, AtomicHCA, AtomicGlob}
-
-// encodeAttr lays a out as QUERY_DEVICE's reply arguments.
-func encodeAttr(a DeviceAttr) []uint64 {
-	v := make([]uint64, svc.QueryArgs)
-	v[svc.QueryMaxQP], v[svc.QueryMaxQPWR], v[svc.QueryMaxSGE] = uint64(a.MaxQP), uint64(a.MaxQPWR), uint64(a.MaxSGE)
-	v[svc.QueryMaxSGERd], v[svc.QueryMaxCQ], v[svc.QueryMaxCQE] = uint64(a.MaxSGERd), uint64(a.MaxCQ), uint64(a.MaxCQE)
-	v[svc.QueryMaxMR], v[svc.QueryMaxMRSize], v[svc.QueryMaxPD] = uint64(a.MaxMR), a.MaxMRSize, uint64(a.MaxPD)
-	v[svc.QueryMaxQPRdAtom], v[svc.QueryMaxQPInitRd] = uint64(a.MaxQPRdAtom), uint64(a.MaxQPInitRd)
-	v[svc.QueryMaxSRQ], v[svc.QueryMaxSRQWR], v[svc.QueryMaxSRQSGE] = uint64(a.MaxSRQ), uint64(a.MaxSRQWR), uint64(a.MaxSRQSGE)
-	v[svc.QueryMaxInline], v[svc.QueryMaxPrivData], v[svc.QueryMaxMsgSize] = uint64(a.MaxInline), uint64(a.MaxPrivData), a.MaxMsgSize
-	v[svc.QueryAtomicCap] = uint64(slices.Index(atomicCapValues[:], a.AtomicCap))
-	v[svc.QueryPageSizeCap], v[svc.QueryMaxMW], v[svc.QueryMaxFRPages] = a.PageSizeCap, uint64(a.MaxMW), uint64(a.MaxFRPages)
-	v[svc.QueryVendorPartID] = uint64(a.VendorPartID)
-	return v
-}
 
 // decodeAttr reads QUERY_DEVICE's reply arguments. Counts are bounded to
 // what an int holds on this machine, and an unknown atomic capability

@@ -224,6 +224,9 @@ func (m *MR) reg() *iwarp.Region {
 	return m.r
 }
 
+// PD returns the MR's protection domain.
+func (m *MR) PD() *PD { return m.pd }
+
 // Bytes returns the registered memory; nil for a fast-register MR mapped
 // over pages that do not follow one another in memory (see MapPages).
 func (m *MR) Bytes() []byte {

@@ -194,7 +194,7 @@ func (e *enginePD) createQP(cfg QPConfig) (*QP, error) {
 	}
 	num := d.nextQPN.Add(1)
 	iw, err := iwarp.NewQP(iwarp.QPConfig{
-		Num: num, PD: pd.id, Mem: d.mem, SendCQ: (*engineCQ)(cfg.SendCQ), RecvCQ: (*engineCQ)(cfg.RecvCQ),
+		Num: num, PD: pd.id, Mem: d.mem, SendCQ: cfg.SendCQ.engineSink(), RecvCQ: cfg.RecvCQ.engineSink(),
 		RQ: qp.rq, SharedRQ: cfg.SRQ != nil, MaxSendWR: cfg.MaxSendWR, MaxSendSGE: cfg.MaxSendSGE,
 		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU, ManualProgress: cfg.ManualProgress, FirstFPDUDelay: d.cfg.FirstFPDUDelay,
 		Stats: &d.stats, OnEvent: func(e iwarp.Event) { d.post(qpEvent(e)) },

@@ -38,7 +38,7 @@ import (
 // with a type switch and calls it statically, so that the compiler sees
 // the work requests and completions stay on the caller's stack.
 //
-// What crosses to the service, and how (Serve is the other side):
+// What crosses to the service, and how (package verbs/service is the other side):
 //
 //   - Slow path: one SOCK_SEQPACKET message per call (svc.Msg), answered
 //     by a reply with the same sequence number; a call whose context ends
