@@ -155,9 +155,11 @@ func (d *Device) Dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnP
 	if err := checkPrivateData(p.PrivateData); err != nil {
 		return nil, err
 	}
-	if d.rc != nil {
-		return d.remoteDial(ctx, qp, raddr, p)
-	}
+	return d.ops.dial(ctx, qp, raddr, p)
+}
+
+func (e *engineDevice) dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error) {
+	d := (*Device)(e)
 	if qp == nil || qp.pd.dev != d {
 		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
 	}
@@ -191,10 +193,24 @@ type Listener struct {
 	once    sync.Once
 	timeout time.Duration
 	wg      sync.WaitGroup
-	// A service's listener (remote.go): its handle and address.
-	rh    uint64
-	laddr netip.AddrPort
+	// ops is what the listener does, by kind of device: engineListener
+	// (tcp, reqs, timeout and wg are its) or remoteListener (remote.go).
+	ops listenerOps
 }
+
+// listenerOps is what a listener does, one implementation per kind of
+// device: an embedded device's, on its netstack (engineListener), or a
+// service's, reached through its socket (remoteListener, remote.go).
+type listenerOps interface {
+	addr() netip.AddrPort
+	getRequest(ctx context.Context) (*ConnRequest, error)
+	close() error
+}
+
+// engineListener is a listener of an embedded device.
+type engineListener Listener
+
+func (e *engineListener) addr() netip.AddrPort { return e.tcp.Addr() }
 
 // ListenConfig configures a Listener.
 type ListenConfig struct {
@@ -212,14 +228,17 @@ func (d *Device) Listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, erro
 	if cfg.MPATimeout <= 0 {
 		cfg.MPATimeout = 5 * time.Second
 	}
-	if d.rc != nil {
-		return d.remoteListen(laddr, cfg)
-	}
+	return d.ops.listen(laddr, cfg)
+}
+
+func (e *engineDevice) listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, error) {
+	d := (*Device)(e)
 	t, err := d.ns.Listen(laddr, cfg.Backlog)
 	if err != nil {
 		return nil, fmt.Errorf("verbs: listen %v: %w", laddr, err)
 	}
 	l := &Listener{dev: d, tcp: t, reqs: make(chan *ConnRequest, cfg.Backlog), closed: make(chan struct{}), timeout: cfg.MPATimeout}
+	l.ops = (*engineListener)(l)
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -234,12 +253,7 @@ func (d *Device) Listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, erro
 }
 
 // Addr returns the listening address.
-func (l *Listener) Addr() netip.AddrPort {
-	if l.rh != 0 {
-		return l.laddr
-	}
-	return l.tcp.Addr()
-}
+func (l *Listener) Addr() netip.AddrPort { return l.ops.addr() }
 
 // acceptLoop accepts TCP connections and reads their MPA Requests (one
 // goroutine per listener, one short-lived goroutine per connection).
@@ -275,6 +289,7 @@ func (l *Listener) acceptLoop() {
 				return
 			}
 			r := &ConnRequest{l: l, stream: s, req: req}
+			r.ops = (*engineRequest)(r)
 			select {
 			case l.reqs <- r:
 			default:
@@ -288,13 +303,14 @@ func (l *Listener) acceptLoop() {
 
 // GetRequest waits for the next connection request (rdma_get_request).
 func (l *Listener) GetRequest(ctx context.Context) (*ConnRequest, error) {
-	if l.rh != 0 {
-		return l.remoteGetRequest(ctx)
-	}
+	return l.ops.getRequest(ctx)
+}
+
+func (e *engineListener) getRequest(ctx context.Context) (*ConnRequest, error) {
 	select {
-	case r := <-l.reqs:
+	case r := <-e.reqs:
 		return r, nil
-	case <-l.closed:
+	case <-e.closed:
 		return nil, net.ErrClosed
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -312,10 +328,10 @@ func (l *Listener) Accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, err
 
 // Close stops listening; pending requests are rejected and waiters get
 // net.ErrClosed. It is idempotent.
-func (l *Listener) Close() error {
-	if l.rh != 0 {
-		return l.remoteClose()
-	}
+func (l *Listener) Close() error { return l.ops.close() }
+
+func (e *engineListener) close() error {
+	l := (*Listener)(e)
 	l.once.Do(func() {
 		close(l.closed)
 		l.tcp.Close()
@@ -344,10 +360,24 @@ type ConnRequest struct {
 	mu     sync.Mutex // a leaf: guards used (claim)
 	// +checklocks:mu
 	used bool
-	// A service's request (remote.go): its handle and the initiator.
-	rh    uint64
-	raddr netip.AddrPort
+	// ops is what the request does, by kind of device: engineRequest
+	// (stream is its) or remoteRequest (remote.go).
+	ops requestOps
 }
+
+// requestOps is what a connection request does, one implementation per
+// kind of device: an embedded device's, on its TCP connection
+// (engineRequest), or a service's (remoteRequest, remote.go).
+type requestOps interface {
+	remoteAddr() netip.AddrPort
+	accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error)
+	reject(privateData []byte) error
+}
+
+// engineRequest is a connection request of an embedded device.
+type engineRequest ConnRequest
+
+func (e *engineRequest) remoteAddr() netip.AddrPort { return e.stream.RemoteAddr() }
 
 // PrivateData returns the initiator's private data.
 func (r *ConnRequest) PrivateData() []byte { return r.req.PrivateData }
@@ -373,12 +403,7 @@ func (r *ConnRequest) PeerToPeer() (bool, RTR) { return r.req.V2.PeerToPeer, RTR
 func (r *ConnRequest) Markers() bool { return r.req.Markers }
 
 // RemoteAddr returns the initiator's address.
-func (r *ConnRequest) RemoteAddr() netip.AddrPort {
-	if r.rh != 0 {
-		return r.raddr
-	}
-	return r.stream.RemoteAddr()
-}
+func (r *ConnRequest) RemoteAddr() netip.AddrPort { return r.ops.remoteAddr() }
 
 var errRequestUsed = errors.New("verbs: connection request already accepted or rejected")
 
@@ -399,9 +424,11 @@ func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, 
 	if err := checkPrivateData(p.PrivateData); err != nil {
 		return nil, err
 	}
-	if r.rh != 0 {
-		return r.remoteAccept(ctx, qp, p)
-	}
+	return r.ops.accept(ctx, qp, p)
+}
+
+func (e *engineRequest) accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error) {
+	r := (*ConnRequest)(e)
 	if qp == nil || qp.pd.dev != r.l.dev {
 		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
 	}
@@ -433,9 +460,11 @@ func (r *ConnRequest) Reject(privateData []byte) error {
 	if err := checkPrivateData(privateData); err != nil {
 		return err
 	}
-	if r.rh != 0 {
-		return r.remoteReject(privateData)
-	}
+	return r.ops.reject(privateData)
+}
+
+func (e *engineRequest) reject(privateData []byte) error {
+	r := (*ConnRequest)(e)
 	if err := r.claim(); err != nil {
 		return err
 	}

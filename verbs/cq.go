@@ -89,13 +89,11 @@ func (wc WC) Err() error {
 //
 // mu guards the ring (ring, head, n, over), the arming and the count of
 // QPs. On a device of a service it serialises the client's consumers of
-// the shared ring (remoteCQ.cons and seen), and on the service's side its
-// producers (servedCQ.prod and dead). Completions are pushed by the
+// the shared ring (remoteCQ.cons and seen). Completions are pushed by the
 // engine's transmitter or receiver, with their QP's txMu or rxMu held (the
 // QP's mu is not), and by flush: mu nests inside those. Nothing of the
-// engine is locked under mu; a served CQ's retire takes the session's
-// and the Server's locks under it (dropRing, uncharge). The channels
-// and once are safe on their own; rc and shm never change.
+// engine is locked under mu. The channels and once are safe on their
+// own; ops and sink never change.
 type CQ struct {
 	dev *Device
 	mu  sync.Mutex
@@ -116,10 +114,12 @@ type CQ struct {
 	// +checklocks:mu
 	armed  armState
 	events chan struct{}
-	// rc: the client's side of a service's CQ ring; shm: the service's
-	// side (remote.go, serve.go). Both nil for an embedded CQ.
-	rc  *remoteCQ
-	shm *servedCQ
+	// ops: what the CQ does, by kind of device (engineCQ, remoteCQ).
+	// sink: where the engine puts the completions of a CQ a service
+	// offers a client (its ring; see verbs/service), instead of ring; nil
+	// otherwise.
+	ops  cqOps
+	sink iwarp.CQ
 	// qps counts the embedded QPs that complete into the CQ (once as
 	// send CQ, once as receive CQ), under mu: Close refuses while any do.
 	// +checklocks:mu
@@ -140,23 +140,48 @@ func (d *Device) CreateCQ(cqe int) (*CQ, error) {
 	if cqe <= 0 || cqe > d.Query().MaxCQE {
 		return nil, fmt.Errorf("%w: CQ of %d entries", ErrInvalidArgument, cqe)
 	}
-	if d.rc != nil {
-		return d.rc.createCQ(cqe)
-	}
-	return &CQ{dev: d, ring: make([]WC, cqe), notify: make(chan struct{}, 1), closed: make(chan struct{}), events: make(chan struct{}, 1)}, nil
+	return d.ops.createCQ(cqe)
 }
 
-// engineCQ is a CQ as the engine's completion sink (iwarp.CQ).
+// newCQ makes a CQ; ring is its entries for an embedded CQ (nil for a
+// service's, whose entries are in the shared ring).
+func newCQ(d *Device, ring []WC) *CQ {
+	return &CQ{dev: d, ring: ring, notify: make(chan struct{}, 1), closed: make(chan struct{}), events: make(chan struct{}, 1)}
+}
+
+// cqOps is what a CQ does, one implementation per kind of device: the
+// embedded CQ's ring (engineCQ), or a service's CQ, reached through its
+// shared ring and socket (remoteCQ, remote.go). Poll and Wait call theirs
+// statically (see CQ.Poll).
+type cqOps interface {
+	poll(dst []WC) int
+	wait(ctx context.Context, dst []WC) (int, error)
+	reqNotify(solicitedOnly bool) error
+	waitEvent(ctx context.Context) error
+	pending() int
+	overflowed() bool
+	// destroy releases what the kind holds for the CQ; CQ.Close then
+	// checks the QPs and wakes the waiters.
+	destroy() error
+}
+
+// engineCQ is an embedded CQ: its own ring, which the engine pushes
+// completions to (iwarp.CQ).
 type engineCQ CQ
 
 // Push implements iwarp.CQ.
 func (e *engineCQ) Push(c iwarp.Completion) bool { return (*CQ)(e).push(verbsWC(&c)) }
 
+// engineSink returns what the engine's QPs complete into for cq.
+func (cq *CQ) engineSink() iwarp.CQ {
+	if cq.sink != nil {
+		return cq.sink
+	}
+	return (*engineCQ)(cq)
+}
+
 // push adds a completion; false: the CQ is full (it overflowed).
 func (cq *CQ) push(wc *WC) bool {
-	if cq.shm != nil {
-		return cq.shm.push(cq, engineWC(wc))
-	}
 	cq.mu.Lock()
 	if cq.n == len(cq.ring) {
 		cq.over = true
@@ -183,15 +208,8 @@ func (cq *CQ) push(wc *WC) bool {
 	return true
 }
 
-// ReqNotify arms the CQ for one completion event (ibv_req_notify_cq): the
-// next completion added, or with solicitedOnly the next one that is
-// solicited (a Send with Solicited Event, or Immediate Data with SE) or
-// unsuccessful. WaitEvent returns when it comes. Completions already in
-// the CQ do not count: poll them after arming, as with libibverbs.
-func (cq *CQ) ReqNotify(solicitedOnly bool) error {
-	if cq.rc != nil {
-		return cq.remoteReqNotify(solicitedOnly)
-	}
+func (e *engineCQ) reqNotify(solicitedOnly bool) error {
+	cq := (*CQ)(e)
 	select {
 	case <-cq.closed:
 		return net.ErrClosed
@@ -209,32 +227,19 @@ func (cq *CQ) ReqNotify(solicitedOnly bool) error {
 	return nil
 }
 
-// WaitEvent blocks until the completion event ReqNotify armed for has
-// happened (ibv_get_cq_event), ctx ends, or the CQ is closed. An event
-// that happened before the call is returned at once.
-func (cq *CQ) WaitEvent(ctx context.Context) error {
-	if cq.rc != nil {
-		return cq.remoteWaitEvent(ctx)
-	}
+func (e *engineCQ) waitEvent(ctx context.Context) error {
 	select {
-	case <-cq.events:
+	case <-e.events:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-cq.closed:
+	case <-e.closed:
 		return net.ErrClosed
 	}
 }
 
-// Poll moves up to len(dst) completions into dst without blocking and
-// returns how many. It allocates nothing.
-func (cq *CQ) Poll(dst []WC) int {
-	if cq.rc != nil {
-		cq.mu.Lock()
-		n := cq.rc.poll(dst)
-		cq.mu.Unlock()
-		return n
-	}
+func (e *engineCQ) poll(dst []WC) int {
+	cq := (*CQ)(e)
 	cq.mu.Lock()
 	k := min(len(dst), cq.n)
 	for i := 0; i < k; i++ {
@@ -257,6 +262,62 @@ func (cq *CQ) Poll(dst []WC) int {
 	return k
 }
 
+func (e *engineCQ) wait(ctx context.Context, dst []WC) (int, error) {
+	for {
+		if n := e.poll(dst); n > 0 {
+			return n, nil
+		}
+		select {
+		case <-e.notify:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-e.closed:
+			if n := e.poll(dst); n > 0 {
+				return n, nil
+			}
+			return 0, net.ErrClosed
+		}
+	}
+}
+
+func (e *engineCQ) pending() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.n
+}
+
+func (e *engineCQ) overflowed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.over
+}
+
+func (e *engineCQ) destroy() error { return nil }
+
+// ReqNotify arms the CQ for one completion event (ibv_req_notify_cq): the
+// next completion added, or with solicitedOnly the next one that is
+// solicited (a Send with Solicited Event, or Immediate Data with SE) or
+// unsuccessful. WaitEvent returns when it comes. Completions already in
+// the CQ do not count: poll them after arming, as with libibverbs.
+func (cq *CQ) ReqNotify(solicitedOnly bool) error { return cq.ops.reqNotify(solicitedOnly) }
+
+// WaitEvent blocks until the completion event ReqNotify armed for has
+// happened (ibv_get_cq_event), ctx ends, or the CQ is closed. An event
+// that happened before the call is returned at once.
+func (cq *CQ) WaitEvent(ctx context.Context) error { return cq.ops.waitEvent(ctx) }
+
+// Poll moves up to len(dst) completions into dst without blocking and
+// returns how many. It allocates nothing.
+func (cq *CQ) Poll(dst []WC) int {
+	// The data path calls its implementation statically: through the
+	// interface the compiler could not tell that dst is not kept, and a
+	// caller's array of completions would move to the heap.
+	if r, ok := cq.ops.(*remoteCQ); ok {
+		return r.poll(dst)
+	}
+	return cq.ops.(*engineCQ).poll(dst)
+}
+
 // Wait blocks until at least one completion is available, moves up to
 // len(dst) into dst and returns how many. It returns ctx's error when ctx
 // ends first and net.ErrClosed once the CQ is closed. A completion pushed
@@ -266,60 +327,24 @@ func (cq *CQ) Wait(ctx context.Context, dst []WC) (int, error) {
 	if len(dst) == 0 {
 		return 0, fmt.Errorf("%w: empty completion slice", ErrInvalidArgument)
 	}
-	if cq.rc != nil {
-		return cq.remoteWait(ctx, dst)
+	if r, ok := cq.ops.(*remoteCQ); ok { // statically, as Poll
+		return r.wait(ctx, dst)
 	}
-	for {
-		if n := cq.Poll(dst); n > 0 {
-			return n, nil
-		}
-		select {
-		case <-cq.notify:
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-cq.closed:
-			if n := cq.Poll(dst); n > 0 {
-				return n, nil
-			}
-			return 0, net.ErrClosed
-		}
-	}
+	return cq.ops.(*engineCQ).wait(ctx, dst)
 }
 
 // Len returns the number of completions waiting.
-func (cq *CQ) Len() int {
-	if cq.rc != nil {
-		cq.mu.Lock()
-		defer cq.mu.Unlock()
-		if cq.rc.dead.Load() {
-			return 0
-		}
-		n, _ := cq.rc.ring.Pending(cq.rc.cons)
-		return int(n)
-	}
-	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	return cq.n
-}
+func (cq *CQ) Len() int { return cq.ops.pending() }
 
 // Overflowed reports whether a completion was ever lost to a full CQ.
-func (cq *CQ) Overflowed() bool {
-	if cq.rc != nil {
-		return !cq.rc.dead.Load() && cq.rc.ring.Overflow.Load() != 0
-	}
-	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	return cq.over
-}
+func (cq *CQ) Overflowed() bool { return cq.ops.overflowed() }
 
 // Close wakes every waiter with net.ErrClosed. It is idempotent. On a
 // device of a service it fails with ErrBusy while a QP uses the CQ
 // (ibv_destroy_cq's EBUSY), and frees the CQ's ring.
 func (cq *CQ) Close() error {
-	if cq.rc != nil {
-		if err := cq.remoteClose(); err != nil {
-			return err
-		}
+	if err := cq.ops.destroy(); err != nil {
+		return err
 	}
 	cq.mu.Lock()
 	n := cq.qps

@@ -1,10 +1,11 @@
 package verbs
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"net"
-	"slices"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,12 +111,9 @@ type Device struct {
 	// +checklocks:mu
 	listeners map[*Listener]struct{}
 
-	// rc is the connection to a service for a device from Connect (see
-	// remote.go); nil for an embedded device.
-	rc *client
-	// rattr: a service device's limits for this client (QUERY_DEVICE);
-	// nil from a service that does not answer it.
-	rattr *DeviceAttr
+	// ops is what the device does, by kind: engineDevice (Open) or the
+	// connection to a service (*client, remote.go; Connect).
+	ops deviceOps
 	// hook, when set (Serve), sees each QP event first and keeps those
 	// of a service's clients from the device's own channel.
 	hook atomic.Pointer[func(AsyncEvent) bool]
@@ -159,9 +157,50 @@ func Open(ns *netstack.Stack, cfg DeviceConfig) (*Device, error) {
 	}
 	d := &Device{cfg: cfg, ns: ns, mem: iwarp.NewMemTable(), events: make(chan AsyncEvent, cfg.EventQueue),
 		qps: map[uint32]*QP{}, listeners: map[*Listener]struct{}{}}
+	d.ops = (*engineDevice)(d)
 	d.nextQPN.Store(16) // QP numbers below 16 are reserved, as on RNICs
 	return d, nil
 }
+
+// deviceOps is what a device does, one implementation per kind: an
+// embedded device, the protocol engine on this process's netstack
+// (engineDevice), or a service's device, reached through its socket
+// (*client, remote.go). The objects a device makes carry the same kind
+// (cqOps, pdOps, qpOps, srqOps, mrOps, mwOps, listenerOps, requestOps).
+type deviceOps interface {
+	query() DeviceAttr
+	counters() Stats
+	allocPD() (*PD, error)
+	createCQ(cqe int) (*CQ, error)
+	dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error)
+	listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, error)
+	allocBuffer(n int) (*Buffer, error)
+	// close ends what the kind holds once the device's QPs and listeners
+	// are closed.
+	close() error
+}
+
+// engineDevice is an embedded device.
+type engineDevice Device
+
+func (e *engineDevice) query() DeviceAttr { return defaultAttr(e.cfg) }
+
+func (e *engineDevice) allocPD() (*PD, error) {
+	d := (*Device)(e)
+	pd := &PD{dev: d, id: d.nextPD.Add(1)}
+	pd.ops = (*enginePD)(pd)
+	return pd, nil
+}
+
+func (e *engineDevice) createCQ(cqe int) (*CQ, error) {
+	cq := newCQ((*Device)(e), make([]WC, cqe))
+	cq.ops = (*engineCQ)(cq)
+	return cq, nil
+}
+
+func (e *engineDevice) allocBuffer(n int) (*Buffer, error) { return &Buffer{b: make([]byte, n)}, nil }
+
+func (e *engineDevice) close() error { return nil }
 
 // Name returns the device name.
 func (d *Device) Name() string { return d.cfg.Name }
@@ -211,12 +250,13 @@ const (
 // Query returns the device's limits. On a device of a service they are the
 // limits this client may use: the device's, lowered to the service's
 // limits for a client.
-func (d *Device) Query() DeviceAttr {
-	if d.rattr != nil {
-		return *d.rattr
-	}
+func (d *Device) Query() DeviceAttr { return d.ops.query() }
+
+// defaultAttr returns the limits of an embedded device of configuration
+// cfg.
+func defaultAttr(cfg DeviceConfig) DeviceAttr {
 	atomicCap := AtomicGlob
-	if d.cfg.NoExtensions {
+	if cfg.NoExtensions {
 		atomicCap = AtomicNone
 	}
 	return DeviceAttr{
@@ -233,10 +273,10 @@ func (d *Device) Query() DeviceAttr {
 // service they are the service's device's: the traffic of all its
 // clients together (and of the service's own use of it), not this
 // client's alone; zero when the service cannot be asked (it is gone).
-func (d *Device) Stats() Stats {
-	if d.rc != nil {
-		return d.rc.stats()
-	}
+func (d *Device) Stats() Stats { return d.ops.counters() }
+
+func (e *engineDevice) counters() Stats {
+	d := (*Device)(e)
 	s := &d.stats
 	out := Stats{
 		TxFPDUs: s.TxFPDUs.Load(), RxFPDUs: s.RxFPDUs.Load(),
@@ -473,10 +513,7 @@ func (d *Device) AllocPD() (*PD, error) {
 		return nil, net.ErrClosed
 	}
 	d.mu.Unlock()
-	if d.rc != nil {
-		return d.rc.allocPD()
-	}
-	return &PD{dev: d, id: d.nextPD.Add(1)}, nil
+	return d.ops.allocPD()
 }
 
 // Close closes every listener and QP of the device.
@@ -502,29 +539,11 @@ func (d *Device) Close() error {
 	for _, q := range qps {
 		q.Close()
 	}
-	if d.rc != nil {
-		return d.rc.close()
-	}
-	return nil
+	return d.ops.close()
 }
 
 // atomicCapValues are the ibv_atomic_cap values of DeviceAttr.AtomicCap.
 var atomicCapValues = [...]string{AtomicNone, AtomicHCA, AtomicGlob}
-
-// encodeAttr lays a out as QUERY_DEVICE's reply arguments.
-func encodeAttr(a DeviceAttr) []uint64 {
-	v := make([]uint64, svc.QueryArgs)
-	v[svc.QueryMaxQP], v[svc.QueryMaxQPWR], v[svc.QueryMaxSGE] = uint64(a.MaxQP), uint64(a.MaxQPWR), uint64(a.MaxSGE)
-	v[svc.QueryMaxSGERd], v[svc.QueryMaxCQ], v[svc.QueryMaxCQE] = uint64(a.MaxSGERd), uint64(a.MaxCQ), uint64(a.MaxCQE)
-	v[svc.QueryMaxMR], v[svc.QueryMaxMRSize], v[svc.QueryMaxPD] = uint64(a.MaxMR), a.MaxMRSize, uint64(a.MaxPD)
-	v[svc.QueryMaxQPRdAtom], v[svc.QueryMaxQPInitRd] = uint64(a.MaxQPRdAtom), uint64(a.MaxQPInitRd)
-	v[svc.QueryMaxSRQ], v[svc.QueryMaxSRQWR], v[svc.QueryMaxSRQSGE] = uint64(a.MaxSRQ), uint64(a.MaxSRQWR), uint64(a.MaxSRQSGE)
-	v[svc.QueryMaxInline], v[svc.QueryMaxPrivData], v[svc.QueryMaxMsgSize] = uint64(a.MaxInline), uint64(a.MaxPrivData), a.MaxMsgSize
-	v[svc.QueryAtomicCap] = uint64(slices.Index(atomicCapValues[:], a.AtomicCap))
-	v[svc.QueryPageSizeCap], v[svc.QueryMaxMW], v[svc.QueryMaxFRPages] = a.PageSizeCap, uint64(a.MaxMW), uint64(a.MaxFRPages)
-	v[svc.QueryVendorPartID] = uint64(a.VendorPartID)
-	return v
-}
 
 // decodeAttr reads QUERY_DEVICE's reply arguments. Counts are bounded to
 // what an int holds on this machine, and an unknown atomic capability

@@ -9,7 +9,8 @@
 // A Device comes from Open (an embedded device on this process's netstack)
 // or from Connect (a device a running service offers over a unix socket,
 // `rdmatap up --socket`, usable without privileges); the API is the same.
-// Serve is the service side. remote.go and serve.go describe the split:
-// the slow path over the socket, memory as the client's own memfd pages,
-// and the queues as rings in shared memory.
+// Package verbs/service is the service side; remote.go and
+// docs/service.md describe the split: the slow path over the socket,
+// memory as the client's own memfd pages, and the queues as rings in
+// shared memory.
 package verbs

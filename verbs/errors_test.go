@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/service"
 	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
@@ -17,7 +18,7 @@ import (
 // a service, whichever layer found it.
 func TestErrorsAlike(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{})
+	path, _ := startService(t, p.a, service.Limits{})
 	// Listeners that refuse requests for markers, as Linux siw does.
 	for _, d := range []*verbs.Device{p.a, p.b} {
 		l, err := d.Listen(netip.AddrPortFrom(netip.Addr{}, 7002), verbs.ListenConfig{})

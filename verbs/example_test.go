@@ -11,6 +11,7 @@ import (
 
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/service"
 )
 
 // Two endpoints in one process, on an in-memory link (no TAP, no root): a
@@ -123,11 +124,11 @@ func ExampleConnect() {
 	defer dev.Close()
 	dir, _ := os.MkdirTemp("", "rdmatap-example")
 	defer os.RemoveAll(dir)
-	ln, err := verbs.ListenSocket(filepath.Join(dir, "rt0.sock"), -1)
+	ln, err := service.ListenSocket(filepath.Join(dir, "rt0.sock"), -1)
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv, err := verbs.Serve(dev, ln, verbs.ServeConfig{})
+	srv, err := service.Serve(dev, ln, service.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

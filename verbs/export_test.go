@@ -5,13 +5,5 @@ package verbs
 // unanswered, so an rdmatap initiator holds its first FPDU.
 func SetSiwReply(d *Device, on bool) { d.siwReply = on }
 
-// SetMaxMappings sets the mappings all of s's clients may hold (a quarter
-// of them for one uid).
-func SetMaxMappings(s *Server, n int) {
-	s.mu.Lock()
-	s.maxMaps = n
-	s.mu.Unlock()
-}
-
 // PushWC adds a completion to cq as the engine does.
 func PushWC(cq *CQ, wc WC) bool { return cq.push(&wc) }

@@ -55,10 +55,10 @@ func IncRKey(k STag) STag { return k&^0xff | (k+1)&0xff }
 // (ib_alloc_mr with IB_MR_TYPE_MEM_REG). It has an STag but no memory, and
 // is invalid: MapPages or MapSG sets the memory, and a REG_MR work request
 // (RegWR) registers it. Its first STag's key is drawn at random.
-func (pd *PD) AllocMR(maxPages int) (*MR, error) {
-	if pd.rh != 0 {
-		return pd.remoteAllocMR(maxPages)
-	}
+func (pd *PD) AllocMR(maxPages int) (*MR, error) { return pd.ops.allocMR(maxPages) }
+
+func (e *enginePD) allocMR(maxPages int) (*MR, error) {
+	pd := (*PD)(e)
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {
@@ -69,7 +69,9 @@ func (pd *PD) AllocMR(maxPages int) (*MR, error) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	pd.mrs++
-	return &MR{pd: pd, fr: fr}, nil
+	m := &MR{pd: pd, fr: fr}
+	m.ops = (*engineMR)(m)
+	return m, nil
 }
 
 // MapPages sets the memory the MR's next REG_MR maps: length bytes from
@@ -90,10 +92,11 @@ func (m *MR) MapPages(pages [][]byte, pageSize, offset, length int) error {
 	if m.fr == nil {
 		return fmt.Errorf("%w: not a fast-register MR", ErrInvalidArgument)
 	}
-	if m.rfr != nil {
-		return m.remoteMapPages(pages, pageSize, offset, length)
-	}
-	if err := m.fr.MapPages(pages, pageSize, offset, length); err != nil {
+	return m.ops.mapPages(pages, pageSize, offset, length)
+}
+
+func (e *engineMR) mapPages(pages [][]byte, pageSize, offset, length int) error {
+	if err := e.fr.MapPages(pages, pageSize, offset, length); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	return nil
@@ -111,10 +114,11 @@ func (m *MR) MapSG(sgl []SGE, pageSize int) error {
 	if m.fr == nil {
 		return fmt.Errorf("%w: not a fast-register MR", ErrInvalidArgument)
 	}
-	if m.rfr != nil {
-		return m.remoteMapSG(sgl, pageSize)
-	}
-	if err := m.fr.MapSG(engineSGL(sgl), pageSize); err != nil {
+	return m.ops.mapSG(sgl, pageSize)
+}
+
+func (e *engineMR) mapSG(sgl []SGE, pageSize int) error {
+	if err := e.fr.MapSG(engineSGL(sgl), pageSize); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	return nil
@@ -130,10 +134,11 @@ func (m *MR) SetIOVA(iova uint64) error {
 	if m.fr == nil {
 		return fmt.Errorf("%w: not a fast-register MR (RegMRIOVA sets a regular MR's)", ErrInvalidArgument)
 	}
-	if m.rfr != nil {
-		return m.remoteSetIOVA(iova)
-	}
-	if err := m.fr.SetIOVA(iova); err != nil {
+	return m.ops.setIOVA(iova)
+}
+
+func (e *engineMR) setIOVA(iova uint64) error {
+	if err := e.fr.SetIOVA(iova); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	return nil
@@ -172,14 +177,38 @@ type MW struct {
 	w  *iwarp.Window // a device of a service: a token for work requests
 
 	once sync.Once
-	r    *remoteMW // a service's window (remote.go); nil when embedded
+	ops  mwOps // engineMW or remoteMW (remote.go): what the window does
+}
+
+// mwOps is what a memory window does, one implementation per kind of
+// device: an embedded device's (engineMW) or a service's (remoteMW,
+// remote.go).
+type mwOps interface {
+	mwType() MWType
+	rkey() STag
+	valid() bool
+	binding() RemoteBuf
+	dealloc(mw *MW)
+}
+
+// engineMW is a memory window of an embedded device.
+type engineMW MW
+
+func (e *engineMW) mwType() MWType { return MWType(e.w.Type()) }
+func (e *engineMW) rkey() STag     { return e.w.STag() }
+func (e *engineMW) valid() bool    { return e.w.Current().Valid() }
+func (e *engineMW) dealloc(*MW)    { e.w.Release() }
+
+func (e *engineMW) binding() RemoteBuf {
+	r := e.w.Current()
+	return RemoteBuf{Addr: r.Base, Len: r.Len(), RKey: r.STag()}
 }
 
 // AllocMW allocates a memory window (ibv_alloc_mw).
-func (pd *PD) AllocMW(t MWType) (*MW, error) {
-	if pd.rh != 0 {
-		return pd.remoteAllocMW(t)
-	}
+func (pd *PD) AllocMW(t MWType) (*MW, error) { return pd.ops.allocMW(t) }
+
+func (e *enginePD) allocMW(t MWType) (*MW, error) {
+	pd := (*PD)(e)
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {
@@ -190,54 +219,31 @@ func (pd *PD) AllocMW(t MWType) (*MW, error) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	pd.mrs++
-	return &MW{pd: pd, w: w}, nil
+	mw := &MW{pd: pd, w: w}
+	mw.ops = (*engineMW)(mw)
+	return mw, nil
 }
 
 // Type returns the window's type.
-func (mw *MW) Type() MWType {
-	if mw.r != nil {
-		return mw.r.typ
-	}
-	return MWType(mw.w.Type())
-}
+func (mw *MW) Type() MWType { return mw.ops.mwType() }
 
 // RKey returns the window's STag (of its current or last binding; on a
 // device of a service, of the binding last posted).
-func (mw *MW) RKey() STag {
-	if mw.r != nil {
-		return mw.r.remote().RKey
-	}
-	return mw.w.STag()
-}
+func (mw *MW) RKey() STag { return mw.ops.rkey() }
 
 // Valid reports whether the window is bound (on a device of a service,
 // the service is asked).
-func (mw *MW) Valid() bool {
-	if mw.r != nil {
-		return mw.r.valid()
-	}
-	return mw.w.Current().Valid()
-}
+func (mw *MW) Valid() bool { return mw.ops.valid() }
 
 // Remote returns the descriptor a peer needs to access the bound window:
 // its first byte's address (0 when zero-based), its length and its STag.
-func (mw *MW) Remote() RemoteBuf {
-	if mw.r != nil {
-		return mw.r.remote()
-	}
-	r := mw.w.Current()
-	return RemoteBuf{Addr: r.Base, Len: r.Len(), RKey: r.STag()}
-}
+func (mw *MW) Remote() RemoteBuf { return mw.ops.binding() }
 
 // Dealloc unbinds the window and frees its STag (ibv_dealloc_mw). It is
 // idempotent.
 func (mw *MW) Dealloc() error {
 	mw.once.Do(func() {
-		if mw.r != nil {
-			mw.r.dealloc(mw)
-		} else {
-			mw.w.Release()
-		}
+		mw.ops.dealloc(mw)
 		mw.pd.mu.Lock()
 		mw.pd.mrs--
 		mw.pd.mu.Unlock()
@@ -284,13 +290,14 @@ func (qp *QP) BindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, erro
 	if mw == nil || b.MR == nil && b.Length > 0 {
 		return 0, fmt.Errorf("%w: BindMW needs a window and an MR", ErrInvalidArgument)
 	}
-	if qp.r != nil {
-		return qp.remoteBindMW(mw, id, flags, b)
-	}
-	if mw.r != nil {
+	return qp.ops.bindMW(mw, id, flags, b)
+}
+
+func (e engineQP) bindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, error) {
+	if _, ok := mw.ops.(*engineMW); !ok {
 		return 0, &PostError{Err: fmt.Errorf("%w: BIND_MW of a window of another device", iwarp.ErrInvalidWR)}
 	}
-	stag, err := qp.iw.BindMW1(id, iwarp.SendFlags(flags), mw.w, b.iwarp())
+	stag, err := e.qp.iw.BindMW1(id, iwarp.SendFlags(flags), mw.w, b.iwarp())
 	if err != nil {
 		return 0, &PostError{Err: err}
 	}

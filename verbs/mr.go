@@ -41,7 +41,7 @@ type STag = uint32
 // a registration in the STag table (regMRAt, AllocMR, AllocMW: PD.mu →
 // MemTable.mu) and, on a device of a service, across Close's DEALLOC_PD
 // call (PD.mu → client.mu). An MR's Dereg and an SRQ's Close take it
-// inside their own lock (MR.mu → PD.mu, SRQ.mu → PD.mu). dev, id and rh
+// inside their own lock (MR.mu → PD.mu, SRQ.mu → PD.mu). dev, id and ops
 // never change.
 type PD struct {
 	dev *Device
@@ -56,8 +56,30 @@ type PD struct {
 	qps int
 	// +checklocks:mu
 	srqs int
-	rh   uint64 // the service's handle (remote.go); 0 when embedded
+	ops  pdOps // enginePD or remotePD (remote.go): what the PD does
 }
+
+// pdOps is what a PD does, one implementation per kind of device: an
+// embedded device's (enginePD) or a service's (remotePD, remote.go).
+type pdOps interface {
+	regMR(buf []byte, iova uint64, acc Access) (*MR, error)
+	allocMR(maxPages int) (*MR, error)
+	allocMW(t MWType) (*MW, error)
+	createQP(cfg QPConfig) (*QP, error)
+	createSRQ(maxWR, maxSGE int) (*SRQ, error)
+	// destroy releases what the kind holds for the PD; PD.Close has
+	// checked that nothing uses it.
+	destroy() error
+}
+
+// enginePD is a PD of an embedded device.
+type enginePD PD
+
+func (e *enginePD) regMR(buf []byte, iova uint64, acc Access) (*MR, error) {
+	return (*PD)(e).regMRAt(buf, iova, acc)
+}
+
+func (e *enginePD) destroy() error { return nil }
 
 // Device returns the PD's device.
 func (pd *PD) Device() *Device { return pd.dev }
@@ -96,10 +118,7 @@ func (pd *PD) regMR(buf []byte, iova uint64, acc Access) (*MR, error) {
 		// ibv_reg_mr: remote atomic requires local write too.
 		return nil, fmt.Errorf("%w: remote atomic requires local write", ErrInvalidArgument)
 	}
-	if pd.rh != 0 {
-		return pd.remoteRegMRCounted(buf, iova, acc)
-	}
-	return pd.regMRAt(buf, iova, acc)
+	return pd.ops.regMR(buf, iova, acc)
 }
 
 // regMRAt registers buf with base as the address of its first byte (a
@@ -118,7 +137,9 @@ func (pd *PD) regMRAt(buf []byte, base uint64, acc Access) (*MR, error) {
 		return nil, err
 	}
 	pd.mrs++
-	return &MR{pd: pd, r: r}, nil
+	m := &MR{pd: pd, r: r}
+	m.ops = (*engineMR)(m)
+	return m, nil
 }
 
 // MR is a memory region: registered memory (RegMR), or a fast-register
@@ -142,44 +163,69 @@ type MR struct {
 	// +checklocks:mu
 	freed bool
 
-	// A service's MR (remote.go): its handle and STag; r describes the
-	// client's own mapping. A fast-register MR of a service has rfr too
-	// (and fr is a token that stands for it in work requests).
-	rh    uint64
-	rstag STag
-	rfr   *remoteFR
+	// ops is what the MR does, by kind of device: engineMR, or remoteMR
+	// (remote.go), for which r describes the client's own mapping of a
+	// regular MR and fr is a token that stands for a fast-register MR in
+	// work requests.
+	ops mrOps
+}
+
+// mrOps is what an MR does, one implementation per kind of device: an
+// embedded device's registration in the engine's STag table (engineMR) or
+// a service's MR (remoteMR, remote.go).
+type mrOps interface {
+	// view returns the registered bytes (nil when paged), the first
+	// byte's address, the length and the STag.
+	view() ([]byte, uint64, uint64, STag)
+	valid() bool
+	// dereg deregisters the MR; false: windows are bound to it. MR.mu
+	// is held.
+	dereg() (bool, error)
+	mapPages(pages [][]byte, pageSize, offset, length int) error
+	mapSG(sgl []SGE, pageSize int) error
+	setIOVA(iova uint64) error
+}
+
+// engineMR is an MR of an embedded device.
+type engineMR MR
+
+func (e *engineMR) view() ([]byte, uint64, uint64, STag) {
+	r := (*MR)(e).reg()
+	return r.Buf, r.Base, r.Len(), r.STag()
+}
+
+func (e *engineMR) valid() bool { return (*MR)(e).reg().Valid() }
+
+func (e *engineMR) dereg() (bool, error) {
+	if e.fr != nil {
+		return e.fr.Release(), nil
+	}
+	return e.pd.dev.mem.DeregisterUnbound(e.r), nil
 }
 
 // stag returns the STag the MR's accessors report.
 func (m *MR) stag() STag {
-	if m.rfr != nil {
-		_, _, _, stag := m.rfr.view()
-		return stag
-	}
-	if m.rh != 0 {
-		return m.rstag
-	}
-	return m.reg().STag()
+	_, _, _, stag := m.ops.view()
+	return stag
 }
 
 // view returns the registered bytes (nil when paged), the first byte's
 // address and the length.
 func (m *MR) view() ([]byte, uint64, uint64) {
-	if m.rfr != nil {
-		buf, base, n, _ := m.rfr.view()
-		return buf, base, n
-	}
-	r := m.reg()
-	return r.Buf, r.Base, r.Len()
+	buf, base, n, _ := m.ops.view()
+	return buf, base, n
 }
 
-// reg returns the region the MR's STag names now.
+// reg returns the region the MR's STag names now (embedded).
 func (m *MR) reg() *iwarp.Region {
 	if m.fr != nil {
 		return m.fr.Current()
 	}
 	return m.r
 }
+
+// PD returns the MR's protection domain.
+func (m *MR) PD() *PD { return m.pd }
 
 // Bytes returns the registered memory; nil for a fast-register MR mapped
 // over pages that do not follow one another in memory (see MapPages).
@@ -212,20 +258,7 @@ func (m *MR) RKey() STag { return m.stag() }
 // On a device of a service it reports whether Dereg has run (an
 // invalidation by the peer is not seen), except for a fast-register MR,
 // whose state it asks the service for.
-func (m *MR) Valid() bool {
-	if m.rfr != nil {
-		m.mu.Lock()
-		f := m.freed
-		m.mu.Unlock()
-		return !f && m.remoteValid()
-	}
-	if m.rh != 0 {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return !m.freed
-	}
-	return m.reg().Valid()
-}
+func (m *MR) Valid() bool { return m.ops.valid() }
 
 // SGE returns the scatter-gather element for bytes [off, off+n) of the MR.
 // It panics if the range is outside the MR, like slicing does.
@@ -252,17 +285,9 @@ func (m *MR) Dereg() error {
 	if m.freed {
 		return nil
 	}
-	var ok bool
-	if m.rh != 0 {
-		if err := m.remoteDereg(); err != nil {
-			return err
-		}
-		ok = true
-		m.pd.dev.rc.forget(m)
-	} else if m.fr != nil {
-		ok = m.fr.Release()
-	} else {
-		ok = m.pd.dev.mem.DeregisterUnbound(m.r)
+	ok, err := m.ops.dereg()
+	if err != nil {
+		return err
 	}
 	if !ok {
 		return fmt.Errorf("%w: memory windows are bound to the MR", ErrBusy)
@@ -326,8 +351,8 @@ func (pd *PD) Close() error {
 	if pd.mrs > 0 || pd.qps > 0 || pd.srqs > 0 {
 		return fmt.Errorf("%w: PD still has %d MRs, %d QPs and %d SRQs", ErrBusy, pd.mrs, pd.qps, pd.srqs)
 	}
-	if pd.rh != 0 && !pd.closed {
-		if err := pd.remoteClose(); err != nil {
+	if !pd.closed {
+		if err := pd.ops.destroy(); err != nil {
 			return err
 		}
 	}
@@ -366,10 +391,11 @@ func (d *Device) AllocBuffer(n int) (*Buffer, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("%w: a buffer of %d bytes", ErrInvalidArgument, n)
 	}
-	if d.rc == nil {
-		return &Buffer{b: make([]byte, n)}, nil
-	}
-	m, err := zerocopy.AllocShared("rdmatap-"+d.Name(), n)
+	return d.ops.allocBuffer(n)
+}
+
+func (cl *client) allocBuffer(n int) (*Buffer, error) {
+	m, err := zerocopy.AllocShared("rdmatap-"+cl.dev.Name(), n)
 	if err != nil {
 		return nil, err
 	}

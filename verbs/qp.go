@@ -142,11 +142,10 @@ type QP struct {
 	pd  *PD
 	cfg QPConfig
 	ops qpOps // engineQP or remoteQP: what the QP does
-	// The kind's own state: the engine's QP and its receive queue
-	// (embedded), or the service's QP (remote.go).
+	// An embedded QP's own state: the engine's QP and its receive queue
+	// (a service's QP keeps its own in remoteQP).
 	iw *iwarp.QP
 	rq *iwarp.RecvQueue
-	r  *remoteQP
 }
 
 // CreateQP makes an RC QP. It is connected through Dial or
@@ -170,10 +169,12 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	if cfg.MaxInline == 0 {
 		cfg.MaxInline = 64
 	}
+	return pd.ops.createQP(cfg)
+}
+
+func (e *enginePD) createQP(cfg QPConfig) (*QP, error) {
+	pd := (*PD)(e)
 	d := pd.dev
-	if d.rc != nil {
-		return pd.remoteCreateQP(cfg)
-	}
 	qp := &QP{pd: pd, cfg: cfg}
 	qp.ops = engineQP{qp}
 	if cfg.SRQ != nil {
@@ -193,7 +194,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	}
 	num := d.nextQPN.Add(1)
 	iw, err := iwarp.NewQP(iwarp.QPConfig{
-		Num: num, PD: pd.id, Mem: d.mem, SendCQ: (*engineCQ)(cfg.SendCQ), RecvCQ: (*engineCQ)(cfg.RecvCQ),
+		Num: num, PD: pd.id, Mem: d.mem, SendCQ: cfg.SendCQ.engineSink(), RecvCQ: cfg.RecvCQ.engineSink(),
 		RQ: qp.rq, SharedRQ: cfg.SRQ != nil, MaxSendWR: cfg.MaxSendWR, MaxSendSGE: cfg.MaxSendSGE,
 		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU, ManualProgress: cfg.ManualProgress, FirstFPDUDelay: d.cfg.FirstFPDUDelay,
 		Stats: &d.stats, OnEvent: func(e iwarp.Event) { d.post(qpEvent(e)) },
@@ -333,6 +334,7 @@ type qpOps interface {
 	postRecv(wrs []RecvWR) error
 	disconnect(ctx context.Context) error
 	destroy() error
+	bindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, error)
 }
 
 // engineQP is an embedded device's QP: the engine's.
@@ -397,13 +399,13 @@ func (qp *QP) close(how func() error) error {
 // mu guards the count of QPs and makes Close's check of it and its store
 // of closed one step against use. closed is written under mu and read
 // without it (PostRecv, Len, SetLimit: an atomic). Close holds mu across
-// the service's DESTROY_SRQ call (remoteClose, which takes the client's
-// lock) and then takes the PD's: order SRQ.mu → client.mu, SRQ.mu →
+// the service's DESTROY_SRQ call (remoteSRQ.destroy, which takes the
+// client's lock) and then takes the PD's: order SRQ.mu → client.mu, SRQ.mu →
 // PD.mu. The receive queue locks for itself.
 type SRQ struct {
-	pd *PD
-	rq *iwarp.RecvQueue
-	r  *remoteSRQ // a service's SRQ (remote.go); nil when embedded
+	pd  *PD
+	ops srqOps           // engineSRQ or remoteSRQ (remote.go): what the SRQ does
+	rq  *iwarp.RecvQueue // an embedded SRQ's queue
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -442,10 +444,8 @@ func (s *SRQ) Close() error {
 	if s.qps > 0 {
 		return fmt.Errorf("%w: %d QPs use the SRQ", ErrBusy, s.qps)
 	}
-	if s.r != nil {
-		if err := s.remoteClose(); err != nil {
-			return err
-		}
+	if err := s.ops.destroy(); err != nil {
+		return err
 	}
 	s.closed.Store(true)
 	s.pd.mu.Lock()
@@ -462,18 +462,9 @@ func (pd *PD) CreateSRQ(maxWR, maxSGE int) (*SRQ, error) {
 	if closed {
 		return nil, net.ErrClosed
 	}
-	var s *SRQ
-	if pd.dev.rc != nil {
-		var err error
-		if s, err = pd.remoteCreateSRQ(maxWR, maxSGE); err != nil {
-			return nil, err
-		}
-	} else {
-		rq, err := iwarp.NewRecvQueue(maxWR, maxSGE)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
-		}
-		s = &SRQ{pd: pd, rq: rq}
+	s, err := pd.ops.createSRQ(maxWR, maxSGE)
+	if err != nil {
+		return nil, err
 	}
 	pd.mu.Lock()
 	pd.srqs++
@@ -481,30 +472,74 @@ func (pd *PD) CreateSRQ(maxWR, maxSGE int) (*SRQ, error) {
 	return s, nil
 }
 
-// PostRecv posts receives to the SRQ.
-func (s *SRQ) PostRecv(wrs ...RecvWR) error {
-	if s.closed.Load() {
-		return &PostError{Index: 0, Err: net.ErrClosed}
+func (e *enginePD) createSRQ(maxWR, maxSGE int) (*SRQ, error) {
+	rq, err := iwarp.NewRecvQueue(maxWR, maxSGE)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	if s.r != nil {
-		return postRing(s.r.cl, s.r.ring, &s.r.mu, &s.r.prod, s.r.maxSGE, wrs)
-	}
+	s := &SRQ{pd: (*PD)(e), rq: rq}
+	s.ops = (*engineSRQ)(s)
+	return s, nil
+}
+
+// srqOps is what an SRQ does, one implementation per kind of device: the
+// engine's receive queue (engineSRQ) or a service's SRQ, reached through
+// its ring and socket (remoteSRQ, remote.go). PostRecv calls its
+// implementation statically (see QP.PostSend).
+type srqOps interface {
+	postRecv(wrs []RecvWR) error
+	pending() int
+	setLimit(limit int) error
+	// destroy releases what the kind holds; SRQ.Close has checked that
+	// no QP uses it.
+	destroy() error
+}
+
+// engineSRQ is an SRQ of an embedded device.
+type engineSRQ SRQ
+
+func (e *engineSRQ) postRecv(wrs []RecvWR) error {
 	for i := range wrs {
-		if err := s.rq.Post(wrs[i].ID, engineSGL(wrs[i].SGL)); err != nil {
+		if err := e.rq.Post(wrs[i].ID, engineSGL(wrs[i].SGL)); err != nil {
 			return &PostError{Index: i, Err: err}
 		}
 	}
 	return nil
 }
 
+func (e *engineSRQ) pending() int { return e.rq.Len() }
+
+func (e *engineSRQ) setLimit(limit int) error {
+	if limit < 0 || limit > e.rq.Cap() {
+		return fmt.Errorf("%w: SRQ limit %d", ErrInvalidArgument, limit)
+	}
+	s := (*SRQ)(e)
+	d := s.pd.dev
+	s.rq.SetLimit(limit, func() { d.post(AsyncEvent{Type: EventSRQLimitReached, SRQ: s}) })
+	return nil
+}
+
+func (e *engineSRQ) destroy() error { return nil }
+
+// PostRecv posts receives to the SRQ.
+func (s *SRQ) PostRecv(wrs ...RecvWR) error {
+	if s.closed.Load() {
+		return &PostError{Index: 0, Err: net.ErrClosed}
+	}
+	if r, ok := s.ops.(*remoteSRQ); ok { // statically, as QP.PostSend
+		return r.postRecv(wrs)
+	}
+	return s.ops.(*engineSRQ).postRecv(wrs)
+}
+
 // Len returns the number of posted receives.
 // On a device of a service: those the service has not yet taken from the
 // ring are not counted.
 func (s *SRQ) Len() int {
-	if s.r != nil || s.closed.Load() {
+	if s.closed.Load() {
 		return 0
 	}
-	return s.rq.Len()
+	return s.ops.pending()
 }
 
 // SetLimit arms the SRQ limit: when fewer than limit receives remain, the
@@ -513,13 +548,5 @@ func (s *SRQ) SetLimit(limit int) error {
 	if s.closed.Load() {
 		return net.ErrClosed
 	}
-	if s.r != nil {
-		return s.remoteSetLimit(limit)
-	}
-	if limit < 0 || limit > s.rq.Cap() {
-		return fmt.Errorf("%w: SRQ limit %d", ErrInvalidArgument, limit)
-	}
-	d := s.pd.dev
-	s.rq.SetLimit(limit, func() { d.post(AsyncEvent{Type: EventSRQLimitReached, SRQ: s}) })
-	return nil
+	return s.ops.setLimit(limit)
 }

@@ -28,12 +28,17 @@ import (
 // Connect returns a *Device like Open does, and every object made from it
 // (PD, MR, CQ, QP, SRQ, Listener, ConnRequest, Conn) is the same struct
 // type an embedded device makes, so code written against the verbs API
-// runs unchanged on either. Each of those structs has one field that is
-// non-nil only for a device of a service (Device.rc, PD.rh, CQ.rc, QP.r,
-// SRQ.r, MR.rh, Listener.rh, ConnRequest.rh): the methods consult it first
-// and take the service path. Nothing else changes for embedded use.
+// runs unchanged on either. Each of those structs reaches what its kind
+// does through an interface (Device.ops, PD.ops, CQ.ops, QP.ops, SRQ.ops,
+// MR.ops, MW.ops, Listener.ops, ConnRequest.ops) with one implementation
+// per kind: the engine's (engineDevice, enginePD, ...) and the service's,
+// here (client, remotePD, remoteCQ, remoteQP, remoteSRQ, remoteMR,
+// remoteMW, remoteListener, remoteRequest). The data path (QP.PostSend
+// and PostRecv, SRQ.PostRecv, CQ.Poll and Wait) picks its implementation
+// with a type switch and calls it statically, so that the compiler sees
+// the work requests and completions stay on the caller's stack.
 //
-// What crosses to the service, and how (Serve is the other side):
+// What crosses to the service, and how (package verbs/service is the other side):
 //
 //   - Slow path: one SOCK_SEQPACKET message per call (svc.Msg), answered
 //     by a reply with the same sequence number; a call whose context ends
@@ -121,8 +126,11 @@ type client struct {
 	mwt map[*iwarp.Window]*MW
 	// +checklocks:mu
 	mrKeys map[STag]*MR
-	done   chan struct{}
-	wg     sync.WaitGroup
+	// attr: the service device's limits for this client (QUERY_DEVICE),
+	// set by Connect; nil from a service that does not answer it.
+	attr *DeviceAttr
+	done chan struct{}
+	wg   sync.WaitGroup
 }
 
 type reply struct {
@@ -194,7 +202,7 @@ func Connect(ctx context.Context, path string) (*Device, error) {
 	var f [1][]byte
 	svc.Fields(m.Payload(), f[:])
 	cfg := DeviceConfig{Name: string(f[0]), NoExtensions: m.Arg(1)&1 != 0, EventQueue: 256}
-	dev := &Device{cfg: cfg, rc: cl, events: make(chan AsyncEvent, cfg.EventQueue), qps: map[uint32]*QP{},
+	dev := &Device{cfg: cfg, ops: cl, events: make(chan AsyncEvent, cfg.EventQueue), qps: map[uint32]*QP{},
 		listeners: map[*Listener]struct{}{}}
 	cl.dev = dev
 	cl.wg.Add(1)
@@ -206,7 +214,7 @@ func Connect(ctx context.Context, path string) (*Device, error) {
 			return nil, fmt.Errorf("verbs: connect to service %s: %w", path, err)
 		}
 		a := decodeAttr(r.m)
-		dev.rattr = &a
+		cl.attr = &a
 	}
 	return dev, nil
 }
@@ -275,7 +283,7 @@ func (cl *client) fail(err error) {
 	}
 	cqs := make([]*remoteCQ, 0, len(cl.cqs))
 	for cq := range cl.cqs {
-		cqs = append(cqs, cq.rc)
+		cqs = append(cqs, cq.ops.(*remoteCQ))
 	}
 	cl.mu.Unlock()
 	close(cl.done)
@@ -283,7 +291,7 @@ func (cl *client) fail(err error) {
 		close(ch)
 	}
 	for _, q := range qps {
-		q.r.finish(err)
+		q.remote().finish(err)
 	}
 	// Wake CQ waiters: no service is left to ring their eventfds.
 	for _, rc := range cqs {
@@ -466,7 +474,7 @@ func (cl *client) qpDone(m svc.Msg) {
 	if n, _ := svc.Fields(m.Payload(), f[:]); n == 1 && len(f[0]) > 0 {
 		err = errors.New(string(f[0]))
 	}
-	q.r.finish(err)
+	q.remote().finish(err)
 }
 
 // close ends the session and releases this process's side of it.
@@ -489,21 +497,29 @@ func (cl *client) close() error {
 	}
 	cl.mu.Unlock()
 	for _, cq := range cqs {
-		cq.rc.release()
+		cq.ops.(*remoteCQ).release()
 	}
 	for _, q := range qps {
-		q.r.release()
+		q.remote().release()
 	}
 	for _, s := range srqs {
-		s.r.release()
+		s.ops.(*remoteSRQ).release()
 	}
 	cl.bell.Close()
 	svc.Unmap(cl.ctl)
 	return nil
 }
 
-// stats asks the service for its device's counters.
-func (cl *client) stats() Stats {
+// query returns the limits this client may use.
+func (cl *client) query() DeviceAttr {
+	if cl.attr != nil {
+		return *cl.attr
+	}
+	return defaultAttr(cl.dev.cfg)
+}
+
+// counters asks the service for its device's counters.
+func (cl *client) counters() Stats {
 	var st Stats
 	r, err := cl.do(context.Background(), svc.TStats, nil)
 	if err != nil {
@@ -523,6 +539,13 @@ func (cl *client) ring() {
 	}
 }
 
+// client returns a service's device's connection; nil for an embedded
+// device.
+func (d *Device) client() *client {
+	cl, _ := d.ops.(*client)
+	return cl
+}
+
 // --- PD and MR ---
 
 func (cl *client) allocPD() (*PD, error) {
@@ -530,11 +553,33 @@ func (cl *client) allocPD() (*PD, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &PD{dev: cl.dev, id: uint32(r.m.Arg(0)), rh: r.m.Arg(0)}, nil
+	pd := &PD{dev: cl.dev, id: uint32(r.m.Arg(0))}
+	pd.ops = &remotePD{pd: pd, h: r.m.Arg(0)}
+	return pd, nil
 }
 
+// remotePD is a PD of a service: its handle.
+type remotePD struct {
+	pd *PD
+	h  uint64
+}
+
+// handle returns the service's handle of a PD of a service.
+func (pd *PD) handle() uint64 { return pd.ops.(*remotePD).h }
+
+func (r *remotePD) regMR(buf []byte, iova uint64, acc Access) (*MR, error) {
+	return r.pd.remoteRegMRCounted(buf, iova, acc)
+}
+func (r *remotePD) allocMR(maxPages int) (*MR, error)  { return r.pd.remoteAllocMR(maxPages) }
+func (r *remotePD) allocMW(t MWType) (*MW, error)      { return r.pd.remoteAllocMW(t) }
+func (r *remotePD) createQP(cfg QPConfig) (*QP, error) { return r.pd.remoteCreateQP(cfg) }
+func (r *remotePD) createSRQ(maxWR, maxSGE int) (*SRQ, error) {
+	return r.pd.remoteCreateSRQ(maxWR, maxSGE)
+}
+func (r *remotePD) destroy() error { return r.pd.remoteClose() }
+
 func (pd *PD) remoteClose() error {
-	_, err := pd.dev.rc.do(context.Background(), svc.TDeallocPD, func(b *svc.Builder) { b.Args(pd.rh) })
+	_, err := pd.dev.client().do(context.Background(), svc.TDeallocPD, func(b *svc.Builder) { b.Args(pd.handle()) })
 	return err
 }
 
@@ -544,9 +589,9 @@ func (pd *PD) remoteRegMR(buf []byte, iova uint64, acc Access) (*MR, error) {
 		return nil, ErrNotShared
 	}
 	va := iwarp.BufferAddr(buf)
-	cl := pd.dev.rc
+	cl := pd.dev.client()
 	r, err := cl.do(context.Background(), svc.TRegMR, func(b *svc.Builder) {
-		b.Args(pd.rh, va, uint64(len(buf)), uint64(acc), uint64(off), iova)
+		b.Args(pd.handle(), va, uint64(len(buf)), uint64(acc), uint64(off), iova)
 	}, fd)
 	if err != nil {
 		return nil, err
@@ -555,25 +600,73 @@ func (pd *PD) remoteRegMR(buf []byte, iova uint64, acc Access) (*MR, error) {
 	if acc&AccessZeroBased == 0 {
 		reg.Base = iova
 	}
-	m := &MR{pd: pd, r: reg, rh: r.m.Arg(0), rstag: STag(r.m.Arg(1))}
+	m := &MR{pd: pd, r: reg}
+	m.ops = &remoteMR{m: m, h: r.m.Arg(0), stag: STag(r.m.Arg(1))}
 	cl.mu.Lock()
-	cl.mrKeys[m.rstag] = m
+	cl.mrKeys[m.remote().stag] = m
 	cl.mu.Unlock()
 	return m, nil
 }
 
-func (m *MR) remoteDereg() error {
-	_, err := m.pd.dev.rc.do(context.Background(), svc.TDeregMR, func(b *svc.Builder) { b.Args(m.rh) })
-	return err
+// remoteMR is an MR of a service: its handle and STag, and for a
+// fast-register MR, what the client knows of its mapping and
+// registration (fr).
+type remoteMR struct {
+	m    *MR
+	h    uint64
+	stag STag
+	fr   *remoteFR
 }
+
+// remote returns an MR of a service's side; nil for an embedded MR.
+func (m *MR) remote() *remoteMR {
+	r, _ := m.ops.(*remoteMR)
+	return r
+}
+
+func (r *remoteMR) view() ([]byte, uint64, uint64, STag) {
+	if r.fr != nil {
+		return r.fr.view()
+	}
+	g := r.m.r
+	return g.Buf, g.Base, g.Len(), r.stag
+}
+
+// valid: a regular MR of a service is valid until Dereg (an invalidation
+// by the peer is not seen); a fast-register MR's state is the service's.
+func (r *remoteMR) valid() bool {
+	r.m.mu.Lock()
+	freed := r.m.freed
+	r.m.mu.Unlock()
+	if freed || r.fr == nil {
+		return !freed
+	}
+	return r.m.remoteValid()
+}
+
+func (r *remoteMR) dereg() (bool, error) {
+	cl := r.m.pd.dev.client()
+	if _, err := cl.do(context.Background(), svc.TDeregMR, func(b *svc.Builder) { b.Args(r.h) }); err != nil {
+		return false, err
+	}
+	cl.forget(r.m)
+	return true, nil
+}
+
+func (r *remoteMR) mapPages(pages [][]byte, pageSize, offset, length int) error {
+	return r.m.remoteMapPages(pages, pageSize, offset, length)
+}
+func (r *remoteMR) mapSG(sgl []SGE, pageSize int) error { return r.m.remoteMapSG(sgl, pageSize) }
+func (r *remoteMR) setIOVA(iova uint64) error           { return r.m.remoteSetIOVA(iova) }
 
 // forget drops a freed MR from the client's tables.
 func (cl *client) forget(m *MR) {
+	r := m.remote()
 	cl.mu.Lock()
-	if m.rfr != nil {
+	if r.fr != nil {
 		delete(cl.frs, m.fr)
-	} else if cl.mrKeys[m.rstag] == m {
-		delete(cl.mrKeys, m.rstag)
+	} else if cl.mrKeys[r.stag] == m {
+		delete(cl.mrKeys, r.stag)
 	}
 	cl.mu.Unlock()
 }
@@ -631,20 +724,20 @@ func (pd *PD) remoteAlloc(t svc.Type, arg uint64) (reply, error) {
 	if closed {
 		return reply{}, net.ErrClosed
 	}
-	return pd.dev.rc.do(context.Background(), t, func(b *svc.Builder) { b.Args(pd.rh, arg) })
+	return pd.dev.client().do(context.Background(), t, func(b *svc.Builder) { b.Args(pd.handle(), arg) })
 }
 
 func (pd *PD) remoteAllocMR(maxPages int) (*MR, error) {
 	if maxPages <= 0 || maxPages > iwarp.MaxFastRegPages {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: fast-register MR of %d pages", iwarp.ErrInvalidWR, maxPages))
 	}
-	cl := pd.dev.rc
+	cl := pd.dev.client()
 	r, err := pd.remoteAlloc(svc.TAllocMR, uint64(maxPages))
 	if err != nil {
 		return nil, err
 	}
-	m := &MR{pd: pd, fr: &iwarp.FastRegMR{}, rh: r.m.Arg(0), rstag: STag(r.m.Arg(1)),
-		rfr: &remoteFR{maxPages: maxPages, stag: STag(r.m.Arg(1))}}
+	m := &MR{pd: pd, fr: &iwarp.FastRegMR{}}
+	m.ops = &remoteMR{m: m, h: r.m.Arg(0), stag: STag(r.m.Arg(1)), fr: &remoteFR{maxPages: maxPages, stag: STag(r.m.Arg(1))}}
 	cl.mu.Lock()
 	cl.frs[m.fr] = m
 	cl.mu.Unlock()
@@ -670,7 +763,7 @@ func checkPageSize(pageSize int) error {
 // mapEntries sends a MAP_MR's entries, as many messages as they need,
 // and returns the IOVA and length of the mapping.
 func (m *MR) mapEntries(mode uint64, pageSize, offset, length int, ents []byte) (uint64, uint64, error) {
-	cl := m.pd.dev.rc
+	cl := m.pd.dev.client()
 	flags := uint64(svc.MapFirst)
 	for {
 		k := min(len(ents), svc.MapEntries*svc.MapEntrySize)
@@ -680,7 +773,7 @@ func (m *MR) mapEntries(mode uint64, pageSize, offset, length int, ents []byte) 
 			flags |= svc.MapLast
 		}
 		r, err := cl.do(context.Background(), svc.TMapMR, func(b *svc.Builder) {
-			b.Args(m.rh, mode|flags, uint64(pageSize), uint64(offset), uint64(length)).Bytes(chunk)
+			b.Args(m.remote().h, mode|flags, uint64(pageSize), uint64(offset), uint64(length)).Bytes(chunk)
 		})
 		if err != nil {
 			return 0, 0, err
@@ -693,7 +786,7 @@ func (m *MR) mapEntries(mode uint64, pageSize, offset, length int, ents []byte) 
 }
 
 func (m *MR) remoteMapPages(pages [][]byte, pageSize, offset, length int) error {
-	f := m.rfr
+	f := m.remote().fr
 	if err := checkPageSize(pageSize); err != nil {
 		return err
 	}
@@ -763,7 +856,7 @@ func (m *MR) remoteMapSG(sgl []SGE, pageSize int) error {
 		return err
 	}
 	// The bytes, when the SGEs make one run of this process's memory.
-	cl := m.pd.dev.rc
+	cl := m.pd.dev.client()
 	var buf []byte
 	one := true
 	for i, s := range sgl {
@@ -789,24 +882,25 @@ func (m *MR) remoteMapSG(sgl []SGE, pageSize int) error {
 	if !one {
 		buf = nil
 	}
-	m.rfr.setMapping(iova, n, buf)
+	m.remote().fr.setMapping(iova, n, buf)
 	return nil
 }
 
 func (m *MR) remoteSetIOVA(iova uint64) error {
-	_, err := m.pd.dev.rc.do(context.Background(), svc.TSetIOVA, func(b *svc.Builder) { b.Args(m.rh, iova) })
+	_, err := m.pd.dev.client().do(context.Background(), svc.TSetIOVA, func(b *svc.Builder) { b.Args(m.remote().h, iova) })
 	if err != nil {
 		return err
 	}
-	m.rfr.mu.Lock()
-	m.rfr.iova = iova
-	m.rfr.mu.Unlock()
+	fr := m.remote().fr
+	fr.mu.Lock()
+	fr.iova = iova
+	fr.mu.Unlock()
 	return nil
 }
 
 // remoteValid asks the service whether a fast-register MR is valid.
 func (m *MR) remoteValid() bool {
-	r, err := m.pd.dev.rc.do(context.Background(), svc.TQueryMem, func(b *svc.Builder) { b.Args(m.rh) })
+	r, err := m.pd.dev.client().do(context.Background(), svc.TQueryMem, func(b *svc.Builder) { b.Args(m.remote().h) })
 	return err == nil && r.m.Arg(1) != 0
 }
 
@@ -827,12 +921,12 @@ func (pd *PD) remoteAllocMW(t MWType) (*MW, error) {
 	if t != MWType1 && t != MWType2 {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: window type %d", iwarp.ErrInvalidWR, t))
 	}
-	cl := pd.dev.rc
+	cl := pd.dev.client()
 	r, err := pd.remoteAlloc(svc.TAllocMW, uint64(t))
 	if err != nil {
 		return nil, err
 	}
-	mw := &MW{pd: pd, w: &iwarp.Window{}, r: &remoteMW{cl: cl, h: r.m.Arg(0), typ: t, buf: RemoteBuf{RKey: STag(r.m.Arg(1))}}}
+	mw := &MW{pd: pd, w: &iwarp.Window{}, ops: &remoteMW{cl: cl, h: r.m.Arg(0), typ: t, buf: RemoteBuf{RKey: STag(r.m.Arg(1))}}}
 	cl.mu.Lock()
 	cl.mwt[mw.w] = mw
 	cl.mu.Unlock()
@@ -842,7 +936,7 @@ func (pd *PD) remoteAllocMW(t MWType) (*MW, error) {
 	return mw, nil
 }
 
-func (r *remoteMW) remote() RemoteBuf {
+func (r *remoteMW) binding() RemoteBuf {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.buf
@@ -858,6 +952,15 @@ func (r *remoteMW) bound(stag STag, b *iwarp.MWBind) {
 	r.mu.Unlock()
 }
 
+// remote returns a service's window's side; nil for an embedded window.
+func (mw *MW) remote() *remoteMW {
+	r, _ := mw.ops.(*remoteMW)
+	return r
+}
+
+func (r *remoteMW) mwType() MWType { return r.typ }
+func (r *remoteMW) rkey() STag     { return r.binding().RKey }
+
 func (r *remoteMW) valid() bool {
 	rep, err := r.cl.do(context.Background(), svc.TQueryMem, func(b *svc.Builder) { b.Args(r.h) })
 	return err == nil && rep.m.Arg(1) != 0
@@ -870,15 +973,16 @@ func (r *remoteMW) dealloc(mw *MW) {
 	r.cl.mu.Unlock()
 }
 
-func (qp *QP) remoteBindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, error) {
-	cl := qp.r.cl
-	if mw.r == nil || mw.r.cl != cl {
+func (rq *remoteQP) bindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, error) {
+	qp := rq.qp
+	cl := qp.remote().cl
+	if mw.remote() == nil || mw.remote().cl != cl {
 		return 0, &PostError{Err: fmt.Errorf("%w: BIND_MW of a window of another device", iwarp.ErrInvalidWR)}
 	}
 	if mw.pd != qp.pd {
 		return 0, &PostError{Err: fmt.Errorf("%w: BIND_MW of a window of another protection domain", iwarp.ErrInvalidWR)}
 	}
-	if mw.r.typ != MWType1 {
+	if mw.remote().typ != MWType1 {
 		return 0, &PostError{Err: fmt.Errorf("%w: a type 2 window is bound by a BIND_MW work request", iwarp.ErrInvalidWR)}
 	}
 	bi := b.iwarp()
@@ -886,19 +990,19 @@ func (qp *QP) remoteBindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag
 		return 0, &PostError{Err: fmt.Errorf("%w: window access %#x (remote read, write, atomic, zero-based only)", iwarp.ErrInvalidWR, uint32(bi.Access))}
 	}
 	select {
-	case <-qp.r.done:
+	case <-qp.remote().done:
 		return 0, &PostError{Err: iwarp.ErrInvalidState}
 	default:
 	}
 	r, err := cl.do(context.Background(), svc.TBindMW, func(bb *svc.Builder) {
-		bb.Args(uint64(qp.r.num), mw.r.h, id, uint64(flags), uint64(bi.MR), bi.Addr, bi.Length, uint64(bi.Access))
+		bb.Args(uint64(qp.remote().num), mw.remote().h, id, uint64(flags), uint64(bi.MR), bi.Addr, bi.Length, uint64(bi.Access))
 	})
 	if err != nil {
 		return 0, &PostError{Err: err}
 	}
 	stag := STag(r.m.Arg(0))
 	if bi.Length > 0 {
-		mw.r.bound(stag, &bi)
+		mw.remote().bound(stag, &bi)
 	}
 	return stag, nil
 }
@@ -922,7 +1026,7 @@ func (r *remoteQP) checkLocal(qp *QP, wr *SendWR) (uint64, error) {
 			return 0, fmt.Errorf("%w: REG_MR without an MR", iwarp.ErrInvalidWR)
 		case m.pd != qp.pd:
 			return 0, fmt.Errorf("%w: REG_MR of an MR of another protection domain", iwarp.ErrInvalidWR)
-		case wr.RKey>>8 != m.rstag>>8:
+		case wr.RKey>>8 != m.remote().stag>>8:
 			return 0, fmt.Errorf("%w: REG_MR key %#x is not of the MR's STag %#x", iwarp.ErrInvalidWR, wr.RKey, m.stag())
 		}
 		all := AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic | AccessMWBind | AccessZeroBased
@@ -932,7 +1036,7 @@ func (r *remoteQP) checkLocal(qp *QP, wr *SendWR) (uint64, error) {
 		case wr.Access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && wr.Access&AccessLocalWrite == 0:
 			return 0, fmt.Errorf("%w: remote write and atomic access require local write", iwarp.ErrInvalidWR)
 		}
-		return m.rh, nil
+		return m.remote().h, nil
 	case OpBindMW:
 		r.cl.mu.Lock()
 		w := r.cl.mwt[wr.mw]
@@ -942,16 +1046,16 @@ func (r *remoteQP) checkLocal(qp *QP, wr *SendWR) (uint64, error) {
 			return 0, fmt.Errorf("%w: BIND_MW without a window", iwarp.ErrInvalidWR)
 		case w.pd != qp.pd:
 			return 0, fmt.Errorf("%w: BIND_MW of a window of another protection domain", iwarp.ErrInvalidWR)
-		case w.r.typ != MWType2:
+		case w.remote().typ != MWType2:
 			return 0, fmt.Errorf("%w: a type 1 window is bound by QP.BindMW, not a work request", iwarp.ErrInvalidWR)
-		case wr.RKey>>8 != w.r.remote().RKey>>8:
-			return 0, fmt.Errorf("%w: BIND_MW key %#x is not of the window's STag %#x", iwarp.ErrInvalidWR, wr.RKey, w.r.remote().RKey)
+		case wr.RKey>>8 != w.remote().binding().RKey>>8:
+			return 0, fmt.Errorf("%w: BIND_MW key %#x is not of the window's STag %#x", iwarp.ErrInvalidWR, wr.RKey, w.remote().binding().RKey)
 		case wr.bind.MR == 0:
 			return 0, fmt.Errorf("%w: BIND_MW without an MR", iwarp.ErrInvalidWR)
 		case Access(wr.bind.Access)&^windowAccess != 0:
 			return 0, fmt.Errorf("%w: window access %#x (remote read, write, atomic, zero-based only)", iwarp.ErrInvalidWR, uint32(wr.bind.Access))
 		}
-		return w.r.h, nil
+		return w.remote().h, nil
 	}
 	return 0, nil
 }
@@ -963,12 +1067,12 @@ func (r *remoteQP) posted(wr *SendWR) {
 		r.cl.mu.Lock()
 		m := r.cl.frs[wr.mr]
 		r.cl.mu.Unlock()
-		m.rfr.registered(wr.RKey, wr.Access)
+		m.remote().fr.registered(wr.RKey, wr.Access)
 	case OpBindMW:
 		r.cl.mu.Lock()
 		w := r.cl.mwt[wr.mw]
 		r.cl.mu.Unlock()
-		w.r.bound(wr.RKey, &wr.bind)
+		w.remote().bound(wr.RKey, &wr.bind)
 	}
 }
 
@@ -979,6 +1083,7 @@ func (r *remoteQP) posted(wr *SendWR) {
 // shared indexes are atomics; dead is stored once, by release (under the
 // CQ's mu from Close, or by the client's close).
 type remoteCQ struct {
+	cq   *CQ
 	cl   *client
 	h    uint64
 	mem  []byte
@@ -1024,15 +1129,29 @@ func (cl *client) createCQ(cqe int) (*CQ, error) {
 		cl.do(context.Background(), svc.TDestroyCQ, func(b *svc.Builder) { b.Args(rc.h) })
 		return nil, err
 	}
-	cq := &CQ{dev: cl.dev, rc: rc, notify: make(chan struct{}, 1), closed: make(chan struct{}), events: make(chan struct{}, 1)}
+	cq := newCQ(cl.dev, nil)
+	rc.cq, cq.ops = cq, rc
 	cl.mu.Lock()
 	cl.cqs[cq] = struct{}{}
 	cl.mu.Unlock()
 	return cq, nil
 }
 
-// poll moves completions from the ring; cq.mu is held.
+// remote returns a service's CQ's side; nil for an embedded CQ.
+func (cq *CQ) remote() *remoteCQ {
+	r, _ := cq.ops.(*remoteCQ)
+	return r
+}
+
 func (rc *remoteCQ) poll(dst []WC) int {
+	rc.cq.mu.Lock()
+	n := rc.take(dst)
+	rc.cq.mu.Unlock()
+	return n
+}
+
+// take moves completions from the ring; cq.mu is held.
+func (rc *remoteCQ) take(dst []WC) int {
 	if rc.dead.Load() {
 		return 0
 	}
@@ -1060,8 +1179,7 @@ const spinWait = 20 * time.Microsecond
 // within it, halved (down to a sixteenth) after each wait that took longer
 // — spinning through the gaps between the completions of large transfers
 // only takes the CPU from the goroutines that move the data.
-func (cq *CQ) remoteWait(ctx context.Context, dst []WC) (int, error) {
-	rc := cq.rc
+func (rc *remoteCQ) wait(ctx context.Context, dst []WC) (int, error) {
 	start := time.Now()
 	spin := time.Duration(rc.spin.Load())
 	if spin == 0 {
@@ -1076,7 +1194,7 @@ func (cq *CQ) remoteWait(ctx context.Context, dst []WC) (int, error) {
 		rc.spin.Store(int64(spin))
 	}
 	for {
-		if n := cq.Poll(dst); n > 0 {
+		if n := rc.poll(dst); n > 0 {
 			done()
 			return n, nil
 		}
@@ -1096,7 +1214,7 @@ func (cq *CQ) remoteWait(ctx context.Context, dst []WC) (int, error) {
 			continue
 		}
 		rc.ring.Waiting.Add(1)
-		if n := cq.Poll(dst); n > 0 {
+		if n := rc.poll(dst); n > 0 {
 			rc.ring.Waiting.Add(^uint32(0))
 			done()
 			return n, nil
@@ -1136,11 +1254,11 @@ func (rc *remoteCQ) sleep(ctx context.Context) error {
 	return nil
 }
 
-func (cq *CQ) remoteReqNotify(solicitedOnly bool) error {
-	if cq.rc.dead.Load() {
+func (rc *remoteCQ) reqNotify(solicitedOnly bool) error {
+	if rc.dead.Load() {
 		return net.ErrClosed
 	}
-	arm := cq.rc.ring.Arm
+	arm := rc.ring.Arm
 	if solicitedOnly {
 		arm.CompareAndSwap(svc.ArmNone, svc.ArmSolicited)
 	} else {
@@ -1149,8 +1267,8 @@ func (cq *CQ) remoteReqNotify(solicitedOnly bool) error {
 	return nil
 }
 
-func (cq *CQ) remoteWaitEvent(ctx context.Context) error {
-	rc := cq.rc
+func (rc *remoteCQ) waitEvent(ctx context.Context) error {
+	cq := rc.cq
 	for {
 		cq.mu.Lock()
 		if rc.ring.Events.Load() != rc.seen {
@@ -1180,8 +1298,22 @@ func (cq *CQ) remoteWaitEvent(ctx context.Context) error {
 	}
 }
 
-func (cq *CQ) remoteClose() error {
-	rc := cq.rc
+func (rc *remoteCQ) pending() int {
+	rc.cq.mu.Lock()
+	defer rc.cq.mu.Unlock()
+	if rc.dead.Load() {
+		return 0
+	}
+	n, _ := rc.ring.Pending(rc.cons)
+	return int(n)
+}
+
+func (rc *remoteCQ) overflowed() bool {
+	return !rc.dead.Load() && rc.ring.Overflow.Load() != 0
+}
+
+func (rc *remoteCQ) destroy() error {
+	cq := rc.cq
 	if rc.dead.Load() {
 		return nil
 	}
@@ -1242,19 +1374,19 @@ type remoteQP struct {
 }
 
 func (pd *PD) remoteCreateQP(cfg QPConfig) (*QP, error) {
-	cl := pd.dev.rc
-	if cfg.SendCQ.rc == nil || cfg.RecvCQ.rc == nil || cfg.SendCQ.dev != pd.dev || cfg.RecvCQ.dev != pd.dev {
+	cl := pd.dev.client()
+	if cfg.SendCQ.remote() == nil || cfg.RecvCQ.remote() == nil || cfg.SendCQ.dev != pd.dev || cfg.RecvCQ.dev != pd.dev {
 		return nil, fmt.Errorf("%w: CQ of another device", ErrInvalidArgument)
 	}
 	var srq uint64
 	if cfg.SRQ != nil {
-		if cfg.SRQ.pd != pd || cfg.SRQ.r == nil {
+		if cfg.SRQ.pd != pd || cfg.SRQ.remote() == nil {
 			return nil, fmt.Errorf("%w: SRQ belongs to another PD", ErrInvalidArgument)
 		}
 		if !cfg.SRQ.use() {
 			return nil, fmt.Errorf("%w: the SRQ is closed", ErrInvalidArgument)
 		}
-		srq = cfg.SRQ.r.h
+		srq = cfg.SRQ.remote().h
 	}
 	qp, err := pd.remoteCreateQPOn(cl, cfg, srq)
 	if err != nil && cfg.SRQ != nil {
@@ -1269,7 +1401,7 @@ func (pd *PD) remoteCreateQPOn(cl *client, cfg QPConfig, srq uint64) (*QP, error
 		flags |= 1
 	}
 	r, err := cl.do(context.Background(), svc.TCreateQP, func(b *svc.Builder) {
-		b.Args(pd.rh, cfg.SendCQ.rc.h, cfg.RecvCQ.rc.h, srq, uint64(cfg.MaxSendWR), uint64(cfg.MaxRecvWR),
+		b.Args(pd.handle(), cfg.SendCQ.remote().h, cfg.RecvCQ.remote().h, srq, uint64(cfg.MaxSendWR), uint64(cfg.MaxRecvWR),
 			uint64(cfg.MaxSendSGE), uint64(cfg.MaxRecvSGE), uint64(cfg.MaxInline), flags)
 	})
 	if err != nil {
@@ -1304,8 +1436,8 @@ func (pd *PD) remoteCreateQPOn(cl *client, cfg QPConfig, srq uint64) (*QP, error
 		cl.do(context.Background(), svc.TDestroyQP, func(b *svc.Builder) { b.Args(uint64(num)) })
 		return nil, err
 	}
-	qp := &QP{pd: pd, cfg: cfg, r: rq}
-	qp.ops, rq.qp = rq, qp
+	qp := &QP{pd: pd, cfg: cfg, ops: rq}
+	rq.qp = qp
 	cl.mu.Lock()
 	cl.qps[num] = qp
 	cl.mu.Unlock()
@@ -1393,7 +1525,7 @@ func (r *remoteQP) checkData(wr *SendWR) error {
 }
 
 func (qp *QP) remotePostSend(wrs []SendWR) error {
-	r := qp.r
+	r := qp.remote()
 	select {
 	case <-r.done:
 		return &PostError{Index: 0, Err: iwarp.ErrInvalidState}
@@ -1435,7 +1567,7 @@ func (r *remoteQP) publishSQ() {
 }
 
 func (qp *QP) remotePostRecv(wrs []RecvWR) error {
-	r := qp.r
+	r := qp.remote()
 	if r.rq == nil {
 		return &PostError{Index: 0, Err: fmt.Errorf("%w: QP uses a shared receive queue", iwarp.ErrInvalidWR)}
 	}
@@ -1476,7 +1608,7 @@ func postRing(cl *client, ring *svc.Ring, mu *sync.Mutex, prod *uint32, maxSGE i
 }
 
 func (qp *QP) remoteClose() error {
-	r := qp.r
+	r := qp.remote()
 	_, err := r.cl.do(context.Background(), svc.TDestroyQP, func(b *svc.Builder) { b.Args(uint64(r.num)) })
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return err
@@ -1499,7 +1631,7 @@ func (qp *QP) remoteClose() error {
 }
 
 func (qp *QP) remoteDisconnect(ctx context.Context) error {
-	_, err := qp.r.cl.do(ctx, svc.TDisconnect, func(b *svc.Builder) { b.Args(uint64(qp.r.num)) })
+	_, err := qp.remote().cl.do(ctx, svc.TDisconnect, func(b *svc.Builder) { b.Args(uint64(qp.remote().num)) })
 	return err
 }
 
@@ -1521,8 +1653,8 @@ type remoteSRQ struct {
 }
 
 func (pd *PD) remoteCreateSRQ(maxWR, maxSGE int) (*SRQ, error) {
-	cl := pd.dev.rc
-	r, err := cl.do(context.Background(), svc.TCreateSRQ, func(b *svc.Builder) { b.Args(pd.rh, uint64(maxWR), uint64(maxSGE)) })
+	cl := pd.dev.client()
+	r, err := cl.do(context.Background(), svc.TCreateSRQ, func(b *svc.Builder) { b.Args(pd.handle(), uint64(maxWR), uint64(maxSGE)) })
 	if err != nil {
 		return nil, err
 	}
@@ -1543,7 +1675,7 @@ func (pd *PD) remoteCreateSRQ(maxWR, maxSGE int) (*SRQ, error) {
 		}
 		return nil, err
 	}
-	s := &SRQ{pd: pd, r: rs}
+	s := &SRQ{pd: pd, ops: rs}
 	cl.mu.Lock()
 	cl.srqs[rs.h] = s
 	cl.mu.Unlock()
@@ -1557,10 +1689,23 @@ func (r *remoteSRQ) release() {
 	})
 }
 
-// remoteClose destroys the service's SRQ; the ring stays mapped until
-// the SRQ is unreachable (release).
-func (s *SRQ) remoteClose() error {
-	r := s.r
+// remote returns a service's SRQ's side; nil for an embedded SRQ.
+func (s *SRQ) remote() *remoteSRQ {
+	r, _ := s.ops.(*remoteSRQ)
+	return r
+}
+
+func (r *remoteSRQ) postRecv(wrs []RecvWR) error {
+	return postRing(r.cl, r.ring, &r.mu, &r.prod, r.maxSGE, wrs)
+}
+
+// pending: the receives the service has not yet taken from the ring are
+// not known; none are counted.
+func (r *remoteSRQ) pending() int { return 0 }
+
+// destroy destroys the service's SRQ; the ring stays mapped until the
+// SRQ is unreachable (release).
+func (r *remoteSRQ) destroy() error {
 	_, err := r.cl.do(context.Background(), svc.TDestroySRQ, func(b *svc.Builder) { b.Args(r.h) })
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return err
@@ -1572,8 +1717,8 @@ func (s *SRQ) remoteClose() error {
 	return nil
 }
 
-func (s *SRQ) remoteSetLimit(limit int) error {
-	_, err := s.r.cl.do(context.Background(), svc.TSRQLimit, func(b *svc.Builder) { b.Args(s.r.h, uint64(limit)) })
+func (r *remoteSRQ) setLimit(limit int) error {
+	_, err := r.cl.do(context.Background(), svc.TSRQLimit, func(b *svc.Builder) { b.Args(r.h, uint64(limit)) })
 	return err
 }
 
@@ -1601,12 +1746,13 @@ func connFrom(qp *QP, m svc.Msg) (*Conn, error) {
 	return &Conn{qp: qp, peerData: append([]byte(nil), f[2]...), neg: neg, laddr: la, raddr: ra}, nil
 }
 
-func (d *Device) remoteDial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error) {
-	if qp == nil || qp.r == nil || qp.pd.dev != d {
+func (cl *client) dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error) {
+	d := cl.dev
+	if qp == nil || qp.remote() == nil || qp.pd.dev != d {
 		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
 	}
-	r, err := d.rc.do(ctx, svc.TDial, func(b *svc.Builder) {
-		b.Args(uint64(qp.r.num))
+	r, err := d.client().do(ctx, svc.TDial, func(b *svc.Builder) {
+		b.Args(uint64(qp.remote().num))
 		connArgs(b, p)
 		b.String(raddr.String()).Bytes(p.PrivateData)
 	})
@@ -1616,7 +1762,8 @@ func (d *Device) remoteDial(ctx context.Context, qp *QP, raddr netip.AddrPort, p
 	return connFrom(qp, r.m)
 }
 
-func (d *Device) remoteListen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, error) {
+func (cl *client) listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, error) {
+	d := cl.dev
 	addr := "" // any address, any port
 	switch {
 	case laddr.IsValid():
@@ -1624,7 +1771,7 @@ func (d *Device) remoteListen(laddr netip.AddrPort, cfg ListenConfig) (*Listener
 	case laddr.Port() != 0:
 		addr = ":" + strconv.Itoa(int(laddr.Port())) // any address, this port (perftest's 18515)
 	}
-	r, err := d.rc.do(context.Background(), svc.TListen, func(b *svc.Builder) {
+	r, err := d.client().do(context.Background(), svc.TListen, func(b *svc.Builder) {
 		b.Args(uint64(cfg.Backlog), uint64(cfg.MPATimeout)).String(addr)
 	})
 	if err != nil {
@@ -1638,20 +1785,31 @@ func (d *Device) remoteListen(laddr netip.AddrPort, cfg ListenConfig) (*Listener
 			return nil, fmt.Errorf("verbs: malformed listen address from the service")
 		}
 	}
-	l := &Listener{dev: d, rh: r.m.Arg(0), laddr: netip.AddrPortFrom(ip, uint16(r.m.Arg(1))), closed: make(chan struct{})}
+	l := &Listener{dev: d, closed: make(chan struct{})}
+	l.ops = &remoteListener{l: l, h: r.m.Arg(0), laddr: netip.AddrPortFrom(ip, uint16(r.m.Arg(1)))}
 	d.mu.Lock()
 	d.listeners[l] = struct{}{}
 	d.mu.Unlock()
 	return l, nil
 }
 
-func (l *Listener) remoteGetRequest(ctx context.Context) (*ConnRequest, error) {
+// remoteListener is a listener of a service: its handle and address.
+type remoteListener struct {
+	l     *Listener
+	h     uint64
+	laddr netip.AddrPort
+}
+
+func (rl *remoteListener) addr() netip.AddrPort { return rl.laddr }
+
+func (rl *remoteListener) getRequest(ctx context.Context) (*ConnRequest, error) {
+	l := rl.l
 	select {
 	case <-l.closed:
 		return nil, net.ErrClosed
 	default:
 	}
-	r, err := l.dev.rc.do(ctx, svc.TGetRequest, func(b *svc.Builder) { b.Args(l.rh) })
+	r, err := l.dev.client().do(ctx, svc.TGetRequest, func(b *svc.Builder) { b.Args(rl.h) })
 	if err != nil {
 		return nil, err
 	}
@@ -1664,13 +1822,16 @@ func (l *Listener) remoteGetRequest(ctx context.Context) (*ConnRequest, error) {
 	req := &iwarp.MPARequest{Revision: uint8(m.Arg(1)), CRC: m.Arg(2) != 0, Enhanced: m.Arg(1) == 2,
 		V2:          iwarp.MPAv2Params{IRD: uint16(m.Arg(3)), ORD: uint16(m.Arg(4)), PeerToPeer: m.Arg(5) != 0, RTR: iwarp.RTR(m.Arg(6))},
 		PrivateData: append([]byte(nil), f[1]...), Markers: m.Arg(7) != 0}
-	return &ConnRequest{l: l, req: req, rh: m.Arg(0), raddr: ra}, nil
+	cr := &ConnRequest{l: l, req: req}
+	cr.ops = &remoteRequest{r: cr, h: m.Arg(0), raddr: ra}
+	return cr, nil
 }
 
-func (l *Listener) remoteClose() error {
+func (rl *remoteListener) close() error {
+	l := rl.l
 	l.once.Do(func() {
 		close(l.closed)
-		l.dev.rc.do(context.Background(), svc.TCloseListener, func(b *svc.Builder) { b.Args(l.rh) })
+		l.dev.client().do(context.Background(), svc.TCloseListener, func(b *svc.Builder) { b.Args(rl.h) })
 		l.dev.mu.Lock()
 		delete(l.dev.listeners, l)
 		l.dev.mu.Unlock()
@@ -1678,15 +1839,26 @@ func (l *Listener) remoteClose() error {
 	return nil
 }
 
-func (r *ConnRequest) remoteAccept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error) {
-	if qp == nil || qp.r == nil || qp.pd.dev != r.l.dev {
+// remoteRequest is a connection request a service passed on: its handle
+// and the initiator's address.
+type remoteRequest struct {
+	r     *ConnRequest
+	h     uint64
+	raddr netip.AddrPort
+}
+
+func (rr *remoteRequest) remoteAddr() netip.AddrPort { return rr.raddr }
+
+func (rr *remoteRequest) accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error) {
+	r := rr.r
+	if qp == nil || qp.remote() == nil || qp.pd.dev != r.l.dev {
 		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
 	}
 	if err := r.claim(); err != nil {
 		return nil, err
 	}
-	rep, err := r.l.dev.rc.do(ctx, svc.TAccept, func(b *svc.Builder) {
-		b.Args(r.rh, uint64(qp.r.num))
+	rep, err := r.l.dev.client().do(ctx, svc.TAccept, func(b *svc.Builder) {
+		b.Args(rr.h, uint64(qp.remote().num))
 		connArgs(b, p)
 		b.Bytes(p.PrivateData)
 	})
@@ -1696,17 +1868,24 @@ func (r *ConnRequest) remoteAccept(ctx context.Context, qp *QP, p ConnParams) (*
 	return connFrom(qp, rep.m)
 }
 
-func (r *ConnRequest) remoteReject(privateData []byte) error {
+func (rr *remoteRequest) reject(privateData []byte) error {
+	r := rr.r
 	if err := r.claim(); err != nil {
 		return err
 	}
-	_, err := r.l.dev.rc.do(context.Background(), svc.TReject, func(b *svc.Builder) { b.Args(r.rh).Bytes(privateData) })
+	_, err := r.l.dev.client().do(context.Background(), svc.TReject, func(b *svc.Builder) { b.Args(rr.h).Bytes(privateData) })
 	return err
 }
 
 func closeFd(fd int) { unix.Close(fd) }
 
 // remoteQP's qpOps: a QP of a service.
+
+// remote returns a service's QP's side; nil for an embedded QP.
+func (qp *QP) remote() *remoteQP {
+	r, _ := qp.ops.(*remoteQP)
+	return r
+}
 
 func (r *remoteQP) qpNum() uint32    { return r.num }
 func (r *remoteQP) qpState() QPState { return r.state() }

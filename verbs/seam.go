@@ -48,15 +48,32 @@ func verbsWC(c *iwarp.Completion) *WC { return (*WC)(unsafe.Pointer(c)) }
 // has its own. The message and errors.Is (ErrRejected, ErrTerminated, ...)
 // are the engine's. Errors without either type come back as they are.
 func engineErr(err error) error {
-	if err == nil {
-		return nil
-	}
-	var rej *iwarp.RejectedError
-	var term *iwarp.TerminateError
-	if !errors.As(err, &rej) && !errors.As(err, &term) {
+	if !carriesEngineType(err) {
 		return err
 	}
 	return &engineError{err: err}
+}
+
+// carriesEngineType reports whether err's chain has a *RejectedError or
+// *TerminateError of the engine. It allocates nothing (errors.As would
+// move its targets to the heap): every QP event with an error takes this
+// path.
+func carriesEngineType(err error) bool {
+	for err != nil {
+		switch e := err.(type) {
+		case *iwarp.RejectedError, *iwarp.TerminateError:
+			return true
+		case interface{ Unwrap() []error }:
+			for _, x := range e.Unwrap() {
+				if carriesEngineType(x) {
+					return true
+				}
+			}
+			return false
+		}
+		err = errors.Unwrap(err)
+	}
+	return false
 }
 
 // engineError wraps an engine error that carries a Reject or a Terminate

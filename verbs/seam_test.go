@@ -178,7 +178,14 @@ func TestSeamErrors(t *testing.T) {
 	if !errors.Is(err, ErrRejected) || !errors.Is(err, ErrMarkers) || !errors.Is(rej, ErrMarkers) {
 		t.Fatalf("%v does not match ErrRejected and ErrMarkers", err)
 	}
+	joined := engineErr(errors.Join(errors.New("first"), &iwarp.TerminateError{Code: code}))
+	if !errors.As(joined, &te) || te.Code != verbsTermCode(code) || te.Received {
+		t.Fatalf("errors.As(%v) = %+v", joined, te)
+	}
 	plain := errors.New("plain")
+	if n := testing.AllocsPerRun(10, func() { engineErr(plain) }); n != 0 {
+		t.Fatalf("engineErr of an error without a Reject or Terminate: %.0f allocations", n)
+	}
 	if engineErr(plain) != plain || engineErr(nil) != nil {
 		t.Fatal("engineErr changed an error without a Reject or Terminate")
 	}

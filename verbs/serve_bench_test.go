@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/service"
 	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
@@ -179,7 +180,7 @@ func (c *benchConn) pings(next *uint32, n int) error {
 func BenchmarkServiceRatios(b *testing.B) {
 	p := newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	peerAddr := p.nb.Addrs()[0].Addr()
-	path, _ := startService(b, p.a, verbs.Limits{})
+	path, _ := startService(b, p.a, service.Limits{})
 	svcDev := connectService(b, path)
 	const size = 1 << 20
 	embW := benchConnect(b, p.a, p.b, peerAddr, size, false)
@@ -264,7 +265,7 @@ func BenchmarkServiceFairness(b *testing.B) {
 	const size = 64 << 10
 	p := newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	peerAddr := p.nb.Addrs()[0].Addr()
-	path, _ := startService(b, p.a, verbs.Limits{})
+	path, _ := startService(b, p.a, service.Limits{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sink, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{Backlog: 1024})
@@ -480,7 +481,7 @@ func childPings(t *testing.T, d *verbs.Device, raddr netip.AddrPort, n int) {
 func BenchmarkServicePingPongProcess(b *testing.B) {
 	p := newPairLink(b, benchLink, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	peerAddr := p.nb.Addrs()[0].Addr()
-	path, _ := startService(b, p.a, verbs.Limits{})
+	path, _ := startService(b, p.a, service.Limits{})
 	emb := benchConnect(b, p.a, p.b, peerAddr, 128, true)
 	emb.startPonger()
 	var embNext uint32

@@ -19,6 +19,7 @@ import (
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
 	"github.com/rdmatap/rdmatap/verbs/internal/svc"
+	"github.com/rdmatap/rdmatap/verbs/service"
 	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
@@ -111,7 +112,7 @@ func (r *rawClient) alive() uint64 {
 
 func TestServiceVersionMismatch(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{})
+	path, _ := startService(t, p.a, service.Limits{})
 	_, m := dialRaw(t, path, svc.Version+1)
 	if m.Status() != svc.StatusVersion {
 		t.Fatalf("HELLO of version %d: status %d", svc.Version+1, m.Status())
@@ -131,7 +132,7 @@ func TestServiceVersionMismatch(t *testing.T) {
 // error reply and the session goes on.
 func TestServiceMalformedMessages(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{MRBytes: 1 << 20})
+	path, _ := startService(t, p.a, service.Limits{MRBytes: 1 << 20})
 	r, _ := dialRaw(t, path, svc.Version)
 	pd := r.alive()
 	expectErr := func(what string, m svc.Msg, want uint32) {
@@ -210,7 +211,7 @@ func TestServiceMalformedMessages(t *testing.T) {
 func TestServiceIsolation(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	peerAddr := p.nb.Addrs()[0].Addr()
-	path, srv := startService(t, p.a, verbs.Limits{})
+	path, srv := startService(t, p.a, service.Limits{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	sink, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
@@ -376,7 +377,7 @@ func bell(t testing.TB, r *rawClient) {
 var fuzzService struct {
 	once sync.Once
 	path string
-	srv  *verbs.Server
+	srv  *service.Server
 	err  error
 	fds  int // descriptors with the service idle
 }
@@ -430,12 +431,12 @@ func FuzzServiceRequest(f *testing.F) {
 				return
 			}
 			fuzzService.path = filepath.Join(dir, "rt0.sock")
-			ln, err := verbs.ListenSocket(fuzzService.path, -1)
+			ln, err := service.ListenSocket(fuzzService.path, -1)
 			if err != nil {
 				fuzzService.err = err
 				return
 			}
-			fuzzService.srv, fuzzService.err = verbs.Serve(d, ln, verbs.ServeConfig{})
+			fuzzService.srv, fuzzService.err = service.Serve(d, ln, service.Config{})
 			ents, _ := os.ReadDir("/proc/self/fd")
 			fuzzService.fds = len(ents)
 		})
@@ -582,7 +583,7 @@ func FuzzServiceRing(f *testing.F) {
 
 var fuzzRing struct {
 	path string
-	srv  *verbs.Server
+	srv  *service.Server
 }
 
 func fuzzRingService(t *testing.T) {
@@ -602,11 +603,11 @@ func fuzzRingService(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, "rt0.sock")
-	ln, err := verbs.ListenSocket(path, -1)
+	ln, err := service.ListenSocket(path, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fuzzRing.srv, err = verbs.Serve(d, ln, verbs.ServeConfig{}); err != nil {
+	if fuzzRing.srv, err = service.Serve(d, ln, service.Config{}); err != nil {
 		t.Fatal(err)
 	}
 	fuzzRing.path = path

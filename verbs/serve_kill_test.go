@@ -17,6 +17,7 @@ import (
 
 	"github.com/rdmatap/rdmatap/verbs"
 	"github.com/rdmatap/rdmatap/verbs/internal/svc"
+	"github.com/rdmatap/rdmatap/verbs/service"
 	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
@@ -372,14 +373,14 @@ func TestServiceKilledInState(t *testing.T) {
 
 // startServiceLog is startService with the service's log kept in log as
 // well as the test's.
-func startServiceLog(t *testing.T, d *verbs.Device, log *syncBuffer) (string, *verbs.Server) {
+func startServiceLog(t *testing.T, d *verbs.Device, log *syncBuffer) (string, *service.Server) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "rt0.sock")
-	ln, err := verbs.ListenSocket(path, -1)
+	ln, err := service.ListenSocket(path, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := verbs.Serve(d, ln, verbs.ServeConfig{Logf: func(format string, args ...any) {
+	srv, err := service.Serve(d, ln, service.Config{Logf: func(format string, args ...any) {
 		fmt.Fprintf(log, format+"\n", args...)
 		t.Logf(format, args...)
 	}})

@@ -23,11 +23,12 @@ import (
 	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/verbs"
 	"github.com/rdmatap/rdmatap/verbs/internal/svc"
+	"github.com/rdmatap/rdmatap/verbs/service"
 	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // clientStat returns the one client's figures of srv.
-func clientStat(t *testing.T, srv *verbs.Server) verbs.ClientStat {
+func clientStat(t *testing.T, srv *service.Server) service.ClientStat {
 	t.Helper()
 	cs := srv.ClientStats()
 	if len(cs) != 1 {
@@ -43,7 +44,7 @@ func clientStat(t *testing.T, srv *verbs.Server) verbs.ClientStat {
 func TestServiceMemoryCharged(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	const budget = 16 << 20
-	path, srv := startService(t, p.a, verbs.Limits{Memory: budget})
+	path, srv := startService(t, p.a, service.Limits{Memory: budget})
 	d := connectService(t, path)
 	base := clientStat(t, srv).Memory
 	if base <= 0 || base > 1<<20 {
@@ -102,7 +103,7 @@ func TestServiceMemoryCharged(t *testing.T) {
 // left behind, so its PD can still be freed.
 func TestServiceSRQRingLimit(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{RingBytes: 64 << 10})
+	path, _ := startService(t, p.a, service.Limits{RingBytes: 64 << 10})
 	d := connectService(t, path)
 	pd, err := d.AllocPD()
 	if err != nil {
@@ -148,7 +149,7 @@ func TestServiceMemoryBound(t *testing.T) {
 		depth  = 1024
 	)
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, srv := startService(t, p.a, verbs.Limits{Memory: budget, RingBytes: 16 << 20})
+	path, srv := startService(t, p.a, service.Limits{Memory: budget, RingBytes: 16 << 20})
 	d := connectService(t, path)
 	pd, err := d.AllocPD()
 	if err != nil {
@@ -207,7 +208,7 @@ func TestServiceMemoryBound(t *testing.T) {
 // limit it met.
 func TestServiceAdmission(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, srv := startServiceCfg(t, p.a, verbs.ServeConfig{MaxClientsPerUser: 3, MaxPendingPerUser: 2, HelloTimeout: 300 * time.Millisecond})
+	path, srv := startServiceCfg(t, p.a, service.Config{MaxClientsPerUser: 3, MaxPendingPerUser: 2, HelloTimeout: 300 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Two connections that say nothing.
@@ -314,9 +315,9 @@ func TestListenSocketDir(t *testing.T) {
 	}
 	for _, c := range cases {
 		path := filepath.Join(c.dir, "rt0.sock")
-		ln, err := verbs.ListenSocket(path, gid)
+		ln, err := service.ListenSocket(path, gid)
 		if !c.ok {
-			var de *verbs.SocketDirError
+			var de *service.SocketDirError
 			if err == nil {
 				ln.Close()
 				t.Errorf("%s: a socket was made in an untrusted directory", c.dir)
@@ -362,11 +363,11 @@ func TestServicePrivilegedPort(t *testing.T) {
 	os.Chmod(dir, 0o755)
 	os.Chmod(filepath.Dir(dir), 0o755)
 	path := filepath.Join(dir, "rt0.sock")
-	ln, err := verbs.ListenSocket(path, 65534)
+	ln, err := service.ListenSocket(path, 65534)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := verbs.Serve(p.a, ln, verbs.ServeConfig{Logf: t.Logf})
+	srv, err := service.Serve(p.a, ln, service.Config{Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,9 +428,8 @@ func TestServiceUnprivilegedChild(t *testing.T) {
 // not map its heap and the process would die).
 func TestServiceMappings(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, srv := startService(t, p.a, verbs.Limits{})
-	verbs.SetMaxMappings(srv, 40) // 10 for one uid
-	a := connectService(t, path)  // its control page: one
+	path, _ := startServiceCfg(t, p.a, service.Config{MaxMappings: 40}) // 10 for one uid
+	a := connectService(t, path)                                        // its control page: one
 	var cqs []*verbs.CQ
 	for {
 		cq, err := a.CreateCQ(8)
@@ -464,7 +464,7 @@ func TestServiceMappings(t *testing.T) {
 // with its WR ID.
 func TestServiceMalformedEntriesComplete(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{})
+	path, _ := startService(t, p.a, service.Limits{})
 	r, _ := dialRaw(t, path, svc.Version)
 	pd := r.alive()
 	m, fds := r.call(svc.TCreateCQ, []uint64{16}, nil)
@@ -533,7 +533,7 @@ func TestServiceMalformedEntriesComplete(t *testing.T) {
 // features (one from before them) is offered none.
 func TestServiceQueryDevice(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	lim := verbs.Limits{QPs: 7, MaxWR: 512, CQs: 9, MRs: 11, MRBytes: 1 << 24, PDs: 3, SRQs: 5, FRPages: 100}
+	lim := service.Limits{QPs: 7, MaxWR: 512, CQs: 9, MRs: 11, MRBytes: 1 << 24, PDs: 3, SRQs: 5, FRPages: 100}
 	path, _ := startService(t, p.a, lim)
 	d := connectService(t, path)
 	want := p.a.Query()

@@ -15,6 +15,7 @@ import (
 	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/verbs"
 	"github.com/rdmatap/rdmatap/verbs/internal/svc"
+	"github.com/rdmatap/rdmatap/verbs/service"
 	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
@@ -429,7 +430,7 @@ func runMemOps(t *testing.T, d, peer *verbs.Device, peerAddr netip.Addr, seed ui
 func TestServiceFastRegIsolation(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	peerAddr := p.nb.Addrs()[0].Addr()
-	path, _ := startService(t, p.a, verbs.Limits{})
+	path, _ := startService(t, p.a, service.Limits{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	sink, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
@@ -770,7 +771,7 @@ func TestServiceMemErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path, _ := startService(t, p.a, verbs.Limits{})
+	path, _ := startService(t, p.a, service.Limits{})
 	d := connectService(t, path)
 	got, err := memErrs(d)
 	if err != nil {
@@ -792,7 +793,7 @@ func TestServiceMemErrors(t *testing.T) {
 // (never a crash: on a device of a service they are tokens).
 func TestServiceMemObjectsOtherDevice(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{})
+	path, _ := startService(t, p.a, service.Limits{})
 	d := connectService(t, path)
 	type side struct {
 		qp   *verbs.QP

@@ -24,6 +24,7 @@ import (
 	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/verbs"
 	"github.com/rdmatap/rdmatap/verbs/internal/svc"
+	"github.com/rdmatap/rdmatap/verbs/service"
 	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
@@ -234,7 +235,7 @@ const sessSharedBytes = 256 << 10
 type sessEnv struct {
 	p        *pair
 	path     string
-	srv      *verbs.Server
+	srv      *service.Server
 	log      sessLog
 	peerAddr netip.Addr
 	svcAddr  netip.Addr
@@ -274,11 +275,11 @@ func newSessEnv(f *testing.F) *sessEnv {
 	e.peerAddr = e.p.nb.Addrs()[0].Addr()
 	e.svcAddr = e.p.na.Addrs()[0].Addr()
 	e.path = filepath.Join(f.TempDir(), "rt0.sock")
-	ln, err := verbs.ListenSocket(e.path, -1)
+	ln, err := service.ListenSocket(e.path, -1)
 	if err != nil {
 		f.Fatal(err)
 	}
-	if e.srv, err = verbs.Serve(e.p.a, ln, verbs.ServeConfig{Logf: e.log.logf}); err != nil {
+	if e.srv, err = service.Serve(e.p.a, ln, service.Config{Logf: e.log.logf}); err != nil {
 		f.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -24,27 +24,28 @@ import (
 
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/service"
 	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
 // startService serves d on a socket in a temporary directory
 // (RDMATAP_POLL_SPIN_US sets ServeConfig.PollSpin in µs).
-func startService(t testing.TB, d *verbs.Device, lim verbs.Limits) (string, *verbs.Server) {
+func startService(t testing.TB, d *verbs.Device, lim service.Limits) (string, *service.Server) {
 	t.Helper()
 	spin := time.Duration(envInt("RDMATAP_POLL_SPIN_US", 0)) * time.Microsecond
-	return startServiceCfg(t, d, verbs.ServeConfig{Limits: lim, PollSpin: spin})
+	return startServiceCfg(t, d, service.Config{Limits: lim, PollSpin: spin})
 }
 
 // startServiceCfg is startService with a whole configuration.
-func startServiceCfg(t testing.TB, d *verbs.Device, cfg verbs.ServeConfig) (string, *verbs.Server) {
+func startServiceCfg(t testing.TB, d *verbs.Device, cfg service.Config) (string, *service.Server) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "rt0.sock")
-	ln, err := verbs.ListenSocket(path, -1)
+	ln, err := service.ListenSocket(path, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Logf = t.Logf
-	srv, err := verbs.Serve(d, ln, cfg)
+	srv, err := service.Serve(d, ln, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +357,7 @@ func TestServiceSameCode(t *testing.T) {
 	peerAddr := p.nb.Addrs()[0].Addr()
 	t.Run("embedded", func(t *testing.T) { runOps(t, p.a, p.b, peerAddr, 1) })
 	t.Run("embedded/memory", func(t *testing.T) { runMemOps(t, p.a, p.b, peerAddr, 2) })
-	path, srv := startService(t, p.a, verbs.Limits{})
+	path, srv := startService(t, p.a, service.Limits{})
 	t.Run("service", func(t *testing.T) {
 		d := connectService(t, path)
 		runOps(t, d, p.b, peerAddr, 100)
@@ -631,7 +632,7 @@ func TestServiceClientDeath(t *testing.T) {
 	endpoints := func() int {
 		return len(p.na.Stack().RegisteredEndpoints()) + len(p.nb.Stack().RegisteredEndpoints())
 	}
-	path, srv := startService(t, p.a, verbs.Limits{})
+	path, srv := startService(t, p.a, service.Limits{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sink, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
@@ -801,7 +802,7 @@ func TestServiceClientDeathTerminate(t *testing.T) {
 	}
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	peerAddr := p.nb.Addrs()[0].Addr()
-	path, srv := startService(t, p.a, verbs.Limits{})
+	path, srv := startService(t, p.a, service.Limits{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
@@ -1087,7 +1088,7 @@ func srqPeer(ctx context.Context, d *verbs.Device, raddr netip.AddrPort, n int) 
 // device and through the service.
 func TestServiceSRQAndEvents(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{})
+	path, _ := startService(t, p.a, service.Limits{})
 	run := func(t *testing.T, d *verbs.Device, addr netip.Addr) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
@@ -1123,7 +1124,7 @@ func TestServiceFastPathAllocs(t *testing.T) {
 		t.Skip("skipping: the race detector allocates")
 	}
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{})
+	path, _ := startService(t, p.a, service.Limits{})
 	d := connectService(t, path)
 	pd, _ := d.AllocPD()
 	cq, _ := d.CreateCQ(16)
@@ -1196,7 +1197,7 @@ func TestServiceFastPathAllocs(t *testing.T) {
 // frees it may allocate again; another client has limits of its own.
 func TestServiceLimits(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{QPs: 2, CQs: 2, MRBytes: 1<<20 + 16384, Conns: 1, MRs: 3, PDs: 2, RingBytes: 1 << 20})
+	path, _ := startService(t, p.a, service.Limits{QPs: 2, CQs: 2, MRBytes: 1<<20 + 16384, Conns: 1, MRs: 3, PDs: 2, RingBytes: 1 << 20})
 	a := connectService(t, path)
 	pd, _ := a.AllocPD()
 	cq1, err := a.CreateCQ(8)
@@ -1281,7 +1282,7 @@ func TestServiceLimits(t *testing.T) {
 // sends before Close (each completes, flushed or not).
 func TestServiceSlowPathOrdering(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{})
+	path, _ := startService(t, p.a, service.Limits{})
 	d := connectService(t, path)
 	if os.Getenv("RDMATAP_ORDER_EMBEDDED") != "" {
 		d = p.a
@@ -1392,7 +1393,7 @@ func TestServiceSlowPathOrdering(t *testing.T) {
 // in GetRequest returns an error, its QPs end, and later calls fail.
 func TestServiceGone(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, srv := startService(t, p.a, verbs.Limits{})
+	path, srv := startService(t, p.a, service.Limits{})
 	d := connectService(t, path)
 	pd, _ := d.AllocPD()
 	cq, _ := d.CreateCQ(8)
@@ -1477,7 +1478,7 @@ func BenchmarkServiceBusyPollSyscalls(b *testing.B) {
 		b.Skipf("skipping: /proc/self/io is not readable: %v", err)
 	}
 	p := newPair(b, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startServiceCfg(b, p.a, verbs.ServeConfig{PollSpin: 20 * time.Millisecond})
+	path, _ := startServiceCfg(b, p.a, service.Config{PollSpin: 20 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sink, err := p.b.Listen(netip.AddrPort{}, verbs.ListenConfig{})
@@ -1515,7 +1516,7 @@ func BenchmarkServiceBusyPollSyscalls(b *testing.B) {
 // the same listener gets the next request.
 func TestServiceCancel(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{})
+	path, _ := startService(t, p.a, service.Limits{})
 	d := connectService(t, path)
 	l, err := d.Listen(netip.AddrPort{}, verbs.ListenConfig{})
 	if err != nil {
@@ -1561,7 +1562,7 @@ func TestServiceCancel(t *testing.T) {
 // refused; those served go on, and a place freed is taken again.
 func TestServiceMaxClients(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, srv := startServiceCfg(t, p.a, verbs.ServeConfig{MaxClients: 2})
+	path, srv := startServiceCfg(t, p.a, service.Config{MaxClients: 2})
 	a := connectService(t, path)
 	b, err := verbs.Connect(context.Background(), path)
 	if err != nil {
@@ -1612,7 +1613,7 @@ func (s *syncBuffer) String() string {
 // and a peer reaches it there.
 func TestServiceListenPort(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{})
+	path, _ := startService(t, p.a, service.Limits{})
 	d := connectService(t, path)
 	const port = 18515
 	l, err := d.Listen(netip.AddrPortFrom(netip.Addr{}, port), verbs.ListenConfig{})
@@ -1643,7 +1644,7 @@ func TestServiceListenPort(t *testing.T) {
 func TestServiceStats(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
 	peerAddr := p.nb.Addrs()[0].Addr()
-	path, _ := startService(t, p.a, verbs.Limits{})
+	path, _ := startService(t, p.a, service.Limits{})
 	d := connectService(t, path)
 	if s := d.Stats(); s.TxFPDUs != 0 || s.RxFPDUs != 0 {
 		t.Fatalf("before any traffic: %+v", s)
@@ -1669,7 +1670,7 @@ func TestServiceStats(t *testing.T) {
 // freed too: with a limit of one SRQ, another can be made after Close.
 func TestSRQClose(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	path, _ := startService(t, p.a, verbs.Limits{SRQs: 1})
+	path, _ := startService(t, p.a, service.Limits{SRQs: 1})
 	for _, tc := range []struct {
 		name string
 		d    *verbs.Device

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rdmatap/rdmatap/internal/units"
 	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/service"
 )
 
 // The endpoint as a service: `rdmatap up --socket PATH` lets
@@ -61,8 +62,8 @@ func parseBytes(s string) (int64, error) {
 }
 
 // check validates the flags and resolves the group (-1: none given).
-func (f *serviceFlags) check() (verbs.Limits, int, error) {
-	var lim verbs.Limits
+func (f *serviceFlags) check() (service.Limits, int, error) {
+	var lim service.Limits
 	if f.socket == "" {
 		if f.group != "" {
 			return lim, -1, fmt.Errorf("%w: --socket-group needs --socket", errUsage)
@@ -87,7 +88,7 @@ func (f *serviceFlags) check() (verbs.Limits, int, error) {
 	if err != nil {
 		return lim, -1, fmt.Errorf("%w: --client-ring-bytes: %v", errUsage, err)
 	}
-	lim = verbs.Limits{QPs: f.qps, CQs: f.cqs, MRBytes: mr, MRs: f.mrs, RingBytes: ring, Conns: f.conns, FRPages: f.frPages, Memory: memory}
+	lim = service.Limits{QPs: f.qps, CQs: f.cqs, MRBytes: mr, MRs: f.mrs, RingBytes: ring, Conns: f.conns, FRPages: f.frPages, Memory: memory}
 	gid := -1
 	if f.group != "" {
 		if n, err := strconv.Atoi(f.group); err == nil && n >= 0 {
@@ -104,12 +105,12 @@ func (f *serviceFlags) check() (verbs.Limits, int, error) {
 }
 
 // startService serves d on the flags' socket; nil without --socket.
-func (f *serviceFlags) start(d *verbs.Device, logf func(string, ...any)) (*verbs.Server, error) {
+func (f *serviceFlags) start(d *verbs.Device, logf func(string, ...any)) (*service.Server, error) {
 	lim, gid, err := f.check()
 	if err != nil || f.socket == "" {
 		return nil, err
 	}
-	ln, err := verbs.ListenSocket(f.socket, gid)
+	ln, err := service.ListenSocket(f.socket, gid)
 	if err != nil {
 		return nil, fmt.Errorf("service socket: %w", err)
 	}
@@ -117,7 +118,7 @@ func (f *serviceFlags) start(d *verbs.Device, logf func(string, ...any)) (*verbs
 	if spin == 0 {
 		spin = -1
 	}
-	srv, err := verbs.Serve(d, ln, verbs.ServeConfig{Limits: lim, Logf: logf, PollSpin: spin, MaxClients: f.clients,
+	srv, err := service.Serve(d, ln, service.Config{Limits: lim, Logf: logf, PollSpin: spin, MaxClients: f.clients,
 		MaxClientsPerUser: f.perUser, MaxPendingPerUser: f.pending})
 	if err != nil {
 		ln.Close()

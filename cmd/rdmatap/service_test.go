@@ -48,7 +48,7 @@ func TestServiceFlags(t *testing.T) {
 		lim.FRPages != 7 || lim.Memory != 9<<20 || gid != 0 {
 		t.Fatalf("%+v %d %v", lim, gid, err)
 	}
-	// The flag reaches the limits; its default is verbs.Limits' default.
+	// The flag reaches the limits; its default is service.Limits' default.
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	var g serviceFlags
 	g.register(fs)

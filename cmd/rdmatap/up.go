@@ -23,6 +23,7 @@ import (
 
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/service"
 )
 
 func init() {
@@ -321,7 +322,7 @@ type ctlServer struct {
 	evicted  atomic.Uint64 // connections closed to make room
 	// service is the endpoint's service (up --socket), nil without one:
 	// stat lists its clients.
-	service atomic.Pointer[verbs.Server]
+	service atomic.Pointer[service.Server]
 
 	mu      sync.Mutex
 	closing bool
@@ -699,7 +700,7 @@ type statSet struct {
 	Impair *netstack.ImpairStats `json:"impair,omitempty"` // --loss, --reorder, --dup
 	// The clients of the service (up --socket), each with the service
 	// memory it holds against its budget (--client-memory).
-	Clients []verbs.ClientStat `json:"clients,omitempty"`
+	Clients []service.ClientStat `json:"clients,omitempty"`
 }
 
 func getStats(e *endpoint) statSet {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/service"
 )
 
 // Endpoint is one device with a PD and CQs.
@@ -71,11 +72,11 @@ func Served(e *Endpoint) (client *Endpoint, stop func(), err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	ln, err := verbs.ListenSocket(filepath.Join(dir, "rt0.sock"), -1)
+	ln, err := service.ListenSocket(filepath.Join(dir, "rt0.sock"), -1)
 	if err != nil {
 		return nil, nil, err
 	}
-	srv, err := verbs.Serve(e.Dev, ln, verbs.ServeConfig{})
+	srv, err := service.Serve(e.Dev, ln, service.Config{})
 	if err != nil {
 		return nil, nil, err
 	}

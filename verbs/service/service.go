@@ -1,4 +1,4 @@
-package verbs
+package service
 
 import (
 	"cmp"
@@ -27,11 +27,13 @@ import (
 
 	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/netstack"
+	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/internal/bridge"
 	"github.com/rdmatap/rdmatap/verbs/internal/svc"
 )
 
-// The endpoint as a service: the service side (remote.go has the design
-// and the client side).
+// The service side (docs/service.md has the design, verbs/remote.go the
+// client's side).
 //
 // Serve accepts clients on a unix SOCK_SEQPACKET socket. Each client is a
 // session with three goroutines: the reader (one message at a time; calls
@@ -134,8 +136,8 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// ServeConfig configures a service.
-type ServeConfig struct {
+// Config configures a service.
+type Config struct {
 	Limits Limits
 	// Logf receives one line per client arriving and leaving (with its
 	// uid and pid) and per client error; nil discards them.
@@ -166,6 +168,11 @@ type ServeConfig struct {
 	// HelloTimeout is how long a new connection may take to say HELLO
 	// before it is dropped (default 2 s).
 	HelloTimeout time.Duration
+	// MaxMappings lowers the bound on the mappings (MRs and rings) all
+	// clients hold at once, a quarter of which one uid may hold; zero,
+	// or more than the system allows, keeps the system's bound (half of
+	// vm.max_map_count, within the open-file limit).
+	MaxMappings int
 }
 
 // Server serves a device to clients on a unix socket.
@@ -174,16 +181,16 @@ type ServeConfig struct {
 // owners (the fields marked +checklocks:mu). It is a leaf: no other lock
 // is taken while it is held (ClientStats releases it before it locks
 // each session). Sessions take it after their own locks are released or
-// inside them: inside session.ringMu and CQ.mu (dropRing's dropMap from
+// inside them: inside session.ringMu and servedCQ.mu (dropRing's dropMap from
 // releaseQP, destroySRQ and a served CQ's retire), and from the engine's
 // event path (routeEvent, the device's hook, runs where the QP raises
 // the event, possibly with its txMu or rxMu held). refusing is an atomic;
 // the fields above mu and maxMaps are set by Serve and never change.
 type Server struct {
-	dev  *Device
+	dev  *verbs.Device
 	ln   *net.UnixListener
-	cfg  ServeConfig
-	hook func(AsyncEvent) bool
+	cfg  Config
+	hook func(verbs.AsyncEvent) bool
 
 	// tcpBufMax is what one TCP connection of the device may hold in its
 	// send and receive buffers.
@@ -308,9 +315,9 @@ func checkSocketDir(dir string) error {
 
 // Serve serves d on ln until Close. Events of clients' QPs go to those
 // clients instead of d.Events().
-func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
-	if d.rc != nil {
-		return nil, fmt.Errorf("%w: a device of a service cannot be served again", ErrInvalidArgument)
+func Serve(d *verbs.Device, ln *net.UnixListener, cfg Config) (*Server, error) {
+	if d.Netstack() == nil {
+		return nil, fmt.Errorf("%w: a device of a service cannot be served again", verbs.ErrInvalidArgument)
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	if cfg.Logf == nil {
@@ -337,8 +344,8 @@ func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
 		perUID: map[int]int{}, pending: map[int]int{}, mapsUID: map[int]int{}, maxMaps: maxMappings(),
 		tcpBufMax: tcpBufMax(d)}
 	s.hook = s.routeEvent
-	if !d.hook.CompareAndSwap(nil, &s.hook) {
-		return nil, fmt.Errorf("%w: device is already served", ErrBusy)
+	if !engine.EventHook(d, &s.hook, true) {
+		return nil, fmt.Errorf("%w: device is already served", verbs.ErrBusy)
 	}
 	// The descriptors the service keeps for its clients are three per
 	// session (socket, doorbell, control page) and one per CQ (its
@@ -351,6 +358,9 @@ func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
 				n, s.maxMaps, cfg.MaxClients)
 		}
 	}
+	if cfg.MaxMappings > 0 && cfg.MaxMappings < s.maxMaps {
+		s.maxMaps = cfg.MaxMappings
+	}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -358,10 +368,10 @@ func Serve(d *Device, ln *net.UnixListener, cfg ServeConfig) (*Server, error) {
 
 // tcpBufMax is the most a TCP connection of d may hold in its send and
 // receive buffers (the stack's maximums).
-func tcpBufMax(d *Device) int64 {
+func tcpBufMax(d *verbs.Device) int64 {
 	var snd tcpip.TCPSendBufferSizeRangeOption
 	var rcv tcpip.TCPReceiveBufferSizeRangeOption
-	st := d.ns.Stack()
+	st := d.Netstack().Stack()
 	if st.TransportProtocolOption(tcp.ProtocolNumber, &snd) != nil || st.TransportProtocolOption(tcp.ProtocolNumber, &rcv) != nil {
 		return 2 * netstack.DefaultBufMax
 	}
@@ -405,10 +415,10 @@ func (s *Server) takeMap(uid int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.maps >= s.maxMaps {
-		return fmt.Errorf("%w: the service holds %d mappings (MRs and rings) for its clients, its limit for all clients together", ErrLimit, s.maps)
+		return fmt.Errorf("%w: the service holds %d mappings (MRs and rings) for its clients, its limit for all clients together", verbs.ErrLimit, s.maps)
 	}
 	if s.mapsUID[uid] >= s.maxMaps/4 {
-		return fmt.Errorf("%w: the clients of uid %d hold %d mappings (MRs and rings), a quarter of the %d the service allows all clients", ErrLimit, uid, s.mapsUID[uid], s.maxMaps)
+		return fmt.Errorf("%w: the clients of uid %d hold %d mappings (MRs and rings), a quarter of the %d the service allows all clients", verbs.ErrLimit, uid, s.mapsUID[uid], s.maxMaps)
 	}
 	s.maps++
 	s.mapsUID[uid]++
@@ -491,7 +501,7 @@ func (s *Server) Close() error {
 		x.conn.Close()
 	}
 	s.wg.Wait()
-	s.dev.hook.CompareAndSwap(&s.hook, nil)
+	engine.EventHook(s.dev, &s.hook, false)
 	return nil
 }
 
@@ -601,7 +611,7 @@ func (s *Server) helloDone(uid int) {
 }
 
 // routeEvent hands a QP's event to the client that owns the QP.
-func (s *Server) routeEvent(e AsyncEvent) bool {
+func (s *Server) routeEvent(e verbs.AsyncEvent) bool {
 	s.mu.Lock()
 	x := s.qpOwner[e.QPNum]
 	s.mu.Unlock()
@@ -643,13 +653,13 @@ func (s *Server) routeEvent(e AsyncEvent) bool {
 // Lock order: pollMu → ringMu → mu (createQP, createSRQ and destroySRQ
 // take mu inside ringMu); ringMu → Server.mu (dropRing); ringMu → SRQ.mu
 // → PD.mu (destroySRQ); pollMu → ringMu → the engine's QP and queue
-// locks → CQ.mu; CQ.mu → Server.mu and CQ.mu → mu (a served CQ's
-// retire). Server.mu, mu and wmu are leaves. The fast path's ctl, ctlFd,
+// locks → servedCQ.mu; servedCQ.mu → Server.mu and servedCQ.mu → mu (a
+// served CQ's retire). Server.mu, mu and wmu are leaves. The fast path's ctl, ctlFd,
 // sleeping and bell are set by hello before the poller starts and never
 // change; blocked is an atomic; stop is closed once, under mu.
 type session struct {
 	srv  *Server
-	dev  *Device
+	dev  *verbs.Device
 	conn *net.UnixConn
 	id   uint64
 	cred svc.Cred
@@ -664,7 +674,7 @@ type session struct {
 	// +checklocks:mu
 	next uint64
 	// +checklocks:mu
-	pds map[uint64]*PD
+	pds map[uint64]*verbs.PD
 	// +checklocks:mu
 	cqs map[uint64]*servedCQ
 	// +checklocks:mu
@@ -672,7 +682,7 @@ type session struct {
 	// +checklocks:mu
 	frmrs map[uint64]*servedFRMR
 	// +checklocks:mu
-	mws map[uint64]*MW
+	mws map[uint64]*verbs.MW
 	// +checklocks:mu
 	frPages int // pages the fast-register MRs may map, counted against Limits.FRPages
 	// +checklocks:mu
@@ -680,9 +690,9 @@ type session struct {
 	// +checklocks:mu
 	qps map[uint32]*servedQP
 	// +checklocks:mu
-	lns map[uint64]*Listener
+	lns map[uint64]servedListener
 	// +checklocks:mu
-	reqs map[uint64]*ConnRequest
+	reqs map[uint64]*verbs.ConnRequest
 	// +checklocks:mu
 	inflight map[uint32]context.CancelFunc
 	// +checklocks:mu
@@ -712,17 +722,17 @@ type session struct {
 	blocked  atomic.Int32 // ring entries waiting for room in a full queue
 	pollWG   sync.WaitGroup
 
-	events chan AsyncEvent
+	events chan verbs.AsyncEvent
 }
 
 func newSession(s *Server, c *net.UnixConn, id uint64) *session {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &session{srv: s, dev: s.dev, conn: c, id: id, lim: s.cfg.Limits, ctx: ctx, cancel: cancel,
-		pds: map[uint64]*PD{}, cqs: map[uint64]*servedCQ{}, mrs: map[uint64]*servedMR{}, frmrs: map[uint64]*servedFRMR{},
-		mws: map[uint64]*MW{}, srqs: map[uint64]*servedSRQ{},
-		qps: map[uint32]*servedQP{}, lns: map[uint64]*Listener{}, reqs: map[uint64]*ConnRequest{},
+		pds: map[uint64]*verbs.PD{}, cqs: map[uint64]*servedCQ{}, mrs: map[uint64]*servedMR{}, frmrs: map[uint64]*servedFRMR{},
+		mws: map[uint64]*verbs.MW{}, srqs: map[uint64]*servedSRQ{},
+		qps: map[uint32]*servedQP{}, lns: map[uint64]servedListener{}, reqs: map[uint64]*verbs.ConnRequest{},
 		inflight: map[uint32]context.CancelFunc{}, ctlFd: -1, stop: make(chan struct{}),
-		events: make(chan AsyncEvent, 256)}
+		events: make(chan verbs.AsyncEvent, 256)}
 }
 
 func (x *session) logf(format string, args ...any) {
@@ -751,7 +761,7 @@ func (x *session) run() {
 			// Too long, or too many descriptors (closed already): an
 			// error for this message, and the session goes on.
 			x.logf("malformed message: %v", err)
-			x.reply(&svc.Builder{}, svc.TError, 0, nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err))
+			x.reply(&svc.Builder{}, svc.TError, 0, nil, fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, err))
 			continue
 		}
 		if err != nil {
@@ -818,7 +828,7 @@ func (x *session) hello(buf, oob []byte, fds []int) bool {
 		return false
 	}
 	var flags uint64
-	if x.dev.cfg.NoExtensions {
+	if x.dev.Query().AtomicCap == verbs.AtomicNone { // DeviceConfig.NoExtensions
 		flags |= 1
 	}
 	// The features both ends know (a client that lists none, as one
@@ -834,7 +844,7 @@ func (x *session) reply(b *svc.Builder, t svc.Type, seq uint32, fds []int, err e
 	if err != nil {
 		st, text := errStatus(err)
 		b.Reset(t, seq, st)
-		var rej *RejectedError
+		var rej *verbs.RejectedError
 		var errno syscall.Errno
 		switch {
 		case errors.As(err, &rej):
@@ -858,29 +868,29 @@ func (x *session) reply(b *svc.Builder, t svc.Type, seq uint32, fds []int, err e
 func errStatus(err error) (uint32, string) {
 	text := err.Error()
 	switch {
-	case errors.Is(err, ErrRejected):
+	case errors.Is(err, verbs.ErrRejected):
 		return svc.StatusRejected, text
-	case errors.Is(err, ErrLimit):
+	case errors.Is(err, verbs.ErrLimit):
 		return svc.StatusLimit, text
-	case errors.Is(err, ErrQueueFull):
+	case errors.Is(err, verbs.ErrQueueFull):
 		return svc.StatusQueueFull, text
-	case errors.Is(err, ErrTooManySGE):
+	case errors.Is(err, verbs.ErrTooManySGE):
 		return svc.StatusTooManySGE, text
-	case errors.Is(err, ErrMarkers):
+	case errors.Is(err, verbs.ErrMarkers):
 		return svc.StatusMarkers, text
-	case errors.Is(err, ErrNoMatchingRTR):
+	case errors.Is(err, verbs.ErrNoMatchingRTR):
 		return svc.StatusNoMatchingRTR, text
-	case errors.Is(err, iwarp.ErrInvalidWR) && errors.Is(err, ErrInvalidArgument):
+	case errors.Is(err, iwarp.ErrInvalidWR) && errors.Is(err, verbs.ErrInvalidArgument):
 		return svc.StatusInvalidArgWR, text
 	case errors.Is(err, iwarp.ErrInvalidWR):
 		return svc.StatusInvalidWR, text
-	case errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrUnsupported), errors.Is(err, svc.ErrShort),
+	case errors.Is(err, verbs.ErrInvalidArgument), errors.Is(err, verbs.ErrUnsupported), errors.Is(err, svc.ErrShort),
 		errors.Is(err, svc.ErrLength), errors.Is(err, svc.ErrType), errors.Is(err, svc.ErrArgs), errors.Is(err, svc.ErrTooLarge),
 		errors.Is(err, svc.ErrReserved):
 		return svc.StatusInvalidArgument, text
-	case errors.Is(err, ErrInvalidState), errors.Is(err, iwarp.ErrInvalidState):
+	case errors.Is(err, verbs.ErrInvalidState), errors.Is(err, iwarp.ErrInvalidState):
 		return svc.StatusInvalidState, text
-	case errors.Is(err, ErrBusy):
+	case errors.Is(err, verbs.ErrBusy):
 		return svc.StatusBusy, text
 	case errors.Is(err, os.ErrPermission):
 		return svc.StatusPermission, text
@@ -894,7 +904,7 @@ func errStatus(err error) (uint32, string) {
 	return svc.StatusGeneral, text
 }
 
-var errNoHandle = fmt.Errorf("%w: no such handle", ErrInvalidArgument)
+var errNoHandle = fmt.Errorf("%w: no such handle", verbs.ErrInvalidArgument)
 
 // blocking reports whether a request may wait on the network or a peer.
 func blocking(t svc.Type) bool {
@@ -920,12 +930,12 @@ func (x *session) dispatch(m svc.Msg, fds []int) {
 	}
 	if t == svc.TEvent || t == svc.TQPDone || t == svc.THello || t == svc.TError {
 		closeFDs(fds)
-		x.reply(&svc.Builder{}, svc.TError, seq, nil, fmt.Errorf("%w: %v is not a request", ErrInvalidArgument, t))
+		x.reply(&svc.Builder{}, svc.TError, seq, nil, fmt.Errorf("%w: %v is not a request", verbs.ErrInvalidArgument, t))
 		return
 	}
 	if t != svc.TRegMR && len(fds) > 0 {
 		closeFDs(fds)
-		x.reply(&svc.Builder{}, t, seq, nil, fmt.Errorf("%w: unexpected descriptors", ErrInvalidArgument))
+		x.reply(&svc.Builder{}, t, seq, nil, fmt.Errorf("%w: unexpected descriptors", verbs.ErrInvalidArgument))
 		return
 	}
 	// What the client posted before this call is the engine's before the
@@ -975,7 +985,7 @@ func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []i
 		if r := recover(); r != nil {
 			// A bug reached by a hostile message must cost only this
 			// request, never the service.
-			err = fmt.Errorf("%w: internal error handling %v: %v", ErrInvalidArgument, t, r)
+			err = fmt.Errorf("%w: internal error handling %v: %v", verbs.ErrInvalidArgument, t, r)
 			x.logf("panic in %v: %v", t, r)
 		}
 	}()
@@ -1060,12 +1070,12 @@ func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []i
 		return nil, nil
 	}
 	closeFDs(fds)
-	return nil, fmt.Errorf("%w: unknown request %v", ErrInvalidArgument, t)
+	return nil, fmt.Errorf("%w: unknown request %v", verbs.ErrInvalidArgument, t)
 }
 
 // queryDevice is the device's limits as the client may use them: the
 // device's, lowered to the client's own limits.
-func (x *session) queryDevice() DeviceAttr {
+func (x *session) queryDevice() verbs.DeviceAttr {
 	a := x.dev.Query()
 	l := x.lim
 	a.MaxQP = min(a.MaxQP, l.QPs)
@@ -1087,7 +1097,7 @@ func (x *session) queryDevice() DeviceAttr {
 func (x *session) ringMemfd(name string, n int) (int, []byte, error) {
 	x.mu.Lock()
 	if x.ringBytes+int64(n) > x.lim.RingBytes {
-		err := fmt.Errorf("%w: %d bytes of queue memory, limit %d", ErrLimit, x.ringBytes, x.lim.RingBytes)
+		err := fmt.Errorf("%w: %d bytes of queue memory, limit %d", verbs.ErrLimit, x.ringBytes, x.lim.RingBytes)
 		x.mu.Unlock()
 		return -1, nil, err
 	}
@@ -1129,7 +1139,7 @@ func (x *session) dropRing(mem []byte, n int) {
 const (
 	// The reader's buffers, the control page, the event queue and the
 	// reader's, poller's and event writer's goroutines.
-	memSession = 2*svc.MaxMessage + svc.CtlSize + 256*int64(unsafe.Sizeof(AsyncEvent{})) + 3*8<<10 + 4<<10
+	memSession = 2*svc.MaxMessage + svc.CtlSize + 256*int64(unsafe.Sizeof(verbs.AsyncEvent{})) + 3*8<<10 + 4<<10
 	memSmall   = 1 << 10 // a PD, CQ, MR or window: its structures and table entries
 	// A QP beside its queues: the served QP, and the QP's transmitter,
 	// receiver and watcher goroutines.
@@ -1150,7 +1160,7 @@ const (
 func (x *session) chargeLocked(n int64, what string) error {
 	if x.memBytes+n > x.lim.Memory {
 		return fmt.Errorf("%w: %s needs %d bytes of service memory; the client holds %d of its %d (Limits.Memory, up --client-memory)",
-			ErrLimit, what, n, x.memBytes, x.lim.Memory)
+			verbs.ErrLimit, what, n, x.memBytes, x.lim.Memory)
 	}
 	x.memBytes += n
 	return nil
@@ -1189,7 +1199,7 @@ func (x *session) allocPD(b *svc.Builder) error {
 	n := len(x.pds)
 	x.mu.Unlock()
 	if n >= x.lim.PDs {
-		return fmt.Errorf("%w: %d PDs", ErrLimit, n)
+		return fmt.Errorf("%w: %d PDs", verbs.ErrLimit, n)
 	}
 	if err := x.charge(memSmall, "a PD"); err != nil {
 		return err
@@ -1200,13 +1210,13 @@ func (x *session) allocPD(b *svc.Builder) error {
 		return err
 	}
 	x.mu.Lock()
-	x.pds[uint64(pd.id)] = pd
+	x.pds[uint64(pd.ID())] = pd
 	x.mu.Unlock()
-	b.Args(uint64(pd.id))
+	b.Args(uint64(pd.ID()))
 	return nil
 }
 
-func (x *session) pd(h uint64) (*PD, error) {
+func (x *session) pd(h uint64) (*verbs.PD, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if pd := x.pds[h]; pd != nil {
@@ -1233,7 +1243,7 @@ func (x *session) deallocPD(h uint64) error {
 // servedMR is a client's registration: the service's mapping of the
 // client's memfd pages, registered at the client's addresses.
 type servedMR struct {
-	mr      *MR
+	mr      *verbs.MR
 	mapping []byte
 	n       int64
 	va      uint64 // the client's address of the first byte
@@ -1247,34 +1257,34 @@ type servedMR struct {
 func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 	defer closeFDs(fds)
 	if len(fds) != 1 {
-		return fmt.Errorf("%w: REG_MR needs one memory file descriptor, got %d", ErrInvalidArgument, len(fds))
+		return fmt.Errorf("%w: REG_MR needs one memory file descriptor, got %d", verbs.ErrInvalidArgument, len(fds))
 	}
 	pd, err := x.pd(m.Arg(0))
 	if err != nil {
 		return err
 	}
-	va, n, acc, off, iova := m.Arg(1), m.Arg(2), Access(m.Arg(3)), m.Arg(4), m.Arg(5)
+	va, n, acc, off, iova := m.Arg(1), m.Arg(2), verbs.Access(m.Arg(3)), m.Arg(4), m.Arg(5)
 	if n == 0 || n > 1<<40 || off > 1<<50 || va+n < va {
-		return fmt.Errorf("%w: region of %d bytes at offset %d", ErrInvalidArgument, n, off)
+		return fmt.Errorf("%w: region of %d bytes at offset %d", verbs.ErrInvalidArgument, n, off)
 	}
 	if iova+n < iova {
-		return fmt.Errorf("%w: IOVA %#x + %d bytes wraps", ErrInvalidArgument, iova, n)
+		return fmt.Errorf("%w: IOVA %#x + %d bytes wraps", verbs.ErrInvalidArgument, iova, n)
 	}
 	if va%4096 != off%4096 {
 		// The client maps the file from a page boundary, so its address
 		// and the file offset agree within the page; a claim that they do
 		// not would misalign the Tagged Offsets against the service's
 		// mapping (atomics need 8-byte aligned words).
-		return fmt.Errorf("%w: address %#x does not sit at file offset %d within its page", ErrInvalidArgument, va, off)
+		return fmt.Errorf("%w: address %#x does not sit at file offset %d within its page", verbs.ErrInvalidArgument, va, off)
 	}
 	x.mu.Lock()
 	if x.mrBytes+int64(n) > x.lim.MRBytes {
-		err := fmt.Errorf("%w: %d MR bytes registered, limit %d", ErrLimit, x.mrBytes, x.lim.MRBytes)
+		err := fmt.Errorf("%w: %d MR bytes registered, limit %d", verbs.ErrLimit, x.mrBytes, x.lim.MRBytes)
 		x.mu.Unlock()
 		return err
 	}
 	if x.memObjects()+x.mrPending >= x.lim.MRs {
-		err := fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
+		err := fmt.Errorf("%w: %d MRs", verbs.ErrLimit, x.memObjects())
 		x.mu.Unlock()
 		return err
 	}
@@ -1299,8 +1309,8 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 	}
 	mapping, part, err := svc.MapFile(fds[0], int64(off), int(n), true)
 	if err == nil {
-		var mr *MR
-		if mr, err = pd.regMRChecked(part, iova, acc); err == nil {
+		var mr *verbs.MR
+		if mr, err = regMRChecked(pd, part, iova, acc); err == nil {
 			x.mu.Lock()
 			h := x.handle64()
 			x.mrs[h] = &servedMR{mr: mr, mapping: mapping, n: int64(n), va: va}
@@ -1310,7 +1320,7 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 		}
 		svc.Unmap(mapping)
 	} else {
-		err = fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		err = fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, err)
 	}
 	x.srv.dropMap(x.cred.UID)
 	x.mu.Lock()
@@ -1320,15 +1330,15 @@ func (x *session) regMR(b *svc.Builder, m svc.Msg, fds []int) error {
 	return err
 }
 
-// regMRChecked is RegMR's checks and registration at base.
-func (pd *PD) regMRChecked(buf []byte, base uint64, acc Access) (*MR, error) {
-	if acc&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic|AccessZeroBased|AccessMWBind) != 0 {
-		return nil, fmt.Errorf("%w: access flags %#x not supported", ErrInvalidArgument, uint32(acc))
+// regMRChecked registers a client's pages at its addresses, base on.
+func regMRChecked(pd *verbs.PD, buf []byte, base uint64, acc verbs.Access) (*verbs.MR, error) {
+	if acc&^(verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead|verbs.AccessRemoteAtomic|verbs.AccessZeroBased|verbs.AccessMWBind) != 0 {
+		return nil, fmt.Errorf("%w: access flags %#x not supported", verbs.ErrInvalidArgument, uint32(acc))
 	}
-	if acc&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && acc&AccessLocalWrite == 0 {
-		return nil, fmt.Errorf("%w: remote write and atomic require local write", ErrInvalidArgument)
+	if acc&(verbs.AccessRemoteWrite|verbs.AccessRemoteAtomic) != 0 && acc&verbs.AccessLocalWrite == 0 {
+		return nil, fmt.Errorf("%w: remote write and atomic require local write", verbs.ErrInvalidArgument)
 	}
-	return pd.regMRAt(buf, base, acc)
+	return pd.RegMRIOVA(buf, base, acc)
 }
 
 // memObjects counts the STags the client holds (session.mu held).
@@ -1398,7 +1408,7 @@ func (x *session) unmapMR(r *servedMR) {
 // a registration of those pages may outlive the next MapPages, and the
 // pages must stay mapped while a peer may place into them.
 type servedFRMR struct {
-	mr   *MR
+	mr   *verbs.MR
 	used map[*servedMR]struct{}
 	// A MAP_MR in several messages: the entries so far.
 	pend []byte
@@ -1426,16 +1436,16 @@ func (x *session) allocMR(b *svc.Builder, m svc.Msg) error {
 	}
 	maxPages := m.Arg(1)
 	if maxPages == 0 || maxPages > iwarp.MaxFastRegPages {
-		return fmt.Errorf("%w: fast-register MR of %d pages", ErrInvalidArgument, maxPages)
+		return fmt.Errorf("%w: fast-register MR of %d pages", verbs.ErrInvalidArgument, maxPages)
 	}
 	x.mu.Lock()
 	if x.memObjects()+x.mrPending >= x.lim.MRs {
-		err := fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
+		err := fmt.Errorf("%w: %d MRs", verbs.ErrLimit, x.memObjects())
 		x.mu.Unlock()
 		return err
 	}
 	if x.frPages+int(maxPages) > x.lim.FRPages {
-		err := fmt.Errorf("%w: fast-register MRs of %d pages, limit %d", ErrLimit, x.frPages, x.lim.FRPages)
+		err := fmt.Errorf("%w: fast-register MRs of %d pages, limit %d", verbs.ErrLimit, x.frPages, x.lim.FRPages)
 		x.mu.Unlock()
 		return err
 	}
@@ -1470,8 +1480,8 @@ func (x *session) releaseFRMR(f *servedFRMR) error {
 	}
 	var unmap []*servedMR
 	x.mu.Lock()
-	x.frPages -= f.mr.fr.MaxPages()
-	x.memBytes -= frmrMemory(f.mr.fr.MaxPages())
+	x.frPages -= engine.FastRegMR(f.mr).MaxPages()
+	x.memBytes -= frmrMemory(engine.FastRegMR(f.mr).MaxPages())
 	for r := range f.used {
 		r.refs--
 		if r.refs == 0 && r.gone {
@@ -1491,7 +1501,7 @@ func (x *session) releaseFRMR(f *servedFRMR) error {
 // +checklocks:x.mu
 func (x *session) clientMR(va, n uint64) *servedMR {
 	for _, r := range x.mrs {
-		if va >= r.va && va-r.va <= uint64(len(r.mr.r.Buf)) && n <= uint64(len(r.mr.r.Buf))-(va-r.va) {
+		if va >= r.va && va-r.va <= uint64(len(r.mr.Bytes())) && n <= uint64(len(r.mr.Bytes()))-(va-r.va) {
 			return r
 		}
 	}
@@ -1511,15 +1521,15 @@ func (x *session) mapMR(b *svc.Builder, m svc.Msg) error {
 	mode, pageSize, offset, length := m.Arg(1), m.Arg(2), m.Arg(3), m.Arg(4)
 	var fl [1][]byte
 	if n, err := svc.Fields(m.Payload(), fl[:]); err != nil || n != 1 || len(fl[0])%svc.MapEntrySize != 0 {
-		return fmt.Errorf("%w: MAP_MR entries", ErrInvalidArgument)
+		return fmt.Errorf("%w: MAP_MR entries", verbs.ErrInvalidArgument)
 	}
-	maxEntries := max(f.mr.fr.MaxPages(), svc.MapEntries)
+	maxEntries := max(engine.FastRegMR(f.mr).MaxPages(), svc.MapEntries)
 	if mode&svc.MapFirst != 0 {
 		f.pend = f.pend[:0]
 	}
 	if (len(f.pend)+len(fl[0]))/svc.MapEntrySize > maxEntries {
 		f.pend = nil
-		return fmt.Errorf("%w: MAP_MR of more than %d entries", ErrInvalidArgument, maxEntries)
+		return fmt.Errorf("%w: MAP_MR of more than %d entries", verbs.ErrInvalidArgument, maxEntries)
 	}
 	f.pend = append(f.pend, fl[0]...)
 	if mode&svc.MapLast == 0 {
@@ -1528,7 +1538,7 @@ func (x *session) mapMR(b *svc.Builder, m svc.Msg) error {
 	ents := f.pend
 	f.pend = nil
 	if pageSize > iwarp.MaxPageSize || offset > iwarp.MaxPageSize || length > 1<<50 {
-		return fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: page size %d", iwarp.ErrInvalidWR, pageSize))
+		return fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, fmt.Errorf("%w: page size %d", iwarp.ErrInvalidWR, pageSize))
 	}
 	ps := int(pageSize)
 	used := map[*servedMR]struct{}{}
@@ -1538,26 +1548,26 @@ func (x *session) mapMR(b *svc.Builder, m svc.Msg) error {
 	case svc.MapPages:
 		if pageSize < iwarp.MinPageSize || pageSize&(pageSize-1) != 0 {
 			x.mu.Unlock()
-			return fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: page size %d", iwarp.ErrInvalidWR, pageSize))
+			return fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, fmt.Errorf("%w: page size %d", iwarp.ErrInvalidWR, pageSize))
 		}
 		var pages [][]byte
 		for i := 0; i+svc.MapEntrySize <= len(ents); i += svc.MapEntrySize {
 			va, np := binary.LittleEndian.Uint64(ents[i:]), uint64(binary.LittleEndian.Uint32(ents[i+8:]))
-			if np == 0 || uint64(len(pages))+np > uint64(f.mr.fr.MaxPages()) {
+			if np == 0 || uint64(len(pages))+np > uint64(engine.FastRegMR(f.mr).MaxPages()) {
 				x.mu.Unlock()
-				return fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: %d pages, the MR maps 1 to %d",
-					iwarp.ErrInvalidWR, uint64(len(pages))+np, f.mr.fr.MaxPages()))
+				return fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, fmt.Errorf("%w: %d pages, the MR maps 1 to %d",
+					iwarp.ErrInvalidWR, uint64(len(pages))+np, engine.FastRegMR(f.mr).MaxPages()))
 			}
 			r := x.clientMR(va, np*pageSize)
 			if r == nil {
 				x.mu.Unlock()
-				return fmt.Errorf("%w: pages [%#x, +%d) are not in memory the client registered", ErrInvalidArgument, va, np*pageSize)
+				return fmt.Errorf("%w: pages [%#x, +%d) are not in memory the client registered", verbs.ErrInvalidArgument, va, np*pageSize)
 			}
 			if len(pages) == 0 {
 				iova = va + offset
 			}
 			used[r] = struct{}{}
-			run := r.mr.r.Buf[va-r.va:]
+			run := r.mr.Bytes()[va-r.va:]
 			for k := 0; k < int(np); k++ {
 				pages = append(pages, run[k*ps:(k+1)*ps])
 			}
@@ -1567,24 +1577,24 @@ func (x *session) mapMR(b *svc.Builder, m svc.Msg) error {
 			return err
 		}
 	case svc.MapSG:
-		sgl := make([]SGE, 0, len(ents)/svc.MapEntrySize)
+		sgl := make([]verbs.SGE, 0, len(ents)/svc.MapEntrySize)
 		for i := 0; i+svc.MapEntrySize <= len(ents); i += svc.MapEntrySize {
-			s := SGE{Addr: binary.LittleEndian.Uint64(ents[i:]), Length: binary.LittleEndian.Uint32(ents[i+8:]),
+			s := verbs.SGE{Addr: binary.LittleEndian.Uint64(ents[i:]), Length: binary.LittleEndian.Uint32(ents[i+8:]),
 				LKey: binary.LittleEndian.Uint32(ents[i+12:])}
 			var r *servedMR
 			for _, c := range x.mrs {
-				if c.mr.LKey() == s.LKey && c.mr.pd == f.mr.pd {
+				if c.mr.LKey() == s.LKey && c.mr.PD() == f.mr.PD() {
 					r = c
 					break
 				}
 			}
 			if r == nil {
 				x.mu.Unlock()
-				return fmt.Errorf("%w: %v", ErrInvalidArgument, fmt.Errorf("%w: SGE %d: lkey %#x is no MR of the protection domain",
+				return fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, fmt.Errorf("%w: SGE %d: lkey %#x is no MR of the protection domain",
 					iwarp.ErrInvalidWR, len(sgl), s.LKey))
 			}
 			if len(sgl) == 0 {
-				iova = r.va + (s.Addr - r.mr.r.Base)
+				iova = r.va + (s.Addr - r.mr.Addr())
 			}
 			used[r] = struct{}{}
 			sgl = append(sgl, s)
@@ -1599,7 +1609,7 @@ func (x *session) mapMR(b *svc.Builder, m svc.Msg) error {
 		}
 	default:
 		x.mu.Unlock()
-		return fmt.Errorf("%w: MAP_MR mode %#x", ErrInvalidArgument, mode)
+		return fmt.Errorf("%w: MAP_MR mode %#x", verbs.ErrInvalidArgument, mode)
 	}
 	// The IOVA of the client's first byte, as embedded (the service's
 	// mapping lies elsewhere).
@@ -1625,18 +1635,18 @@ func (x *session) allocMW(b *svc.Builder, m svc.Msg) error {
 	}
 	x.mu.Lock()
 	if x.memObjects()+x.mrPending >= x.lim.MRs {
-		err := fmt.Errorf("%w: %d MRs", ErrLimit, x.memObjects())
+		err := fmt.Errorf("%w: %d MRs", verbs.ErrLimit, x.memObjects())
 		x.mu.Unlock()
 		return err
 	}
 	x.mu.Unlock()
-	if t := m.Arg(1); t != uint64(MWType1) && t != uint64(MWType2) {
-		return fmt.Errorf("%w: window type %d", ErrInvalidArgument, t)
+	if t := m.Arg(1); t != uint64(verbs.MWType1) && t != uint64(verbs.MWType2) {
+		return fmt.Errorf("%w: window type %d", verbs.ErrInvalidArgument, t)
 	}
 	if err := x.charge(memSmall, "a memory window"); err != nil {
 		return err
 	}
-	mw, err := pd.AllocMW(MWType(m.Arg(1)))
+	mw, err := pd.AllocMW(verbs.MWType(m.Arg(1)))
 	if err != nil {
 		x.uncharge(memSmall)
 		return err
@@ -1676,9 +1686,9 @@ func (x *session) bindMW(b *svc.Builder, m svc.Msg) error {
 		return errNoHandle
 	}
 	if m.Arg(3) > 0xff || m.Arg(4) > 1<<32-1 || m.Arg(7) > 1<<32-1 {
-		return fmt.Errorf("%w: BIND_MW arguments", ErrInvalidArgument)
+		return fmt.Errorf("%w: BIND_MW arguments", verbs.ErrInvalidArgument)
 	}
-	stag, err := q.qp.iw.BindMW1(m.Arg(2), iwarp.SendFlags(m.Arg(3)), mw.w,
+	stag, err := q.iw.BindMW1(m.Arg(2), iwarp.SendFlags(m.Arg(3)), engine.Window(mw),
 		iwarp.MWBind{MR: uint32(m.Arg(4)), Addr: m.Arg(5), Length: m.Arg(6), Access: iwarp.Access(m.Arg(7))})
 	if err != nil {
 		return err
@@ -1696,9 +1706,9 @@ func (x *session) queryMem(b *svc.Builder, h uint64) error {
 	var r *iwarp.Region
 	switch {
 	case f != nil:
-		r = f.mr.fr.Current()
+		r = engine.FastRegMR(f.mr).Current()
 	case mw != nil:
-		r = mw.w.Current()
+		r = engine.Window(mw).Current()
 	default:
 		return errNoHandle
 	}
@@ -1708,27 +1718,34 @@ func (x *session) queryMem(b *svc.Builder, h uint64) error {
 
 // --- CQ ---
 
-// servedCQ is the service's side of a client's CQ ring: Push writes
-// completions into it.
+// servedCQ is the service's side of a client's CQ ring: the engine's
+// QPs complete into cq, whose completions Push writes into the ring.
+//
+// mu serialises the producers (the engines' transmitters and receivers,
+// and failWR) and retire: it guards prod and dead. retire takes the
+// session's and the Server's locks under it (dropRing, uncharge).
 type servedCQ struct {
 	x    *session
 	h    uint64
-	cq   *CQ
+	cq   *verbs.CQ
 	mem  []byte
 	ring *svc.Ring
-	prod uint32 // under cq.mu
+	mu   sync.Mutex
+	// +checklocks:mu
+	prod uint32
 	ev   *svc.Eventfd
-	dead bool // under cq.mu: the ring is gone
+	// +checklocks:mu
+	dead bool // the ring is gone
 	refs int  // QPs using it, under session.mu
 }
 
 func (x *session) createCQ(b *svc.Builder, cqe uint64) ([]int, error) {
 	if cqe == 0 || cqe > uint64(x.lim.MaxWR)*4 {
-		return nil, fmt.Errorf("%w: CQ of %d entries (limit %d)", ErrInvalidArgument, cqe, x.lim.MaxWR*4)
+		return nil, fmt.Errorf("%w: CQ of %d entries (limit %d)", verbs.ErrInvalidArgument, cqe, x.lim.MaxWR*4)
 	}
 	x.mu.Lock()
 	if len(x.cqs) >= x.lim.CQs {
-		err := fmt.Errorf("%w: %d CQs", ErrLimit, len(x.cqs))
+		err := fmt.Errorf("%w: %d CQs", verbs.ErrLimit, len(x.cqs))
 		x.mu.Unlock()
 		return nil, err
 	}
@@ -1759,7 +1776,7 @@ func (x *session) createCQ(b *svc.Builder, cqe uint64) ([]int, error) {
 		return nil, err
 	}
 	s := &servedCQ{x: x, mem: mem, ring: ring, ev: ev}
-	s.cq = &CQ{dev: x.dev, shm: s, notify: make(chan struct{}, 1), closed: make(chan struct{}), events: make(chan struct{}, 1)}
+	s.cq = engine.SinkCQ(x.dev, s)
 	x.mu.Lock()
 	s.h = x.handle64()
 	x.cqs[s.h] = s
@@ -1770,19 +1787,22 @@ func (x *session) createCQ(b *svc.Builder, cqe uint64) ([]int, error) {
 	return []int{fd, evDup}, nil
 }
 
-// push writes a completion into the client's ring (CQ.Push of a served
-// CQ). It never blocks; a full ring (or one whose consumer index the
-// client corrupted) is an overflow, as a full CQ is.
-func (s *servedCQ) push(cq *CQ, c *iwarp.Completion) bool {
-	cq.mu.Lock()
+// Push implements iwarp.CQ: the engine completes into the ring.
+func (s *servedCQ) Push(c iwarp.Completion) bool { return s.push(&c) }
+
+// push writes a completion into the client's ring. It never blocks; a
+// full ring (or one whose consumer index the client corrupted) is an
+// overflow, as a full CQ is.
+func (s *servedCQ) push(c *iwarp.Completion) bool {
+	s.mu.Lock()
 	if s.dead {
-		cq.mu.Unlock()
+		s.mu.Unlock()
 		return true
 	}
 	free, err := s.ring.Free(s.prod)
 	if err != nil || free == 0 {
 		s.ring.Overflow.Store(1)
-		cq.mu.Unlock()
+		s.mu.Unlock()
 		return false
 	}
 	svc.PutCompletion(s.ring.Entry(s.prod), c)
@@ -1803,7 +1823,7 @@ func (s *servedCQ) push(cq *CQ, c *iwarp.Completion) bool {
 	if signal || s.ring.Waiting.Load() != 0 {
 		s.ev.Signal()
 	}
-	cq.mu.Unlock()
+	s.mu.Unlock()
 	// A send queue freed room: the poller may have entries waiting for it.
 	if s.x.blocked.Load() != 0 {
 		s.x.kick()
@@ -1813,12 +1833,12 @@ func (s *servedCQ) push(cq *CQ, c *iwarp.Completion) bool {
 
 // retire takes the ring away from Push and frees it.
 func (s *servedCQ) retire() {
-	s.cq.mu.Lock()
+	s.mu.Lock()
 	s.dead = true
 	s.x.dropRing(s.mem, len(s.mem))
 	s.x.uncharge(memSmall)
 	s.ev.Close()
-	s.cq.mu.Unlock()
+	s.mu.Unlock()
 	s.cq.Close()
 }
 
@@ -1842,7 +1862,7 @@ func takeUnused[T any](mu *sync.Mutex, m map[uint64]*T, h uint64, refs func(*T) 
 		return nil, errNoHandle
 	}
 	if n := refs(s); n > 0 {
-		return nil, fmt.Errorf("%w: %d QPs use the %s", ErrBusy, n, what)
+		return nil, fmt.Errorf("%w: %d QPs use the %s", verbs.ErrBusy, n, what)
 	}
 	delete(m, h)
 	return s, nil
@@ -1855,7 +1875,8 @@ func takeUnused[T any](mu *sync.Mutex, m map[uint64]*T, h uint64, refs func(*T) 
 // session.mu; the rest never changes.
 type servedSRQ struct {
 	h      uint64
-	srq    *SRQ
+	srq    *verbs.SRQ
+	rq     *iwarp.RecvQueue // srq's, the engine's
 	mem    []byte
 	ring   *svc.Ring
 	cons   uint32
@@ -1875,10 +1896,10 @@ func (x *session) createSRQ(b *svc.Builder, m svc.Msg) ([]int, error) {
 	n := len(x.srqs)
 	x.mu.Unlock()
 	if n >= x.lim.SRQs {
-		return nil, fmt.Errorf("%w: %d SRQs", ErrLimit, n)
+		return nil, fmt.Errorf("%w: %d SRQs", verbs.ErrLimit, n)
 	}
 	if maxWR == 0 || maxWR > uint64(x.lim.MaxWR) || maxSGE == 0 || maxSGE > 64 {
-		return nil, fmt.Errorf("%w: SRQ of %d WRs, %d SGEs", ErrInvalidArgument, maxWR, maxSGE)
+		return nil, fmt.Errorf("%w: SRQ of %d WRs, %d SGEs", verbs.ErrInvalidArgument, maxWR, maxSGE)
 	}
 	cost := memSmall + iwarp.RecvQueueFootprint(int(maxWR), int(maxSGE)) + int64(maxSGE)*int64(unsafe.Sizeof(iwarp.SGE{}))
 	if err := x.charge(cost, "an SRQ"); err != nil {
@@ -1898,7 +1919,7 @@ func (x *session) createSRQ(b *svc.Builder, m svc.Msg) ([]int, error) {
 		return nil, err
 	}
 	ring, _ := svc.InitRing(mem, capacity, esize)
-	s := &servedSRQ{srq: srq, mem: mem, ring: ring, sgl: make([]iwarp.SGE, maxSGE), maxSGE: int(maxSGE), cost: cost}
+	s := &servedSRQ{srq: srq, rq: engine.RecvQueue(srq), mem: mem, ring: ring, sgl: make([]iwarp.SGE, maxSGE), maxSGE: int(maxSGE), cost: cost}
 	x.ringMu.Lock()
 	x.mu.Lock()
 	s.h = x.handle64()
@@ -1938,10 +1959,10 @@ func (x *session) srqLimit(h, limit uint64) error {
 	if s == nil {
 		return errNoHandle
 	}
-	if limit > uint64(s.srq.rq.Cap()) {
-		return fmt.Errorf("%w: SRQ limit %d", ErrInvalidArgument, limit)
+	if limit > uint64(s.rq.Cap()) {
+		return fmt.Errorf("%w: SRQ limit %d", verbs.ErrInvalidArgument, limit)
 	}
-	s.srq.rq.SetLimit(int(limit), func() { x.sendEvent(AsyncEvent{Type: EventSRQLimitReached, SRQ: s.srq}) })
+	s.rq.SetLimit(int(limit), func() { x.sendEvent(verbs.AsyncEvent{Type: verbs.EventSRQLimitReached, SRQ: s.srq}) })
 	return nil
 }
 
@@ -1954,7 +1975,8 @@ func (x *session) srqLimit(h, limit uint64) error {
 // clears it holding session.ringMu for writing (no pass runs then).
 // conn and cost are under session.mu. The rest never changes.
 type servedQP struct {
-	qp       *QP
+	qp       *verbs.QP
+	iw       *iwarp.QP // qp's, the engine's
 	num      uint32
 	mem      []byte
 	sq, rq   *svc.Ring
@@ -1992,9 +2014,9 @@ func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
 		return nil, errNoHandle
 	}
 	if n >= x.lim.QPs {
-		return nil, fmt.Errorf("%w: %d QPs", ErrLimit, n)
+		return nil, fmt.Errorf("%w: %d QPs", verbs.ErrLimit, n)
 	}
-	cfg := QPConfig{SendCQ: scq.cq, RecvCQ: rcq.cq, MaxSendWR: int(min(m.Arg(4), 1<<31)), MaxRecvWR: int(min(m.Arg(5), 1<<31)),
+	cfg := verbs.QPConfig{SendCQ: scq.cq, RecvCQ: rcq.cq, MaxSendWR: int(min(m.Arg(4), 1<<31)), MaxRecvWR: int(min(m.Arg(5), 1<<31)),
 		MaxSendSGE: int(min(m.Arg(6), 1<<31)), MaxRecvSGE: int(min(m.Arg(7), 1<<31)), MaxInline: int(min(m.Arg(8), 1<<31)),
 		SignalAll: m.Arg(9)&1 != 0}
 	if srq != nil {
@@ -2002,11 +2024,11 @@ func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
 	}
 	if cfg.MaxSendWR <= 0 || cfg.MaxSendWR > x.lim.MaxWR || cfg.MaxRecvWR <= 0 || cfg.MaxRecvWR > x.lim.MaxWR ||
 		cfg.MaxSendSGE <= 0 || cfg.MaxSendSGE > 64 || cfg.MaxRecvSGE <= 0 || cfg.MaxRecvSGE > 64 {
-		return nil, fmt.Errorf("%w: QP of %d/%d WRs, %d/%d SGEs (limit %d WRs, 64 SGEs)", ErrInvalidArgument,
+		return nil, fmt.Errorf("%w: QP of %d/%d WRs, %d/%d SGEs (limit %d WRs, 64 SGEs)", verbs.ErrInvalidArgument,
 			cfg.MaxSendWR, cfg.MaxRecvWR, cfg.MaxSendSGE, cfg.MaxRecvSGE, x.lim.MaxWR)
 	}
 	if cfg.MaxInline < 0 || cfg.MaxInline > maxInline {
-		return nil, fmt.Errorf("%w: %d bytes inline (limit %d)", ErrInvalidArgument, cfg.MaxInline, maxInline)
+		return nil, fmt.Errorf("%w: %d bytes inline (limit %d)", verbs.ErrInvalidArgument, cfg.MaxInline, maxInline)
 	}
 	cost := qpMemory(cfg)
 	if err := x.charge(cost, "a QP"); err != nil {
@@ -2029,7 +2051,7 @@ func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
 		x.uncharge(cost)
 		return nil, err
 	}
-	q := &servedQP{qp: qp, num: qp.Num(), mem: mem, sgl: make([]iwarp.SGE, cfg.MaxSendSGE), rsgl: make([]iwarp.SGE, cfg.MaxRecvSGE),
+	q := &servedQP{qp: qp, iw: engine.EngineQP(qp), num: qp.Num(), mem: mem, sgl: make([]iwarp.SGE, cfg.MaxSendSGE), rsgl: make([]iwarp.SGE, cfg.MaxRecvSGE),
 		scq: scq, rcq: rcq, srq: srq, cost: cost}
 	q.sq, _ = svc.InitRing(mem[:sqBytes], sqCap, svc.SendEntrySize(cfg.MaxSendSGE))
 	if srq == nil {
@@ -2062,7 +2084,7 @@ const maxInline = 4096
 // qpMemory is a QP's charge beside its rings: the QP, its queues at their
 // full depth with their SGE lists and inline buffers (the receive queue
 // unless it uses an SRQ), and the served QP's SGE lists.
-func qpMemory(cfg QPConfig) int64 {
+func qpMemory(cfg verbs.QPConfig) int64 {
 	sge := int64(unsafe.Sizeof(iwarp.SGE{}))
 	n := memQP + iwarp.QPFootprint() + iwarp.SendQueueFootprint(cfg.MaxSendWR, cfg.MaxSendSGE, cfg.MaxInline) +
 		int64(cfg.MaxSendSGE+cfg.MaxRecvSGE)*sge
@@ -2130,7 +2152,7 @@ func (x *session) releaseQP(q *servedQP, fatal bool) {
 	x.mu.Unlock()
 	defer x.uncharge(q.cost) // once the QP has flushed, below
 	if fatal {
-		q.qp.fatal()
+		engine.Fatal(q.qp)
 	} else {
 		q.qp.Close()
 	}
@@ -2382,7 +2404,7 @@ func (x *session) drainSQ(q *servedQP) bool {
 				cop = sendCompOp(op)
 			}
 			x.failWR(q.scq, q.num, iwarp.Completion{ID: svc.EntryID(e), Status: iwarp.StatusLocalQPOp, Op: cop})
-		} else if _, err := q.qp.iw.PostSend(q.wrs[:]...); err != nil {
+		} else if _, err := q.iw.PostSend(q.wrs[:]...); err != nil {
 			if errors.Is(err, iwarp.ErrQueueFull) {
 				x.setBlocked(q, true)
 				break
@@ -2414,7 +2436,7 @@ func (x *session) drainRQ(q *servedQP) (bool, error) {
 		id, sgl, err := svc.GetRecv(q.rq.Entry(q.rqCons), q.rsgl)
 		if err != nil {
 			x.failWR(q.rcq, q.num, iwarp.Completion{ID: id, Status: iwarp.StatusLocalQPOp, Op: iwarp.CompRecv})
-		} else if err := q.qp.iw.PostRecv(id, sgl); err != nil {
+		} else if err := q.iw.PostRecv(id, sgl); err != nil {
 			if errors.Is(err, iwarp.ErrQueueFull) {
 				x.setBlocked(q, true)
 				break
@@ -2438,7 +2460,7 @@ func drainSRQ(s *servedSRQ) (bool, error) {
 	for ; n > 0; n-- {
 		id, sgl, err := svc.GetRecv(s.ring.Entry(s.cons), s.sgl)
 		if err == nil {
-			if err := s.srq.rq.Post(id, sgl); errors.Is(err, iwarp.ErrQueueFull) {
+			if err := s.rq.Post(id, sgl); errors.Is(err, iwarp.ErrQueueFull) {
 				break
 			}
 		}
@@ -2457,12 +2479,12 @@ func (x *session) resolve(wr *iwarp.SendWR, obj uint64) error {
 	switch wr.Op {
 	case iwarp.WRRegMR:
 		if f := x.frmrs[obj]; f != nil {
-			wr.MR = f.mr.fr
+			wr.MR = engine.FastRegMR(f.mr)
 			return nil
 		}
 	case iwarp.WRBindMW:
 		if mw := x.mws[obj]; mw != nil {
-			wr.MW = mw.w
+			wr.MW = engine.Window(mw)
 			return nil
 		}
 	}
@@ -2471,7 +2493,7 @@ func (x *session) resolve(wr *iwarp.SendWR, obj uint64) error {
 
 func (x *session) failWR(cq *servedCQ, num uint32, c iwarp.Completion) {
 	c.QPNum = num
-	cq.cq.push(verbsWC(&c))
+	cq.push(&c)
 }
 
 // sendCompOp is the completion operation of a send WR.
@@ -2509,7 +2531,7 @@ func (x *session) stopPoller() {
 
 // sendEvent queues an event for the client; a client that does not read
 // loses events (as a full Events channel does), never stalls the device.
-func (x *session) sendEvent(e AsyncEvent) {
+func (x *session) sendEvent(e verbs.AsyncEvent) {
 	select {
 	case x.events <- e:
 	default:
@@ -2548,10 +2570,10 @@ func (x *session) eventWriter() {
 
 // --- connections ---
 
-func connParamsFrom(m svc.Msg, at int, pdata []byte) ConnParams {
-	return ConnParams{PrivateData: pdata, IRD: int(int64(m.Arg(at))), ORD: int(int64(m.Arg(at + 1))),
+func connParamsFrom(m svc.Msg, at int, pdata []byte) verbs.ConnParams {
+	return verbs.ConnParams{PrivateData: pdata, IRD: int(int64(m.Arg(at))), ORD: int(int64(m.Arg(at + 1))),
 		CRC: svc.Untri(m.Arg(at + 2)), MPARevision: uint8(m.Arg(at + 3)), PeerToPeer: svc.Untri(m.Arg(at + 4)),
-		RTR: RTR(m.Arg(at + 5)), Markers: svc.Untri(m.Arg(at + 6))}
+		RTR: verbs.RTR(m.Arg(at + 5)), Markers: svc.Untri(m.Arg(at + 6))}
 }
 
 func bool64(b bool) uint64 {
@@ -2561,7 +2583,7 @@ func bool64(b bool) uint64 {
 	return 0
 }
 
-func connReply(b *svc.Builder, c *Conn) {
+func connReply(b *svc.Builder, c *verbs.Conn) {
 	n := c.Negotiated()
 	b.Args(uint64(n.MPARevision), bool64(n.CRC), uint64(n.IRD), uint64(n.ORD), bool64(n.PeerToPeer), uint64(n.RTR),
 		bool64(n.MarkersTx), bool64(n.MarkersRx))
@@ -2574,7 +2596,7 @@ func (x *session) takeConn(cost int64, what string) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.conns >= x.lim.Conns {
-		return fmt.Errorf("%w: %d connections", ErrLimit, x.conns)
+		return fmt.Errorf("%w: %d connections", verbs.ErrLimit, x.conns)
 	}
 	if err := x.chargeLocked(cost, what); err != nil {
 		return err
@@ -2601,11 +2623,11 @@ func (x *session) dial(ctx context.Context, b *svc.Builder, m svc.Msg) error {
 	}
 	var f [2][]byte
 	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 2 {
-		return fmt.Errorf("%w: DIAL needs an address and private data", ErrInvalidArgument)
+		return fmt.Errorf("%w: DIAL needs an address and private data", verbs.ErrInvalidArgument)
 	}
 	raddr, err := netip.ParseAddrPort(string(f[0]))
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, err)
 	}
 	cost := x.srv.connMemory()
 	if err := x.takeConn(cost, "a connection"); err != nil {
@@ -2641,19 +2663,19 @@ const privilegedPorts = 1024
 func (x *session) listen(b *svc.Builder, m svc.Msg) error {
 	var f [1][]byte
 	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 1 {
-		return fmt.Errorf("%w: LISTEN needs an address", ErrInvalidArgument)
+		return fmt.Errorf("%w: LISTEN needs an address", verbs.ErrInvalidArgument)
 	}
 	var laddr netip.AddrPort // empty: any address, any port; ":PORT": any address, that port
 	if a := string(f[0]); strings.HasPrefix(a, ":") {
 		port, err := strconv.ParseUint(a[1:], 10, 16)
 		if err != nil {
-			return fmt.Errorf("%w: listen port %q", ErrInvalidArgument, a[1:])
+			return fmt.Errorf("%w: listen port %q", verbs.ErrInvalidArgument, a[1:])
 		}
 		laddr = netip.AddrPortFrom(netip.Addr{}, uint16(port))
 	} else if len(a) > 0 {
 		var err error
 		if laddr, err = netip.ParseAddrPort(a); err != nil {
-			return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+			return fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, err)
 		}
 	}
 	if p := laddr.Port(); p != 0 && p < privilegedPorts && x.cred.UID != 0 {
@@ -2670,14 +2692,14 @@ func (x *session) listen(b *svc.Builder, m svc.Msg) error {
 	if err := x.takeConn(cost, "a listener"); err != nil {
 		return err
 	}
-	l, err := x.dev.Listen(laddr, ListenConfig{Backlog: backlog, MPATimeout: time.Duration(min(m.Arg(1), uint64(time.Minute)))})
+	l, err := x.dev.Listen(laddr, verbs.ListenConfig{Backlog: backlog, MPATimeout: time.Duration(min(m.Arg(1), uint64(time.Minute)))})
 	if err != nil {
 		x.dropConn(cost)
 		return err
 	}
 	x.mu.Lock()
 	h := x.handle64()
-	x.lns[h] = l
+	x.lns[h] = servedListener{l, cost}
 	x.mu.Unlock()
 	la := l.Addr()
 	addr := ""
@@ -2688,27 +2710,33 @@ func (x *session) listen(b *svc.Builder, m svc.Msg) error {
 	return nil
 }
 
+// servedListener is a client's listener and what it is charged.
+type servedListener struct {
+	l    *verbs.Listener
+	cost int64
+}
+
 func (x *session) closeListener(h uint64) error {
 	x.mu.Lock()
-	l := x.lns[h]
+	l, ok := x.lns[h]
 	delete(x.lns, h)
 	x.mu.Unlock()
-	if l == nil {
+	if !ok {
 		return errNoHandle
 	}
-	l.Close()
-	x.dropConn(listenerMemory(cap(l.reqs)))
+	l.l.Close()
+	x.dropConn(l.cost)
 	return nil
 }
 
 func (x *session) getRequest(ctx context.Context, b *svc.Builder, h uint64) error {
 	x.mu.Lock()
-	l := x.lns[h]
+	l, ok := x.lns[h]
 	x.mu.Unlock()
-	if l == nil {
+	if !ok {
 		return errNoHandle
 	}
-	r, err := l.GetRequest(ctx)
+	r, err := l.l.GetRequest(ctx)
 	if err != nil {
 		return err
 	}
@@ -2733,7 +2761,7 @@ func (x *session) getRequest(ctx context.Context, b *svc.Builder, h uint64) erro
 	return nil
 }
 
-func (x *session) takeRequest(h uint64) (*ConnRequest, error) {
+func (x *session) takeRequest(h uint64) (*verbs.ConnRequest, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	r := x.reqs[h]
@@ -2757,7 +2785,7 @@ func (x *session) accept(ctx context.Context, b *svc.Builder, m svc.Msg) error {
 	var f [1][]byte
 	if _, err := svc.Fields(m.Payload(), f[:]); err != nil {
 		r.Reject(nil)
-		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, err)
 	}
 	if err := checkPrivateData(f[0]); err != nil {
 		r.Reject(nil) // taken from the client's table: not to be left pending
@@ -2802,10 +2830,10 @@ func (x *session) teardown() {
 	x.mu.Lock()
 	lns := x.lns
 	reqs := x.reqs
-	x.lns, x.reqs = map[uint64]*Listener{}, map[uint64]*ConnRequest{}
+	x.lns, x.reqs = map[uint64]servedListener{}, map[uint64]*verbs.ConnRequest{}
 	x.mu.Unlock()
 	for _, l := range lns {
-		l.Close()
+		l.l.Close()
 	}
 	for _, r := range reqs {
 		r.Reject(nil)
@@ -2836,7 +2864,7 @@ func (x *session) teardown() {
 	// then the pages unmapped.
 	x.mu.Lock()
 	mws, frmrs, mrs := x.mws, x.frmrs, x.mrs
-	x.mws, x.frmrs, x.mrs = map[uint64]*MW{}, map[uint64]*servedFRMR{}, map[uint64]*servedMR{}
+	x.mws, x.frmrs, x.mrs = map[uint64]*verbs.MW{}, map[uint64]*servedFRMR{}, map[uint64]*servedMR{}
 	x.mu.Unlock()
 	for _, mw := range mws {
 		mw.Dealloc()
@@ -2863,7 +2891,7 @@ func (x *session) teardown() {
 	}
 	x.mu.Lock()
 	cqs, pds := x.cqs, x.pds
-	x.cqs, x.pds = map[uint64]*servedCQ{}, map[uint64]*PD{}
+	x.cqs, x.pds = map[uint64]*servedCQ{}, map[uint64]*verbs.PD{}
 	x.mu.Unlock()
 	for _, s := range cqs {
 		s.retire()
@@ -2891,3 +2919,45 @@ func (x *session) teardown() {
 
 // String names the session in logs.
 func (x *session) String() string { return "client " + strconv.FormatUint(x.id, 10) }
+
+// The verbs' internals the service drives (verbs/internal/bridge).
+var engine = bridge.Get[*verbs.Device, *verbs.MR, *verbs.MW, *verbs.QP, *verbs.CQ, *verbs.SRQ, verbs.AsyncEvent]()
+
+// defaultBacklog is a listener's backlog when the client names none (the
+// verbs' default).
+const defaultBacklog = 64
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+func closeFd(fd int) { unix.Close(fd) }
+
+// checkPrivateData refuses more private data than MPA carries.
+func checkPrivateData(pd []byte) error {
+	if len(pd) > iwarp.MPAMaxPrivateData {
+		return fmt.Errorf("%w: %d bytes of private data, MPA carries at most %d", verbs.ErrInvalidArgument, len(pd), iwarp.MPAMaxPrivateData)
+	}
+	return nil
+}
+
+// atomicCapValues are the ibv_atomic_cap values of DeviceAttr.AtomicCap,
+// in QUERY_DEVICE's numbering.
+var atomicCapValues = [...]string{verbs.AtomicNone, verbs.AtomicHCA, verbs.AtomicGlob}
+
+// encodeAttr lays a out as QUERY_DEVICE's reply arguments.
+func encodeAttr(a verbs.DeviceAttr) []uint64 {
+	v := make([]uint64, svc.QueryArgs)
+	v[svc.QueryMaxQP], v[svc.QueryMaxQPWR], v[svc.QueryMaxSGE] = uint64(a.MaxQP), uint64(a.MaxQPWR), uint64(a.MaxSGE)
+	v[svc.QueryMaxSGERd], v[svc.QueryMaxCQ], v[svc.QueryMaxCQE] = uint64(a.MaxSGERd), uint64(a.MaxCQ), uint64(a.MaxCQE)
+	v[svc.QueryMaxMR], v[svc.QueryMaxMRSize], v[svc.QueryMaxPD] = uint64(a.MaxMR), a.MaxMRSize, uint64(a.MaxPD)
+	v[svc.QueryMaxQPRdAtom], v[svc.QueryMaxQPInitRd] = uint64(a.MaxQPRdAtom), uint64(a.MaxQPInitRd)
+	v[svc.QueryMaxSRQ], v[svc.QueryMaxSRQWR], v[svc.QueryMaxSRQSGE] = uint64(a.MaxSRQ), uint64(a.MaxSRQWR), uint64(a.MaxSRQSGE)
+	v[svc.QueryMaxInline], v[svc.QueryMaxPrivData], v[svc.QueryMaxMsgSize] = uint64(a.MaxInline), uint64(a.MaxPrivData), a.MaxMsgSize
+	v[svc.QueryAtomicCap] = uint64(slices.Index(atomicCapValues[:], a.AtomicCap))
+	v[svc.QueryPageSizeCap], v[svc.QueryMaxMW], v[svc.QueryMaxFRPages] = a.PageSizeCap, uint64(a.MaxMW), uint64(a.MaxFRPages)
+	v[svc.QueryVendorPartID] = uint64(a.VendorPartID)
+	return v
+}
