@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -66,21 +67,26 @@ type connTap struct {
 	removed atomic.Bool
 }
 
-// Kept is a segment's packet kept past its tap's call (see
+// Kept is a segment's packet memory kept past its tap's call (see
 // TapSegmentsRetain) until Release. Its zero value keeps nothing.
-type Kept struct{ pkt *stack.PacketBuffer }
+//
+// It holds references to the memory chunks the payload views lie in, not
+// to the packet: TCP, which gets the same packet after the tap, trims the
+// packet's own buffer as the reader takes the payload, and a pull-up of
+// headers across views moves the packet onto a new chunk; either lets the
+// chunks go back to the pool, where the next packets overwrite them,
+// however long the packet itself is kept. Chunks are only written while
+// not shared, so a reference to them keeps the views' bytes as they were.
+type Kept struct{ buf buffer.Buffer }
 
-// Release lets the packet go; the payload views it kept are invalid after
+// Release lets the memory go; the payload views it kept are invalid after
 // it. It is called once.
-func (k Kept) Release() {
-	if k.pkt != nil {
-		k.pkt.DecRef()
-	}
-}
+func (k Kept) Release() { k.buf.Release() }
 
-// keep retains the packet being handed over (no allocation: a handler may
-// keep every segment).
-func (ct *connTap) keep() Kept { return Kept{ct.cur.IncRef()} }
+// keep retains the memory of the packet being handed over: a clone of its
+// buffer, which takes a reference to each chunk and copies no bytes (its
+// views come from a pool, so a handler may keep every segment).
+func (ct *connTap) keep() Kept { return Kept{ct.cur.ToBuffer()} }
 
 // ErrNoISN reports a connection whose peer's initial sequence number was
 // never seen: connection taps were enabled after it was made.
