@@ -102,12 +102,10 @@ func (d *Device) mpaConfig(p ConnParams) iwarp.MPAConfig {
 
 // Conn is an established connection: a QP in RTS on a TCP stream.
 type Conn struct {
-	qp       *QP
-	stream   *netstack.Conn
-	peerData []byte
-	neg      Negotiated
-	// A service's connection has no stream here, only its addresses.
-	laddr, raddr netip.AddrPort
+	qp           *QP
+	peerData     []byte
+	neg          Negotiated
+	laddr, raddr netip.AddrPort // the TCP connection's, when established
 }
 
 // QP returns the connected QP.
@@ -120,20 +118,10 @@ func (c *Conn) PeerPrivateData() []byte { return c.peerData }
 func (c *Conn) Negotiated() Negotiated { return c.neg }
 
 // LocalAddr returns the local TCP address.
-func (c *Conn) LocalAddr() netip.AddrPort {
-	if c.stream == nil {
-		return c.laddr
-	}
-	return c.stream.LocalAddr()
-}
+func (c *Conn) LocalAddr() netip.AddrPort { return c.laddr }
 
 // RemoteAddr returns the peer's TCP address.
-func (c *Conn) RemoteAddr() netip.AddrPort {
-	if c.stream == nil {
-		return c.raddr
-	}
-	return c.stream.RemoteAddr()
-}
+func (c *Conn) RemoteAddr() netip.AddrPort { return c.raddr }
 
 // Done is closed when the connection is over and the QP flushed.
 func (c *Conn) Done() <-chan struct{} { return c.qp.Done() }
@@ -181,7 +169,7 @@ func (e *engineDevice) dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p
 		s.Abort()
 		return nil, err
 	}
-	return &Conn{qp: qp, stream: s, peerData: pd, neg: negotiated(params, mk)}, nil
+	return &Conn{qp: qp, peerData: pd, neg: negotiated(params, mk), laddr: s.LocalAddr(), raddr: s.RemoteAddr()}, nil
 }
 
 // Listener accepts connection requests.
@@ -452,7 +440,7 @@ func (e *engineRequest) accept(ctx context.Context, qp *QP, p ConnParams) (*Conn
 		r.stream.Abort()
 		return nil, err
 	}
-	return &Conn{qp: qp, stream: r.stream, peerData: r.req.PrivateData, neg: negotiated(params, mk)}, nil
+	return &Conn{qp: qp, peerData: r.req.PrivateData, neg: negotiated(params, mk), laddr: r.stream.LocalAddr(), raddr: r.stream.RemoteAddr()}, nil
 }
 
 // Reject refuses the request with private data (rdma_reject).

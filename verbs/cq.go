@@ -169,9 +169,6 @@ type cqOps interface {
 // completions to (iwarp.CQ).
 type engineCQ CQ
 
-// Push implements iwarp.CQ.
-func (e *engineCQ) Push(c iwarp.Completion) bool { return (*CQ)(e).push(verbsWC(&c)) }
-
 // engineSink returns what the engine's QPs complete into for cq.
 func (cq *CQ) engineSink() iwarp.CQ {
 	if cq.sink != nil {
@@ -180,8 +177,10 @@ func (cq *CQ) engineSink() iwarp.CQ {
 	return (*engineCQ)(cq)
 }
 
-// push adds a completion; false: the CQ is full (it overflowed).
-func (cq *CQ) push(wc *WC) bool {
+// Push implements iwarp.CQ: it adds a completion; false: the CQ is full
+// (it overflowed).
+func (e *engineCQ) Push(c iwarp.Completion) bool {
+	cq, wc := (*CQ)(e), verbsWC(&c)
 	cq.mu.Lock()
 	if cq.n == len(cq.ring) {
 		cq.over = true
@@ -312,10 +311,10 @@ func (cq *CQ) Poll(dst []WC) int {
 	// The data path calls its implementation statically: through the
 	// interface the compiler could not tell that dst is not kept, and a
 	// caller's array of completions would move to the heap.
-	if r, ok := cq.ops.(*remoteCQ); ok {
-		return r.poll(dst)
+	if e, ok := cq.ops.(*engineCQ); ok {
+		return e.poll(dst)
 	}
-	return cq.ops.(*engineCQ).poll(dst)
+	return cq.ops.(*remoteCQ).poll(dst)
 }
 
 // Wait blocks until at least one completion is available, moves up to
@@ -327,10 +326,10 @@ func (cq *CQ) Wait(ctx context.Context, dst []WC) (int, error) {
 	if len(dst) == 0 {
 		return 0, fmt.Errorf("%w: empty completion slice", ErrInvalidArgument)
 	}
-	if r, ok := cq.ops.(*remoteCQ); ok { // statically, as Poll
-		return r.wait(ctx, dst)
+	if e, ok := cq.ops.(*engineCQ); ok { // statically, as Poll
+		return e.wait(ctx, dst)
 	}
-	return cq.ops.(*engineCQ).wait(ctx, dst)
+	return cq.ops.(*remoteCQ).wait(ctx, dst)
 }
 
 // Len returns the number of completions waiting.

@@ -114,8 +114,9 @@ type Device struct {
 	// ops is what the device does, by kind: engineDevice (Open) or the
 	// connection to a service (*client, remote.go; Connect).
 	ops deviceOps
-	// hook, when set (Serve), sees each QP event first and keeps those
-	// of a service's clients from the device's own channel.
+	// hook, when set (service.Serve, through verbs/internal/bridge),
+	// sees each QP event first and keeps those of a service's clients
+	// from the device's own channel.
 	hook atomic.Pointer[func(AsyncEvent) bool]
 }
 

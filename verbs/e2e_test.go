@@ -166,6 +166,12 @@ func connectEnds(t testing.TB, p *pair, cl, sv *end, params verbs.ConnParams) {
 	if err := cl.remote.UnmarshalBinary(cl.conn.PeerPrivateData()); err != nil {
 		t.Fatal(err)
 	}
+	// Each end's addresses are the other's, the dialled one among them.
+	if cl.conn.RemoteAddr() != raddr || sv.conn.LocalAddr() != raddr || cl.conn.LocalAddr() != sv.conn.RemoteAddr() ||
+		cl.conn.LocalAddr().Addr() != p.na.Addrs()[0].Addr() {
+		t.Fatalf("client %v -> %v, server %v <- %v; dialled %v", cl.conn.LocalAddr(), cl.conn.RemoteAddr(),
+			sv.conn.LocalAddr(), sv.conn.RemoteAddr(), raddr)
+	}
 }
 
 func wait1(t testing.TB, cq *verbs.CQ) verbs.WC {

@@ -6,4 +6,4 @@ package verbs
 func SetSiwReply(d *Device, on bool) { d.siwReply = on }
 
 // PushWC adds a completion to cq as the engine does.
-func PushWC(cq *CQ, wc WC) bool { return cq.push(&wc) }
+func PushWC(cq *CQ, wc WC) bool { return (*engineCQ)(cq).Push(*engineWC(&wc)) }

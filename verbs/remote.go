@@ -1091,7 +1091,7 @@ type remoteCQ struct {
 	cons uint32 // under CQ.mu
 	ev   *svc.Eventfd
 	seen uint32 // events consumed; under CQ.mu
-	// spin is how long Wait polls before it sleeps (see remoteWait);
+	// spin is how long Wait polls before it sleeps (see remoteCQ.wait);
 	// zero: spinWait.
 	spin atomic.Int64
 	dead atomic.Bool
@@ -1174,7 +1174,7 @@ func (rc *remoteCQ) take(dst []WC) int {
 // eventfd.
 const spinWait = 20 * time.Microsecond
 
-// remoteWait polls, then sleeps on the CQ's eventfd. The spin adapts as the
+// wait polls, then sleeps on the CQ's eventfd. The spin adapts as the
 // service's ring poller's does: the whole spinWait while completions come
 // within it, halved (down to a sixteenth) after each wait that took longer
 // — spinning through the gaps between the completions of large transfers

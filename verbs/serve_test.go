@@ -29,7 +29,7 @@ import (
 )
 
 // startService serves d on a socket in a temporary directory
-// (RDMATAP_POLL_SPIN_US sets ServeConfig.PollSpin in µs).
+// (RDMATAP_POLL_SPIN_US sets service.Config.PollSpin in µs).
 func startService(t testing.TB, d *verbs.Device, lim service.Limits) (string, *service.Server) {
 	t.Helper()
 	spin := time.Duration(envInt("RDMATAP_POLL_SPIN_US", 0)) * time.Microsecond
@@ -1558,7 +1558,7 @@ func TestServiceCancel(t *testing.T) {
 	}
 }
 
-// TestServiceMaxClients: clients beyond ServeConfig.MaxClients are
+// TestServiceMaxClients: clients beyond service.Config.MaxClients are
 // refused; those served go on, and a place freed is taken again.
 func TestServiceMaxClients(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
