@@ -565,7 +565,7 @@ func quantile(v []float64, q float64) float64 {
 // BenchmarkPlacementLoss compares segment placement with stream placement
 // on the lossy bridge, in one run:
 //
-//	sudo go test ./test/ -run XXX -bench PlacementLoss -benchtime 1x
+//	sudo go test ./test/ -run XXX -bench PlacementLoss -benchtime 1x -timeout 30m
 //
 // For each loss rate (clean first, then 0.1, 1 and 2 %, both directions
 // lossy) and each operation (RDMA Write, Send, Read), it measures on each
