@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -18,103 +18,103 @@ import (
 	"github.com/rdmatap/rdmatap/zerocopy"
 )
 
-// endpointFlags are the flags every network command shares: they make the
+// EndpointFlags are the flags every network command shares: they make the
 // process's own endpoint on a TAP device.
-type endpointFlags struct {
-	tap       string
-	addr      string
+type EndpointFlags struct {
+	Tap       string
+	Addr      string
 	gw        string
-	mtu       int
+	MTU       int
 	crc       bool
-	markers   bool
+	Markers   bool
 	mpaRev    int
 	p2p       string
 	pcap      string
-	noOffload bool
+	NoOffload bool
 	noRepair  bool
 	cc        string
 	minRTO    time.Duration
-	name      string
+	Name      string
 	ackDelay  time.Duration
-	busyPoll  time.Duration
-	lab       labFlags
-	// via: use the device a running `rdmatap up --socket` serves instead
+	BusyPoll  time.Duration
+	Lab       LabFlags
+	// Via: use the device a running `rdmatap up --socket` serves instead
 	// of a TAP of this process's own (no privileges needed).
-	via string
+	Via string
 }
 
-func (f *endpointFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.tap, "tap", "", "TAP device to create, or attach to if it exists (required)")
-	fs.StringVar(&f.addr, "addr", "", "the endpoint's address with prefix, e.g. 10.77.0.3/24 (required)")
+func (f *EndpointFlags) Register(fs *flag.FlagSet) {
+	fs.StringVar(&f.Tap, "tap", "", "TAP device to create, or attach to if it exists (required)")
+	fs.StringVar(&f.Addr, "addr", "", "the endpoint's address with prefix, e.g. 10.77.0.3/24 (required)")
 	fs.StringVar(&f.gw, "gw", "", "default gateway")
-	fs.IntVar(&f.mtu, "mtu", 1500, "link MTU")
+	fs.IntVar(&f.MTU, "mtu", 1500, "link MTU")
 	fs.BoolVar(&f.crc, "crc", false, "ask for MPA CRC32c")
-	fs.BoolVar(&f.markers, "markers", false, "ask for MPA markers and accept requests for them (Linux siw rejects them)")
+	fs.BoolVar(&f.Markers, "markers", false, "ask for MPA markers and accept requests for them (Linux siw rejects them)")
 	fs.IntVar(&f.mpaRev, "mpa-rev", 2, "MPA revision, 1 or 2")
 	fs.StringVar(&f.p2p, "p2p", "", "RFC 6581 peer-to-peer mode with this RTR: write, read or send")
 	fs.StringVar(&f.pcap, "pcap", "", "capture the endpoint's frames to this pcap file")
-	fs.BoolVar(&f.noOffload, "no-offload", false, "plain TAP: no virtio-net header, no TSO/checksum offload")
+	fs.BoolVar(&f.NoOffload, "no-offload", false, "plain TAP: no virtio-net header, no TSO/checksum offload")
 	fs.StringVar(&f.cc, "congestion-control", "auto", "TCP congestion control: auto (each connection starts with cubic and changes to reno at its first loss), cubic or reno: docs/tcp-recovery.md")
 	fs.DurationVar(&f.minRTO, "min-rto", 0, "TCP's minimum retransmission timeout (0: gVisor's, 200ms)")
 	fs.BoolVar(&f.noRepair, "no-link-repair", false, "leave lost GSO packets to TCP alone: the link does not send them again (docs/tcp-recovery.md)")
-	fs.StringVar(&f.name, "name", "rt0", "RDMA device name")
+	fs.StringVar(&f.Name, "name", "rt0", "RDMA device name")
 	fs.DurationVar(&f.ackDelay, "ack-delay", netstack.DefaultAckDelay, "longest a TCP ACK of less than a segment waits to ride on the next segment (0: never)")
-	fs.DurationVar(&f.busyPoll, "busy-poll", 0, "keep reading the TAP for this long after each frame before sleeping until the next (lower latency, a CPU busy while traffic flows; 0: sleep at once; lat's default: "+latBusyPoll.String()+")")
-	fs.StringVar(&f.via, "via", "", "use the device a running `rdmatap up --socket SOCKET` serves (instead of --tap/--addr; no root needed)")
-	f.lab.register(fs, tapLabHelp)
+	fs.DurationVar(&f.BusyPoll, "busy-poll", 0, "keep reading the TAP for this long after each frame before sleeping until the next (lower latency, a CPU busy while traffic flows; 0: sleep at once; lat's default: "+LatBusyPoll.String()+")")
+	fs.StringVar(&f.Via, "via", "", "use the device a running `rdmatap up --socket SOCKET` serves (instead of --tap/--addr; no root needed)")
+	f.Lab.Register(fs, tapLabHelp)
 }
 
-// check validates the flags without touching the system.
-func (f *endpointFlags) check() (netip.Prefix, netip.Addr, verbs.RTR, error) {
+// Check validates the flags without touching the system.
+func (f *EndpointFlags) Check() (netip.Prefix, netip.Addr, verbs.RTR, error) {
 	var none netip.Prefix
-	if f.via != "" {
-		if f.tap != "" || f.addr != "" || f.gw != "" || f.pcap != "" || f.busyPoll > 0 || f.lab.impaired() {
-			return none, netip.Addr{}, 0, fmt.Errorf("%w: --via uses the service's endpoint: --tap, --addr, --gw, --pcap, --busy-poll and impairments belong to `rdmatap up`", errUsage)
+	if f.Via != "" {
+		if f.Tap != "" || f.Addr != "" || f.gw != "" || f.pcap != "" || f.BusyPoll > 0 || f.Lab.Impaired() {
+			return none, netip.Addr{}, 0, fmt.Errorf("%w: --via uses the service's endpoint: --tap, --addr, --gw, --pcap, --busy-poll and impairments belong to `rdmatap up`", ErrUsage)
 		}
 		return none, netip.Addr{}, 0, nil
 	}
-	if f.tap == "" {
-		return none, netip.Addr{}, 0, fmt.Errorf("%w: --tap is required", errUsage)
+	if f.Tap == "" {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --tap is required", ErrUsage)
 	}
-	if len(f.tap) > 15 {
-		return none, netip.Addr{}, 0, fmt.Errorf("%w: --tap %q: interface names have at most 15 characters", errUsage, f.tap)
+	if len(f.Tap) > 15 {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --tap %q: interface names have at most 15 characters", ErrUsage, f.Tap)
 	}
-	if f.addr == "" {
-		return none, netip.Addr{}, 0, fmt.Errorf("%w: --addr is required (e.g. 10.77.0.3/24)", errUsage)
+	if f.Addr == "" {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --addr is required (e.g. 10.77.0.3/24)", ErrUsage)
 	}
-	pfx, err := netip.ParsePrefix(f.addr)
+	pfx, err := netip.ParsePrefix(f.Addr)
 	if err != nil {
-		return none, netip.Addr{}, 0, fmt.Errorf("%w: --addr %q: want an address with prefix length, e.g. 10.77.0.3/24", errUsage, f.addr)
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --addr %q: want an address with prefix length, e.g. 10.77.0.3/24", ErrUsage, f.Addr)
 	}
 	var gw netip.Addr
 	if f.gw != "" {
 		if gw, err = netip.ParseAddr(f.gw); err != nil {
-			return none, netip.Addr{}, 0, fmt.Errorf("%w: --gw %q is not an IP address", errUsage, f.gw)
+			return none, netip.Addr{}, 0, fmt.Errorf("%w: --gw %q is not an IP address", ErrUsage, f.gw)
 		}
 	}
-	if f.mtu < 576 || f.mtu > 65521 {
-		return none, netip.Addr{}, 0, fmt.Errorf("%w: --mtu must be 576..65521", errUsage)
+	if f.MTU < 576 || f.MTU > 65521 {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --mtu must be 576..65521", ErrUsage)
 	}
 	if f.ackDelay < 0 || f.ackDelay > 100*time.Millisecond {
-		return none, netip.Addr{}, 0, fmt.Errorf("%w: --ack-delay must be 0..100ms", errUsage)
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --ack-delay must be 0..100ms", ErrUsage)
 	}
-	if f.busyPoll < 0 || f.busyPoll > tap.MaxBusyPoll {
-		return none, netip.Addr{}, 0, fmt.Errorf("%w: --busy-poll must be 0..%v", errUsage, tap.MaxBusyPoll)
+	if f.BusyPoll < 0 || f.BusyPoll > tap.MaxBusyPoll {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --busy-poll must be 0..%v", ErrUsage, tap.MaxBusyPoll)
 	}
-	if f.busyPoll > 0 && f.noOffload {
-		return none, netip.Addr{}, 0, fmt.Errorf("%w: --busy-poll needs the offload TAP (not --no-offload)", errUsage)
+	if f.BusyPoll > 0 && f.NoOffload {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --busy-poll needs the offload TAP (not --no-offload)", ErrUsage)
 	}
 	if f.mpaRev != 1 && f.mpaRev != 2 {
-		return none, netip.Addr{}, 0, fmt.Errorf("%w: --mpa-rev must be 1 or 2", errUsage)
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --mpa-rev must be 1 or 2", ErrUsage)
 	}
 	rtr, err := parseRTR(f.p2p)
 	if err != nil {
 		return none, netip.Addr{}, 0, err
 	}
 	if rtr != 0 && f.mpaRev != 2 {
-		return none, netip.Addr{}, 0, fmt.Errorf("%w: --p2p needs --mpa-rev 2", errUsage)
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --p2p needs --mpa-rev 2", ErrUsage)
 	}
-	if err := f.lab.check(); err != nil {
+	if err := f.Lab.Check(); err != nil {
 		return none, netip.Addr{}, 0, err
 	}
 	return pfx, gw, rtr, nil
@@ -131,45 +131,45 @@ func parseRTR(s string) (verbs.RTR, error) {
 	case "send":
 		return verbs.RTRSend, nil
 	}
-	return 0, fmt.Errorf("%w: --p2p must be write, read or send", errUsage)
+	return 0, fmt.Errorf("%w: --p2p must be write, read or send", ErrUsage)
 }
 
-// endpoint is a process's own RDMA endpoint: TAP, netstack, device.
-type endpoint struct {
+// Endpoint is a process's own RDMA endpoint: TAP, netstack, device.
+type Endpoint struct {
 	Tap   *tap.Device // nil for an embedded endpoint
 	Net   *netstack.Stack
 	Dev   *verbs.Device
 	Addr  netip.Addr
 	pcap  *os.File
 	pcapW *bufio.Writer
-	// impair is the impairment of the endpoint's transmit side (--loss,
+	// Impair is the impairment of the endpoint's transmit side (--loss,
 	// --reorder, --dup), nil without one.
-	impair *netstack.Impair
+	Impair *netstack.Impair
 }
 
-// open brings the endpoint up.
-func (f *endpointFlags) open() (*endpoint, error) {
-	pfx, gw, rtr, err := f.check()
+// Open brings the endpoint up.
+func (f *EndpointFlags) Open() (*Endpoint, error) {
+	pfx, gw, rtr, err := f.Check()
 	if err != nil {
 		return nil, err
 	}
-	if f.via != "" {
+	if f.Via != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		d, err := verbs.Connect(ctx, f.via)
+		d, err := verbs.Connect(ctx, f.Via)
 		if err != nil {
 			return nil, err
 		}
-		return &endpoint{Dev: d}, nil
+		return &Endpoint{Dev: d}, nil
 	}
-	td, err := tap.Open(tap.Config{Name: f.tap, MTU: f.mtu, NoOffload: f.noOffload, MAC: stableMAC(f.tap, pfx.Addr()), BusyPoll: f.busyPoll})
+	td, err := tap.Open(tap.Config{Name: f.Tap, MTU: f.MTU, NoOffload: f.NoOffload, MAC: stableMAC(f.Tap, pfx.Addr()), BusyPoll: f.BusyPoll})
 	if err != nil {
 		if errors.Is(err, os.ErrPermission) {
-			return nil, fmt.Errorf("TAP %q: permission denied: creating or attaching a TAP needs root (CAP_NET_ADMIN)", f.tap)
+			return nil, fmt.Errorf("TAP %q: permission denied: creating or attaching a TAP needs root (CAP_NET_ADMIN)", f.Tap)
 		}
-		return nil, fmt.Errorf("TAP %q: %w", f.tap, err)
+		return nil, fmt.Errorf("TAP %q: %w", f.Tap, err)
 	}
-	e := &endpoint{Tap: td, Addr: pfx.Addr()}
+	e := &Endpoint{Tap: td, Addr: pfx.Addr()}
 	link := td.LinkEndpoint()
 	if f.pcap != "" {
 		pf, err := os.Create(f.pcap)
@@ -181,14 +181,14 @@ func (f *endpointFlags) open() (*endpoint, error) {
 		link = netstack.NewCapture(link, e.pcapW)
 	}
 	// Outside the capture, so that the capture shows what is on the wire.
-	link, e.impair = f.lab.wrap(link)
+	link, e.Impair = f.Lab.Wrap(link)
 	e.Net, err = netstack.New(netstack.Config{Link: link, Addrs: []netip.Prefix{pfx}, Gateway: gw, CongestionControl: f.cc, AckDelay: ackDelayConfig(f.ackDelay), NoLinkRepair: f.noRepair, MinRTO: f.minRTO})
 	if err != nil {
 		e.Close()
 		return nil, err
 	}
-	e.Dev, err = verbs.Open(e.Net, verbs.DeviceConfig{Name: f.name, CRC: f.crc, Markers: f.markers, MPARevision: uint8(f.mpaRev),
-		PeerToPeer: rtr != 0, RTR: rtr, Placement: f.lab.mode})
+	e.Dev, err = verbs.Open(e.Net, verbs.DeviceConfig{Name: f.Name, CRC: f.crc, Markers: f.Markers, MPARevision: uint8(f.mpaRev),
+		PeerToPeer: rtr != 0, RTR: rtr, Placement: f.Lab.Mode})
 	if err != nil {
 		e.Close()
 		return nil, err
@@ -196,9 +196,9 @@ func (f *endpointFlags) open() (*endpoint, error) {
 	return e, nil
 }
 
-// embeddedPair makes two endpoints in this process on an in-memory link
+// EmbeddedPair makes two endpoints in this process on an in-memory link
 // (tests, demo-style runs).
-func embeddedPair(cfg verbs.DeviceConfig) (a, b *endpoint, err error) {
+func EmbeddedPair(cfg verbs.DeviceConfig) (a, b *Endpoint, err error) {
 	na, nb, err := netstack.NewPair(netstack.PairConfig{})
 	if err != nil {
 		return nil, nil, err
@@ -211,13 +211,13 @@ func embeddedPair(cfg verbs.DeviceConfig) (a, b *endpoint, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return &endpoint{Net: na, Dev: da, Addr: na.Addrs()[0].Addr()},
-		&endpoint{Net: nb, Dev: db, Addr: nb.Addrs()[0].Addr()}, nil
+	return &Endpoint{Net: na, Dev: da, Addr: na.Addrs()[0].Addr()},
+		&Endpoint{Net: nb, Dev: db, Addr: nb.Addrs()[0].Addr()}, nil
 }
 
 // Close takes the endpoint down: connections, stack, then the TAP (which
 // is deleted if this process created it).
-func (e *endpoint) Close() {
+func (e *Endpoint) Close() {
 	if e.Dev != nil {
 		e.Dev.Close()
 	}
@@ -247,11 +247,11 @@ func stableMAC(name string, addr netip.Addr) net.HardwareAddr {
 	return mac
 }
 
-// regMem registers n bytes of fresh memory with pd: Go memory on an
+// RegMem registers n bytes of fresh memory with pd: Go memory on an
 // embedded device, a memfd (zerocopy.AllocShared, kept for the process's
 // life) on a device of a service, which maps the client's memory rather
 // than copying it.
-func regMem(pd *verbs.PD, n int, acc verbs.Access) ([]byte, *verbs.MR, error) {
+func RegMem(pd *verbs.PD, n int, acc verbs.Access) ([]byte, *verbs.MR, error) {
 	var b []byte
 	if pd.Device().Netstack() != nil {
 		b = make([]byte, n)
@@ -266,15 +266,15 @@ func regMem(pd *verbs.PD, n int, acc verbs.Access) ([]byte, *verbs.MR, error) {
 	return b, mr, err
 }
 
-// latBusyPoll is lat's --busy-poll unless given: a latency test has one
+// LatBusyPoll is lat's --busy-poll unless given: a latency test has one
 // message in flight, and a TAP read loop that sleeps between frames adds a
 // wake-up to every one-way trip (perftest's lat tests busy-poll their CQs
 // by default likewise). Over bridged TAPs on a 2-core machine, 2-byte lat
 // write took 19.5–26 µs one way without it and 10–12 µs with it.
-const latBusyPoll = 200 * time.Microsecond
+const LatBusyPoll = 200 * time.Microsecond
 
-// latPlacement is lat's --placement unless given (see parsePerfFlags).
-const latPlacement = "segment"
+// LatPlacement is lat's --placement unless given (see parsePerfFlags).
+const LatPlacement = "segment"
 
 // ackDelayConfig maps --ack-delay to netstack.Config.AckDelay (0: off).
 func ackDelayConfig(d time.Duration) time.Duration {

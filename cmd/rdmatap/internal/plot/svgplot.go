@@ -1,4 +1,4 @@
-package main
+package plot
 
 import (
 	"encoding/xml"
@@ -15,13 +15,13 @@ import (
 // the file embeds none; label positions therefore do not depend on text
 // widths (x labels are centred on their tick, y labels end at theirs).
 
-// plotSeries is one measured quantity of a sweep.
-type plotSeries struct {
-	name  string
-	color string // #rrggbb
-	line  bool   // joined by a line, else markers only
-	mark  plotMark
-	pts   []plotPoint
+// Series is one measured quantity of a sweep.
+type Series struct {
+	Name  string
+	Color string // #rrggbb
+	Line  bool   // joined by a line, else markers only
+	Mark  plotMark
+	Pts   []plotPoint
 }
 
 type plotPoint struct{ x, y float64 }
@@ -29,50 +29,50 @@ type plotPoint struct{ x, y float64 }
 type plotMark int
 
 const (
-	markCircle plotMark = iota
-	markPlus
-	markCross
-	markTriangle
+	MarkCircle plotMark = iota
+	MarkPlus
+	MarkCross
+	MarkTriangle
 )
 
-// add appends (size, v) unless v cannot be drawn on a log axis (a peak
+// Add appends (size, v) unless v cannot be drawn on a log axis (a peak
 // that was not measured is 0).
-func (s *plotSeries) add(size uint64, v float64) {
+func (s *Series) Add(size uint64, v float64) {
 	if size == 0 || !(v > 0) || math.IsInf(v, 0) {
 		return
 	}
-	s.pts = append(s.pts, plotPoint{float64(size), v})
+	s.Pts = append(s.Pts, plotPoint{float64(size), v})
 }
 
-// axisTick is a tick of an axis; an empty label marks a minor tick.
-type axisTick struct {
-	value float64
-	label string
+// AxisTick is a tick of an axis; an empty label marks a minor tick.
+type AxisTick struct {
+	Value float64
+	Label string
 }
 
-// sizeTicks marks every power of two in [lo, hi] and labels enough of
+// SizeTicks marks every power of two in [lo, hi] and labels enough of
 // them (2, 8, 32, ..., 512K, 2M, 8M for a full sweep) that the labels
 // do not run into each other: at most 12, every step-th from the first.
-func sizeTicks(lo, hi float64) []axisTick {
+func SizeTicks(lo, hi float64) []AxisTick {
 	first := int(math.Ceil(math.Log2(lo)))
 	last := int(math.Floor(math.Log2(hi)))
 	step := 1
 	for (last-first)/step+1 > 12 {
 		step++
 	}
-	var t []axisTick
+	var t []AxisTick
 	for e := first; e <= last; e++ {
-		tk := axisTick{value: math.Ldexp(1, e)}
+		tk := AxisTick{Value: math.Ldexp(1, e)}
 		if (e-first)%step == 0 {
-			tk.label = sizeLabel(e)
+			tk.Label = SizeLabel(e)
 		}
 		t = append(t, tk)
 	}
 	return t
 }
 
-// sizeLabel names 2^e bytes as 2, 64, 1K, 64K, 1M, 8M.
-func sizeLabel(e int) string {
+// SizeLabel names 2^e bytes as 2, 64, 1K, 64K, 1M, 8M.
+func SizeLabel(e int) string {
 	switch {
 	case e < 0:
 		return strconv.FormatFloat(math.Ldexp(1, e), 'g', -1, 64)
@@ -87,13 +87,13 @@ func sizeLabel(e int) string {
 	}
 }
 
-// logTicks marks k·10^d (k = 1..9) in [lo, hi]. It labels the decades,
+// LogTicks marks k·10^d (k = 1..9) in [lo, hi]. It labels the decades,
 // and 2 and 5 of each too when the range spans less than two decades (a
 // latency sweep often stays within one); a range with fewer than two of
 // those labels every tick, and one with fewer than two ticks its ends.
-func logTicks(lo, hi float64) []axisTick {
+func LogTicks(lo, hi float64) []AxisTick {
 	few := math.Log10(hi/lo) < 2
-	var t []axisTick
+	var t []AxisTick
 	for d := math.Floor(math.Log10(lo)); d <= math.Ceil(math.Log10(hi)); d++ {
 		dec := math.Pow(10, d)
 		for k := 1; k <= 9; k++ {
@@ -101,41 +101,41 @@ func logTicks(lo, hi float64) []axisTick {
 			if v < lo*(1-1e-9) || v > hi*(1+1e-9) {
 				continue
 			}
-			tk := axisTick{value: v}
+			tk := AxisTick{Value: v}
 			if k == 1 || few && (k == 2 || k == 5) {
-				tk.label = valueLabel(v, 6)
+				tk.Label = ValueLabel(v, 6)
 			}
 			t = append(t, tk)
 		}
 	}
 	n := 0
 	for _, tk := range t {
-		if tk.label != "" {
+		if tk.Label != "" {
 			n++
 		}
 	}
 	if n < 2 {
 		for i := range t {
-			t[i].label = valueLabel(t[i].value, 6)
+			t[i].Label = ValueLabel(t[i].Value, 6)
 		}
 	}
 	if len(t) < 2 {
-		t = append(append([]axisTick{{lo, valueLabel(lo, 3)}}, t...), axisTick{hi, valueLabel(hi, 3)})
+		t = append(append([]AxisTick{{lo, ValueLabel(lo, 3)}}, t...), AxisTick{hi, ValueLabel(hi, 3)})
 	}
 	return t
 }
 
-// valueLabel writes v with at most sig significant digits, without an
+// ValueLabel writes v with at most sig significant digits, without an
 // exponent (1000, not 1e+03).
-func valueLabel(v float64, sig int) string {
+func ValueLabel(v float64, sig int) string {
 	r, _ := strconv.ParseFloat(strconv.FormatFloat(v, 'g', sig, 64), 64)
 	return strconv.FormatFloat(r, 'f', -1, 64)
 }
 
-// valueRange is the y axis for values in [lo, hi]: a margin so no marker
+// ValueRange is the y axis for values in [lo, hi]: a margin so no marker
 // sits on the frame, and both ends rounded out to k·10^d, which are
 // ticks, so even a flat series has a labelled range.
-func valueRange(lo, hi float64) (float64, float64) {
+func ValueRange(lo, hi float64) (float64, float64) {
 	return roundTick(lo/1.2, math.Floor), roundTick(hi*1.2, math.Ceil)
 }
 
@@ -158,33 +158,33 @@ const (
 	frameL, frameR, frameT, frameB = 78, svgW - 24, 62, svgH - 58
 )
 
-// svgSweep draws the series (those with points) against message size,
+// SVG draws the series (those with points) against message size,
 // under title (lines split at "\n").
-func svgSweep(title, ylabel string, series ...plotSeries) []byte {
-	var drawn []plotSeries
+func SVG(title, ylabel string, series ...Series) []byte {
+	var drawn []Series
 	xlo, xhi, ylo, yhi := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
 	for _, s := range series {
-		if len(s.pts) > 0 {
+		if len(s.Pts) > 0 {
 			drawn = append(drawn, s)
 		}
-		for _, p := range s.pts {
+		for _, p := range s.Pts {
 			xlo, xhi, ylo, yhi = min(xlo, p.x), max(xhi, p.x), min(ylo, p.y), max(yhi, p.y)
 		}
 	}
 	xs := logScale{xlo / 1.3, xhi * 1.3, frameL, frameR}
-	ylo, yhi = valueRange(ylo, yhi)
+	ylo, yhi = ValueRange(ylo, yhi)
 	ys := logScale{ylo, yhi, frameB, frameT}
 	// The legend, in the first corner that no point falls in: top left
 	// first (small messages have the least bandwidth and the least
 	// latency), then top right, bottom right, bottom left.
 	wide := 0
 	for _, s := range drawn {
-		wide = max(wide, len([]rune(s.name)))
+		wide = max(wide, len([]rune(s.Name)))
 	}
 	lw, lh := 48+7*wide, 8+18*len(drawn)
 	lx, ly, ok := legendCorner(lw, lh, func(x0, y0, x1, y1 float64) bool {
 		for _, s := range drawn {
-			for _, p := range s.pts {
+			for _, p := range s.Pts {
 				if x, y := xs.pos(p.x), ys.pos(p.y); x > x0 && x < x1 && y > y0 && y < y1 {
 					return true
 				}
@@ -215,28 +215,28 @@ func svgSweep(title, ylabel string, series ...plotSeries) []byte {
 
 	// Grid lines, tick marks outside the frame and tick labels; labelled
 	// ticks have the darker line and the longer mark.
-	grid := func(tk axisTick) (string, int) {
-		if tk.label != "" {
+	grid := func(tk AxisTick) (string, int) {
+		if tk.Label != "" {
 			return "#cccccc", 6
 		}
 		return "#ececec", 3
 	}
-	for _, tk := range sizeTicks(xs.lo, xs.hi) {
-		x := xs.pos(tk.value)
+	for _, tk := range SizeTicks(xs.lo, xs.hi) {
+		x := xs.pos(tk.Value)
 		c, n := grid(tk)
 		pf(`<path d="M%.1f %d V%d" stroke="%s"/>`, x, frameT, frameB, c)
 		pf(`<path d="M%.1f %d v%d" stroke="black"/>`+"\n", x, frameB, n)
-		if tk.label != "" {
-			pf(`<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, frameB+20, tk.label)
+		if tk.Label != "" {
+			pf(`<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, frameB+20, tk.Label)
 		}
 	}
-	for _, tk := range logTicks(ys.lo, ys.hi) {
-		y := ys.pos(tk.value)
+	for _, tk := range LogTicks(ys.lo, ys.hi) {
+		y := ys.pos(tk.Value)
 		c, n := grid(tk)
 		pf(`<path d="M%d %.1f H%d" stroke="%s"/>`, frameL, y, frameR, c)
 		pf(`<path d="M%d %.1f h%d" stroke="black"/>`+"\n", frameL, y, -n)
-		if tk.label != "" {
-			pf(`<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", frameL-9, y+4, tk.label)
+		if tk.Label != "" {
+			pf(`<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", frameL-9, y+4, tk.Label)
 		}
 	}
 	pf(`<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="black"/>`+"\n", frameL, frameT, frameR-frameL, frameB-frameT)
@@ -245,9 +245,9 @@ func svgSweep(title, ylabel string, series ...plotSeries) []byte {
 
 	// The series: lines first, then the markers, the line's on top.
 	for _, s := range drawn {
-		if s.line {
-			pf(`<polyline fill="none" stroke="%s" stroke-width="1.5" points="`, s.color)
-			for i, p := range s.pts {
+		if s.Line {
+			pf(`<polyline fill="none" stroke="%s" stroke-width="1.5" points="`, s.Color)
+			for i, p := range s.Pts {
 				if i > 0 {
 					pf(" ")
 				}
@@ -257,8 +257,8 @@ func svgSweep(title, ylabel string, series ...plotSeries) []byte {
 		}
 	}
 	for i := len(drawn) - 1; i >= 0; i-- {
-		for _, p := range drawn[i].pts {
-			svgMarker(&b, drawn[i].mark, drawn[i].color, xs.pos(p.x), ys.pos(p.y))
+		for _, p := range drawn[i].Pts {
+			svgMarker(&b, drawn[i].Mark, drawn[i].Color, xs.pos(p.x), ys.pos(p.y))
 		}
 	}
 
@@ -266,11 +266,11 @@ func svgSweep(title, ylabel string, series ...plotSeries) []byte {
 	pf(`<rect x="%d" y="%d" width="%d" height="%d" fill="white" stroke="#999999"/>`+"\n", lx, ly, lw, lh)
 	for i, s := range drawn {
 		y := float64(ly + 13 + 18*i)
-		if s.line {
-			pf(`<path d="M%d %.1f h24" stroke="%s" stroke-width="1.5"/>`+"\n", lx+8, y, s.color)
+		if s.Line {
+			pf(`<path d="M%d %.1f h24" stroke="%s" stroke-width="1.5"/>`+"\n", lx+8, y, s.Color)
 		}
-		svgMarker(&b, s.mark, s.color, float64(lx+20), y)
-		pf(`<text x="%d" y="%.1f">%s</text>`+"\n", lx+40, y+4, svgEscape(s.name))
+		svgMarker(&b, s.Mark, s.Color, float64(lx+20), y)
+		pf(`<text x="%d" y="%.1f">%s</text>`+"\n", lx+40, y+4, svgEscape(s.Name))
 	}
 	pf("</svg>\n")
 	return []byte(b.String())
@@ -294,14 +294,14 @@ func legendCorner(w, h int, taken func(x0, y0, x1, y1 float64) bool) (int, int, 
 // or triangle.
 func svgMarker(b *strings.Builder, m plotMark, color string, x, y float64) {
 	switch m {
-	case markCircle:
+	case MarkCircle:
 		fmt.Fprintf(b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", x, y, color)
 		return
-	case markPlus:
+	case MarkPlus:
 		fmt.Fprintf(b, `<path d="M%.1f %.1f h8 M%.1f %.1f v8"`, x-4, y, x, y-4)
-	case markCross:
+	case MarkCross:
 		fmt.Fprintf(b, `<path d="M%.1f %.1f l7 7 M%.1f %.1f l7 -7"`, x-3.5, y-3.5, x-3.5, y+3.5)
-	case markTriangle:
+	case MarkTriangle:
 		fmt.Fprintf(b, `<path d="M%.1f %.1f l4 7 h-8 z"`, x, y-4.5)
 	}
 	fmt.Fprintf(b, ` fill="none" stroke="%s" stroke-width="1.5"/>`+"\n", color)
