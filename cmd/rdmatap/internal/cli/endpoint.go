@@ -3,15 +3,13 @@ package cli
 import (
 	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"hash/fnv"
-	"net"
 	"net/netip"
 	"os"
 	"time"
 
+	"github.com/rdmatap/rdmatap/endpoint"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/tap"
 	"github.com/rdmatap/rdmatap/verbs"
@@ -136,15 +134,28 @@ func parseRTR(s string) (verbs.RTR, error) {
 
 // Endpoint is a process's own RDMA endpoint: TAP, netstack, device.
 type Endpoint struct {
-	Tap   *tap.Device // nil for an embedded endpoint
+	// EP is the standalone endpoint on a TAP; nil for an embedded
+	// endpoint or one of a service (--via).
+	EP    *endpoint.Endpoint
+	Tap   *tap.Device // EP's TAP; nil without EP
 	Net   *netstack.Stack
 	Dev   *verbs.Device
 	Addr  netip.Addr
 	pcap  *os.File
 	pcapW *bufio.Writer
-	// Impair is the impairment of the endpoint's transmit side (--loss,
-	// --reorder, --dup), nil without one.
+	// Impair is the impairment of an embedded endpoint's transmit side,
+	// nil without one (EP's is in EP.Stats).
 	Impair *netstack.Impair
+}
+
+// Config is the library configuration the flags make (Check must have
+// accepted them).
+func (f *EndpointFlags) Config(pfx netip.Prefix, gw netip.Addr, rtr verbs.RTR) endpoint.Config {
+	return endpoint.Config{TAP: f.Tap, Addr: pfx, Gateway: gw, MTU: f.MTU, NoOffload: f.NoOffload, BusyPoll: f.BusyPoll,
+		Impair: f.Lab.ImpairConfig(),
+		Stack:  netstack.Config{CongestionControl: f.cc, AckDelay: ackDelayConfig(f.ackDelay), NoLinkRepair: f.noRepair, MinRTO: f.minRTO},
+		Device: verbs.DeviceConfig{Name: f.Name, CRC: f.crc, Markers: f.Markers, MPARevision: uint8(f.mpaRev),
+			PeerToPeer: rtr != 0, RTR: rtr, Placement: f.Lab.Mode}}
 }
 
 // Open brings the endpoint up.
@@ -162,37 +173,21 @@ func (f *EndpointFlags) Open() (*Endpoint, error) {
 		}
 		return &Endpoint{Dev: d}, nil
 	}
-	td, err := tap.Open(tap.Config{Name: f.Tap, MTU: f.MTU, NoOffload: f.NoOffload, MAC: stableMAC(f.Tap, pfx.Addr()), BusyPoll: f.BusyPoll})
-	if err != nil {
-		if errors.Is(err, os.ErrPermission) {
-			return nil, fmt.Errorf("TAP %q: permission denied: creating or attaching a TAP needs root (CAP_NET_ADMIN)", f.Tap)
-		}
-		return nil, fmt.Errorf("TAP %q: %w", f.Tap, err)
-	}
-	e := &Endpoint{Tap: td, Addr: pfx.Addr()}
-	link := td.LinkEndpoint()
+	cfg := f.Config(pfx, gw, rtr)
+	e := &Endpoint{Addr: pfx.Addr()}
 	if f.pcap != "" {
 		pf, err := os.Create(f.pcap)
 		if err != nil {
-			td.Close()
 			return nil, fmt.Errorf("--pcap: %w", err)
 		}
 		e.pcap, e.pcapW = pf, bufio.NewWriterSize(pf, 1<<20)
-		link = netstack.NewCapture(link, e.pcapW)
+		cfg.Capture = e.pcapW
 	}
-	// Outside the capture, so that the capture shows what is on the wire.
-	link, e.Impair = f.Lab.Wrap(link)
-	e.Net, err = netstack.New(netstack.Config{Link: link, Addrs: []netip.Prefix{pfx}, Gateway: gw, CongestionControl: f.cc, AckDelay: ackDelayConfig(f.ackDelay), NoLinkRepair: f.noRepair, MinRTO: f.minRTO})
-	if err != nil {
+	if e.EP, err = endpoint.Open(cfg); err != nil {
 		e.Close()
 		return nil, err
 	}
-	e.Dev, err = verbs.Open(e.Net, verbs.DeviceConfig{Name: f.Name, CRC: f.crc, Markers: f.Markers, MPARevision: uint8(f.mpaRev),
-		PeerToPeer: rtr != 0, RTR: rtr, Placement: f.Lab.Mode})
-	if err != nil {
-		e.Close()
-		return nil, err
-	}
+	e.Tap, e.Net, e.Dev = e.EP.TAP(), e.EP.Stack(), e.EP.Device()
 	return e, nil
 }
 
@@ -218,33 +213,20 @@ func EmbeddedPair(cfg verbs.DeviceConfig) (a, b *Endpoint, err error) {
 // Close takes the endpoint down: connections, stack, then the TAP (which
 // is deleted if this process created it).
 func (e *Endpoint) Close() {
-	if e.Dev != nil {
-		e.Dev.Close()
-	}
-	if e.Net != nil {
-		e.Net.Close()
+	if e.EP != nil {
+		e.EP.Close()
+	} else {
+		if e.Dev != nil {
+			e.Dev.Close()
+		}
+		if e.Net != nil {
+			e.Net.Close()
+		}
 	}
 	if e.pcapW != nil {
 		e.pcapW.Flush()
 		e.pcap.Close()
 	}
-	if e.Tap != nil {
-		e.Tap.Close()
-	}
-}
-
-// stableMAC derives the endpoint's MAC from its TAP name and address: a
-// locally administered unicast address that stays the same when the
-// endpoint restarts, as a NIC's does. With a fresh MAC per process, peers
-// keep sending to the previous one from their ARP caches (seen with Linux
-// siw when perftest's tests follow each other).
-func stableMAC(name string, addr netip.Addr) net.HardwareAddr {
-	h := fnv.New64a()
-	h.Write([]byte(name))
-	h.Write(addr.AsSlice())
-	v := h.Sum64()
-	mac := net.HardwareAddr{byte(v>>40)&0xfc | 0x02, byte(v >> 32), byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}
-	return mac
 }
 
 // RegMem registers n bytes of fresh memory with pd: Go memory on an

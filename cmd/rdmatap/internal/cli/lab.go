@@ -69,13 +69,23 @@ func (l *LabFlags) Check() error {
 // Impaired reports whether any impairment rate is set.
 func (l *LabFlags) Impaired() bool { return l.Loss > 0 || l.Reorder > 0 || l.Dup > 0 }
 
+// ImpairConfig is the impairment the flags ask for; nil when no rate is
+// set.
+func (l *LabFlags) ImpairConfig() *netstack.ImpairConfig {
+	if !l.Impaired() {
+		return nil
+	}
+	return &netstack.ImpairConfig{Seed: l.Seed, LossRate: l.Loss, ReorderRate: l.Reorder, DupRate: l.Dup}
+}
+
 // Wrap puts the impairment around link when a rate is set; im is nil
 // otherwise.
 func (l *LabFlags) Wrap(link stack.LinkEndpoint) (stack.LinkEndpoint, *netstack.Impair) {
-	if !l.Impaired() {
+	ic := l.ImpairConfig()
+	if ic == nil {
 		return link, nil
 	}
-	ep := netstack.NewImpair(link, netstack.ImpairConfig{Seed: l.Seed, LossRate: l.Loss, ReorderRate: l.Reorder, DupRate: l.Dup})
+	ep := netstack.NewImpair(link, *ic)
 	im, _ := ep.(*netstack.Impair)
 	return ep, im
 }

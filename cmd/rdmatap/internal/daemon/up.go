@@ -701,10 +701,10 @@ func getStats(e *cli.Endpoint) statSet {
 			s.Ops["tx_"+name] = v
 		}
 	}
-	if e.Tap != nil {
-		s.Link = e.Tap.Stats()
-	}
-	if e.Impair != nil {
+	if e.EP != nil {
+		es := e.EP.Stats()
+		s.Link, s.Impair = es.Link, es.Impair
+	} else if e.Impair != nil {
 		is := e.Impair.Stats()
 		s.Impair = &is
 	}
