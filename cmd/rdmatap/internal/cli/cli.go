@@ -1,3 +1,6 @@
+// Package cli is what rdmatap's commands share: the command table and its
+// dispatch, the usage error, the endpoint flags of the network commands
+// and the placement lab's flags and reports.
 package cli
 
 import (
@@ -9,10 +12,6 @@ import (
 	"strings"
 )
 
-// Package cli is what rdmatap's commands share: the command table and its
-// dispatch, the usage error, and the endpoint flags of the network
-// commands.
-//
 // Command is a subcommand; each command's package registers its own in
 // init.
 type Command struct {

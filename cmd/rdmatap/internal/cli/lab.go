@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -205,4 +206,23 @@ func SettledStats(d *verbs.Device) verbs.Stats {
 		st = next
 	}
 	return st
+}
+
+// TCPReport words what TCP did during a test (the counters' change from
+// before) and the state of the busiest connection at its end, as `ss -ti`
+// shows a kernel socket's: segments sent and retransmitted, fast
+// retransmits, retransmission timeouts, recoveries by SACK and by
+// tail-loss probe, spurious ones, D-SACKs, lost GSO packets the link sent
+// again; congestion window, slow-start threshold, round trip, RTO.
+func TCPReport(a, b verbs.TCPStats) string {
+	ssthresh := "-"
+	if b.Ssthresh < 1<<31 {
+		ssthresh = strconv.FormatUint(b.Ssthresh, 10)
+	}
+	return fmt.Sprintf("tcp: segs_out %d retrans %d fast_retrans %d rto_timeouts %d sack_recoveries %d tlp_recoveries %d spurious %d dsack %d link_resent %d (%d B); cwnd %d ssthresh %s rtt %.3f/%.3f ms rto %.0f ms",
+		b.SegmentsSent-a.SegmentsSent, b.Retransmits-a.Retransmits, b.FastRetransmits-a.FastRetransmits, b.Timeouts-a.Timeouts,
+		b.SACKRecoveries-a.SACKRecoveries, b.TLPRecoveries-a.TLPRecoveries,
+		(b.SpuriousRecoveries+b.SpuriousRTOs)-(a.SpuriousRecoveries+a.SpuriousRTOs), b.DSACKs-a.DSACKs,
+		b.LinkResentPackets-a.LinkResentPackets, b.LinkResentBytes-a.LinkResentBytes,
+		b.Cwnd, ssthresh, float64(b.SRTT)/1e6, float64(b.RTTVar)/1e6, float64(b.RTO)/1e6)
 }

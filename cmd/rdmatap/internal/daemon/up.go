@@ -1,3 +1,6 @@
+// Package daemon is `rdmatap up`, a standalone endpoint that runs until
+// signalled, with its JSON control socket and service socket, and the
+// commands that ask a running one: `rdmatap devinfo` and `rdmatap stat`.
 package daemon
 
 import (

@@ -1,3 +1,6 @@
+// Package demo is `rdmatap demo`: two endpoints in one process over an
+// in-memory link, Send/Recv, RDMA Write and RDMA Read with every byte
+// verified, and the placement lab's reports.
 package demo
 
 import (
@@ -15,7 +18,6 @@ import (
 	"time"
 
 	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
-	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/perftest"
 	"github.com/rdmatap/rdmatap/internal/units"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
@@ -197,8 +199,8 @@ func runDemo(o DemoOpts, rtr verbs.RTR, stdout io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.1f\t%.1f\t%d/%d\t\n", op.name, o.Size, o.Iters,
 			bytesMoved*8/el/1e9, bytesMoved/el/(1<<20), lat, e.verifiedMsgs, o.Iters)
 		if im != nil {
-			tcpLines = append(tcpLines, fmt.Sprintf("%s, A %s", op.name, perftest.TCPReport(tcpA, devA.Stats().TCP)),
-				fmt.Sprintf("%s, B %s", op.name, perftest.TCPReport(tcpB, devB.Stats().TCP)))
+			tcpLines = append(tcpLines, fmt.Sprintf("%s, A %s", op.name, cli.TCPReport(tcpA, devA.Stats().TCP)),
+				fmt.Sprintf("%s, B %s", op.name, cli.TCPReport(tcpB, devB.Stats().TCP)))
 		}
 	}
 	tw.Flush()

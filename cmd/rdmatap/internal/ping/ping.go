@@ -1,3 +1,5 @@
+// Package ping is `rdmatap ping`: an rping-compatible client and server
+// that interoperate with rdma-core's rping over Linux siw.
 package ping
 
 import (

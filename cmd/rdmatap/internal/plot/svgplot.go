@@ -1,3 +1,5 @@
+// Package plot draws a message-size sweep as SVG: message size on a log2
+// axis against a measured value on a log10 axis.
 package plot
 
 import (
