@@ -12,27 +12,27 @@ import (
 	"strings"
 )
 
-// Command is a subcommand; each command's package registers its own in
+// command is a subcommand; each command's package registers its own in
 // init.
-type Command struct {
-	Name    string
-	Summary string
-	Run     func(args []string, stdout, stderr io.Writer) error
+type command struct {
+	name    string
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) error
 }
 
-var commands []Command
+var commands []command
 
 // Register adds a command to the commands Run dispatches to.
 func Register(name, summary string, run func(args []string, stdout, stderr io.Writer) error) {
-	commands = append(commands, Command{name, summary, run})
+	commands = append(commands, command{name, summary, run})
 }
 
 func usage() string {
 	var b strings.Builder
 	b.WriteString("usage: rdmatap <command> [flags]\n\ncommands:\n")
-	sort.Slice(commands, func(i, j int) bool { return commands[i].Name < commands[j].Name })
+	sort.Slice(commands, func(i, j int) bool { return commands[i].name < commands[j].name })
 	for _, c := range commands {
-		fmt.Fprintf(&b, "  %-9s %s\n", c.Name, c.Summary)
+		fmt.Fprintf(&b, "  %-9s %s\n", c.name, c.summary)
 	}
 	b.WriteString("  help      this text\n\nRun \"rdmatap <command> -h\" for a command's flags.\n")
 	return b.String()
@@ -41,16 +41,18 @@ func usage() string {
 // ErrUsage marks errors that should print the command's usage.
 var ErrUsage = errors.New("usage")
 
-// Run runs the command args name with the rest of args, and returns the
-// process exit code: 0, 1 for a failure, 2 for bad usage.
+// Run runs the command args[0] names with args[1:] and returns the
+// process's exit code: 0, 1 for a failure, 2 for bad usage (an error
+// matching ErrUsage, an unknown command); the error goes to stderr as one
+// line.
 func Run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage())
 		return 2
 	}
-	var cmd *Command
+	var cmd *command
 	for i := range commands {
-		if commands[i].Name == args[0] {
+		if commands[i].name == args[0] {
 			cmd = &commands[i]
 		}
 	}
@@ -62,7 +64,7 @@ func Run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rdmatap: unknown command %q\n\n%s", args[0], usage())
 		return 2
 	}
-	err := cmd.Run(args[1:], stdout, stderr)
+	err := cmd.run(args[1:], stdout, stderr)
 	switch {
 	case err == nil:
 		return 0

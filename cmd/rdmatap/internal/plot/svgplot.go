@@ -46,35 +46,35 @@ func (s *Series) Add(size uint64, v float64) {
 	s.Pts = append(s.Pts, plotPoint{float64(size), v})
 }
 
-// AxisTick is a tick of an axis; an empty label marks a minor tick.
-type AxisTick struct {
-	Value float64
-	Label string
+// axisTick is a tick of an axis; an empty label marks a minor tick.
+type axisTick struct {
+	value float64
+	label string
 }
 
-// SizeTicks marks every power of two in [lo, hi] and labels enough of
+// sizeTicks marks every power of two in [lo, hi] and labels enough of
 // them (2, 8, 32, ..., 512K, 2M, 8M for a full sweep) that the labels
 // do not run into each other: at most 12, every step-th from the first.
-func SizeTicks(lo, hi float64) []AxisTick {
+func sizeTicks(lo, hi float64) []axisTick {
 	first := int(math.Ceil(math.Log2(lo)))
 	last := int(math.Floor(math.Log2(hi)))
 	step := 1
 	for (last-first)/step+1 > 12 {
 		step++
 	}
-	var t []AxisTick
+	var t []axisTick
 	for e := first; e <= last; e++ {
-		tk := AxisTick{Value: math.Ldexp(1, e)}
+		tk := axisTick{value: math.Ldexp(1, e)}
 		if (e-first)%step == 0 {
-			tk.Label = SizeLabel(e)
+			tk.label = sizeLabel(e)
 		}
 		t = append(t, tk)
 	}
 	return t
 }
 
-// SizeLabel names 2^e bytes as 2, 64, 1K, 64K, 1M, 8M.
-func SizeLabel(e int) string {
+// sizeLabel names 2^e bytes as 2, 64, 1K, 64K, 1M, 8M.
+func sizeLabel(e int) string {
 	switch {
 	case e < 0:
 		return strconv.FormatFloat(math.Ldexp(1, e), 'g', -1, 64)
@@ -89,13 +89,13 @@ func SizeLabel(e int) string {
 	}
 }
 
-// LogTicks marks k·10^d (k = 1..9) in [lo, hi]. It labels the decades,
+// logTicks marks k·10^d (k = 1..9) in [lo, hi]. It labels the decades,
 // and 2 and 5 of each too when the range spans less than two decades (a
 // latency sweep often stays within one); a range with fewer than two of
 // those labels every tick, and one with fewer than two ticks its ends.
-func LogTicks(lo, hi float64) []AxisTick {
+func logTicks(lo, hi float64) []axisTick {
 	few := math.Log10(hi/lo) < 2
-	var t []AxisTick
+	var t []axisTick
 	for d := math.Floor(math.Log10(lo)); d <= math.Ceil(math.Log10(hi)); d++ {
 		dec := math.Pow(10, d)
 		for k := 1; k <= 9; k++ {
@@ -103,41 +103,41 @@ func LogTicks(lo, hi float64) []AxisTick {
 			if v < lo*(1-1e-9) || v > hi*(1+1e-9) {
 				continue
 			}
-			tk := AxisTick{Value: v}
+			tk := axisTick{value: v}
 			if k == 1 || few && (k == 2 || k == 5) {
-				tk.Label = ValueLabel(v, 6)
+				tk.label = valueLabel(v, 6)
 			}
 			t = append(t, tk)
 		}
 	}
 	n := 0
 	for _, tk := range t {
-		if tk.Label != "" {
+		if tk.label != "" {
 			n++
 		}
 	}
 	if n < 2 {
 		for i := range t {
-			t[i].Label = ValueLabel(t[i].Value, 6)
+			t[i].label = valueLabel(t[i].value, 6)
 		}
 	}
 	if len(t) < 2 {
-		t = append(append([]AxisTick{{lo, ValueLabel(lo, 3)}}, t...), AxisTick{hi, ValueLabel(hi, 3)})
+		t = append(append([]axisTick{{lo, valueLabel(lo, 3)}}, t...), axisTick{hi, valueLabel(hi, 3)})
 	}
 	return t
 }
 
-// ValueLabel writes v with at most sig significant digits, without an
+// valueLabel writes v with at most sig significant digits, without an
 // exponent (1000, not 1e+03).
-func ValueLabel(v float64, sig int) string {
+func valueLabel(v float64, sig int) string {
 	r, _ := strconv.ParseFloat(strconv.FormatFloat(v, 'g', sig, 64), 64)
 	return strconv.FormatFloat(r, 'f', -1, 64)
 }
 
-// ValueRange is the y axis for values in [lo, hi]: a margin so no marker
+// valueRange is the y axis for values in [lo, hi]: a margin so no marker
 // sits on the frame, and both ends rounded out to k·10^d, which are
 // ticks, so even a flat series has a labelled range.
-func ValueRange(lo, hi float64) (float64, float64) {
+func valueRange(lo, hi float64) (float64, float64) {
 	return roundTick(lo/1.2, math.Floor), roundTick(hi*1.2, math.Ceil)
 }
 
@@ -174,7 +174,7 @@ func SVG(title, ylabel string, series ...Series) []byte {
 		}
 	}
 	xs := logScale{xlo / 1.3, xhi * 1.3, frameL, frameR}
-	ylo, yhi = ValueRange(ylo, yhi)
+	ylo, yhi = valueRange(ylo, yhi)
 	ys := logScale{ylo, yhi, frameB, frameT}
 	// The legend, in the first corner that no point falls in: top left
 	// first (small messages have the least bandwidth and the least
@@ -217,28 +217,28 @@ func SVG(title, ylabel string, series ...Series) []byte {
 
 	// Grid lines, tick marks outside the frame and tick labels; labelled
 	// ticks have the darker line and the longer mark.
-	grid := func(tk AxisTick) (string, int) {
-		if tk.Label != "" {
+	grid := func(tk axisTick) (string, int) {
+		if tk.label != "" {
 			return "#cccccc", 6
 		}
 		return "#ececec", 3
 	}
-	for _, tk := range SizeTicks(xs.lo, xs.hi) {
-		x := xs.pos(tk.Value)
+	for _, tk := range sizeTicks(xs.lo, xs.hi) {
+		x := xs.pos(tk.value)
 		c, n := grid(tk)
 		pf(`<path d="M%.1f %d V%d" stroke="%s"/>`, x, frameT, frameB, c)
 		pf(`<path d="M%.1f %d v%d" stroke="black"/>`+"\n", x, frameB, n)
-		if tk.Label != "" {
-			pf(`<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, frameB+20, tk.Label)
+		if tk.label != "" {
+			pf(`<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, frameB+20, tk.label)
 		}
 	}
-	for _, tk := range LogTicks(ys.lo, ys.hi) {
-		y := ys.pos(tk.Value)
+	for _, tk := range logTicks(ys.lo, ys.hi) {
+		y := ys.pos(tk.value)
 		c, n := grid(tk)
 		pf(`<path d="M%d %.1f H%d" stroke="%s"/>`, frameL, y, frameR, c)
 		pf(`<path d="M%d %.1f h%d" stroke="black"/>`+"\n", frameL, y, -n)
-		if tk.Label != "" {
-			pf(`<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", frameL-9, y+4, tk.Label)
+		if tk.label != "" {
+			pf(`<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", frameL-9, y+4, tk.label)
 		}
 	}
 	pf(`<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="black"/>`+"\n", frameL, frameT, frameR-frameL, frameB-frameT)
