@@ -1,4 +1,4 @@
-package main
+package perftest
 
 import (
 	"bytes"
@@ -6,13 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
 )
 
 // svgDoc is what the tests read from a plot: the text of every <text>
@@ -283,89 +284,6 @@ func TestPlotEdgeCases(t *testing.T) {
 	}
 }
 
-func TestPlotSizeLabels(t *testing.T) {
-	for e, want := range map[int]string{1: "2", 6: "64", 9: "512", 10: "1K", 16: "64K", 20: "1M", 23: "8M", 30: "1G"} {
-		if got := sizeLabel(e); got != want {
-			t.Errorf("sizeLabel(%d) = %q, want %q", e, got, want)
-		}
-	}
-	// A full sweep marks every power of two and labels every other one,
-	// both ends included.
-	ticks := sizeTicks(2/1.3, (1<<23)*1.3)
-	if len(ticks) != 23 || ticks[0].value != 2 || ticks[22].value != 1<<23 {
-		t.Errorf("%d size ticks, %v", len(ticks), ticks)
-	}
-	if got := tickLabels(ticks); got != "2 8 32 128 512 2K 8K 32K 128K 512K 2M 8M" {
-		t.Errorf("size labels %q", got)
-	}
-	// A short sweep labels every size.
-	if got := tickLabels(sizeTicks(2/1.3, 64*1.3)); got != "2 4 8 16 32 64" {
-		t.Errorf("2..64: size labels %q", got)
-	}
-}
-
-func tickLabels(ticks []axisTick) string {
-	var l []string
-	for _, tk := range ticks {
-		if tk.label != "" {
-			l = append(l, tk.label)
-		}
-	}
-	return strings.Join(l, " ")
-}
-
-// TestPlotValueTicks: the y axis marks 1..9 of each decade and labels
-// the decades; a range of less than two decades is labelled at 1, 2 and
-// 5 too, a narrower one at every tick or, with no two ticks, its ends.
-func TestPlotValueTicks(t *testing.T) {
-	for _, c := range []struct {
-		lo, hi float64
-		ticks  int
-		labels string
-	}{
-		{1, 10000, 37, "1 10 100 1000 10000"},
-		{2, 7000, 8 + 18 + 7, "10 100 1000"},
-		{0.2, 3e6, 8 + 6*9 + 3, "1 10 100 1000 10000 100000 1000000"},
-		{0.002, 0.05, 8 + 5, "0.002 0.005 0.01 0.02 0.05"}, // Gb/sec of small messages
-		{15, 60, 5, "20 50"},
-		{25, 45, 2, "30 40"},
-		{21, 29, 2, "21 29"}, // no tick inside: the ends
-		{9.5, 11, 3, "9.5 10 11"},
-	} {
-		ticks := logTicks(c.lo, c.hi)
-		if len(ticks) != c.ticks || tickLabels(ticks) != c.labels {
-			t.Errorf("logTicks(%g, %g): %d ticks labelled %q, want %d labelled %q",
-				c.lo, c.hi, len(ticks), tickLabels(ticks), c.ticks, c.labels)
-		}
-		for _, tk := range ticks {
-			if tk.value < c.lo*(1-1e-9) || tk.value > c.hi*(1+1e-9) {
-				t.Errorf("logTicks(%g, %g): tick %g outside", c.lo, c.hi, tk.value)
-			}
-		}
-	}
-	// The axis range: a margin, ends rounded out to ticks, so a flat or
-	// one-point series gets at least two labelled ticks.
-	for _, c := range []struct{ lo, hi, wantLo, wantHi float64 }{
-		{3.2, 5400, 2, 7000},
-		{21, 29, 10, 40},
-		{25, 25, 20, 30},
-		{0.004, 0.04, 0.003, 0.05},
-	} {
-		lo, hi := valueRange(c.lo, c.hi)
-		if math.Abs(lo/c.wantLo-1) > 1e-9 || math.Abs(hi/c.wantHi-1) > 1e-9 {
-			t.Errorf("valueRange(%g, %g) = %g, %g, want %g, %g", c.lo, c.hi, lo, hi, c.wantLo, c.wantHi)
-		}
-		if n := len(strings.Fields(tickLabels(logTicks(lo, hi)))); n < 2 {
-			t.Errorf("valueRange(%g, %g): %d labels", c.lo, c.hi, n)
-		}
-	}
-	for v, want := range map[float64]string{1e6: "1000000", 0.1 * 3: "0.3", 1234.5678: "1234.57"} {
-		if got := valueLabel(v, 6); got != want {
-			t.Errorf("valueLabel(%v) = %q, want %q", v, got, want)
-		}
-	}
-}
-
 // TestPerfPlotCLI runs bw write -a and lat send -a between two in-process
 // endpoints with --plot on the client and checks the files: SVG with a
 // point for each size of the sweep (2 .. perfTestAllMax).
@@ -376,18 +294,18 @@ func TestPerfPlotCLI(t *testing.T) {
 		sizes++
 	}
 	for _, c := range []struct {
-		test  perfTestKind
+		test  PerfTestKind
 		args  []string
 		title string
 	}{
-		{perfBW, []string{"write", "-a", "-n", "20"}, "RDMA Write bandwidth"},
-		{perfLat, []string{"send", "-a", "-n", "10"}, "Send latency"},
+		{PerfBW, []string{"write", "-a", "-n", "20"}, "RDMA Write bandwidth"},
+		{PerfLat, []string{"send", "-a", "-n", "10"}, "Send latency"},
 	} {
 		file := filepath.Join(dir, c.args[0]+".svg")
 		cargs := append(append([]string(nil), c.args...), "--plot", file)
-		cli, srv, cerr, serr := perfRunSides(t, c.test, c.args, cargs)
+		cout, srv, cerr, serr := perfRunSides(t, c.test, c.args, cargs)
 		if cerr != nil || serr != nil {
-			t.Fatalf("%v: client %v, server %v\n%s\n%s", cargs, cerr, serr, cli, srv)
+			t.Fatalf("%v: client %v, server %v\n%s\n%s", cargs, cerr, serr, cout, srv)
 		}
 		b, err := os.ReadFile(file)
 		if err != nil {
@@ -412,23 +330,23 @@ func TestPerfPlotFlags(t *testing.T) {
 	dir := t.TempDir()
 	svg := filepath.Join(dir, "p.svg")
 	for _, c := range []struct {
-		test perfTestKind
+		test PerfTestKind
 		args []string
 		want string
 	}{
-		{perfBW, []string{"write", "10.0.0.1", "--plot", svg}, "needs -a"},
-		{perfLat, []string{"write", "10.0.0.1", "-s", "64", "--plot", svg}, "needs -a"},
-		{perfBW, []string{"write", "10.0.0.1", "-a", "--plot", filepath.Join(dir, "p.png")}, "*.svg"},
-		{perfBW, []string{"write", "10.0.0.1", "-a", "--plot", dir}, "*.svg"},
-		{perfBW, []string{"write", "-a", "--plot", svg}, "the client draws"},
-		{perfBW, []string{"atomic", "10.0.0.1", "--plot", svg}, "needs -a"},
+		{PerfBW, []string{"write", "10.0.0.1", "--plot", svg}, "needs -a"},
+		{PerfLat, []string{"write", "10.0.0.1", "-s", "64", "--plot", svg}, "needs -a"},
+		{PerfBW, []string{"write", "10.0.0.1", "-a", "--plot", filepath.Join(dir, "p.png")}, "*.svg"},
+		{PerfBW, []string{"write", "10.0.0.1", "-a", "--plot", dir}, "*.svg"},
+		{PerfBW, []string{"write", "-a", "--plot", svg}, "the client draws"},
+		{PerfBW, []string{"atomic", "10.0.0.1", "--plot", svg}, "needs -a"},
 	} {
-		_, _, err := parsePerfFlags(c.test, c.args, io.Discard)
-		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+		_, _, err := ParsePerfFlags(c.test, c.args, io.Discard)
+		if !errors.Is(err, cli.ErrUsage) || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%v: err %v, want a one-line usage error with %q", c.args, err, c.want)
 		}
 	}
-	if _, _, err := parsePerfFlags(perfLat, []string{"read", "-a", "10.0.0.1", "--plot", "lat.SVG"}, io.Discard); err != nil {
+	if _, _, err := ParsePerfFlags(PerfLat, []string{"read", "-a", "10.0.0.1", "--plot", "lat.SVG"}, io.Discard); err != nil {
 		t.Errorf("lat read -a --plot lat.SVG: %v", err)
 	}
 
@@ -459,12 +377,12 @@ func TestPerfPlotFlags(t *testing.T) {
 	// is not opened (no root needed to see it).
 	var stderr bytes.Buffer
 	missing := filepath.Join(dir, "missing", "bw.svg")
-	rc := run([]string{"bw", "write", "-a", "10.0.0.1", "--plot", missing, "--tap", "rdmatapnone0", "--addr", "10.0.0.2/24"}, io.Discard, &stderr)
+	rc := cli.Run([]string{"bw", "write", "-a", "10.0.0.1", "--plot", missing, "--tap", "rdmatapnone0", "--addr", "10.0.0.2/24"}, io.Discard, &stderr)
 	if rc != 1 || strings.Count(stderr.String(), "\n") != 1 || !strings.Contains(stderr.String(), "--plot "+missing) {
 		t.Errorf("missing directory: exit %d, stderr %q", rc, stderr.String())
 	}
 	stderr.Reset()
-	rc = run([]string{"lat", "write", "10.0.0.1", "--plot", svg, "--tap", "rdmatapnone0", "--addr", "10.0.0.2/24"}, io.Discard, &stderr)
+	rc = cli.Run([]string{"lat", "write", "10.0.0.1", "--plot", svg, "--tap", "rdmatapnone0", "--addr", "10.0.0.2/24"}, io.Discard, &stderr)
 	if rc != 2 || strings.Count(stderr.String(), "\n") != 1 || !strings.Contains(stderr.String(), "needs -a") {
 		t.Errorf("no -a: exit %d, stderr %q", rc, stderr.String())
 	}

@@ -1,4 +1,7 @@
-package main
+// Package daemon is `rdmatap up`, a standalone endpoint that runs until
+// signalled, with its JSON control socket and service socket, and the
+// commands that ask a running one: `rdmatap devinfo` and `rdmatap stat`.
+package daemon
 
 import (
 	"bufio"
@@ -21,15 +24,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
 	"github.com/rdmatap/rdmatap/verbs/service"
 )
 
 func init() {
-	register(command{"up", "run a standalone endpoint on a TAP device; serves a control socket", upCmd})
-	register(command{"devinfo", "device attributes of a running endpoint (like ibv_devinfo)", devinfoCmd})
-	register(command{"stat", "counters of a running endpoint (like rdma statistic)", statCmd})
+	cli.Register("up", "run a standalone endpoint on a TAP device; serves a control socket", upCmd)
+	cli.Register("devinfo", "device attributes of a running endpoint (like ibv_devinfo)", devinfoCmd)
+	cli.Register("stat", "counters of a running endpoint (like rdma statistic)", statCmd)
 }
 
 // The control socket's default place is a directory of rdmatap's own:
@@ -63,7 +67,7 @@ var defaultCtlDir = func() string {
 // defaultCtl is the control socket of device name.
 func defaultCtl(name string) (string, error) {
 	if name == "" || name == "." || name == ".." || strings.ContainsRune(name, '/') {
-		return "", fmt.Errorf("%w: device name %q cannot name a control socket (pass --ctl)", errUsage, name)
+		return "", fmt.Errorf("%w: device name %q cannot name a control socket (pass --ctl)", cli.ErrUsage, name)
 	}
 	return filepath.Join(defaultCtlDir(), name+".sock"), nil
 }
@@ -155,29 +159,29 @@ func clientCtlPath(flagPath, name string) (string, error) {
 func upCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var ef endpointFlags
-	ef.register(fs)
+	var ef cli.EndpointFlags
+	ef.Register(fs)
 	ctl := fs.String("ctl", "", "control socket path (default /run/rdmatap/NAME.sock as root, else $XDG_RUNTIME_DIR/rdmatap/NAME.sock or /tmp/rdmatap-UID/NAME.sock)")
 	var sf serviceFlags
 	sf.register(fs)
-	if err := parseFlags(fs, args, stderr, "up", "Bring up an endpoint on a TAP device and keep it running until SIGINT/SIGTERM."); err != nil {
+	if err := cli.ParseFlags(fs, args, stderr, "up", "Bring up an endpoint on a TAP device and keep it running until SIGINT/SIGTERM."); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+		return fmt.Errorf("%w: unexpected argument %q", cli.ErrUsage, fs.Arg(0))
 	}
-	if _, _, _, err := ef.check(); err != nil {
+	if _, _, _, err := ef.Check(); err != nil {
 		return err
 	}
 	if _, _, err := sf.check(); err != nil {
 		return err
 	}
 	// The control socket's directory is checked before the TAP is touched.
-	ctlPath, err := upCtlPath(*ctl, ef.name)
+	ctlPath, err := upCtlPath(*ctl, ef.Name)
 	if err != nil {
 		return err
 	}
-	e, err := ef.open()
+	e, err := ef.Open()
 	if err != nil {
 		return err
 	}
@@ -202,7 +206,7 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 		created = "created"
 	}
 	logger.Printf("up: device %s on TAP %s (%s), address %s, MTU %d, offload %v, control socket %s",
-		e.Dev.Name(), ef.tap, created, ef.addr, ef.mtu, e.Tap.Offload(), ctlPath)
+		e.Dev.Name(), ef.Tap, created, ef.Addr, ef.MTU, e.Tap.Offload(), ctlPath)
 
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
@@ -212,7 +216,7 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 		case s := <-sig:
 			logger.Printf("up: %v: closing connections", s)
 			if e.Tap.Created() {
-				logger.Printf("up: removing TAP %s", ef.tap)
+				logger.Printf("up: removing TAP %s", ef.Tap)
 			}
 			return nil
 		case ev := <-e.Dev.Events():
@@ -225,7 +229,7 @@ func upCmd(args []string, stdout, stderr io.Writer) error {
 				err = errors.New("the TAP device stopped")
 			}
 			logger.Printf("up: %v", err)
-			return fmt.Errorf("up: TAP %s is gone: %w", ef.tap, err)
+			return fmt.Errorf("up: TAP %s is gone: %w", ef.Tap, err)
 		}
 	}
 }
@@ -239,20 +243,6 @@ func formatEvent(ev verbs.AsyncEvent) string {
 		s += fmt.Sprintf(" (%v)", ev.Err)
 	}
 	return s
-}
-
-// parseFlags parses with one-line errors and a -h text.
-func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer, name, what string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stderr, "usage: rdmatap %s [flags]\n\n%s\n\n", name, what)
-			fs.SetOutput(stderr)
-			fs.PrintDefaults()
-			return err
-		}
-		return fmt.Errorf("%w: %v (see rdmatap %s -h)", errUsage, err, name)
-	}
-	return nil
 }
 
 // The control socket speaks one JSON request line and one JSON reply line
@@ -310,7 +300,7 @@ const (
 type ctlServer struct {
 	ln    net.Listener
 	path  string // removed by Close; "" for none
-	e     *endpoint
+	e     *cli.Endpoint
 	lim   ctlLimits
 	logf  func(format string, args ...any)
 	slots chan struct{} // a token per running handler
@@ -339,7 +329,7 @@ type ctlConn struct {
 
 // serveControl serves the control socket at path. logf, if not nil, gets
 // the accept errors, one per ctlAcceptLogEvery at most.
-func serveControl(path string, e *endpoint, lim ctlLimits, logf func(string, ...any)) (*ctlServer, error) {
+func serveControl(path string, e *cli.Endpoint, lim ctlLimits, logf func(string, ...any)) (*ctlServer, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
@@ -367,7 +357,7 @@ func serveControl(path string, e *endpoint, lim ctlLimits, logf func(string, ...
 }
 
 // startCtlServer serves the control protocol on ln.
-func startCtlServer(ln net.Listener, path string, e *endpoint, lim ctlLimits, logf func(string, ...any)) *ctlServer {
+func startCtlServer(ln net.Listener, path string, e *cli.Endpoint, lim ctlLimits, logf func(string, ...any)) *ctlServer {
 	if lim.maxConns < 1 {
 		lim.maxConns = 1
 	}
@@ -675,7 +665,7 @@ func nodeGUID(mac net.HardwareAddr) string {
 	return fmt.Sprintf("%02x%02x:%02x%02x:%02x%02x:%02x%02x", g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7])
 }
 
-func getDevInfo(e *endpoint) devInfo {
+func getDevInfo(e *cli.Endpoint) devInfo {
 	var mac net.HardwareAddr
 	d := devInfo{HCAID: e.Dev.Name(), Transport: "iWARP (1)", FWVer: "0.0.0", VendorID: "0x0", HWVer: "0x0",
 		PhysPortCnt: 1, Attr: e.Dev.Query()}
@@ -703,7 +693,7 @@ type statSet struct {
 	Clients []service.ClientStat `json:"clients,omitempty"`
 }
 
-func getStats(e *endpoint) statSet {
+func getStats(e *cli.Endpoint) statSet {
 	s := statSet{Device: e.Dev.Name(), Verbs: e.Dev.Stats(), Ops: map[string]uint64{}}
 	for i := 0; i < 12; i++ {
 		name := strings.ReplaceAll(strings.ToLower(verbs.RDMAPOpcode(i).String()), " ", "_")
@@ -714,11 +704,11 @@ func getStats(e *endpoint) statSet {
 			s.Ops["tx_"+name] = v
 		}
 	}
-	if e.Tap != nil {
-		s.Link = e.Tap.Stats()
-	}
-	if e.impair != nil {
-		is := e.impair.Stats()
+	if e.EP != nil {
+		es := e.EP.Stats()
+		s.Link, s.Impair = es.Link, es.Impair
+	} else if e.Impair != nil {
+		is := e.Impair.Stats()
 		s.Impair = &is
 	}
 	return s
@@ -731,11 +721,11 @@ func ctlFlags(name string, args []string, stderr io.Writer, what string) (path s
 	dev := fs.String("d", "rt0", "device name")
 	j := fs.Bool("j", false, "JSON output")
 	v := fs.Bool("v", false, "verbose")
-	if err := parseFlags(fs, args, stderr, name, what); err != nil {
+	if err := cli.ParseFlags(fs, args, stderr, name, what); err != nil {
 		return "", false, false, err
 	}
 	if fs.NArg() > 0 {
-		return "", false, false, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+		return "", false, false, fmt.Errorf("%w: unexpected argument %q", cli.ErrUsage, fs.Arg(0))
 	}
 	path, err = clientCtlPath(*ctl, *dev)
 	if err != nil {
@@ -835,16 +825,16 @@ func statCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	// Segment placement, then copies per payload byte received (placed
 	// bytes over received bytes, 1.00 when every byte is copied once).
-	for _, kv := range segmentCounters(v) {
-		fmt.Fprintf(w, " %s %d", kv.k, kv.v)
+	for _, kv := range cli.SegmentCounters(v) {
+		fmt.Fprintf(w, " %s %d", kv.K, kv.V)
 	}
-	fmt.Fprintf(w, " copies_per_byte %s", copiesPerByte(v))
+	fmt.Fprintf(w, " copies_per_byte %s", cli.CopiesPerByte(v))
 	for _, k := range sortedKeys(s.Ops) {
 		fmt.Fprintf(w, " %s %d", k, s.Ops[k])
 	}
 	if s.Impair != nil {
-		for _, kv := range impairCounters(*s.Impair) {
-			fmt.Fprintf(w, " %s %d", kv.k, kv.v)
+		for _, kv := range cli.ImpairCounters(*s.Impair) {
+			fmt.Fprintf(w, " %s %d", kv.K, kv.V)
 		}
 	}
 	if m, ok := s.Link.(map[string]any); ok {

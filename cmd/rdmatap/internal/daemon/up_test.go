@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"bufio"
@@ -19,13 +19,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
 // ctlEndpoint is an embedded endpoint for the control server to report on.
-func ctlEndpoint(t testing.TB) *endpoint {
+func ctlEndpoint(t testing.TB) *cli.Endpoint {
 	t.Helper()
-	a, b, err := embeddedPair(verbs.DeviceConfig{})
+	a, b, err := cli.EmbeddedPair(verbs.DeviceConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -547,10 +548,10 @@ func TestCtlDirTrust(t *testing.T) {
 	t.Run("bad-device-name", func(t *testing.T) {
 		useCtlDir(t, func() string { return t.TempDir() })
 		for _, name := range []string{"../x", "a/b", "..", ""} {
-			if _, err := upCtlPath("", name); !errors.Is(err, errUsage) {
+			if _, err := upCtlPath("", name); !errors.Is(err, cli.ErrUsage) {
 				t.Errorf("up with device name %q: %v, want a usage error", name, err)
 			}
-			if _, err := clientCtlPath("", name); !errors.Is(err, errUsage) {
+			if _, err := clientCtlPath("", name); !errors.Is(err, cli.ErrUsage) {
 				t.Errorf("stat with device name %q: %v, want a usage error", name, err)
 			}
 		}

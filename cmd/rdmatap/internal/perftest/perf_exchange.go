@@ -1,4 +1,4 @@
-package main
+package perftest
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
@@ -122,7 +123,7 @@ func newXchg(pd *verbs.PD, client bool, timeout time.Duration) (*perfXchg, error
 	if x.qp, err = pd.CreateQP(verbs.QPConfig{SendCQ: x.scq, RecvCQ: x.rcq, MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}); err != nil {
 		return nil, err
 	}
-	if _, x.mr, err = regMem(pd, 2*64, verbs.AccessLocalWrite); err != nil {
+	if _, x.mr, err = cli.RegMem(pd, 2*64, verbs.AccessLocalWrite); err != nil {
 		return nil, err
 	}
 	return x, x.postRecv()
@@ -391,14 +392,14 @@ func perfSetup(ctx context.Context, dev *verbs.Device, o *perfOpts, stdout io.Wr
 	}
 	// Latency tests poll memory and drive the receive path themselves, as
 	// ib_write_lat spins on its buffer (the read lat server only serves).
-	s.manual = o.test == perfLat && (o.client() || !o.oneSided())
-	if s.x, err = newXchg(s.pd, o.client(), o.timeout); err != nil {
+	s.manual = o.test == PerfLat && (o.client() || !o.oneSided())
+	if s.x, err = newXchg(s.pd, o.client(), o.Timeout); err != nil {
 		return s, err
 	}
 	s.x.trace = o.trace
 	raddr := netip.AddrPortFrom(o.server, o.port)
 	if o.client() {
-		dctx, cancel := context.WithTimeout(ctx, o.timeout)
+		dctx, cancel := context.WithTimeout(ctx, o.Timeout)
 		s.x.conn, err = dev.Dial(dctx, s.x.qp, raddr, verbs.ConnParams{IRD: -1, ORD: -1})
 		cancel()
 		if err != nil {
@@ -409,8 +410,8 @@ func perfSetup(ctx context.Context, dev *verbs.Device, o *perfOpts, stdout io.Wr
 		if s.l, err = dev.Listen(netip.AddrPortFrom(o.bind, o.port), verbs.ListenConfig{Backlog: o.qps + 4}); err != nil {
 			return s, err
 		}
-		if o.listening != nil {
-			o.listening(s.l.Addr())
+		if o.Listening != nil {
+			o.Listening(s.l.Addr())
 		}
 		if s.x.conn, err = s.l.Accept(ctx, s.x.qp, verbs.ConnParams{IRD: -1, ORD: -1}); err != nil {
 			return s, err
@@ -453,7 +454,7 @@ func (s *perfSession) connectQPs(ctx context.Context, raddr netip.AddrPort) erro
 		return err
 	}
 	s.rxSlots = 1
-	if o.verify && o.verb == perfSend && o.test == perfBW && !o.client() {
+	if o.verify && o.verb == perfSend && o.test == PerfBW && !o.client() {
 		// Each posted receive gets its own slot, so that a received
 		// message is checked while the next ones land elsewhere.
 		s.rxSlots = o.rxDepth
@@ -468,7 +469,7 @@ func (s *perfSession) connectQPs(ctx context.Context, raddr netip.AddrPort) erro
 		if o.verb == perfAtomic {
 			acc |= verbs.AccessRemoteAtomic
 		}
-		if q.buf, q.mr, err = regMem(s.pd, (1+s.rxSlots)*s.bufSize, acc); err != nil {
+		if q.buf, q.mr, err = cli.RegMem(s.pd, (1+s.rxSlots)*s.bufSize, acc); err != nil {
 			return err
 		}
 		s.qps = append(s.qps, q)
@@ -482,8 +483,8 @@ func (s *perfSession) connectQPs(ctx context.Context, raddr netip.AddrPort) erro
 		if q.qp, err = s.pd.CreateQP(cfg); err != nil {
 			return err
 		}
-		if o.verb == perfSend && o.test == perfBW {
-			if q.ctrl, q.ctrlMR, err = regMem(s.pd, 8, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		if o.verb == perfSend && o.test == PerfBW {
+			if q.ctrl, q.ctrlMR, err = cli.RegMem(s.pd, 8, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
 				return err
 			}
 		}
@@ -491,7 +492,7 @@ func (s *perfSession) connectQPs(ctx context.Context, raddr netip.AddrPort) erro
 			// perftest retries a refused connect 10 times, 100 ms apart:
 			// its server listens for the test QPs only after the handshake.
 			for try := 0; ; try++ {
-				dctx, cancel := context.WithTimeout(ctx, o.timeout)
+				dctx, cancel := context.WithTimeout(ctx, o.Timeout)
 				q.conn, err = s.dev.Dial(dctx, q.qp, raddr, s.connParams())
 				cancel()
 				if err == nil || try == 9 || ctx.Err() != nil || q.qp.State() != verbs.QPIdle {
@@ -503,7 +504,7 @@ func (s *perfSession) connectQPs(ctx context.Context, raddr netip.AddrPort) erro
 				return fmt.Errorf("test connection %d to %v: %w", i, raddr, perfConnErr(err))
 			}
 		} else {
-			actx, cancel := context.WithTimeout(ctx, o.timeout)
+			actx, cancel := context.WithTimeout(ctx, o.Timeout)
 			q.conn, err = s.l.Accept(actx, q.qp, s.connParams())
 			cancel()
 			if err != nil {
@@ -531,7 +532,7 @@ func (s *perfSession) exchangeDests(ctx context.Context) error {
 		}
 	}
 	var err error
-	if o.test == perfLat && o.verb != perfSend {
+	if o.test == PerfLat && o.verb != perfSend {
 		// write_lat.c, read_lat.c and atomic_lat.c shake hands once more,
 		// before the per-QP handshakes: four in all, where the bw tests
 		// and send_lat.c have three. One short and perftest's server
@@ -547,7 +548,7 @@ func (s *perfSession) exchangeDests(ctx context.Context) error {
 			return err
 		}
 	}
-	credit := o.verb == perfSend && o.test == perfBW
+	credit := o.verb == perfSend && o.test == PerfBW
 	if credit {
 		if _, err = s.x.handShake(ctx, s.qps[0].my, 0); err != nil {
 			return err
@@ -591,7 +592,7 @@ func (s *perfSession) watchdog(ctx context.Context) (context.Context, context.Ca
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if time.Since(time.Unix(0, s.lastTick.Load())) > s.o.timeout {
+				if time.Since(time.Unix(0, s.lastTick.Load())) > s.o.Timeout {
 					cancel(errors.New("the test stalled: no progress from the peer"))
 					return
 				}
@@ -640,7 +641,7 @@ func checkPattern(b []byte, q int, what string) error {
 // retire its last Write, and between two rdmatap endpoints the server's
 // close ends both waits.
 func (s *perfSession) linger() time.Duration {
-	if s.o.test != perfLat || s.o.verb != perfWrite {
+	if s.o.test != PerfLat || s.o.verb != perfWrite {
 		return 0
 	}
 	if s.o.client() {

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"flag"
@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
 	"github.com/rdmatap/rdmatap/internal/units"
 	"github.com/rdmatap/rdmatap/verbs"
 	"github.com/rdmatap/rdmatap/verbs/service"
@@ -66,27 +67,27 @@ func (f *serviceFlags) check() (service.Limits, int, error) {
 	var lim service.Limits
 	if f.socket == "" {
 		if f.group != "" {
-			return lim, -1, fmt.Errorf("%w: --socket-group needs --socket", errUsage)
+			return lim, -1, fmt.Errorf("%w: --socket-group needs --socket", cli.ErrUsage)
 		}
 		return lim, -1, nil
 	}
 	if f.qps < 1 || f.cqs < 1 || f.conns < 1 || f.mrs < 1 || f.frPages < 1 || f.clients < 1 || f.perUser < 1 || f.pending < 1 {
-		return lim, -1, fmt.Errorf("%w: --client-qps, --client-cqs, --client-mrs, --client-conns, --client-fr-pages, --max-clients, --max-clients-per-user and --max-pending-per-user must be at least 1", errUsage)
+		return lim, -1, fmt.Errorf("%w: --client-qps, --client-cqs, --client-mrs, --client-conns, --client-fr-pages, --max-clients, --max-clients-per-user and --max-pending-per-user must be at least 1", cli.ErrUsage)
 	}
 	if f.perUser > f.clients || f.pending > f.perUser {
-		return lim, -1, fmt.Errorf("%w: want --max-pending-per-user %d ≤ --max-clients-per-user %d ≤ --max-clients %d", errUsage, f.pending, f.perUser, f.clients)
+		return lim, -1, fmt.Errorf("%w: want --max-pending-per-user %d ≤ --max-clients-per-user %d ≤ --max-clients %d", cli.ErrUsage, f.pending, f.perUser, f.clients)
 	}
 	memory, err := parseBytes(f.memory)
 	if err != nil {
-		return lim, -1, fmt.Errorf("%w: --client-memory: %v", errUsage, err)
+		return lim, -1, fmt.Errorf("%w: --client-memory: %v", cli.ErrUsage, err)
 	}
 	mr, err := parseBytes(f.mrBytes)
 	if err != nil {
-		return lim, -1, fmt.Errorf("%w: --client-mr-bytes: %v", errUsage, err)
+		return lim, -1, fmt.Errorf("%w: --client-mr-bytes: %v", cli.ErrUsage, err)
 	}
 	ring, err := parseBytes(f.ring)
 	if err != nil {
-		return lim, -1, fmt.Errorf("%w: --client-ring-bytes: %v", errUsage, err)
+		return lim, -1, fmt.Errorf("%w: --client-ring-bytes: %v", cli.ErrUsage, err)
 	}
 	lim = service.Limits{QPs: f.qps, CQs: f.cqs, MRBytes: mr, MRs: f.mrs, RingBytes: ring, Conns: f.conns, FRPages: f.frPages, Memory: memory}
 	gid := -1
@@ -96,7 +97,7 @@ func (f *serviceFlags) check() (service.Limits, int, error) {
 		} else {
 			g, err := user.LookupGroup(f.group)
 			if err != nil {
-				return lim, -1, fmt.Errorf("%w: --socket-group %q: %v", errUsage, f.group, err)
+				return lim, -1, fmt.Errorf("%w: --socket-group %q: %v", cli.ErrUsage, f.group, err)
 			}
 			gid, _ = strconv.Atoi(g.Gid)
 		}

@@ -1,4 +1,7 @@
-package main
+// Package demo is `rdmatap demo`: two endpoints in one process over an
+// in-memory link, Send/Recv, RDMA Write and RDMA Read with every byte
+// verified, and the placement lab's reports.
+package demo
 
 import (
 	"bufio"
@@ -14,44 +17,50 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
 	"github.com/rdmatap/rdmatap/internal/units"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
+func init() {
+	cli.Register("demo", "two endpoints in this process over an in-memory link (no root):\n"+
+		"            Send/Recv, RDMA Write and RDMA Read, every byte verified", demoCmd)
+}
+
 // parseSize parses "4096", "64K", "1M", "1G" (binary units), at most 1G.
 func parseSize(s string) (int, error) {
 	n, err := units.ParseBytes(s, 1<<30)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %v", errUsage, err)
+		return 0, fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
 	return int(n), nil
 }
 
-type demoOpts struct {
-	size, iters int
+type DemoOpts struct {
+	Size, Iters int
 	crc         bool
 	markers     bool
 	pcap        string
 	mtu         int
-	mpaRev      int
+	MpaRev      int
 	p2p         string
-	lab         labFlags
+	lab         cli.LabFlags
 }
 
 func demoCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var o demoOpts
+	var o DemoOpts
 	size := fs.String("size", "64K", "message size in bytes (K, M, G suffixes), 0 to 1G")
-	fs.IntVar(&o.iters, "iters", 1000, "iterations per operation")
+	fs.IntVar(&o.Iters, "iters", 1000, "iterations per operation")
 	fs.BoolVar(&o.crc, "crc", false, "negotiate MPA CRC32c")
 	fs.BoolVar(&o.markers, "markers", false, "negotiate MPA markers, both directions")
 	fs.StringVar(&o.pcap, "pcap", "", "write the link's frames to this pcap file")
 	fs.IntVar(&o.mtu, "mtu", 1500, "link MTU (the link carries 64 KB GSO super-segments)")
-	fs.IntVar(&o.mpaRev, "mpa-rev", 2, "MPA revision, 1 or 2")
+	fs.IntVar(&o.MpaRev, "mpa-rev", 2, "MPA revision, 1 or 2")
 	fs.StringVar(&o.p2p, "p2p", "", "peer-to-peer mode with this RTR: write, read or send")
-	o.lab.register(fs, demoLabHelp)
+	o.lab.Register(fs, cli.DemoLabHelp)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stderr, "usage: rdmatap demo [flags]\n\nTwo endpoints in one process over an in-memory link; no root needed.\n\n")
@@ -59,23 +68,23 @@ func demoCmd(args []string, stdout, stderr io.Writer) error {
 			fs.PrintDefaults()
 			return err
 		}
-		return fmt.Errorf("%w: %v (see rdmatap demo -h)", errUsage, err)
+		return fmt.Errorf("%w: %v (see rdmatap demo -h)", cli.ErrUsage, err)
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+		return fmt.Errorf("%w: unexpected argument %q", cli.ErrUsage, fs.Arg(0))
 	}
 	var err error
-	if o.size, err = parseSize(*size); err != nil {
+	if o.Size, err = parseSize(*size); err != nil {
 		return err
 	}
-	if o.iters < 1 || o.iters > 100_000_000 {
-		return fmt.Errorf("%w: --iters must be 1..100000000", errUsage)
+	if o.Iters < 1 || o.Iters > 100_000_000 {
+		return fmt.Errorf("%w: --iters must be 1..100000000", cli.ErrUsage)
 	}
 	if o.mtu < 576 || o.mtu > 65535 {
-		return fmt.Errorf("%w: --mtu must be 576..65535", errUsage)
+		return fmt.Errorf("%w: --mtu must be 576..65535", cli.ErrUsage)
 	}
-	if o.mpaRev != 1 && o.mpaRev != 2 {
-		return fmt.Errorf("%w: --mpa-rev must be 1 or 2", errUsage)
+	if o.MpaRev != 1 && o.MpaRev != 2 {
+		return fmt.Errorf("%w: --mpa-rev must be 1 or 2", cli.ErrUsage)
 	}
 	var rtr verbs.RTR
 	switch o.p2p {
@@ -87,34 +96,34 @@ func demoCmd(args []string, stdout, stderr io.Writer) error {
 	case "send":
 		rtr = verbs.RTRSend
 	default:
-		return fmt.Errorf("%w: --p2p must be write, read or send", errUsage)
+		return fmt.Errorf("%w: --p2p must be write, read or send", cli.ErrUsage)
 	}
-	if rtr != 0 && o.mpaRev != 2 {
-		return fmt.Errorf("%w: --p2p needs --mpa-rev 2", errUsage)
+	if rtr != 0 && o.MpaRev != 2 {
+		return fmt.Errorf("%w: --p2p needs --mpa-rev 2", cli.ErrUsage)
 	}
-	if err := o.lab.check(); err != nil {
+	if err := o.lab.Check(); err != nil {
 		return err
 	}
 	return runDemo(o, rtr, stdout)
 }
 
-// demoEnds are the two endpoints of the demo.
-type demoEnds struct {
+// DemoEnds are the two endpoints of the demo.
+type DemoEnds struct {
 	qpA, qpB     *verbs.QP
 	scqA, rcqA   *verbs.CQ
 	scqB, rcqB   *verbs.CQ
 	srcA, rdstA  *verbs.MR // A: source of Send/Write, destination of Read
 	dstB, rsrcB  *verbs.MR // B: destination of Send/Write, source of Read
 	remB         verbs.RemoteBuf
-	slots, size  int
-	wc           []verbs.WC
-	posted       []time.Time
+	Slots, Size  int
+	Wc           []verbs.WC
+	Posted       []time.Time
 	latSum       time.Duration
 	latN         int
 	verifiedMsgs int
 }
 
-func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
+func runDemo(o DemoOpts, rtr verbs.RTR, stdout io.Writer) error {
 	var capture *bufio.Writer
 	var pcapFile *os.File
 	var pcapA io.Writer
@@ -127,7 +136,7 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 		capture = bufio.NewWriterSize(f, 1<<20)
 		pcapA = capture
 	}
-	na, nb, im, err := labPair(netstack.LinkConfig{MTU: uint32(o.mtu)}, pcapA, &o.lab)
+	na, nb, im, err := cli.LabPair(netstack.LinkConfig{MTU: uint32(o.mtu)}, pcapA, &o.lab)
 	if err != nil {
 		return err
 	}
@@ -139,12 +148,12 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 			pcapFile.Close()
 		}
 	}()
-	devA, err := verbs.Open(na, verbs.DeviceConfig{Name: "rt0", Markers: o.markers, Placement: o.lab.mode})
+	devA, err := verbs.Open(na, verbs.DeviceConfig{Name: "rt0", Markers: o.markers, Placement: o.lab.Mode})
 	if err != nil {
 		return err
 	}
 	defer devA.Close()
-	devB, err := verbs.Open(nb, verbs.DeviceConfig{Name: "rt1", Markers: o.markers, Placement: o.lab.mode})
+	devB, err := verbs.Open(nb, verbs.DeviceConfig{Name: "rt1", Markers: o.markers, Placement: o.lab.Mode})
 	if err != nil {
 		return err
 	}
@@ -152,11 +161,11 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 
 	// Slots in flight per round: enough to fill the pipe, at most 16 MiB.
 	slots := 16
-	if o.size > 0 {
-		slots = min(16, max(1, (16<<20)/o.size))
+	if o.Size > 0 {
+		slots = min(16, max(1, (16<<20)/o.Size))
 	}
-	e := &demoEnds{slots: slots, size: o.size, wc: make([]verbs.WC, 64), posted: make([]time.Time, slots)}
-	if err := e.setup(devA, devB, o, rtr); err != nil {
+	e := &DemoEnds{Slots: slots, Size: o.Size, Wc: make([]verbs.WC, 64), Posted: make([]time.Time, slots)}
+	if err := e.Setup(devA, devB, o, rtr); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "rdmatap demo: two endpoints in one process, in-memory link (MTU %d, 64 KB GSO segments)\n", o.mtu)
@@ -168,30 +177,30 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 		run  func(int) error
 	}{
 		{"SEND/RECV", e.sendRound},
-		{"RDMA WRITE", e.writeRound},
+		{"RDMA WRITE", e.WriteRound},
 		{"RDMA READ", e.readRound},
 	} {
 		e.latSum, e.latN, e.verifiedMsgs = 0, 0, 0
 		tcpA, tcpB := devA.Stats().TCP, devB.Stats().TCP
 		start := time.Now()
-		for done := 0; done < o.iters; {
-			k := min(e.slots, o.iters-done)
+		for done := 0; done < o.Iters; {
+			k := min(e.Slots, o.Iters-done)
 			if err := op.run(k); err != nil {
 				return fmt.Errorf("%s: %w", op.name, err)
 			}
 			done += k
 		}
 		el := time.Since(start).Seconds()
-		bytesMoved := float64(o.size) * float64(o.iters)
+		bytesMoved := float64(o.Size) * float64(o.Iters)
 		lat := 0.0
 		if e.latN > 0 {
 			lat = float64(e.latSum.Microseconds()) / float64(e.latN)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.1f\t%.1f\t%d/%d\t\n", op.name, o.size, o.iters,
-			bytesMoved*8/el/1e9, bytesMoved/el/(1<<20), lat, e.verifiedMsgs, o.iters)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.1f\t%.1f\t%d/%d\t\n", op.name, o.Size, o.Iters,
+			bytesMoved*8/el/1e9, bytesMoved/el/(1<<20), lat, e.verifiedMsgs, o.Iters)
 		if im != nil {
-			tcpLines = append(tcpLines, fmt.Sprintf("%s, A %s", op.name, tcpReport(tcpA, devA.Stats().TCP)),
-				fmt.Sprintf("%s, B %s", op.name, tcpReport(tcpB, devB.Stats().TCP)))
+			tcpLines = append(tcpLines, fmt.Sprintf("%s, A %s", op.name, cli.TCPReport(tcpA, devA.Stats().TCP)),
+				fmt.Sprintf("%s, B %s", op.name, cli.TCPReport(tcpB, devB.Stats().TCP)))
 		}
 	}
 	tw.Flush()
@@ -200,17 +209,17 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 	}
 	st := devA.Stats()
 	fmt.Fprintf(stdout, "MPA rev %d, CRC %v, peer-to-peer %v; endpoint A sent %d FPDUs, received %d (%d placement copies, %d CRC errors)\n",
-		o.mpaRev, o.crc, rtr != 0, st.TxFPDUs, st.RxFPDUs, st.PlacementCopies, st.CRCErrors)
+		o.MpaRev, o.crc, rtr != 0, st.TxFPDUs, st.RxFPDUs, st.PlacementCopies, st.CRCErrors)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := e.qpA.Disconnect(ctx); err != nil {
 		return fmt.Errorf("disconnect: %w", err)
 	}
 	if im != nil {
-		fmt.Fprintln(stdout, impairReport(im, "A's transmit side", &o.lab))
+		fmt.Fprintln(stdout, cli.ImpairReport(im, "A's transmit side", &o.lab))
 	}
-	fmt.Fprintln(stdout, placementReport(o.lab.mode, "endpoint B (receiver of Sends and Writes)", settledStats(devB)))
-	if o.lab.mode == verbs.PlacementSegment && im != nil && !o.crc && !o.markers {
+	fmt.Fprintln(stdout, cli.PlacementReport(o.lab.Mode, "endpoint B (receiver of Sends and Writes)", cli.SettledStats(devB)))
+	if o.lab.Mode == verbs.PlacementSegment && im != nil && !o.crc && !o.markers {
 		fmt.Fprintln(stdout, "  (FPDUs beyond a hole are framed by the MPA CRC or by markers: add --crc or --markers to place them out of order)")
 	}
 	if o.pcap != "" {
@@ -219,7 +228,7 @@ func runDemo(o demoOpts, rtr verbs.RTR, stdout io.Writer) error {
 	return nil
 }
 
-func (e *demoEnds) setup(devA, devB *verbs.Device, o demoOpts, rtr verbs.RTR) error {
+func (e *DemoEnds) Setup(devA, devB *verbs.Device, o DemoOpts, rtr verbs.RTR) error {
 	pdA, err := devA.AllocPD()
 	if err != nil {
 		return err
@@ -228,7 +237,7 @@ func (e *demoEnds) setup(devA, devB *verbs.Device, o demoOpts, rtr verbs.RTR) er
 	if err != nil {
 		return err
 	}
-	mk := func(d *verbs.Device) (*verbs.CQ, error) { return d.CreateCQ(4 * e.slots) }
+	mk := func(d *verbs.Device) (*verbs.CQ, error) { return d.CreateCQ(4 * e.Slots) }
 	if e.scqA, err = mk(devA); err != nil {
 		return err
 	}
@@ -241,7 +250,7 @@ func (e *demoEnds) setup(devA, devB *verbs.Device, o demoOpts, rtr verbs.RTR) er
 	if e.rcqB, err = mk(devB); err != nil {
 		return err
 	}
-	qc := verbs.QPConfig{MaxSendWR: 2 * e.slots, MaxRecvWR: 2 * e.slots}
+	qc := verbs.QPConfig{MaxSendWR: 2 * e.Slots, MaxRecvWR: 2 * e.Slots}
 	qc.SendCQ, qc.RecvCQ = e.scqA, e.rcqA
 	if e.qpA, err = pdA.CreateQP(qc); err != nil {
 		return err
@@ -250,7 +259,7 @@ func (e *demoEnds) setup(devA, devB *verbs.Device, o demoOpts, rtr verbs.RTR) er
 	if e.qpB, err = pdB.CreateQP(qc); err != nil {
 		return err
 	}
-	n := e.slots * e.size
+	n := e.Slots * e.Size
 	acc := verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
 	reg := func(pd *verbs.PD, seed uint64) (*verbs.MR, error) {
 		b := make([]byte, n)
@@ -288,7 +297,7 @@ func (e *demoEnds) setup(devA, devB *verbs.Device, o demoOpts, rtr verbs.RTR) er
 	defer l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	params := verbs.ConnParams{CRC: &o.crc, Markers: &o.markers, MPARevision: uint8(o.mpaRev)}
+	params := verbs.ConnParams{CRC: &o.crc, Markers: &o.markers, MPARevision: uint8(o.MpaRev)}
 	if rtr != 0 {
 		yes := true
 		params.PeerToPeer, params.RTR = &yes, rtr
@@ -316,18 +325,18 @@ func (e *demoEnds) setup(devA, devB *verbs.Device, o demoOpts, rtr verbs.RTR) er
 	return e.remB.UnmarshalBinary(conn.PeerPrivateData())
 }
 
-func (e *demoEnds) slot(mr *verbs.MR, i int) []byte { return mr.Bytes()[i*e.size : (i+1)*e.size] }
+func (e *DemoEnds) slot(mr *verbs.MR, i int) []byte { return mr.Bytes()[i*e.Size : (i+1)*e.Size] }
 
 // waitN collects n completions from cq, calling fn for each.
-func (e *demoEnds) waitN(cq *verbs.CQ, n int, fn func(verbs.WC) error) error {
+func (e *DemoEnds) waitN(cq *verbs.CQ, n int, fn func(verbs.WC) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for n > 0 {
-		k, err := cq.Wait(ctx, e.wc[:min(n, len(e.wc))])
+		k, err := cq.Wait(ctx, e.Wc[:min(n, len(e.Wc))])
 		if err != nil {
 			return fmt.Errorf("waiting for completions: %w", err)
 		}
-		for _, wc := range e.wc[:k] {
+		for _, wc := range e.Wc[:k] {
 			if wc.Status != verbs.StatusSuccess {
 				return wc.Err()
 			}
@@ -342,7 +351,7 @@ func (e *demoEnds) waitN(cq *verbs.CQ, n int, fn func(verbs.WC) error) error {
 	return nil
 }
 
-func (e *demoEnds) verify(got, want []byte, what string, i int) error {
+func (e *DemoEnds) verify(got, want []byte, what string, i int) error {
 	if !bytes.Equal(got, want) {
 		return fmt.Errorf("%s slot %d: data mismatch", what, i)
 	}
@@ -351,22 +360,22 @@ func (e *demoEnds) verify(got, want []byte, what string, i int) error {
 	return nil
 }
 
-func (e *demoEnds) lat(i int) {
-	e.latSum += time.Since(e.posted[i])
+func (e *DemoEnds) lat(i int) {
+	e.latSum += time.Since(e.Posted[i])
 	e.latN++
 }
 
 // sendRound: B posts k receives, A sends k messages, B checks each.
-func (e *demoEnds) sendRound(k int) error {
+func (e *DemoEnds) sendRound(k int) error {
 	for i := 0; i < k; i++ {
-		sg := []verbs.SGE{e.dstB.SGE(i*e.size, e.size)}
+		sg := []verbs.SGE{e.dstB.SGE(i*e.Size, e.Size)}
 		if err := e.qpB.PostRecv(verbs.RecvWR{ID: uint64(i), SGL: sg}); err != nil {
 			return err
 		}
 	}
 	for i := 0; i < k; i++ {
-		e.posted[i] = time.Now()
-		sg := []verbs.SGE{e.srcA.SGE(i*e.size, e.size)}
+		e.Posted[i] = time.Now()
+		sg := []verbs.SGE{e.srcA.SGE(i*e.Size, e.Size)}
 		if err := e.qpA.PostSend(verbs.SendWR{ID: uint64(i), Op: verbs.OpSend, Flags: verbs.Signaled, SGL: sg}); err != nil {
 			return err
 		}
@@ -374,8 +383,8 @@ func (e *demoEnds) sendRound(k int) error {
 	if err := e.waitN(e.rcqB, k, func(wc verbs.WC) error {
 		i := int(wc.ID)
 		e.lat(i)
-		if int(wc.ByteLen) != e.size {
-			return fmt.Errorf("received %d bytes, sent %d", wc.ByteLen, e.size)
+		if int(wc.ByteLen) != e.Size {
+			return fmt.Errorf("received %d bytes, sent %d", wc.ByteLen, e.Size)
 		}
 		return e.verify(e.slot(e.dstB, i), e.slot(e.srcA, i), "send", i)
 	}); err != nil {
@@ -384,18 +393,18 @@ func (e *demoEnds) sendRound(k int) error {
 	return e.waitN(e.scqA, k, nil)
 }
 
-// writeRound: A writes k slots into B and sends a marker; when B has the
+// WriteRound: A writes k slots into B and sends a marker; when B has the
 // marker, RDMAP ordering guarantees the Writes were placed.
-func (e *demoEnds) writeRound(k int) error {
+func (e *DemoEnds) WriteRound(k int) error {
 	if err := e.qpB.PostRecv(verbs.RecvWR{ID: 1 << 32}); err != nil {
 		return err
 	}
 	rem := e.dstB.Remote()
 	for i := 0; i < k; i++ {
-		e.posted[i] = time.Now()
-		sg := []verbs.SGE{e.srcA.SGE(i*e.size, e.size)}
+		e.Posted[i] = time.Now()
+		sg := []verbs.SGE{e.srcA.SGE(i*e.Size, e.Size)}
 		wr := verbs.SendWR{ID: uint64(i), Op: verbs.OpWrite, Flags: verbs.Signaled, SGL: sg,
-			RemoteAddr: rem.Addr + uint64(i*e.size), RKey: rem.RKey}
+			RemoteAddr: rem.Addr + uint64(i*e.Size), RKey: rem.RKey}
 		if err := e.qpA.PostSend(wr); err != nil {
 			return err
 		}
@@ -416,12 +425,12 @@ func (e *demoEnds) writeRound(k int) error {
 }
 
 // readRound: A reads k slots of B's read source into its own MR.
-func (e *demoEnds) readRound(k int) error {
+func (e *DemoEnds) readRound(k int) error {
 	for i := 0; i < k; i++ {
-		e.posted[i] = time.Now()
-		sg := []verbs.SGE{e.rdstA.SGE(i*e.size, e.size)}
+		e.Posted[i] = time.Now()
+		sg := []verbs.SGE{e.rdstA.SGE(i*e.Size, e.Size)}
 		wr := verbs.SendWR{ID: uint64(i), Op: verbs.OpRead, Flags: verbs.Signaled, SGL: sg,
-			RemoteAddr: e.remB.Addr + uint64(i*e.size), RKey: e.remB.RKey}
+			RemoteAddr: e.remB.Addr + uint64(i*e.Size), RKey: e.remB.RKey}
 		if err := e.qpA.PostSend(wr); err != nil {
 			return err
 		}

@@ -1,4 +1,6 @@
-package main
+// Package ping is `rdmatap ping`: an rping-compatible client and server
+// that interoperate with rdma-core's rping over Linux siw.
+package ping
 
 import (
 	"bytes"
@@ -17,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
 	"github.com/rdmatap/rdmatap/internal/units"
 	"github.com/rdmatap/rdmatap/verbs"
 )
@@ -42,8 +45,8 @@ import (
 // it as soon as it completes, before it sends anything the peer answers.
 
 func init() {
-	register(command{"ping", "rping-compatible RDMA ping (Send, RDMA Read, RDMA Write per ping);\n" +
-		"            interoperates with rdma-core's rping over Linux siw", pingCmd})
+	cli.Register("ping", "rping-compatible RDMA ping (Send, RDMA Read, RDMA Write per ping);\n"+
+		"            interoperates with rdma-core's rping over Linux siw", pingCmd)
 }
 
 // pingOpts are rping's options.
@@ -72,16 +75,16 @@ const pingSummary = "rping-compatible RDMA ping. Server: rdmatap ping -s [-a ADD
 	"The endpoint flags (--tap, --addr, ...) make this process's TAP endpoint."
 
 func pingCmd(args []string, stdout, stderr io.Writer) error {
-	o, ef, err := parsePingFlags(args, stderr)
+	o, ef, err := ParsePingFlags(args, stderr)
 	if err != nil {
 		return err
 	}
-	if _, _, _, err := ef.check(); err != nil {
+	if _, _, _, err := ef.Check(); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	e, err := ef.open()
+	e, err := ef.Open()
 	if err != nil {
 		return err
 	}
@@ -89,13 +92,13 @@ func pingCmd(args []string, stdout, stderr io.Writer) error {
 	return runPing(ctx, e.Dev, o, stdout, stderr)
 }
 
-// parsePingFlags parses rping's flags (getopt style accepted) and the
+// ParsePingFlags parses rping's flags (getopt style accepted) and the
 // endpoint flags.
-func parsePingFlags(args []string, stderr io.Writer) (pingOpts, *endpointFlags, error) {
+func ParsePingFlags(args []string, stderr io.Writer) (pingOpts, *cli.EndpointFlags, error) {
 	fs := flag.NewFlagSet("ping", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	ef := new(endpointFlags)
-	ef.register(fs)
+	ef := new(cli.EndpointFlags)
+	ef.Register(fs)
 	var o pingOpts
 	var client bool
 	fs.BoolVar(&o.server, "s", false, "server side")
@@ -110,44 +113,44 @@ func parsePingFlags(args []string, stderr io.Writer) (pingOpts, *endpointFlags, 
 	fs.BoolVar(&o.debug, "d", false, "debug printfs")
 	fs.BoolVar(&o.persistent, "P", false, "persistent server: serve clients until killed")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up on a peer that does not answer for this long (connect, each step)")
-	if err := parseFlags(fs, expandGetopt(fs, args), stderr, "ping", pingSummary); err != nil {
+	if err := cli.ParseFlags(fs, expandGetopt(fs, args), stderr, "ping", pingSummary); err != nil {
 		return o, nil, err
 	}
 	if fs.NArg() > 0 {
-		return o, nil, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+		return o, nil, fmt.Errorf("%w: unexpected argument %q", cli.ErrUsage, fs.Arg(0))
 	}
 	switch {
 	case o.server && client:
-		return o, nil, fmt.Errorf("%w: -s and -c exclude each other", errUsage)
+		return o, nil, fmt.Errorf("%w: -s and -c exclude each other", cli.ErrUsage)
 	case !o.server && !client:
-		return o, nil, fmt.Errorf("%w: give -s (server) or -c (client)", errUsage)
+		return o, nil, fmt.Errorf("%w: give -s (server) or -c (client)", cli.ErrUsage)
 	case o.persistent && client:
-		return o, nil, fmt.Errorf("%w: -P is a server option (-s)", errUsage)
+		return o, nil, fmt.Errorf("%w: -P is a server option (-s)", cli.ErrUsage)
 	case client && *a == "":
-		return o, nil, fmt.Errorf("%w: -c needs -a ADDR, the server's address", errUsage)
+		return o, nil, fmt.Errorf("%w: -c needs -a ADDR, the server's address", cli.ErrUsage)
 	}
 	if *a != "" {
 		addr, err := netip.ParseAddr(*a)
 		if err != nil || addr.Zone() != "" {
-			return o, nil, fmt.Errorf("%w: -a %q is not an IP address (host names are not resolved)", errUsage, *a)
+			return o, nil, fmt.Errorf("%w: -a %q is not an IP address (host names are not resolved)", cli.ErrUsage, *a)
 		}
 		if client && addr.IsUnspecified() {
-			return o, nil, fmt.Errorf("%w: -a %s: the client needs the server's address", errUsage, addr)
+			return o, nil, fmt.Errorf("%w: -a %s: the client needs the server's address", cli.ErrUsage, addr)
 		}
 		o.addr = addr.Unmap()
 	}
 	if *port < 1 || *port > 65535 {
-		return o, nil, fmt.Errorf("%w: invalid port %d (valid range is 1 to 65535)", errUsage, *port)
+		return o, nil, fmt.Errorf("%w: invalid port %d (valid range is 1 to 65535)", cli.ErrUsage, *port)
 	}
 	o.port = uint16(*port)
 	if o.count < 0 {
-		return o, nil, fmt.Errorf("%w: Invalid count %d", errUsage, o.count)
+		return o, nil, fmt.Errorf("%w: Invalid count %d", cli.ErrUsage, o.count)
 	}
 	if o.size < rpingMinSize || o.size > rpingMaxSize {
-		return o, nil, fmt.Errorf("%w: Invalid size %d (valid range is %d to %d)", errUsage, o.size, rpingMinSize, rpingMaxSize)
+		return o, nil, fmt.Errorf("%w: Invalid size %d (valid range is %d to %d)", cli.ErrUsage, o.size, rpingMinSize, rpingMaxSize)
 	}
 	if o.timeout <= 0 {
-		return o, nil, fmt.Errorf("%w: --timeout must be positive", errUsage)
+		return o, nil, fmt.Errorf("%w: --timeout must be positive", cli.ErrUsage)
 	}
 	return o, ef, nil
 }
@@ -309,7 +312,7 @@ func (c *pingConn) setup(dev *verbs.Device) error {
 	}
 	c.out.dbg("created qp %p\n", c.qp)
 	c.out.dbg("rping_setup_buffers called on cb %p\n", c)
-	reg := func(n int, acc verbs.Access) ([]byte, *verbs.MR, error) { return regMem(c.pd, n, acc) }
+	reg := func(n int, acc verbs.Access) ([]byte, *verbs.MR, error) { return cli.RegMem(c.pd, n, acc) }
 	remote := verbs.AccessLocalWrite | verbs.AccessRemoteRead | verbs.AccessRemoteWrite
 	if c.recvBuf, c.recvMR, err = reg(rpingInfoSize, verbs.AccessLocalWrite); err != nil {
 		return fmt.Errorf("recv_buf reg_mr failed: %w", err)

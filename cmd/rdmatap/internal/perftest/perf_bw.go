@@ -1,4 +1,4 @@
-package main
+package perftest
 
 import (
 	"context"
@@ -216,7 +216,7 @@ func (o *perfOpts) atomicWR(q *perfQP) verbs.SendWR {
 func (s *perfSession) waitOne(ctx context.Context, cq *verbs.CQ) error {
 	wc := make([]verbs.WC, 1)
 	for {
-		wctx, cancel := context.WithTimeout(ctx, s.o.timeout)
+		wctx, cancel := context.WithTimeout(ctx, s.o.Timeout)
 		_, err := cq.Wait(wctx, wc)
 		cancel()
 		if err != nil {
@@ -361,7 +361,7 @@ func (s *perfSession) bwClientSize(ctx context.Context, size int) (*bwRun, error
 func (s *perfSession) runBWServer(ctx context.Context, stdout io.Writer) error {
 	o := s.o
 	io.WriteString(stdout, perfResultLine+o.bwHeader())
-	extra := o.dur + time.Duration(len(o.sizes()))*o.timeout
+	extra := o.dur + time.Duration(len(o.sizes()))*o.Timeout
 	if _, err := s.x.handShake(ctx, s.qps[0].my, extra); err != nil {
 		return err
 	}
@@ -424,7 +424,7 @@ func (s *perfSession) runSendBW(ctx context.Context, stdout io.Writer) error {
 		s.progress.done()
 		io.WriteString(stdout, o.bwRow(rep))
 		if o.all {
-			if _, err := s.x.handShake(ctx, s.qps[0].my, o.timeout); err != nil {
+			if _, err := s.x.handShake(ctx, s.qps[0].my, o.Timeout); err != nil {
 				return err
 			}
 		}
@@ -432,7 +432,7 @@ func (s *perfSession) runSendBW(ctx context.Context, stdout io.Writer) error {
 	io.WriteString(stdout, perfResultLine)
 	// ctx_close_connection, after the last size's handshake too: send_bw.c
 	// ends -a and a single size alike (a peer left without it waits).
-	if _, err := s.x.handShake(ctx, s.qps[0].my, o.dur+o.timeout); err != nil {
+	if _, err := s.x.handShake(ctx, s.qps[0].my, o.dur+o.Timeout); err != nil {
 		return err
 	}
 	s.emitBW(stdout, reps)

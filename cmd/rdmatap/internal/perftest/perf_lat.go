@@ -1,4 +1,4 @@
-package main
+package perftest
 
 import (
 	"context"
@@ -41,7 +41,7 @@ func (s *perfSession) runLat(ctx context.Context, stdout io.Writer) error {
 	defer dumpLatTrace()
 	o := s.o
 	if o.oneSided() && !o.client() {
-		extra := o.dur + time.Duration(len(o.sizes()))*o.timeout
+		extra := o.dur + time.Duration(len(o.sizes()))*o.Timeout
 		if _, err := s.x.handShake(ctx, s.qps[0].my, extra); err != nil {
 			return err
 		}
@@ -64,7 +64,7 @@ func (s *perfSession) runLat(ctx context.Context, stdout io.Writer) error {
 			if err := s.postLatRecvs(size); err != nil {
 				return err
 			}
-			if _, err := s.x.handShake(ctx, s.qps[0].my, o.timeout); err != nil {
+			if _, err := s.x.handShake(ctx, s.qps[0].my, o.Timeout); err != nil {
 				return err
 			}
 		}
@@ -81,7 +81,7 @@ func (s *perfSession) runLat(ctx context.Context, stdout io.Writer) error {
 		io.WriteString(stdout, latRow(rep))
 	}
 	if o.verb != perfWrite {
-		extra := o.dur + o.timeout
+		extra := o.dur + o.Timeout
 		if _, err := s.x.handShake(ctx, s.qps[0].my, extra); err != nil {
 			return err
 		}

@@ -1,4 +1,4 @@
-package main
+package ping
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/perftest"
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
@@ -16,15 +17,15 @@ import (
 // the endpoint's flags in every command that takes them; it is off by
 // default.
 func TestMarkersFlag(t *testing.T) {
-	_, ef, err := parsePingFlags([]string{"-c", "-a", "192.0.2.2", "-markers"}, io.Discard)
-	if err != nil || !ef.markers {
+	_, ef, err := ParsePingFlags([]string{"-c", "-a", "192.0.2.2", "-markers"}, io.Discard)
+	if err != nil || !ef.Markers {
 		t.Fatalf("ping -markers: %+v, %v", ef, err)
 	}
-	if _, ef, err = parsePingFlags([]string{"-c", "-a", "192.0.2.2"}, io.Discard); err != nil || ef.markers {
-		t.Fatalf("ping default: markers %v, %v", ef.markers, err)
+	if _, ef, err = ParsePingFlags([]string{"-c", "-a", "192.0.2.2"}, io.Discard); err != nil || ef.Markers {
+		t.Fatalf("ping default: markers %v, %v", ef.Markers, err)
 	}
-	_, ef, err = parsePerfFlags(perfBW, []string{"write", "--markers", "192.0.2.2"}, io.Discard)
-	if err != nil || !ef.markers {
+	_, ef, err = perftest.ParsePerfFlags(perftest.PerfBW, []string{"write", "--markers", "192.0.2.2"}, io.Discard)
+	if err != nil || !ef.Markers {
 		t.Fatalf("bw --markers: %+v, %v", ef, err)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package perftest
 
 import (
 	"errors"
@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/plot"
 )
 
 // --plot FILE.svg: the client of a -a sweep draws message size against
@@ -38,7 +41,9 @@ func (o *perfOpts) checkPlotFlag() error {
 	if o.plot == "" {
 		return nil
 	}
-	bad := func(f string, a ...any) error { return fmt.Errorf("%w: --plot: "+f, append([]any{errUsage}, a...)...) }
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("%w: --plot: "+f, append([]any{cli.ErrUsage}, a...)...)
+	}
 	if !strings.EqualFold(filepath.Ext(o.plot), ".svg") {
 		return bad("%q: the plot is SVG, name the file *.svg", o.plot)
 	}
@@ -115,35 +120,35 @@ func plotBW(pi plotInfo, reps []perfBWReport) ([]byte, error) {
 	if pi.gbits {
 		unit = "Gb/sec"
 	}
-	avg := plotSeries{name: "BW average", color: plotColorMain, line: true, mark: markCircle}
-	peak := plotSeries{name: "BW peak", color: plotColorPeak, mark: markPlus}
+	avg := plot.Series{Name: "BW average", Color: plotColorMain, Line: true, Mark: plot.MarkCircle}
+	peak := plot.Series{Name: "BW peak", Color: plotColorPeak, Mark: plot.MarkPlus}
 	for _, r := range reps {
-		avg.add(r.Size, r.Avg)
-		peak.add(r.Size, r.Peak)
+		avg.Add(r.Size, r.Avg)
+		peak.Add(r.Size, r.Peak)
 	}
-	if len(avg.pts) == 0 {
+	if len(avg.Pts) == 0 {
 		return nil, errors.New("plot: no size has a bandwidth above zero")
 	}
-	return svgSweep(pi.title("bandwidth"), "BW ["+unit+"] (log)", avg, peak), nil
+	return plot.SVG(pi.title("bandwidth"), "BW ["+unit+"] (log)", avg, peak), nil
 }
 
 // plotLat draws a latency sweep as SVG: t_typical (the median) as the
 // line, t_min, the 99% percentile and t_max as markers.
 func plotLat(pi plotInfo, reps []perfLatReport) ([]byte, error) {
-	typ := plotSeries{name: "t_typical (median)", color: plotColorMain, line: true, mark: markCircle}
-	lo := plotSeries{name: "t_min", color: plotColorMin, mark: markTriangle}
-	p99 := plotSeries{name: "99% percentile", color: plotColorP99, mark: markCross}
-	hi := plotSeries{name: "t_max", color: plotColorPeak, mark: markPlus}
+	typ := plot.Series{Name: "t_typical (median)", Color: plotColorMain, Line: true, Mark: plot.MarkCircle}
+	lo := plot.Series{Name: "t_min", Color: plotColorMin, Mark: plot.MarkTriangle}
+	p99 := plot.Series{Name: "99% percentile", Color: plotColorP99, Mark: plot.MarkCross}
+	hi := plot.Series{Name: "t_max", Color: plotColorPeak, Mark: plot.MarkPlus}
 	for _, r := range reps {
-		typ.add(r.Size, r.Typical)
-		lo.add(r.Size, r.Min)
-		p99.add(r.Size, r.P99)
-		hi.add(r.Size, r.Max)
+		typ.Add(r.Size, r.Typical)
+		lo.Add(r.Size, r.Min)
+		p99.Add(r.Size, r.P99)
+		hi.Add(r.Size, r.Max)
 	}
-	if len(typ.pts) == 0 {
+	if len(typ.Pts) == 0 {
 		return nil, errors.New("plot: no size has a latency above zero")
 	}
-	return svgSweep(pi.title("latency"), "latency [µs] (log)", typ, lo, p99, hi), nil
+	return plot.SVG(pi.title("latency"), "latency [µs] (log)", typ, lo, p99, hi), nil
 }
 
 // writePlot writes svg to path through a temporary file in the same

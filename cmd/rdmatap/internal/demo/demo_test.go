@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
 )
 
 func TestDemoVerifiesEveryOperation(t *testing.T) {
@@ -19,7 +21,7 @@ func TestDemoVerifiesEveryOperation(t *testing.T) {
 		{"demo", "--size", "64K", "--iters", "20", "--p2p", "read"},
 	} {
 		var out, errOut bytes.Buffer
-		if code := run(args, &out, &errOut); code != 0 {
+		if code := cli.Run(args, &out, &errOut); code != 0 {
 			t.Fatalf("%v: exit %d: %s", args, code, errOut.String())
 		}
 		for _, op := range []string{"SEND/RECV", "RDMA WRITE", "RDMA READ"} {
@@ -50,7 +52,7 @@ func TestDemoBadFlags(t *testing.T) {
 		{},
 	} {
 		var out, errOut bytes.Buffer
-		code := run(args, &out, &errOut)
+		code := cli.Run(args, &out, &errOut)
 		if code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
 		}
@@ -63,7 +65,7 @@ func TestDemoBadFlags(t *testing.T) {
 		}
 	}
 	var out, errOut bytes.Buffer
-	if code := run([]string{"demo", "--pcap", "/nonexistent-dir/x.pcap"}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "nonexistent-dir") {
+	if code := cli.Run([]string{"demo", "--pcap", "/nonexistent-dir/x.pcap"}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "nonexistent-dir") {
 		t.Errorf("unwritable pcap: exit %d, %q", code, errOut.String())
 	}
 }
@@ -77,7 +79,7 @@ func TestDemoPcapDecodesInTshark(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "demo.pcap")
 	var out, errOut bytes.Buffer
-	if code := run([]string{"demo", "--size", "5000", "--iters", "16", "--crc", "--pcap", path}, &out, &errOut); code != 0 {
+	if code := cli.Run([]string{"demo", "--size", "5000", "--iters", "16", "--crc", "--pcap", path}, &out, &errOut); code != 0 {
 		t.Fatalf("demo: %s", errOut.String())
 	}
 	m := regexp.MustCompile(`sent (\d+) FPDUs, received (\d+)`).FindStringSubmatch(out.String())

@@ -1,4 +1,4 @@
-package main
+package ping
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
 	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
@@ -67,9 +68,9 @@ func (s *syncBuf) lines() []string {
 	return strings.Split(t, "\n")
 }
 
-func pingEnds(t *testing.T) (cl, sv *endpoint) {
+func pingEnds(t *testing.T) (cl, sv *cli.Endpoint) {
 	t.Helper()
-	a, b, err := embeddedPair(verbs.DeviceConfig{})
+	a, b, err := cli.EmbeddedPair(verbs.DeviceConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func pingEnds(t *testing.T) (cl, sv *endpoint) {
 // opts parses rping-style arguments as the command does.
 func opts(t *testing.T, args ...string) pingOpts {
 	t.Helper()
-	o, _, err := parsePingFlags(args, &bytes.Buffer{})
+	o, _, err := ParsePingFlags(args, &bytes.Buffer{})
 	if err != nil {
 		t.Fatalf("%q: %v", args, err)
 	}
@@ -93,7 +94,7 @@ type pingSide struct {
 }
 
 // startServer runs a server on sv and returns once it listens.
-func startServer(t *testing.T, ctx context.Context, sv *endpoint, o pingOpts) *pingSide {
+func startServer(t *testing.T, ctx context.Context, sv *cli.Endpoint, o pingOpts) *pingSide {
 	t.Helper()
 	s := &pingSide{done: make(chan error, 1)}
 	ready := make(chan struct{})
@@ -109,7 +110,7 @@ func startServer(t *testing.T, ctx context.Context, sv *endpoint, o pingOpts) *p
 	return s
 }
 
-func runClient(cl *endpoint, o pingOpts) (*pingSide, error) {
+func runClient(cl *cli.Endpoint, o pingOpts) (*pingSide, error) {
 	s := &pingSide{}
 	err := runPing(context.Background(), cl.Dev, o, &s.out, &s.errOut)
 	return s, err
@@ -129,7 +130,7 @@ func waitServer(t *testing.T, s *pingSide) error {
 // TestPingOutputMatchesRping: 50 validated pings at several sizes; the
 // client's and the server's -v lines and stderr lines are rping's.
 func TestPingOutputMatchesRping(t *testing.T) {
-	b, err := os.ReadFile("../../testdata/siw-pcaps/logs/lo-stock-rping-client.log")
+	b, err := os.ReadFile("../../../../testdata/siw-pcaps/logs/lo-stock-rping-client.log")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +259,7 @@ func TestPingValidationFailure(t *testing.T) {
 	}
 	srv := startServer(t, context.Background(), sv, so)
 	c, err := runClient(cl, opts(t, "-c", "-a", sv.Addr.String(), "-C", "10", "-V", "-v"))
-	if err == nil || !strings.Contains(err.Error(), "data mismatch!") || errors.Is(err, errUsage) {
+	if err == nil || !strings.Contains(err.Error(), "data mismatch!") || errors.Is(err, cli.ErrUsage) {
 		t.Fatalf("client error %v, want data mismatch!", err)
 	}
 	if !strings.HasPrefix(err.Error(), "rping client failed: data mismatch! (ping 3: byte 20") || strings.Contains(err.Error(), "\n") {
@@ -406,7 +407,7 @@ func TestPingBadFlags(t *testing.T) {
 		{"ping", "-s", "-vV"}, // valid ping flags, but no --tap
 	} {
 		var out, errOut bytes.Buffer
-		if code := run(args, &out, &errOut); code != 2 {
+		if code := cli.Run(args, &out, &errOut); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errOut.String())
 		}
 		lines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
@@ -415,7 +416,7 @@ func TestPingBadFlags(t *testing.T) {
 		}
 	}
 	var out, errOut bytes.Buffer
-	if code := run([]string{"ping", "-h"}, &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "-timeout") {
+	if code := cli.Run([]string{"ping", "-h"}, &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "-timeout") {
 		t.Errorf("ping -h: exit %d, %q", code, errOut.String())
 	}
 }
@@ -483,8 +484,8 @@ func TestPingPcapWireSequence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := &endpoint{Net: na, Dev: da, Addr: na.Addrs()[0].Addr()}
-	sv := &endpoint{Net: nb, Dev: db, Addr: nb.Addrs()[0].Addr()}
+	cl := &cli.Endpoint{Net: na, Dev: da, Addr: na.Addrs()[0].Addr()}
+	sv := &cli.Endpoint{Net: nb, Dev: db, Addr: nb.Addrs()[0].Addr()}
 	const pings = 3
 	srv := startServer(t, context.Background(), sv, opts(t, "-s"))
 	if _, err := runClient(cl, opts(t, "-c", "-a", sv.Addr.String(), "-C", fmt.Sprint(pings), "-V")); err != nil {
@@ -640,7 +641,7 @@ func TestPingSizeSuffixes(t *testing.T) {
 	if o := opts(t, "-c", "-a", "10.0.0.1", "-S", "1K"); o.size != 1024 {
 		t.Fatalf("-S 1K: size %d", o.size)
 	}
-	if _, _, err := parsePingFlags([]string{"-c", "-a", "10.0.0.1", "-S", "1G"}, &bytes.Buffer{}); err == nil {
+	if _, _, err := ParsePingFlags([]string{"-c", "-a", "10.0.0.1", "-S", "1G"}, &bytes.Buffer{}); err == nil {
 		t.Fatal("-S 1G, beyond rping's largest size, was accepted")
 	}
 }

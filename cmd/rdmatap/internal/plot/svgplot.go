@@ -1,4 +1,6 @@
-package main
+// Package plot draws a message-size sweep as SVG: message size on a log2
+// axis against a measured value on a log10 axis.
+package plot
 
 import (
 	"encoding/xml"
@@ -15,13 +17,13 @@ import (
 // the file embeds none; label positions therefore do not depend on text
 // widths (x labels are centred on their tick, y labels end at theirs).
 
-// plotSeries is one measured quantity of a sweep.
-type plotSeries struct {
-	name  string
-	color string // #rrggbb
-	line  bool   // joined by a line, else markers only
-	mark  plotMark
-	pts   []plotPoint
+// Series is one measured quantity of a sweep.
+type Series struct {
+	Name  string
+	Color string // #rrggbb
+	Line  bool   // joined by a line, else markers only
+	Mark  plotMark
+	Pts   []plotPoint
 }
 
 type plotPoint struct{ x, y float64 }
@@ -29,19 +31,19 @@ type plotPoint struct{ x, y float64 }
 type plotMark int
 
 const (
-	markCircle plotMark = iota
-	markPlus
-	markCross
-	markTriangle
+	MarkCircle plotMark = iota
+	MarkPlus
+	MarkCross
+	MarkTriangle
 )
 
-// add appends (size, v) unless v cannot be drawn on a log axis (a peak
+// Add appends (size, v) unless v cannot be drawn on a log axis (a peak
 // that was not measured is 0).
-func (s *plotSeries) add(size uint64, v float64) {
+func (s *Series) Add(size uint64, v float64) {
 	if size == 0 || !(v > 0) || math.IsInf(v, 0) {
 		return
 	}
-	s.pts = append(s.pts, plotPoint{float64(size), v})
+	s.Pts = append(s.Pts, plotPoint{float64(size), v})
 }
 
 // axisTick is a tick of an axis; an empty label marks a minor tick.
@@ -158,16 +160,16 @@ const (
 	frameL, frameR, frameT, frameB = 78, svgW - 24, 62, svgH - 58
 )
 
-// svgSweep draws the series (those with points) against message size,
+// SVG draws the series (those with points) against message size,
 // under title (lines split at "\n").
-func svgSweep(title, ylabel string, series ...plotSeries) []byte {
-	var drawn []plotSeries
+func SVG(title, ylabel string, series ...Series) []byte {
+	var drawn []Series
 	xlo, xhi, ylo, yhi := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
 	for _, s := range series {
-		if len(s.pts) > 0 {
+		if len(s.Pts) > 0 {
 			drawn = append(drawn, s)
 		}
-		for _, p := range s.pts {
+		for _, p := range s.Pts {
 			xlo, xhi, ylo, yhi = min(xlo, p.x), max(xhi, p.x), min(ylo, p.y), max(yhi, p.y)
 		}
 	}
@@ -179,12 +181,12 @@ func svgSweep(title, ylabel string, series ...plotSeries) []byte {
 	// latency), then top right, bottom right, bottom left.
 	wide := 0
 	for _, s := range drawn {
-		wide = max(wide, len([]rune(s.name)))
+		wide = max(wide, len([]rune(s.Name)))
 	}
 	lw, lh := 48+7*wide, 8+18*len(drawn)
 	lx, ly, ok := legendCorner(lw, lh, func(x0, y0, x1, y1 float64) bool {
 		for _, s := range drawn {
-			for _, p := range s.pts {
+			for _, p := range s.Pts {
 				if x, y := xs.pos(p.x), ys.pos(p.y); x > x0 && x < x1 && y > y0 && y < y1 {
 					return true
 				}
@@ -245,9 +247,9 @@ func svgSweep(title, ylabel string, series ...plotSeries) []byte {
 
 	// The series: lines first, then the markers, the line's on top.
 	for _, s := range drawn {
-		if s.line {
-			pf(`<polyline fill="none" stroke="%s" stroke-width="1.5" points="`, s.color)
-			for i, p := range s.pts {
+		if s.Line {
+			pf(`<polyline fill="none" stroke="%s" stroke-width="1.5" points="`, s.Color)
+			for i, p := range s.Pts {
 				if i > 0 {
 					pf(" ")
 				}
@@ -257,8 +259,8 @@ func svgSweep(title, ylabel string, series ...plotSeries) []byte {
 		}
 	}
 	for i := len(drawn) - 1; i >= 0; i-- {
-		for _, p := range drawn[i].pts {
-			svgMarker(&b, drawn[i].mark, drawn[i].color, xs.pos(p.x), ys.pos(p.y))
+		for _, p := range drawn[i].Pts {
+			svgMarker(&b, drawn[i].Mark, drawn[i].Color, xs.pos(p.x), ys.pos(p.y))
 		}
 	}
 
@@ -266,11 +268,11 @@ func svgSweep(title, ylabel string, series ...plotSeries) []byte {
 	pf(`<rect x="%d" y="%d" width="%d" height="%d" fill="white" stroke="#999999"/>`+"\n", lx, ly, lw, lh)
 	for i, s := range drawn {
 		y := float64(ly + 13 + 18*i)
-		if s.line {
-			pf(`<path d="M%d %.1f h24" stroke="%s" stroke-width="1.5"/>`+"\n", lx+8, y, s.color)
+		if s.Line {
+			pf(`<path d="M%d %.1f h24" stroke="%s" stroke-width="1.5"/>`+"\n", lx+8, y, s.Color)
 		}
-		svgMarker(&b, s.mark, s.color, float64(lx+20), y)
-		pf(`<text x="%d" y="%.1f">%s</text>`+"\n", lx+40, y+4, svgEscape(s.name))
+		svgMarker(&b, s.Mark, s.Color, float64(lx+20), y)
+		pf(`<text x="%d" y="%.1f">%s</text>`+"\n", lx+40, y+4, svgEscape(s.Name))
 	}
 	pf("</svg>\n")
 	return []byte(b.String())
@@ -294,14 +296,14 @@ func legendCorner(w, h int, taken func(x0, y0, x1, y1 float64) bool) (int, int, 
 // or triangle.
 func svgMarker(b *strings.Builder, m plotMark, color string, x, y float64) {
 	switch m {
-	case markCircle:
+	case MarkCircle:
 		fmt.Fprintf(b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", x, y, color)
 		return
-	case markPlus:
+	case MarkPlus:
 		fmt.Fprintf(b, `<path d="M%.1f %.1f h8 M%.1f %.1f v8"`, x-4, y, x, y-4)
-	case markCross:
+	case MarkCross:
 		fmt.Fprintf(b, `<path d="M%.1f %.1f l7 7 M%.1f %.1f l7 -7"`, x-3.5, y-3.5, x-3.5, y+3.5)
-	case markTriangle:
+	case MarkTriangle:
 		fmt.Fprintf(b, `<path d="M%.1f %.1f l4 7 h-8 z"`, x, y-4.5)
 	}
 	fmt.Fprintf(b, ` fill="none" stroke="%s" stroke-width="1.5"/>`+"\n", color)

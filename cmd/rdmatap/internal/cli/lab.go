@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"flag"
@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,16 +17,16 @@ import (
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
-// labFlags are the placement lab's flags, shared by demo and every TAP
+// LabFlags are the placement lab's flags, shared by demo and every TAP
 // endpoint command: the device's placement mode and a deterministic
 // impairment of the endpoint's transmit side, so that placement under
 // loss can be watched without a special network.
-type labFlags struct {
-	placement          string
-	loss, reorder, dup float64
-	seed               int64
+type LabFlags struct {
+	Placement          string
+	Loss, Reorder, Dup float64
+	Seed               int64
 
-	mode verbs.Placement // parsed by check
+	Mode verbs.Placement // parsed by check
 }
 
 // labHelp words the impairment flags' help for the side they impair.
@@ -36,61 +37,71 @@ type labHelp struct {
 
 var (
 	tapLabHelp  = labHelp{side: "this endpoint sends (its transmit side)", why: "the peer receives them impaired"}
-	demoLabHelp = labHelp{side: "endpoint A sends", why: "A sends the Sends and Writes, so B receives and places them under loss and out of order"}
+	DemoLabHelp = labHelp{side: "endpoint A sends", why: "A sends the Sends and Writes, so B receives and places them under loss and out of order"}
 )
 
-func (l *labFlags) register(fs *flag.FlagSet, h labHelp) {
-	fs.StringVar(&l.placement, "placement", "stream",
-		"placement of received payload: stream (from TCP's in-order stream) or segment (also from TCP segments beyond a hole, delivered when the hole fills; a short message in order is fed to the waiting poster as its segment arrives); lat's default: "+latPlacement)
-	fs.Float64Var(&l.loss, "loss", 0, "drop this fraction (0 to 1, e.g. 0.01) of the packets "+h.side+"; "+h.why)
-	fs.Float64Var(&l.reorder, "reorder", 0, "hold back this fraction (0 to 1) of the packets "+h.side+" and send each after the next one")
-	fs.Float64Var(&l.dup, "dup", 0, "send this fraction (0 to 1) of the packets "+h.side+" twice")
-	fs.Int64Var(&l.seed, "seed", 1, "seed of the impairment: the same seed makes the same decisions for the same sequence of packets")
+func (l *LabFlags) Register(fs *flag.FlagSet, h labHelp) {
+	fs.StringVar(&l.Placement, "placement", "stream",
+		"placement of received payload: stream (from TCP's in-order stream) or segment (also from TCP segments beyond a hole, delivered when the hole fills; a short message in order is fed to the waiting poster as its segment arrives); lat's default: "+LatPlacement)
+	fs.Float64Var(&l.Loss, "loss", 0, "drop this fraction (0 to 1, e.g. 0.01) of the packets "+h.side+"; "+h.why)
+	fs.Float64Var(&l.Reorder, "reorder", 0, "hold back this fraction (0 to 1) of the packets "+h.side+" and send each after the next one")
+	fs.Float64Var(&l.Dup, "dup", 0, "send this fraction (0 to 1) of the packets "+h.side+" twice")
+	fs.Int64Var(&l.Seed, "seed", 1, "seed of the impairment: the same seed makes the same decisions for the same sequence of packets")
 }
 
-// check validates the flags and parses --placement.
-func (l *labFlags) check() error {
-	mode, err := iwarp.ParsePlacement(l.placement)
-	if err != nil || l.placement == "" {
-		return fmt.Errorf("%w: --placement %q: want stream or segment", errUsage, l.placement)
+// Check validates the flags and parses --placement.
+func (l *LabFlags) Check() error {
+	mode, err := iwarp.ParsePlacement(l.Placement)
+	if err != nil || l.Placement == "" {
+		return fmt.Errorf("%w: --placement %q: want stream or segment", ErrUsage, l.Placement)
 	}
-	l.mode = verbs.Placement(mode)
+	l.Mode = verbs.Placement(mode)
 	for _, p := range []struct {
 		name string
 		v    float64
-	}{{"loss", l.loss}, {"reorder", l.reorder}, {"dup", l.dup}} {
+	}{{"loss", l.Loss}, {"reorder", l.Reorder}, {"dup", l.Dup}} {
 		if math.IsNaN(p.v) || p.v < 0 || p.v > 1 {
-			return fmt.Errorf("%w: --%s %v: want a probability from 0 to 1 (e.g. 0.01)", errUsage, p.name, p.v)
+			return fmt.Errorf("%w: --%s %v: want a probability from 0 to 1 (e.g. 0.01)", ErrUsage, p.name, p.v)
 		}
 	}
 	return nil
 }
 
-// impaired reports whether any impairment rate is set.
-func (l *labFlags) impaired() bool { return l.loss > 0 || l.reorder > 0 || l.dup > 0 }
+// Impaired reports whether any impairment rate is set.
+func (l *LabFlags) Impaired() bool { return l.Loss > 0 || l.Reorder > 0 || l.Dup > 0 }
 
-// wrap puts the impairment around link when a rate is set; im is nil
+// ImpairConfig is the impairment the flags ask for; nil when no rate is
+// set.
+func (l *LabFlags) ImpairConfig() *netstack.ImpairConfig {
+	if !l.Impaired() {
+		return nil
+	}
+	return &netstack.ImpairConfig{Seed: l.Seed, LossRate: l.Loss, ReorderRate: l.Reorder, DupRate: l.Dup}
+}
+
+// Wrap puts the impairment around link when a rate is set; im is nil
 // otherwise.
-func (l *labFlags) wrap(link stack.LinkEndpoint) (stack.LinkEndpoint, *netstack.Impair) {
-	if !l.impaired() {
+func (l *LabFlags) Wrap(link stack.LinkEndpoint) (stack.LinkEndpoint, *netstack.Impair) {
+	ic := l.ImpairConfig()
+	if ic == nil {
 		return link, nil
 	}
-	ep := netstack.NewImpair(link, netstack.ImpairConfig{Seed: l.seed, LossRate: l.loss, ReorderRate: l.reorder, DupRate: l.dup})
+	ep := netstack.NewImpair(link, *ic)
 	im, _ := ep.(*netstack.Impair)
 	return ep, im
 }
 
-// labPair builds the demo's two stacks on an in-memory link: side A's link
+// LabPair builds the demo's two stacks on an in-memory link: side A's link
 // is captured to pcapA (when set), as it is on the wire, and impaired per
 // the lab flags (what A sends). With impairment, TCP's minimum RTO is
 // 20 ms, so that a lost segment costs a short stall on the in-memory link
 // rather than the default 200 ms.
-func labPair(lc netstack.LinkConfig, pcapA io.Writer, lab *labFlags) (a, b *netstack.Stack, im *netstack.Impair, err error) {
+func LabPair(lc netstack.LinkConfig, pcapA io.Writer, lab *LabFlags) (a, b *netstack.Stack, im *netstack.Impair, err error) {
 	la, lb := netstack.NewLinkPair(lc)
 	if pcapA != nil {
 		la = netstack.NewCapture(la, pcapA)
 	}
-	la, im = lab.wrap(la)
+	la, im = lab.Wrap(la)
 	var sc netstack.Config
 	if im != nil {
 		sc.MinRTO = 20 * time.Millisecond
@@ -114,13 +125,13 @@ func labPair(lc netstack.LinkConfig, pcapA io.Writer, lab *labFlags) (a, b *nets
 
 // statKV is one named counter.
 type statKV struct {
-	k string
-	v uint64
+	K string
+	V uint64
 }
 
-// segmentCounters are the segment placement counters under the names
+// SegmentCounters are the segment placement counters under the names
 // rdmatap stat prints.
-func segmentCounters(v verbs.Stats) []statKV {
+func SegmentCounters(v verbs.Stats) []statKV {
 	g := v.Segment
 	return []statKV{
 		{"seg_placed_early_bytes", g.PlacedEarly}, {"seg_out_of_order_bytes", g.OutOfOrder},
@@ -136,26 +147,26 @@ func segmentCounters(v verbs.Stats) []statKV {
 	}
 }
 
-// impairCounters are an impairment's counters under the names rdmatap
+// ImpairCounters are an impairment's counters under the names rdmatap
 // stat prints.
-func impairCounters(s netstack.ImpairStats) []statKV {
+func ImpairCounters(s netstack.ImpairStats) []statKV {
 	return []statKV{{"impair_packets", s.Packets}, {"impair_dropped", s.Dropped},
 		{"impair_duplicated", s.Duplicated}, {"impair_reordered", s.Reordered}}
 }
 
-// copiesPerByte is how many times each received payload byte was copied
+// CopiesPerByte is how many times each received payload byte was copied
 // (placed), with two decimals: 1.00 when every byte is copied once.
-func copiesPerByte(v verbs.Stats) string {
+func CopiesPerByte(v verbs.Stats) string {
 	if v.RxBytes == 0 {
 		return "0.00"
 	}
 	return fmt.Sprintf("%.2f", float64(v.PlacedBytes)/float64(v.RxBytes))
 }
 
-// placementReport says in words how a device placed what it received.
-func placementReport(mode verbs.Placement, who string, v verbs.Stats) string {
+// PlacementReport says in words how a device placed what it received.
+func PlacementReport(mode verbs.Placement, who string, v verbs.Stats) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "placement %v at %s: %d payload bytes received, %d placed, %s copies per payload byte received", mode, who, v.RxBytes, v.PlacedBytes, copiesPerByte(v))
+	fmt.Fprintf(&b, "placement %v at %s: %d payload bytes received, %d placed, %s copies per payload byte received", mode, who, v.RxBytes, v.PlacedBytes, CopiesPerByte(v))
 	if mode != verbs.PlacementSegment {
 		return b.String()
 	}
@@ -174,17 +185,17 @@ func placementReport(mode verbs.Placement, who string, v verbs.Stats) string {
 	return b.String()
 }
 
-// impairReport says what an impairment did.
-func impairReport(im *netstack.Impair, who string, l *labFlags) string {
+// ImpairReport says what an impairment did.
+func ImpairReport(im *netstack.Impair, who string, l *LabFlags) string {
 	s := im.Stats()
 	return fmt.Sprintf("impairment of %s (loss %g, reorder %g, dup %g, seed %d): %d packets, %d dropped, %d duplicated, %d reordered",
-		who, l.loss, l.reorder, l.dup, l.seed, s.Packets, s.Dropped, s.Duplicated, s.Reordered)
+		who, l.Loss, l.Reorder, l.Dup, l.Seed, s.Packets, s.Dropped, s.Duplicated, s.Reordered)
 }
 
-// settledStats returns a device's counters once they stop changing: the
+// SettledStats returns a device's counters once they stop changing: the
 // receive path adds its counters after each stream read, so the last ones
 // may land just after the completion that ended a run.
-func settledStats(d *verbs.Device) verbs.Stats {
+func SettledStats(d *verbs.Device) verbs.Stats {
 	st := d.Stats()
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
 		time.Sleep(2 * time.Millisecond)
@@ -195,4 +206,23 @@ func settledStats(d *verbs.Device) verbs.Stats {
 		st = next
 	}
 	return st
+}
+
+// TCPReport words what TCP did during a test (the counters' change from
+// before) and the state of the busiest connection at its end, as `ss -ti`
+// shows a kernel socket's: segments sent and retransmitted, fast
+// retransmits, retransmission timeouts, recoveries by SACK and by
+// tail-loss probe, spurious ones, D-SACKs, lost GSO packets the link sent
+// again; congestion window, slow-start threshold, round trip, RTO.
+func TCPReport(a, b verbs.TCPStats) string {
+	ssthresh := "-"
+	if b.Ssthresh < 1<<31 {
+		ssthresh = strconv.FormatUint(b.Ssthresh, 10)
+	}
+	return fmt.Sprintf("tcp: segs_out %d retrans %d fast_retrans %d rto_timeouts %d sack_recoveries %d tlp_recoveries %d spurious %d dsack %d link_resent %d (%d B); cwnd %d ssthresh %s rtt %.3f/%.3f ms rto %.0f ms",
+		b.SegmentsSent-a.SegmentsSent, b.Retransmits-a.Retransmits, b.FastRetransmits-a.FastRetransmits, b.Timeouts-a.Timeouts,
+		b.SACKRecoveries-a.SACKRecoveries, b.TLPRecoveries-a.TLPRecoveries,
+		(b.SpuriousRecoveries+b.SpuriousRTOs)-(a.SpuriousRecoveries+a.SpuriousRTOs), b.DSACKs-a.DSACKs,
+		b.LinkResentPackets-a.LinkResentPackets, b.LinkResentBytes-a.LinkResentBytes,
+		b.Cwnd, ssthresh, float64(b.SRTT)/1e6, float64(b.RTTVar)/1e6, float64(b.RTO)/1e6)
 }

@@ -1,11 +1,10 @@
-package main
+package daemon
 
 import (
 	"bytes"
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
 	"github.com/rdmatap/rdmatap/verbs"
 	"github.com/rdmatap/rdmatap/zerocopy"
 )
@@ -37,7 +37,7 @@ func TestServiceFlags(t *testing.T) {
 	} {
 		args := append([]string{"up", "--tap", "rtsvcx0", "--addr", "10.77.9.1/24"}, bad...)
 		var out, errOut bytes.Buffer
-		if code := run(args, &out, &errOut); code != 2 {
+		if code := cli.Run(args, &out, &errOut); code != 2 {
 			t.Errorf("%q: exit %d, want 2 (%s)", args, code, errOut.String())
 		}
 	}
@@ -75,7 +75,7 @@ const upChildEnv = "RDMATAP_UP_CHILD"
 
 func TestMain(m *testing.M) {
 	if a := os.Getenv(upChildEnv); a != "" {
-		os.Exit(run(strings.Fields(a), os.Stdout, os.Stderr))
+		os.Exit(cli.Run(strings.Fields(a), os.Stdout, os.Stderr))
 	}
 	if a := os.Getenv(svcClientEnv); a != "" {
 		if err := serviceClient(strings.Fields(a)); err != nil {
@@ -272,111 +272,20 @@ func TestUpServesUnprivilegedClients(t *testing.T) {
 	}
 }
 
-// TestViaService: ping, bw and lat run with --via against a service of an
-// embedded endpoint, as clients and (ping) as the server, against an
-// embedded peer.
-func TestViaService(t *testing.T) {
-	a, b, err := embeddedPair(verbs.DeviceConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	defer b.Close()
-	sock := filepath.Join(t.TempDir(), "rt0.sock")
-	var mu sync.Mutex
-	clients := 0
-	sf := serviceFlags{socket: sock, qps: 64, cqs: 64, conns: 64, mrs: 64, frPages: 1024, mrBytes: "1G", ring: "64M", pollSpin: 50 * time.Microsecond,
-		memory: "512M", clients: 1024, perUser: 64, pending: 16}
-	srv, err := sf.start(a.Dev, func(format string, args ...any) {
-		if strings.HasSuffix(format, "connected") {
-			mu.Lock()
-			clients++
-			mu.Unlock()
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	check := func(t *testing.T, what string, code int, out, errOut string, want string) {
-		t.Helper()
-		if code != 0 || !strings.Contains(out, want) {
-			t.Fatalf("%s: exit %d, want %q in\n%s\n%s", what, code, want, out, errOut)
-		}
-	}
+// syncBuf is a bytes.Buffer safe for a writer and a later reader.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
 
-	t.Run("ping client", func(t *testing.T) {
-		s := startServer(t, ctx, b, opts(t, "-s", "-v"))
-		var out, errOut bytes.Buffer
-		code := run([]string{"ping", "-c", "-a", b.Addr.String(), "-C", "5", "-v", "--via", sock}, &out, &errOut)
-		check(t, "ping -c --via", code, out.String(), errOut.String(), "ping data: rdma-ping-4")
-		if err := waitServer(t, s); err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Run("ping server", func(t *testing.T) {
-		o := opts(t, "-s", "-v", "-a", a.Addr.String())
-		ready := make(chan struct{})
-		o.listening = func(netip.AddrPort) { close(ready) }
-		ep, err := (&endpointFlags{via: sock}).open()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ep.Close()
-		var sout, serr bytes.Buffer
-		done := make(chan error, 1)
-		go func() { done <- runPing(ctx, ep.Dev, o, &sout, &serr) }()
-		select {
-		case <-ready:
-		case err := <-done:
-			t.Fatalf("server through the service: %v\n%s", err, serr.String())
-		}
-		c, err := runClient(b, opts(t, "-c", "-a", a.Addr.String(), "-C", "5", "-v"))
-		if err != nil {
-			t.Fatalf("client: %v\n%s", err, c.errOut.String())
-		}
-		if err := <-done; err != nil {
-			t.Fatalf("server through the service: %v\n%s", err, serr.String())
-		}
-		check(t, "ping -s --via", 0, sout.String(), serr.String(), "ping data: rdma-ping-4")
-	})
-	port := 18600
-	for _, tc := range []struct {
-		test perfTestKind
-		cmd  string
-		verb string
-	}{{perfBW, "bw", "write"}, {perfBW, "bw", "send"}, {perfBW, "bw", "read"}, {perfLat, "lat", "write"}, {perfLat, "lat", "send"}} {
-		port++ // a port per run: the last run's connections may linger
-		t.Run(tc.cmd+" "+tc.verb, func(t *testing.T) {
-			args := []string{tc.verb, "-n", "200", "-s", "4096", "-p", fmt.Sprint(port)}
-			so, _, err := parsePerfFlags(tc.test, args, io.Discard)
-			if err != nil {
-				t.Fatal(err)
-			}
-			listening := make(chan struct{})
-			so.listening = func(netip.AddrPort) { close(listening) }
-			so.timeout = 10 * time.Second
-			var sb bytes.Buffer
-			sdone := make(chan error, 1)
-			go func() { sdone <- runPerf(ctx, b.Dev, so, &sb) }()
-			select {
-			case <-listening:
-			case err := <-sdone:
-				t.Fatal(err)
-			}
-			var out, errOut bytes.Buffer
-			code := run(append([]string{tc.cmd}, append(args, b.Addr.String(), "--via", sock)...), &out, &errOut)
-			if err := <-sdone; err != nil {
-				t.Errorf("server: %v", err)
-			}
-			check(t, tc.cmd+" "+tc.verb+" --via", code, out.String(), errOut.String(), " 4096 ")
-		})
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if clients < 7 {
-		t.Errorf("the service saw %d clients, want one per run", clients)
-	}
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -1,4 +1,7 @@
-package main
+// Package perftest is `rdmatap bw` and `rdmatap lat`: perftest-compatible
+// bandwidth and latency tests (the flags and output of ib_*_bw and
+// ib_*_lat with -R), with their --plot SVGs.
+package perftest
 
 import (
 	"context"
@@ -15,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
 	"github.com/rdmatap/rdmatap/internal/units"
 	"github.com/rdmatap/rdmatap/verbs"
 )
@@ -27,17 +31,17 @@ import (
 // test connection per QP to the same port. See perf_exchange.go.
 
 func init() {
-	register(command{"bw", "perftest-style bandwidth test: rdmatap bw write|read|send|atomic [flags] [SERVER]\n" +
-		"            (ib_write_bw/ib_read_bw/ib_send_bw/ib_atomic_bw -R flags and output)", func(a []string, o, e io.Writer) error { return perfCmd(perfBW, a, o, e) }})
-	register(command{"lat", "perftest-style latency test: rdmatap lat write|read|send|atomic [flags] [SERVER]\n" +
-		"            (ib_write_lat/ib_read_lat/ib_send_lat/ib_atomic_lat -R flags and output)", func(a []string, o, e io.Writer) error { return perfCmd(perfLat, a, o, e) }})
+	cli.Register("bw", "perftest-style bandwidth test: rdmatap bw write|read|send|atomic [flags] [SERVER]\n"+
+		"            (ib_write_bw/ib_read_bw/ib_send_bw/ib_atomic_bw -R flags and output)", func(a []string, o, e io.Writer) error { return perfCmd(PerfBW, a, o, e) })
+	cli.Register("lat", "perftest-style latency test: rdmatap lat write|read|send|atomic [flags] [SERVER]\n"+
+		"            (ib_write_lat/ib_read_lat/ib_send_lat/ib_atomic_lat -R flags and output)", func(a []string, o, e io.Writer) error { return perfCmd(PerfLat, a, o, e) })
 }
 
-type perfTestKind int
+type PerfTestKind int
 
 const (
-	perfBW perfTestKind = iota
-	perfLat
+	PerfBW PerfTestKind = iota
+	PerfLat
 )
 
 type perfVerb int
@@ -102,7 +106,7 @@ const (
 
 // perfOpts are the parsed flags.
 type perfOpts struct {
-	test    perfTestKind
+	test    PerfTestKind
 	verb    perfVerb
 	server  netip.Addr // client: the server's address; invalid: we are the server
 	bind    netip.Addr // server: address to listen on (default: any)
@@ -125,13 +129,13 @@ type perfOpts struct {
 	verify  bool
 	atomic  perfAtomicType // -A, atomic tests
 	devName string
-	timeout time.Duration
+	Timeout time.Duration
 	plot    string // --plot: the client draws the -a sweep into this SVG file
 
 	// progress receives the terminal progress line (nil: none).
 	progress io.Writer
-	// listening is called once the server listens (tests).
-	listening func(netip.AddrPort)
+	// Listening is called once the server listens (tests).
+	Listening func(netip.AddrPort)
 	// trace, if set, is told of each handshake ("hs") and of each size
 	// the latency loop starts ("lat"): the exchange's shape (tests).
 	trace func(string)
@@ -147,12 +151,12 @@ const perfSummaryFmt = "usage: rdmatap %s write|read|send|atomic [flags] [SERVER
 	"one P (one thread of Go code, as perftest is one thread) unless GOMAXPROCS\n" +
 	"is set.\n"
 
-func perfCmd(test perfTestKind, args []string, stdout, stderr io.Writer) error {
-	o, ef, err := parsePerfFlags(test, args, stderr)
+func perfCmd(test PerfTestKind, args []string, stdout, stderr io.Writer) error {
+	o, ef, err := ParsePerfFlags(test, args, stderr)
 	if err != nil {
 		return err
 	}
-	if _, _, _, err := ef.check(); err != nil {
+	if _, _, _, err := ef.Check(); err != nil {
 		return err
 	}
 	if err := checkPlotFile(o.plot); err != nil {
@@ -180,7 +184,7 @@ func perfCmd(test perfTestKind, args []string, stdout, stderr io.Writer) error {
 		// itself may overlap its steps on more Ps.
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	}
-	e, err := ef.open()
+	e, err := ef.Open()
 	if err != nil {
 		return err
 	}
@@ -188,17 +192,17 @@ func perfCmd(test perfTestKind, args []string, stdout, stderr io.Writer) error {
 	if o.devName == "" {
 		o.devName = e.Dev.Name()
 	}
-	return runPerf(ctx, e.Dev, o, stdout)
+	return RunPerf(ctx, e.Dev, o, stdout)
 }
 
-// parsePerfFlags parses "VERB [flags] [SERVER] [flags]".
-func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpts, *endpointFlags, error) {
-	name := map[perfTestKind]string{perfBW: "bw", perfLat: "lat"}[test]
+// ParsePerfFlags parses "VERB [flags] [SERVER] [flags]".
+func ParsePerfFlags(test PerfTestKind, args []string, stderr io.Writer) (perfOpts, *cli.EndpointFlags, error) {
+	name := map[PerfTestKind]string{PerfBW: "bw", PerfLat: "lat"}[test]
 	o := perfOpts{test: test, allMax: perfMaxSize}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	ef := new(endpointFlags)
-	ef.register(fs)
+	ef := new(cli.EndpointFlags)
+	ef.Register(fs)
 	var (
 		size, iters, dur, margin, qps, port, tx, rx, cqmod, inline, outs int
 		all, gbits, cpuFreq, rdmaCM, noPeak                              bool
@@ -242,7 +246,7 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 	boolVar(&o.verify, "", "verify", "check every byte that arrives")
 	fs.StringVar(&o.devName, "d", "", "RDMA device name shown in the banner (default the endpoint's)")
 	fs.StringVar(&bind, "bind", "", "server: address to listen on (default any)")
-	fs.DurationVar(&o.timeout, "timeout", 20*time.Second, "give up on a peer that does not answer for this long")
+	fs.DurationVar(&o.Timeout, "timeout", 20*time.Second, "give up on a peer that does not answer for this long")
 	fs.StringVar(&o.plot, "plot", "", "client, with -a: draw message size against bandwidth or latency (log axes) into this SVG `file`")
 
 	var pos []string
@@ -255,7 +259,7 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 				fs.PrintDefaults()
 				return o, nil, err
 			}
-			return o, nil, fmt.Errorf("%w: %v", errUsage, err)
+			return o, nil, fmt.Errorf("%w: %v", cli.ErrUsage, err)
 		}
 		if fs.NArg() == 0 {
 			break
@@ -264,7 +268,7 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 		rest = fs.Args()[1:]
 	}
 	if len(pos) == 0 {
-		return o, nil, fmt.Errorf("%w: missing verb: rdmatap %s write|read|send|atomic [flags] [SERVER]", errUsage, name)
+		return o, nil, fmt.Errorf("%w: missing verb: rdmatap %s write|read|send|atomic [flags] [SERVER]", cli.ErrUsage, name)
 	}
 	switch pos[0] {
 	case "write":
@@ -276,30 +280,30 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 	case "atomic":
 		o.verb = perfAtomic
 	default:
-		return o, nil, fmt.Errorf("%w: unknown verb %q (want write, read, send or atomic)", errUsage, pos[0])
+		return o, nil, fmt.Errorf("%w: unknown verb %q (want write, read, send or atomic)", cli.ErrUsage, pos[0])
 	}
 	// perftest refuses what a test cannot use (perftest_parameters.c):
 	// -A outside the atomic tests, -I on Reads and atomics (no inline
 	// data), -o outside Reads and atomics.
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	if test == perfLat && !given["busy-poll"] && ef.via == "" && !ef.noOffload {
-		ef.busyPoll = latBusyPoll
+	if test == PerfLat && !given["busy-poll"] && ef.Via == "" && !ef.NoOffload {
+		ef.BusyPoll = cli.LatBusyPoll
 	}
-	if test == perfLat && !given["placement"] && ef.via == "" {
+	if test == PerfLat && !given["placement"] && ef.Via == "" {
 		// The connection tap feeds a short message to the poster that
 		// waits for it as its segment arrives, ahead of TCP's goroutine
 		// (2-byte lat write over bridged TAPs: 5.8 µs one way against
 		// 8.4 µs with stream placement).
-		ef.lab.placement = latPlacement
+		ef.Lab.Placement = cli.LatPlacement
 	}
 	switch {
 	case (given["A"] || given["atomic_type"]) && o.verb != perfAtomic:
-		return o, nil, fmt.Errorf("%w: -A: not an atomic test (the atomic operation is for rdmatap %s atomic)", errUsage, name)
+		return o, nil, fmt.Errorf("%w: -A: not an atomic test (the atomic operation is for rdmatap %s atomic)", cli.ErrUsage, name)
 	case (given["I"] || given["inline_size"]) && (o.verb == perfRead || o.verb == perfAtomic):
-		return o, nil, fmt.Errorf("%w: -I: Reads and atomics carry no inline data", errUsage)
+		return o, nil, fmt.Errorf("%w: -I: Reads and atomics carry no inline data", cli.ErrUsage)
 	case (given["o"] || given["outs"]) && o.verb != perfRead && o.verb != perfAtomic:
-		return o, nil, fmt.Errorf("%w: -o: outstanding requests are for read and atomic tests", errUsage)
+		return o, nil, fmt.Errorf("%w: -o: outstanding requests are for read and atomic tests", cli.ErrUsage)
 	}
 	switch atomicType {
 	case "FETCH_AND_ADD":
@@ -307,22 +311,22 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 	case "CMP_AND_SWAP":
 		o.atomic = perfCmpSwap
 	default:
-		return o, nil, fmt.Errorf("%w: -A %q (want FETCH_AND_ADD or CMP_AND_SWAP)", errUsage, atomicType)
+		return o, nil, fmt.Errorf("%w: -A %q (want FETCH_AND_ADD or CMP_AND_SWAP)", cli.ErrUsage, atomicType)
 	}
 	if len(pos) > 2 {
-		return o, nil, fmt.Errorf("%w: unexpected argument %q", errUsage, pos[2])
+		return o, nil, fmt.Errorf("%w: unexpected argument %q", cli.ErrUsage, pos[2])
 	}
 	if len(pos) == 2 {
 		a, err := netip.ParseAddr(pos[1])
 		if err != nil || a.Zone() != "" || a.IsUnspecified() {
-			return o, nil, fmt.Errorf("%w: server %q is not an IP address (host names are not resolved)", errUsage, pos[1])
+			return o, nil, fmt.Errorf("%w: server %q is not an IP address (host names are not resolved)", cli.ErrUsage, pos[1])
 		}
 		o.server = a.Unmap()
 	}
 	if bind != "" {
 		a, err := netip.ParseAddr(bind)
 		if err != nil {
-			return o, nil, fmt.Errorf("%w: --bind %q is not an IP address", errUsage, bind)
+			return o, nil, fmt.Errorf("%w: --bind %q is not an IP address", cli.ErrUsage, bind)
 		}
 		o.bind = a.Unmap()
 	}
@@ -340,7 +344,7 @@ func parsePerfFlags(test perfTestKind, args []string, stderr io.Writer) (perfOpt
 // setDefaults validates the flags and applies perftest's defaults and
 // force_dependecies rules. Negative values mean "not given".
 func (o *perfOpts) setDefaults(size, iters, dur, margin, qps, port, tx, rx, cqmod, inline, outs int, all, gbits, noPeak bool) error {
-	bad := func(f string, a ...any) error { return fmt.Errorf("%w: "+f, append([]any{errUsage}, a...)...) }
+	bad := func(f string, a ...any) error { return fmt.Errorf("%w: "+f, append([]any{cli.ErrUsage}, a...)...) }
 	if port < 1 || port > 65535 {
 		return bad("invalid port %d (valid range is 1 to 65535)", port)
 	}
@@ -357,7 +361,7 @@ func (o *perfOpts) setDefaults(size, iters, dur, margin, qps, port, tx, rx, cqmo
 		size = perfAtomicSize
 	}
 	switch {
-	case size == -1 && o.test == perfBW:
+	case size == -1 && o.test == PerfBW:
 		o.size = perfDefSizeBW
 	case size == -1:
 		o.size = perfDefSizeLat
@@ -367,7 +371,7 @@ func (o *perfOpts) setDefaults(size, iters, dur, margin, qps, port, tx, rx, cqmo
 		o.size = size
 	}
 	switch {
-	case iters == -1 && o.test == perfBW && o.verb == perfWrite:
+	case iters == -1 && o.test == PerfBW && o.verb == perfWrite:
 		o.iters = perfDefItersWB
 	case iters == -1:
 		o.iters = perfDefIters
@@ -402,13 +406,13 @@ func (o *perfOpts) setDefaults(size, iters, dur, margin, qps, port, tx, rx, cqmo
 	if qps < 1 || qps > 1024 {
 		return bad("-q %d: number of QPs must be 1 to 1024", qps)
 	}
-	if o.test == perfLat && qps != 1 {
+	if o.test == PerfLat && qps != 1 {
 		return bad("-q: latency tests use one QP")
 	}
 	o.qps = qps
 	if tx == -1 {
 		tx = perfDefTxBW
-		if o.test == perfLat {
+		if o.test == PerfLat {
 			tx = perfDefTxLat
 		}
 	}
@@ -430,7 +434,7 @@ func (o *perfOpts) setDefaults(size, iters, dur, margin, qps, port, tx, rx, cqmo
 			rx = min(rx, o.iters)
 		}
 	}
-	if o.verb == perfSend && o.test == perfBW && rx%2 == 1 && !all {
+	if o.verb == perfSend && o.test == PerfBW && rx%2 == 1 && !all {
 		rx++ // perftest's "WA for a bug when rx_depth is odd in SEND"
 	}
 	o.txDepth, o.rxDepth = tx, rx
@@ -445,7 +449,7 @@ func (o *perfOpts) setDefaults(size, iters, dur, margin, qps, port, tx, rx, cqmo
 		cqmod = 1
 	}
 	o.cqMod = min(cqmod, o.txDepth)
-	if o.verb == perfSend && o.test == perfBW {
+	if o.verb == perfSend && o.test == PerfBW {
 		// The receiver answers with a credit every rx_depth/3 receives.
 		o.cqMod = min(o.cqMod, max(1, o.rxDepth/3))
 	}
@@ -463,10 +467,10 @@ func (o *perfOpts) setDefaults(size, iters, dur, margin, qps, port, tx, rx, cqmo
 	if all {
 		o.size = perfMaxSize
 	}
-	if o.dur == 0 && o.iters > perfNoPeakIters && o.test == perfBW {
+	if o.dur == 0 && o.iters > perfNoPeakIters && o.test == PerfBW {
 		o.noPeak = true
 	}
-	if o.timeout <= 0 {
+	if o.Timeout <= 0 {
 		return bad("--timeout must be positive")
 	}
 	return nil
@@ -516,7 +520,7 @@ func (o *perfOpts) printBanner(w io.Writer) {
 	if o.verb == perfAtomic {
 		b.WriteString(perfAtomicStr[o.atomic] + " ")
 	}
-	if o.test == perfBW {
+	if o.test == PerfBW {
 		b.WriteString("BW ")
 	} else {
 		b.WriteString("Latency ")
@@ -533,7 +537,7 @@ func (o *perfOpts) printBanner(w io.Writer) {
 	if o.verb == perfSend && !o.client() {
 		fmt.Fprintf(&b, " RX depth        : %d\n", o.rxDepth)
 	}
-	if o.test == perfBW {
+	if o.test == PerfBW {
 		fmt.Fprintf(&b, " CQ Moderation   : %d\n", o.cqMod)
 	}
 	fmt.Fprintf(&b, " Mtu             : %d[B]\n", perfMTU)
@@ -628,7 +632,7 @@ type perfJSON struct {
 
 func (o *perfOpts) testInfo() map[string]any {
 	kind := "BW"
-	if o.test == perfLat {
+	if o.test == PerfLat {
 		kind = "Latency"
 	}
 	test := perfVerbStr[o.verb] + "_"
@@ -657,7 +661,7 @@ func (o *perfOpts) testInfo() map[string]any {
 	if o.verb == perfSend && !o.client() {
 		m["RX_depth"] = o.rxDepth
 	}
-	if o.test == perfBW {
+	if o.test == PerfBW {
 		m["CQ_Moderation"] = o.cqMod
 	}
 	if o.oneSided() {
@@ -698,8 +702,8 @@ func (p *progressLine) done() {
 	}
 }
 
-// runPerf runs one side of a bw or lat test on dev.
-func runPerf(ctx context.Context, dev *verbs.Device, o perfOpts, stdout io.Writer) error {
+// RunPerf runs one side of a bw or lat test on dev.
+func RunPerf(ctx context.Context, dev *verbs.Device, o perfOpts, stdout io.Writer) error {
 	if o.devName == "" {
 		o.devName = dev.Name()
 	}
@@ -725,34 +729,15 @@ func runPerf(ctx context.Context, dev *verbs.Device, o perfOpts, stdout io.Write
 		s.jsonOut = stdout
 	}
 	before := dev.Stats().TCP
-	if o.test == perfBW {
+	if o.test == PerfBW {
 		err = s.runBW(ctx, human)
 	} else {
 		err = s.runLat(ctx, human)
 	}
 	if err == nil {
-		fmt.Fprintln(human, tcpReport(before, dev.Stats().TCP))
+		fmt.Fprintln(human, cli.TCPReport(before, dev.Stats().TCP))
 	}
 	return err
-}
-
-// tcpReport words what TCP did during a test (the counters' change from
-// before) and the state of the busiest connection at its end, as `ss -ti`
-// shows a kernel socket's: segments sent and retransmitted, fast
-// retransmits, retransmission timeouts, recoveries by SACK and by
-// tail-loss probe, spurious ones, D-SACKs, lost GSO packets the link sent
-// again; congestion window, slow-start threshold, round trip, RTO.
-func tcpReport(a, b verbs.TCPStats) string {
-	ssthresh := "-"
-	if b.Ssthresh < 1<<31 {
-		ssthresh = strconv.FormatUint(b.Ssthresh, 10)
-	}
-	return fmt.Sprintf("tcp: segs_out %d retrans %d fast_retrans %d rto_timeouts %d sack_recoveries %d tlp_recoveries %d spurious %d dsack %d link_resent %d (%d B); cwnd %d ssthresh %s rtt %.3f/%.3f ms rto %.0f ms",
-		b.SegmentsSent-a.SegmentsSent, b.Retransmits-a.Retransmits, b.FastRetransmits-a.FastRetransmits, b.Timeouts-a.Timeouts,
-		b.SACKRecoveries-a.SACKRecoveries, b.TLPRecoveries-a.TLPRecoveries,
-		(b.SpuriousRecoveries+b.SpuriousRTOs)-(a.SpuriousRecoveries+a.SpuriousRTOs), b.DSACKs-a.DSACKs,
-		b.LinkResentPackets-a.LinkResentPackets, b.LinkResentBytes-a.LinkResentBytes,
-		b.Cwnd, ssthresh, float64(b.SRTT)/1e6, float64(b.RTTVar)/1e6, float64(b.RTO)/1e6)
 }
 
 // plotSweep draws the client's sweep into --plot's file (no flag: nothing).
@@ -764,7 +749,7 @@ func (s *perfSession) plotSweep(bw []perfBWReport, lat []perfLatReport) error {
 	pi := o.plotInfo(time.Now())
 	var svg []byte
 	var err error
-	if o.test == perfBW {
+	if o.test == PerfBW {
 		svg, err = plotBW(pi, bw)
 	} else {
 		svg, err = plotLat(pi, lat)
