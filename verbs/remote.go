@@ -42,7 +42,8 @@ import (
 // What crosses to the service, and how (package verbs/service is the other side):
 //
 //   - Slow path: one SOCK_SEQPACKET message per call (svc.Msg), answered
-//     by a reply with the same sequence number; a call whose context ends
+//     by a reply with the same sequence number (package
+//     verbs/internal/session keeps the session); a call whose context ends
 //     sends a Cancel and still waits for the reply: the context's error
 //     if the service abandoned the call, else what it did (so a
 //     connection request it had taken is not lost). Alloc and destroy,
@@ -96,7 +97,8 @@ import (
 // never across a call or a write. It is taken by any caller's goroutine,
 // the read loop (an event's or QP_DONE's lookup, the session's end), and
 // inside remoteQP.sqMu (the checks and bookkeeping of a REG_MR or BIND_MW
-// posted), MR.mu (Dereg), SRQ.mu and PD.mu (their Close's service call).
+// posted), MR.mu (Dereg) and SRQ.mu (Close). The session's mu is taken
+// inside MR.mu, SRQ.mu and PD.mu (the service calls of Dereg and Close).
 // s is set by Connect before the read loop starts.
 type client struct {
 	dev *Device
