@@ -257,3 +257,63 @@ func TestCallTooLarge(t *testing.T) {
 		t.Fatalf("too large a call: %v, want svc.ErrTooLarge", err)
 	}
 }
+
+// FuzzSession: a hostile service's messages after HELLO (the input, each
+// message a length byte and that many bytes, sent as they are), while a
+// call waits. Whatever they are, the call returns its own reply or an
+// error, only EVENT and QP_DONE reach Config.Message, the session ends
+// once when the service closes, and Close returns.
+func FuzzSession(f *testing.F) {
+	var b svc.Builder
+	seed := func(ms ...svc.Msg) []byte {
+		var in []byte
+		for _, m := range ms {
+			in = append(in, byte(len(m)))
+			in = append(in, m...)
+		}
+		return in
+	}
+	f.Add(seed(b.Reset(svc.TAllocPD, 1, svc.StatusOK).Args(3).Msg()))
+	f.Add(seed(b.Reset(svc.TEvent, 0, svc.StatusOK).Args(1, 2, 3).Msg(), b.Reset(svc.TAllocPD, 2, svc.StatusOK).Msg()))
+	f.Add(seed(b.Reset(svc.TQPDone, 0, svc.StatusOK).String("x").Msg(), b.Reset(svc.TAllocPD, 1, svc.StatusBusy).Msg()))
+	f.Add([]byte{3, 1, 2, 3})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		path, fc := listen(t)
+		go func() {
+			f := <-fc
+			f.hello()
+			f.read()
+			for len(in) > 0 {
+				n := min(int(in[0]), len(in)-1)
+				f.conn.Write(in[1 : 1+n])
+				in = in[1+n:]
+			}
+			f.conn.Close()
+		}()
+		var s Session
+		var e events
+		if _, err := s.Dial(context.Background(), path, e.config()); err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		r, err := s.Do(context.Background(), svc.TAllocPD, nil)
+		if err == nil && (r.M.Seq() != 1 || r.M.Status() != svc.StatusOK || r.M.Check() != nil) {
+			t.Errorf("call 1 got seq %d status %d", r.M.Seq(), r.M.Status())
+		}
+		for _, fd := range r.FDs {
+			unix.Close(fd)
+		}
+		<-s.Done()
+		s.Close(nil)
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for _, typ := range e.msgs {
+			if typ != svc.TEvent && typ != svc.TQPDone {
+				t.Errorf("Message got %v", typ)
+			}
+		}
+		if len(e.failed) != 1 {
+			t.Errorf("Failed %d times, want once", len(e.failed))
+		}
+	})
+}
