@@ -400,8 +400,9 @@ func (qp *QP) close(how func() error) error {
 // of closed one step against use. closed is written under mu and read
 // without it (PostRecv, Len, SetLimit: an atomic). Close holds mu across
 // the service's DESTROY_SRQ call (remoteSRQ.destroy, which takes the
-// client's lock) and then takes the PD's: order SRQ.mu → client.mu, SRQ.mu →
-// PD.mu. The receive queue locks for itself.
+// session's lock and then the client's) and then takes the PD's: order
+// SRQ.mu → session.Session.mu, SRQ.mu → client.mu, SRQ.mu → PD.mu. The
+// receive queue locks for itself.
 type SRQ struct {
 	pd  *PD
 	ops srqOps           // engineSRQ or remoteSRQ (remote.go): what the SRQ does

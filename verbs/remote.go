@@ -17,6 +17,7 @@ import (
 	"unsafe"
 
 	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/verbs/internal/session"
 	"github.com/rdmatap/rdmatap/verbs/internal/svc"
 	"github.com/rdmatap/rdmatap/zerocopy"
 
@@ -41,7 +42,8 @@ import (
 // What crosses to the service, and how (package verbs/service is the other side):
 //
 //   - Slow path: one SOCK_SEQPACKET message per call (svc.Msg), answered
-//     by a reply with the same sequence number; a call whose context ends
+//     by a reply with the same sequence number (package
+//     verbs/internal/session keeps the session); a call whose context ends
 //     sends a Cancel and still waits for the reply: the context's error
 //     if the service abandoned the call, else what it did (so a
 //     connection request it had taken is not lost). Alloc and destroy,
@@ -82,36 +84,27 @@ import (
 // BIND_MW work requests, which go through the ring with the service's
 // handle in the entry (svc.PutSend).
 
-// client is a device's connection to a service.
+// client is a device's connection to a service: its session (package
+// verbs/internal/session: the socket, the control page and doorbell, the
+// calls in flight and the session's end) and the tables of what the
+// client made.
 //
-// mu guards the calls in flight, the session's end (closed, err) and the
-// tables of what the client made (the fields marked +checklocks:mu). It
-// is a leaf: held only to look up or update them, never across a call
-// or a write. It is taken by any caller's goroutine (call), the read
-// loop (a reply's or event's lookup), and inside remoteQP.sqMu (the
-// checks and bookkeeping of a REG_MR or BIND_MW posted), MR.mu (Dereg),
-// SRQ.mu and PD.mu (their Close's service call). Each request is one
-// message on the socket, written by its caller's goroutine (the conn is
-// safe for concurrent writes); its reply comes back on the channel the
-// read loop finds under mu. ctl, sleeping and bell are set by Connect
-// before the read loop starts; done is closed once, by fail.
+// Locks: mu here and the session's mu (session.Session), neither ever
+// held while the other is taken: the session calls back (Config.Message,
+// Config.Failed) with its own mu released, and the client makes its calls
+// with mu released. mu guards the tables (the fields marked
+// +checklocks:mu). It is a leaf: held only to look up or update them,
+// never across a call or a write. It is taken by any caller's goroutine,
+// the read loop (an event's or QP_DONE's lookup, the session's end), and
+// inside remoteQP.sqMu (the checks and bookkeeping of a REG_MR or BIND_MW
+// posted), MR.mu (Dereg) and SRQ.mu (Close). The session's mu is taken
+// inside MR.mu, SRQ.mu and PD.mu (the service calls of Dereg and Close).
+// s is set by Connect before the read loop starts.
 type client struct {
-	dev  *Device
-	conn *net.UnixConn
-
-	ctl      []byte
-	sleeping *atomic.Uint32 // the service's poller sleeps
-	bell     *svc.Eventfd   // its doorbell
+	dev *Device
+	s   session.Session
 
 	mu sync.Mutex
-	// +checklocks:mu
-	seq uint32
-	// +checklocks:mu
-	pending map[uint32]chan reply
-	// +checklocks:mu
-	closed bool
-	// +checklocks:mu
-	err error
 	// +checklocks:mu
 	qps map[uint32]*QP
 	// +checklocks:mu
@@ -129,8 +122,6 @@ type client struct {
 	// attr: the service device's limits for this client (QUERY_DEVICE),
 	// set by Connect; nil from a service that does not answer it.
 	attr *DeviceAttr
-	done chan struct{}
-	wg   sync.WaitGroup
 }
 
 type reply struct {
@@ -143,71 +134,18 @@ type reply struct {
 // Close ends the session: the service then releases everything this
 // process made.
 func Connect(ctx context.Context, path string) (*Device, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unixpacket", path)
+	cl := &client{qps: map[uint32]*QP{}, srqs: map[uint64]*SRQ{}, cqs: map[*CQ]struct{}{},
+		frs: map[*iwarp.FastRegMR]*MR{}, mwt: map[*iwarp.Window]*MW{}, mrKeys: map[STag]*MR{}}
+	h, err := cl.s.Dial(ctx, path, session.Config{Status: statusError, Message: cl.message, Failed: cl.failed})
 	if err != nil {
 		return nil, fmt.Errorf("verbs: connect to service %s: %w", path, err)
 	}
-	conn := c.(*net.UnixConn)
-	cl := &client{conn: conn, pending: map[uint32]chan reply{}, qps: map[uint32]*QP{}, srqs: map[uint64]*SRQ{},
-		cqs: map[*CQ]struct{}{}, frs: map[*iwarp.FastRegMR]*MR{}, mwt: map[*iwarp.Window]*MW{}, mrKeys: map[STag]*MR{},
-		done: make(chan struct{})}
-	var b svc.Builder
-	werr := svc.Write(conn, b.Reset(svc.THello, 0, 0).Args(svc.Magic, svc.Version, svc.Features).Msg())
-	if dl, ok := ctx.Deadline(); ok {
-		conn.SetReadDeadline(dl)
-	}
-	if werr != nil {
-		// A service that refuses a client (a limit) answers before the
-		// HELLO and closes: its reason may wait in the socket still.
-		conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-	}
-	buf, oob := make([]byte, svc.MaxMessage), make([]byte, svc.OOBSpace)
-	m, fds, err := svc.Read(conn, buf, oob, nil)
-	conn.SetReadDeadline(time.Time{})
-	if err != nil && werr != nil {
-		err = werr
-	}
-	if err == nil {
-		err = m.Check()
-	}
-	if err == nil && m.Type() != svc.THello {
-		err = fmt.Errorf("verbs: service answered HELLO with %v", m.Type())
-	}
-	if err == nil && m.Status() != svc.StatusOK {
-		err = statusError(m)
-	}
-	if err == nil && len(fds) != 2 {
-		err = fmt.Errorf("verbs: service's HELLO carried %d descriptors, want 2", len(fds))
-	}
-	if err != nil {
-		closeFDs(fds)
-		conn.Close()
-		return nil, fmt.Errorf("verbs: connect to service %s: %w", path, err)
-	}
-	ctl, err := svc.MapRing(fds[0])
-	closeFDs(fds[:1])
-	if err != nil || len(ctl) < svc.CtlSize {
-		closeFDs(fds[1:])
-		conn.Close()
-		return nil, fmt.Errorf("verbs: connect to service %s: control page: %v", path, err)
-	}
-	bell, err := svc.OpenEventfd(fds[1])
-	if err != nil {
-		svc.Unmap(ctl)
-		conn.Close()
-		return nil, err
-	}
-	cl.ctl, cl.sleeping, cl.bell = ctl, svc.U32(ctl, svc.CtlSleeping), bell
-	var f [1][]byte
-	svc.Fields(m.Payload(), f[:])
-	cfg := DeviceConfig{Name: string(f[0]), NoExtensions: m.Arg(1)&1 != 0, EventQueue: 256}
+	cfg := DeviceConfig{Name: h.Name, NoExtensions: h.Flags&1 != 0, EventQueue: 256}
 	dev := &Device{cfg: cfg, ops: cl, events: make(chan AsyncEvent, cfg.EventQueue), qps: map[uint32]*QP{},
 		listeners: map[*Listener]struct{}{}}
 	cl.dev = dev
-	cl.wg.Add(1)
-	go cl.readLoop()
-	if m.Arg(3)&svc.FeatureQueryDevice != 0 {
+	cl.s.Start()
+	if h.Features&svc.FeatureQueryDevice != 0 {
 		r, err := cl.do(ctx, svc.TQueryDevice, nil)
 		if err != nil {
 			dev.Close()
@@ -225,58 +163,21 @@ func closeFDs(fds []int) {
 	}
 }
 
-// readLoop dispatches the service's replies and events (one goroutine per
-// device of a service).
-func (cl *client) readLoop() {
-	defer cl.wg.Done()
-	oob := make([]byte, svc.OOBSpace)
-	var fdbuf [svc.MaxFDs]int
-	for {
-		buf := make([]byte, svc.MaxMessage)
-		m, fds, err := svc.Read(cl.conn, buf, oob, fdbuf[:0])
-		if err == nil {
-			err = m.Check()
-			if err != nil {
-				closeFDs(fds)
-			}
-		}
-		if err != nil {
-			cl.fail(fmt.Errorf("verbs: service connection: %w", err))
-			return
-		}
-		switch m.Type() {
-		case svc.TEvent:
-			cl.event(m)
-			closeFDs(fds)
-			continue
-		case svc.TQPDone:
-			cl.qpDone(m)
-			closeFDs(fds)
-			continue
-		}
-		cl.mu.Lock()
-		ch := cl.pending[m.Seq()]
-		delete(cl.pending, m.Seq())
-		cl.mu.Unlock()
-		if ch == nil {
-			closeFDs(fds) // a canceled call's late reply
-			continue
-		}
-		ch <- reply{m: m, fds: append([]int(nil), fds...)}
+// message handles what the service sends unasked (the session's
+// Config.Message).
+func (cl *client) message(m svc.Msg) {
+	switch m.Type() {
+	case svc.TEvent:
+		cl.event(m)
+	case svc.TQPDone:
+		cl.qpDone(m)
 	}
 }
 
-// fail ends the session: every call in progress and every later one
-// returns err, waiters on CQs and QPs wake.
-func (cl *client) fail(err error) {
+// failed learns the session's end (its Config.Failed): waiters on CQs
+// and QPs wake.
+func (cl *client) failed(err error) {
 	cl.mu.Lock()
-	if cl.closed {
-		cl.mu.Unlock()
-		return
-	}
-	cl.closed, cl.err = true, err
-	pend := cl.pending
-	cl.pending = map[uint32]chan reply{}
 	qps := make([]*QP, 0, len(cl.qps))
 	for _, q := range cl.qps {
 		qps = append(qps, q)
@@ -286,10 +187,6 @@ func (cl *client) fail(err error) {
 		cqs = append(cqs, cq.ops.(*remoteCQ))
 	}
 	cl.mu.Unlock()
-	close(cl.done)
-	for _, ch := range pend {
-		close(ch)
-	}
 	for _, q := range qps {
 		q.remote().finish(err)
 	}
@@ -301,84 +198,19 @@ func (cl *client) fail(err error) {
 	}
 }
 
-// call sends a request and waits for its reply. fds are sent with it (the
-// caller keeps its own copies).
-func (cl *client) call(ctx context.Context, b *svc.Builder, seqSet func(*svc.Builder, uint32), fds ...int) (reply, error) {
-	ch := make(chan reply, 1)
-	cl.mu.Lock()
-	if cl.closed {
-		err := cl.err
-		cl.mu.Unlock()
-		return reply{}, err
-	}
-	cl.seq++
-	if cl.seq == 0 {
-		cl.seq = 1
-	}
-	seq := cl.seq
-	cl.pending[seq] = ch
-	cl.mu.Unlock()
-	seqSet(b, seq)
-	m := b.Msg()
-	err := svc.CheckSize(m)
-	if err == nil {
-		err = svc.Write(cl.conn, m, fds...)
-	}
+// do sends a request of type t that build fills in, with fds, and waits
+// for its reply (session.Session.Do).
+func (cl *client) do(ctx context.Context, t svc.Type, build func(*svc.Builder), fds ...int) (reply, error) {
+	r, err := cl.s.Do(ctx, t, build, fds...)
 	if err != nil {
-		cl.mu.Lock()
-		delete(cl.pending, seq)
-		cl.mu.Unlock()
 		if errors.Is(err, svc.ErrTooLarge) {
 			// The service would get it cut off and could not tell
 			// which call it was.
 			return reply{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 		}
-		return reply{}, fmt.Errorf("verbs: service: %w", err)
+		return reply{}, err
 	}
-	var r reply
-	var ok bool
-	select {
-	case r, ok = <-ch:
-	case <-ctx.Done():
-		// Ask the service to abandon the call, and take its answer all
-		// the same: what it did (a request it had already taken, a
-		// connection it had made) must not be lost between the two.
-		var cb svc.Builder
-		svc.Write(cl.conn, cb.Reset(svc.TCancel, 0, 0).Args(uint64(seq)).Msg())
-		r, ok = <-ch
-		if ok && (r.m.Status() == svc.StatusCanceled || r.m.Status() == svc.StatusTimeout) {
-			closeFDs(r.fds)
-			return reply{}, ctx.Err()
-		}
-	}
-	if !ok {
-		return reply{}, cl.sessionErr()
-	}
-	if st := r.m.Status(); st != svc.StatusOK {
-		closeFDs(r.fds)
-		return reply{}, statusError(r.m)
-	}
-	return r, nil
-}
-
-func (cl *client) sessionErr() error {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
-	if cl.err != nil {
-		return cl.err
-	}
-	return net.ErrClosed
-}
-
-// do is call with a message built by build and no descriptors.
-func (cl *client) do(ctx context.Context, t svc.Type, build func(*svc.Builder), fds ...int) (reply, error) {
-	var b svc.Builder
-	return cl.call(ctx, &b, func(b *svc.Builder, seq uint32) {
-		b.Reset(t, seq, 0)
-		if build != nil {
-			build(b)
-		}
-	}, fds...)
+	return reply{m: r.M, fds: r.FDs}, nil
 }
 
 // statusError turns a reply's status and text into the verbs error.
@@ -479,34 +311,31 @@ func (cl *client) qpDone(m svc.Msg) {
 
 // close ends the session and releases this process's side of it.
 func (cl *client) close() error {
-	cl.conn.Close()
-	cl.wg.Wait()
-	cl.fail(net.ErrClosed)
-	cl.mu.Lock()
-	cqs := make([]*CQ, 0, len(cl.cqs))
-	for cq := range cl.cqs {
-		cqs = append(cqs, cq)
-	}
-	qps := make([]*QP, 0, len(cl.qps))
-	for _, q := range cl.qps {
-		qps = append(qps, q)
-	}
-	srqs := make([]*SRQ, 0, len(cl.srqs))
-	for _, s := range cl.srqs {
-		srqs = append(srqs, s)
-	}
-	cl.mu.Unlock()
-	for _, cq := range cqs {
-		cq.ops.(*remoteCQ).release()
-	}
-	for _, q := range qps {
-		q.remote().release()
-	}
-	for _, s := range srqs {
-		s.ops.(*remoteSRQ).release()
-	}
-	cl.bell.Close()
-	svc.Unmap(cl.ctl)
+	cl.s.Close(func() {
+		cl.mu.Lock()
+		cqs := make([]*CQ, 0, len(cl.cqs))
+		for cq := range cl.cqs {
+			cqs = append(cqs, cq)
+		}
+		qps := make([]*QP, 0, len(cl.qps))
+		for _, q := range cl.qps {
+			qps = append(qps, q)
+		}
+		srqs := make([]*SRQ, 0, len(cl.srqs))
+		for _, s := range cl.srqs {
+			srqs = append(srqs, s)
+		}
+		cl.mu.Unlock()
+		for _, cq := range cqs {
+			cq.ops.(*remoteCQ).release()
+		}
+		for _, q := range qps {
+			q.remote().release()
+		}
+		for _, s := range srqs {
+			s.ops.(*remoteSRQ).release()
+		}
+	})
 	return nil
 }
 
@@ -533,11 +362,7 @@ func (cl *client) counters() Stats {
 }
 
 // ring rings the service's doorbell if its poller sleeps.
-func (cl *client) ring() {
-	if cl.sleeping.Load() != 0 {
-		cl.bell.Signal()
-	}
-}
+func (cl *client) ring() { cl.s.Ring() }
 
 // client returns a service's device's connection; nil for an embedded
 // device.
@@ -1205,8 +1030,8 @@ func (rc *remoteCQ) wait(ctx context.Context, dst []WC) (int, error) {
 			return 0, err
 		}
 		select {
-		case <-rc.cl.done:
-			return 0, rc.cl.sessionErr() // the service is gone
+		case <-rc.cl.s.Done():
+			return 0, rc.cl.s.Err() // the service is gone
 		default:
 		}
 		if time.Since(start) < spin {
@@ -1238,8 +1063,8 @@ func (rc *remoteCQ) sleep(ctx context.Context) error {
 		return err
 	}
 	select {
-	case <-rc.cl.done:
-		return rc.cl.sessionErr()
+	case <-rc.cl.s.Done():
+		return rc.cl.s.Err()
 	default:
 	}
 	if err := rc.ev.Wait(); err != nil {
@@ -1281,8 +1106,8 @@ func (rc *remoteCQ) waitEvent(ctx context.Context) error {
 			return net.ErrClosed
 		}
 		select {
-		case <-rc.cl.done:
-			return rc.cl.sessionErr()
+		case <-rc.cl.s.Done():
+			return rc.cl.s.Err()
 		default:
 		}
 		rc.ring.Waiting.Add(1)
