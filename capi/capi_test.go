@@ -3,15 +3,20 @@ package capi_test
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rdmatap/rdmatap/capi"
+	"github.com/rdmatap/rdmatap/iwarp"
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
 )
@@ -221,4 +226,182 @@ func TestDevinfo(t *testing.T) {
 	if bytes.Contains(out, []byte("rt0")) {
 		t.Errorf("ibv_devices without a service:\n%s", out)
 	}
+}
+
+// compile builds a C test program from testdata against the libraries.
+func compile(t testing.TB, libdir, src string, sanitize bool) string {
+	t.Helper()
+	out := filepath.Join(world(t), strings.TrimSuffix(filepath.Base(src), ".c"))
+	args := append([]string{}, capi.CFlags...)
+	if sanitize {
+		args = append(append(args, "-O1"), capi.SanitizeFlags...)
+	} else {
+		args = append(args, "-O2")
+	}
+	args = append(args, "-I", filepath.Join(libdir, "include"), "-o", out, src, "-L", libdir, "-libverbs")
+	if b, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("cc %s: %v\n%s", src, err, b)
+	}
+	os.Chmod(out, 0o755)
+	return out
+}
+
+func fill(b []byte, seed int) {
+	for i := range b {
+		b[i] = byte(i*7 + seed)
+	}
+}
+
+func checkFill(t testing.TB, what string, b []byte, seed int) {
+	t.Helper()
+	for i := range b {
+		if b[i] != byte(i*7+seed) {
+			t.Fatalf("%s: byte %d is %d, want %d", what, i, b[i], byte(i*7+seed))
+		}
+	}
+}
+
+// Sizes in testdata/transfer.c.
+const (
+	tWriteLen     = 64*1024 + 123
+	tSendLen      = 4000
+	tInlineLen    = 40
+	tPeerWriteLen = 32*1024 + 7
+	tPeerSendLen  = 3000
+)
+
+// TestTransfer runs testdata/transfer.c through a service against a Go
+// peer: RDMA Writes and Sends both ways with malloc'd memory, every byte
+// checked on both sides; also built with AddressSanitizer and UBSan.
+func TestTransfer(t *testing.T) {
+	for _, san := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sanitize=%v", san), func(t *testing.T) { testTransfer(t, san) })
+	}
+}
+
+func testTransfer(t *testing.T, sanitize bool) {
+	dir := libs(t, sanitize)
+	prog := compile(t, dir, "testdata/transfer.c", sanitize)
+	s := startService(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	pd, err := s.peer.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scq, err := s.peer.CreateCQ(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcq, err := s.peer.CreateCQ(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: scq, RecvCQ: rcq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qp.Close()
+	buf := make([]byte, 128<<10)
+	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rbuf := make([]byte, 16<<10)
+	rmr, err := pd.RegMR(rbuf, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbuf := make([]byte, 64<<10)
+	smr, err := pd.RegMR(sbuf, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := qp.PostRecv(verbs.RecvWR{ID: 10, SGL: []verbs.SGE{rmr.SGE(0, 8192)}}, verbs.RecvWR{ID: 11, SGL: []verbs.SGE{rmr.SGE(8192, 8192)}}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := s.peer.Listen(netip.MustParseAddrPort(s.peerAddr+":0"), verbs.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+
+	cmd := command(t, dir, s.sock, prog, ln.Addr().String())
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() {
+		err := cmd.Wait()
+		exited <- err
+		if err != nil {
+			cancel()
+		}
+	}()
+	fatal := func(f string, a ...any) {
+		t.Helper()
+		cancel()
+		<-exited
+		t.Fatalf("%s\ntransfer's output:\n%s", fmt.Sprintf(f, a...), out.String())
+	}
+
+	req, err := ln.GetRequest(ctx)
+	if err != nil {
+		fatal("GetRequest: %v", err)
+	}
+	pdata := req.PrivateData()
+	if len(pdata) != 16 {
+		fatal("private data of %d bytes", len(pdata))
+	}
+	cAddr, cKey, cLen := binary.LittleEndian.Uint64(pdata), binary.LittleEndian.Uint32(pdata[8:]), binary.LittleEndian.Uint32(pdata[12:])
+	if cLen != tPeerWriteLen {
+		fatal("the C buffer is %d bytes", cLen)
+	}
+	ours := make([]byte, 16)
+	binary.LittleEndian.PutUint64(ours, mr.Addr())
+	binary.LittleEndian.PutUint32(ours[8:], uint32(mr.RKey()))
+	binary.LittleEndian.PutUint32(ours[12:], uint32(len(buf)))
+	if _, err := req.Accept(ctx, qp, verbs.ConnParams{PrivateData: ours}); err != nil {
+		fatal("Accept: %v", err)
+	}
+	var wc [1]verbs.WC
+	for i, want := range []int{tSendLen, tInlineLen} {
+		if _, err := rcq.Wait(ctx, wc[:]); err != nil {
+			fatal("receive %d: %v", i, err)
+		}
+		if err := wc[0].Err(); err != nil || wc[0].Op != verbs.WCRecv || int(wc[0].ByteLen) != want || wc[0].ID != uint64(10+i) {
+			fatal("receive %d: %+v %v", i, wc[0], err)
+		}
+	}
+	checkFill(t, "the C program's RDMA Write", buf[:tWriteLen], 3)
+	checkFill(t, "the C program's Send", rbuf[:tSendLen], 4)
+	checkFill(t, "the C program's inline Send from its stack", rbuf[8192:8192+tInlineLen], 5)
+
+	fill(sbuf[:tPeerWriteLen], 6)
+	fill(sbuf[tPeerWriteLen:tPeerWriteLen+tPeerSendLen], 8)
+	if err := qp.PostSend(
+		verbs.SendWR{ID: 20, Op: verbs.OpWrite, Flags: iwarp.FlagSignaled, SGL: []verbs.SGE{smr.SGE(0, tPeerWriteLen)}, RemoteAddr: cAddr, RKey: cKey},
+		verbs.SendWR{ID: 21, Op: verbs.OpSend, Flags: iwarp.FlagSignaled, SGL: []verbs.SGE{smr.SGE(tPeerWriteLen, tPeerSendLen)}},
+	); err != nil {
+		fatal("PostSend: %v", err)
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := scq.Wait(ctx, wc[:]); err != nil || wc[0].Err() != nil {
+			fatal("send %d: %v %+v", i, err, wc[0])
+		}
+	}
+	select {
+	case err := <-exited:
+		if err != nil || !strings.Contains(out.String(), "transfer: ok") {
+			t.Fatalf("transfer: %v\n%s", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatalf("transfer did not finish\n%s", out.String())
+	}
+	t.Logf("transfer's output:\n%s", out.String())
 }
