@@ -127,6 +127,19 @@ static void post_async(struct rt_ctx *c, struct ibv_async_event *ev)
 		rt_debug("asynchronous event %d lost (queue full)", ev->event_type);
 }
 
+/* terminate_event names a QP's failure as libibverbs would: a protection
+ * error (RDMAP remote protection, DDP tagged buffer) is an access error,
+ * anything else fatal. */
+static enum ibv_event_type terminate_event(const struct rt_msg *m)
+{
+	if (m->args[0] == RT_EV_QP_FATAL)
+		return IBV_EVENT_QP_FATAL;
+	uint64_t layer = m->args[3], type = m->args[4];
+	if ((layer == 0 && type == 0) || (layer == 1 && type == 1))
+		return IBV_EVENT_QP_ACCESS_ERR;
+	return IBV_EVENT_QP_FATAL;
+}
+
 static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 {
 	(void)unused;
@@ -147,8 +160,7 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 	case RT_EV_QP_FATAL:
 		for (struct rt_qp *q = qps; q; q = q->next)
 			if (q->qp.qp_num == m->args[1]) {
-				ev.event_type = m->args[0] == RT_EV_QP_FATAL || m->args[3] == 2 ? IBV_EVENT_QP_FATAL
-				    : (m->args[4] & 0xf) == 2 ? IBV_EVENT_QP_ACCESS_ERR : IBV_EVENT_QP_FATAL;
+				ev.event_type = terminate_event(m);
 				ev.element.qp = &q->qp;
 				post_async(to_ctx(q->qp.context), &ev);
 				break;

@@ -259,7 +259,37 @@ int main(int argc, char **argv)
 	check("the peer's RDMA Write", dst, PEER_WRITE_LEN, 6);
 	check("the peer's Send", rbuf, PEER_SEND_LEN, 8);
 
-	/* Tear down, in order; a second DISCONNECT-free destroy is the QP's end. */
+	/* An RDMA Write with a wrong key: the peer answers with a Terminate
+	 * and the QP's failure arrives as an asynchronous event. (The Write
+	 * itself may complete before: on iWARP a Write completes once sent.) */
+	wwr.next = NULL;
+	wwr.wr_id = 9;
+	wwr.wr.rdma.rkey = rkey ^ 0x5a00;
+	if ((r = ibv_post_send(qp, &wwr, &bad_s)))
+		fail("ibv_post_send of the bad write", r);
+	for (int tries = 0;; tries++) {
+		int n = ibv_poll_cq(scq, 1, &wc);
+		if (n == 1)
+			break;
+		if (tries > 10000)
+			fail("no completion of the bad write", ETIMEDOUT);
+		struct timespec ts = {0, 1000000};
+		nanosleep(&ts, NULL);
+	}
+	if (wc.wr_id != 9 || (wc.status != IBV_WC_SUCCESS && wc.status != IBV_WC_REM_ACCESS_ERR))
+		fprintf(stderr, "transfer: the bad write completed with %s\n", ibv_wc_status_str(wc.status)), exit(1);
+	struct pollfd apfd = {.fd = ctx->async_fd, .events = POLLIN};
+	if (poll(&apfd, 1, 10000) != 1)
+		fail("no asynchronous event in 10 s", ETIMEDOUT);
+	struct ibv_async_event aev;
+	if (ibv_get_async_event(ctx, &aev))
+		fail("ibv_get_async_event", errno);
+	if ((aev.event_type != IBV_EVENT_QP_FATAL && aev.event_type != IBV_EVENT_QP_ACCESS_ERR) || aev.element.qp != qp)
+		fprintf(stderr, "transfer: asynchronous event %s\n", ibv_event_type_str(aev.event_type)), exit(1);
+	printf("transfer: asynchronous event: %s\n", ibv_event_type_str(aev.event_type));
+	ibv_ack_async_event(&aev);
+
+	/* Tear down, in order. */
 	if ((r = ibv_destroy_qp(qp)))
 		fail("ibv_destroy_qp", r);
 	if ((r = ibv_dereg_mr(smr)) || (r = ibv_dereg_mr(dmr)) || (r = ibv_dereg_mr(rmr)))
