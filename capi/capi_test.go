@@ -405,3 +405,20 @@ func testTransfer(t *testing.T, sanitize bool) {
 	}
 	t.Logf("transfer's output:\n%s", out.String())
 }
+
+// TestMemory runs testdata/memory.c: registering heap, stack and static
+// memory keeps its contents, fork gives the child a copy, bad
+// registrations fail with libibverbs' errnos.
+func TestMemory(t *testing.T) {
+	for _, san := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sanitize=%v", san), func(t *testing.T) {
+			dir := libs(t, san)
+			prog := compile(t, dir, "testdata/memory.c", san)
+			s := startService(t)
+			out, err := command(t, dir, s.sock, prog).CombinedOutput()
+			if err != nil || !bytes.Contains(out, []byte("memory: ok")) {
+				t.Fatalf("memory: %v\n%s", err, out)
+			}
+		})
+	}
+}

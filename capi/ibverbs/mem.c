@@ -11,8 +11,8 @@
  * on those pages included, and the service sees them too. Pages already
  * mapped from the file at their own address are left alone.
  *
- * After fork() the child gets private copies of those pages back (as it
- * would of anonymous memory), so parent and child never share the heap.
+ * A child made by fork() gets private copies of those pages (as of any
+ * private memory), so parent and child never share the heap.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -129,36 +129,105 @@ static int raw_pread(int fd, void *buf, size_t n, uintptr_t off)
 	return 0;
 }
 
+/*
+ * fork(): a child must get a copy of registered memory, as of any private
+ * memory, but a MAP_SHARED mapping is inherited shared, and from the fork
+ * until a handler in the child ran, both processes would run on shared
+ * pages (a registered stack, the heap). So just before the fork the
+ * registered ranges become private copies again (the service keeps seeing
+ * the memfd); the child inherits those; the parent then copies them back
+ * into the memfd and maps it again. What a peer places into the memory
+ * during the fork itself is lost in the parent.
+ */
+struct range {
+	uintptr_t lo, hi;
+	int prot;
+};
+static struct range *fork_ranges;
+static size_t fork_nranges;
+
+static void *privatize(void *unused)
+{
+	(void)unused;
+	char *maps = read_maps();
+	if (!maps)
+		return NULL;
+	size_t cap = 0;
+	char *p = maps;
+	struct map_line l;
+	while (parse_line(&p, &l) > 0) {
+		if (!is_ours(&l))
+			continue;
+		if (fork_nranges == cap) {
+			size_t ncap = cap ? 2 * cap : 16;
+			struct range *r = realloc(fork_ranges, ncap * sizeof(*r));
+			if (!r)
+				break;
+			fork_ranges = r;
+			cap = ncap;
+		}
+		size_t len = l.hi - l.lo;
+		void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (tmp == MAP_FAILED)
+			continue;
+		/* the file holds the pages' bytes at their addresses */
+		if (raw_pread(memfd, tmp, len, l.lo) < 0 ||
+		    mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)l.lo) == MAP_FAILED) {
+			munmap(tmp, len);
+			continue;
+		}
+		mprotect((void *)l.lo, len, l.prot);
+		fork_ranges[fork_nranges++] = (struct range){l.lo, l.hi, l.prot};
+	}
+	free(maps);
+	return NULL;
+}
+
+static int share_range(uintptr_t lo, uintptr_t hi, int prot);
+
+static void *reshare(void *unused)
+{
+	(void)unused;
+	for (size_t i = 0; i < fork_nranges; i++)
+		if (share_range(fork_ranges[i].lo, fork_ranges[i].hi, fork_ranges[i].prot) < 0)
+			rt_debug("fork: registered memory at %#lx is no longer shared: %s", (unsigned long)fork_ranges[i].lo,
+				 strerror(errno));
+	return NULL;
+}
+
+/* on_thread runs fn on another thread: the pages it moves may hold this
+ * thread's stack, which must not change between the copy and the move. */
+static void on_thread(void *(*fn)(void *))
+{
+	pthread_t t;
+	if (pthread_create(&t, NULL, fn, NULL) == 0)
+		pthread_join(t, NULL);
+	else
+		rt_debug("fork: no thread to move registered memory");
+}
+
+static void before_fork(void)
+{
+	pthread_mutex_lock(&mem_mu);
+	fork_nranges = 0;
+	if (memfd >= 0)
+		on_thread(privatize);
+}
+
+static void parent_after_fork(void)
+{
+	if (memfd >= 0 && fork_nranges)
+		on_thread(reshare);
+	fork_nranges = 0;
+	pthread_mutex_unlock(&mem_mu);
+}
+
 static void child_after_fork(void)
 {
-	if (memfd < 0)
-		return;
-	char *maps = read_maps();
-	if (maps) {
-		char *p = maps;
-		struct map_line l;
-		while (parse_line(&p, &l) > 0) {
-			if (!is_ours(&l))
-				continue;
-			size_t len = l.hi - l.lo;
-			void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-			if (tmp == MAP_FAILED)
-				continue;
-			/* the file holds the pages' bytes at their addresses */
-			if (raw_pread(memfd, tmp, len, l.lo) < 0) {
-				munmap(tmp, len);
-				continue;
-			}
-			if (mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)l.lo) == MAP_FAILED) {
-				munmap(tmp, len);
-				continue;
-			}
-			mprotect((void *)l.lo, len, l.prot);
-		}
-		free(maps);
-	}
-	close(memfd);
+	if (memfd >= 0)
+		close(memfd);
 	memfd = -1;
+	fork_nranges = 0;
 	pthread_mutex_init(&mem_mu, NULL);
 }
 
@@ -179,7 +248,7 @@ static int open_memfd(void)
 	memfd = fd;
 	static int atfork;
 	if (!atfork) {
-		pthread_atfork(NULL, NULL, child_after_fork);
+		pthread_atfork(before_fork, parent_after_fork, child_after_fork);
 		atfork = 1;
 	}
 	return 0;

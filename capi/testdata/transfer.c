@@ -19,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <infiniband/verbs.h>
 
@@ -224,6 +226,23 @@ int main(int argc, char **argv)
 	struct ibv_qp_init_attr qinit;
 	if ((r = ibv_query_qp(qp, &qattr, IBV_QP_STATE, &qinit)) || qattr.qp_state != IBV_QPS_RTS)
 		fail("ibv_query_qp: want RTS", r ? r : EINVAL);
+
+	/* A fork: the child gets copies of registered memory; the parent's
+	 * stays shared with the service (the transfers below use it). */
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid < 0)
+		fail("fork", errno);
+	if (pid == 0) {
+		check("the child's copy of the source", wsrc, WRITE_LEN, 3);
+		memset(wsrc, 0, WRITE_LEN);
+		memset(dst, 0xff, PEER_WRITE_LEN);
+		_exit(0);
+	}
+	int st;
+	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		fail("the child failed", ECHILD);
+	check("the source after the child wrote its copy", wsrc, WRITE_LEN, 3);
 
 	/* RDMA Write, then Send, then an inline Send from the stack. */
 	struct ibv_sge wsge = {.addr = (uintptr_t)wsrc, .length = WRITE_LEN, .lkey = smr->lkey};
