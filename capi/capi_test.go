@@ -221,6 +221,16 @@ func TestDevinfo(t *testing.T) {
 			t.Errorf("ibv_devinfo -v: no %q in\n%s", want, out)
 		}
 	}
+	// The sanitized build under the same program (libasan preloaded).
+	asan, err := capi.Preload()
+	if err != nil {
+		t.Fatalf("the compiler's libasan: %v", err)
+	}
+	c := command(t, libs(t, true), s.sock, "ibv_devinfo", "-v")
+	c.Env = append(c.Env, "LD_PRELOAD="+asan, "ASAN_OPTIONS=detect_leaks=0")
+	if out, err := c.CombinedOutput(); err != nil || !bytes.Contains(out, []byte("hca_id:\trt0")) {
+		t.Errorf("ibv_devinfo -v on the sanitized library: %v\n%s", err, out)
+	}
 	// Without a service the device list is empty, not an error.
 	out, _ = command(t, dir, filepath.Join(world(t), "none.sock"), "ibv_devices").CombinedOutput()
 	if bytes.Contains(out, []byte("rt0")) {
