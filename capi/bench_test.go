@@ -1,0 +1,165 @@
+package capi_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rdmatap/rdmatap/iwarp"
+	"github.com/rdmatap/rdmatap/verbs"
+)
+
+// echoPeer accepts one connection on the service's peer device and sends
+// every message it receives back, until ctx ends.
+func echoPeer(ctx context.Context, tb testing.TB, s *service, size int) (netip.AddrPort, <-chan error) {
+	pd, err := s.peer.AllocPD()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	scq, _ := s.peer.CreateCQ(64)
+	rcq, _ := s.peer.CreateCQ(64)
+	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: scq, RecvCQ: rcq, MaxSendWR: 16, MaxRecvWR: 16})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	buf := make([]byte, 16*(size+1))
+	mr, err := pd.RegMR(buf, verbs.AccessLocalWrite)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for i := 0; i < 16; i++ {
+		if err := qp.PostRecv(verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{mr.SGE(i*(size+1), size+1)}}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	ln, err := s.peer.Listen(netip.MustParseAddrPort(s.peerAddr+":0"), verbs.ListenConfig{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer ln.Close()
+		defer qp.Close()
+		req, err := ln.GetRequest(ctx)
+		if err != nil {
+			done <- err
+			return
+		}
+		if _, err := req.Accept(ctx, qp, verbs.ConnParams{}); err != nil {
+			done <- err
+			return
+		}
+		var wc [1]verbs.WC
+		for {
+			// Blocking: a spinning goroutine would take a CPU from the
+			// clients being measured.
+			if _, err := rcq.Wait(ctx, wc[:]); err != nil {
+				done <- nil
+				return
+			}
+			if err := wc[0].Err(); err != nil {
+				done <- nil // the client went away
+				return
+			}
+			i := int(wc[0].ID)
+			if err := qp.PostRecv(verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{mr.SGE(i*(size+1), size+1)}}); err != nil {
+				done <- err
+				return
+			}
+			if err := qp.PostSend(verbs.SendWR{Op: verbs.OpSend, SGL: []verbs.SGE{mr.SGE(i*(size+1), size)}}); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	return ln.Addr(), done
+}
+
+// BenchmarkPingPong measures a Send ping-pong of 64 bytes through the
+// service: from a C program on the library (C) and from the Go client of
+// the service (Go), against the same Go peer. ns/rtt is the round trip.
+func BenchmarkPingPong(b *testing.B) {
+	const size = 64
+	b.Run("C", func(b *testing.B) {
+		dir := libs(b, false)
+		prog := compile(b, dir, "testdata/pingpong.c", false)
+		s := startService(b)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		addr, _ := echoPeer(ctx, b, s, size)
+		b.ResetTimer()
+		out, err := command(b, dir, s.sock, prog, addr.String(), strconv.Itoa(b.N), strconv.Itoa(size)).CombinedOutput()
+		b.StopTimer()
+		if err != nil {
+			b.Fatalf("pingpong: %v\n%s", err, out)
+		}
+		var ns float64
+		if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "pingpong: %g ns per round trip", &ns); err != nil {
+			b.Fatalf("pingpong's output %q: %v", out, err)
+		}
+		b.ReportMetric(ns, "ns/rtt")
+	})
+	b.Run("Go", func(b *testing.B) {
+		s := startService(b)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		addr, _ := echoPeer(ctx, b, s, size)
+		d, err := verbs.Connect(ctx, s.sock)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer d.Close()
+		pd, _ := d.AllocPD()
+		scq, _ := d.CreateCQ(64)
+		rcq, _ := d.CreateCQ(64)
+		qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: scq, RecvCQ: rcq, MaxSendWR: 16, MaxRecvWR: 16})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer qp.Close()
+		buf, err := d.AllocBuffer(4096)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer buf.Close()
+		mr, err := pd.RegMR(buf.Bytes(), verbs.AccessLocalWrite)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rwr := verbs.RecvWR{SGL: []verbs.SGE{mr.SGE(size, size+1)}}
+		for i := 0; i < 8; i++ {
+			if err := qp.PostRecv(rwr); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := d.Dial(ctx, qp, addr, verbs.ConnParams{}); err != nil {
+			b.Fatal(err)
+		}
+		swr := verbs.SendWR{Op: verbs.OpSend, Flags: iwarp.FlagSignaled, SGL: []verbs.SGE{mr.SGE(0, size)}}
+		var wc [1]verbs.WC
+		poll := func(cq *verbs.CQ) {
+			for cq.Poll(wc[:]) == 0 {
+			}
+			if err := wc[0].Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ResetTimer()
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			if err := qp.PostSend(swr); err != nil {
+				b.Fatal(err)
+			}
+			poll(rcq)
+			if err := qp.PostRecv(rwr); err != nil {
+				b.Fatal(err)
+			}
+			poll(scq)
+		}
+		b.ReportMetric(float64(time.Since(start).Nanoseconds())/float64(b.N), "ns/rtt")
+	})
+}
