@@ -308,6 +308,35 @@ int main(int argc, char **argv)
 	printf("transfer: asynchronous event: %s\n", ibv_event_type_str(aev.event_type));
 	ibv_ack_async_event(&aev);
 
+	/* A shared receive queue: receives go to it, not to its QPs. */
+	struct ibv_srq_init_attr sa = {.attr = {.max_wr = 8, .max_sge = 1}};
+	struct ibv_srq *srq = ibv_create_srq(pd, &sa);
+	if (!srq)
+		fail("ibv_create_srq", errno);
+	struct ibv_qp_init_attr sqa = qa;
+	sqa.srq = srq;
+	struct ibv_qp *sqp = ibv_create_qp(pd, &sqa);
+	if (!sqp)
+		fail("ibv_create_qp with an SRQ", errno);
+	struct ibv_recv_wr *bad_sr;
+	if ((r = ibv_post_recv(sqp, &rwr, &bad_sr)) != EINVAL || bad_sr != &rwr)
+		fail("ibv_post_recv on a QP with an SRQ: want EINVAL", r);
+	if ((r = ibv_post_srq_recv(srq, &rwr, &bad_sr)))
+		fail("ibv_post_srq_recv", r);
+	struct ibv_srq_attr sattr = {.srq_limit = 1};
+	if ((r = ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT)))
+		fail("ibv_modify_srq", r);
+	sattr.max_wr = 100;
+	if ((r = ibv_modify_srq(srq, &sattr, IBV_SRQ_MAX_WR)) != EINVAL)
+		fail("ibv_modify_srq resizing: want EINVAL", r);
+	memset(&sattr, 0, sizeof(sattr));
+	if ((r = ibv_query_srq(srq, &sattr)) || sattr.max_wr != 8 || sattr.srq_limit != 1)
+		fail("ibv_query_srq", r ? r : EINVAL);
+	if ((r = ibv_destroy_srq(srq)) != EBUSY)
+		fail("ibv_destroy_srq of an SRQ in use: want EBUSY", r);
+	if ((r = ibv_destroy_qp(sqp)) || (r = ibv_destroy_srq(srq)))
+		fail("destroying the SRQ and its QP", r);
+
 	/* Tear down, in order. */
 	if ((r = ibv_destroy_qp(qp)))
 		fail("ibv_destroy_qp", r);
