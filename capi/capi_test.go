@@ -432,3 +432,29 @@ func TestMemory(t *testing.T) {
 		})
 	}
 }
+
+// FuzzDecode feeds the session's decoder of the service's messages
+// (testdata/decode.c, built with ASan and UBSan) arbitrary datagrams.
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte{1, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 'r', 't', '0'})
+	f.Add([]byte{5, 0, 0, 0, 7, 0, 0, 0, 3, 0, 0, 0, 6, 0, 0, 0, 4, 0, 'b', 'u', 's', 'y'})
+	f.Add([]byte{5, 0, 0, 0, 7, 0, 0, 0, 3, 0, 0, 0, 6, 0, 0, 0, 9, 0, 'b', 'u', 's', 'y'})
+	f.Add([]byte{18, 0, 1, 0, 9, 0, 0, 0, 18, 0, 0, 0, 0, 0, 0, 0, 111, 0, 0, 0, 0, 0, 0, 0})
+	f.Add([]byte{22, 0, 25, 1, 0, 0, 0, 0})
+	if _, err := exec.LookPath("cc"); err != nil {
+		f.Skip("skipping: no C compiler (cc)")
+	}
+	prog := filepath.Join(world(f), "decode")
+	args := append(append(append([]string{}, capi.CFlags...), "-O1"), capi.SanitizeFlags...)
+	args = append(args, "-I", "core", "-I", "include", "-o", prog, "testdata/decode.c")
+	if out, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
+		f.Fatalf("cc decode.c: %v\n%s", err, out)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := exec.Command(prog)
+		c.Stdin = bytes.NewReader(data)
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Fatalf("decode % x: %v\n%s", data, err, out)
+		}
+	})
+}
