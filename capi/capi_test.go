@@ -458,3 +458,19 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestCalls runs testdata/calls.c: the private interface's calls,
+// asynchronous calls and CANCEL, calls from several threads.
+func TestCalls(t *testing.T) {
+	for _, san := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sanitize=%v", san), func(t *testing.T) {
+			dir := libs(t, san)
+			prog := compile(t, dir, "testdata/calls.c", san)
+			s := startService(t)
+			out, err := command(t, dir, s.sock, prog).CombinedOutput()
+			if err != nil || !bytes.Contains(out, []byte("calls: ok")) {
+				t.Fatalf("calls: %v\n%s", err, out)
+			}
+		})
+	}
+}
