@@ -530,11 +530,14 @@ static uint32_t start(struct rt_session *s, const struct rt_request *req, void (
 	struct pending *p = calloc(1, sizeof(*p));
 	if (!p)
 		return 0;
+	int cs;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cs); /* sendmsg under the lock */
 	p->fn = fn;
 	p->ctx = ctx;
 	pthread_mutex_lock(&s->mu);
 	if (s->dead) {
 		pthread_mutex_unlock(&s->mu);
+		pthread_setcancelstate(cs, NULL);
 		free(p);
 		errno = ECONNRESET;
 		return 0;
@@ -552,11 +555,13 @@ static uint32_t start(struct rt_session *s, const struct rt_request *req, void (
 	if (r < 0) {
 		s->pend = p->next;
 		pthread_mutex_unlock(&s->mu);
+		pthread_setcancelstate(cs, NULL);
 		free(p);
 		errno = e == EPIPE ? ECONNRESET : e;
 		return 0;
 	}
 	pthread_mutex_unlock(&s->mu);
+	pthread_setcancelstate(cs, NULL);
 	return seq;
 }
 
@@ -574,12 +579,17 @@ RT_VISIBLE uint32_t rt_call_async(struct rt_session *s, const struct rt_request 
 
 RT_VISIBLE int rt_call_wait(struct rt_session *s, uint32_t seq, struct rt_msg *rep)
 {
+	/* A call is not a cancellation point: a thread canceled in the wait
+	 * would leave the session locked and the reply unclaimed. */
+	int cs;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cs);
 	pthread_mutex_lock(&s->mu);
 	struct pending **pp = &s->pend, *p;
 	while ((p = *pp) && p->seq != seq)
 		pp = &p->next;
 	if (!p || p->fn) {
 		pthread_mutex_unlock(&s->mu);
+		pthread_setcancelstate(cs, NULL);
 		errno = EINVAL;
 		return -1;
 	}
@@ -590,6 +600,7 @@ RT_VISIBLE int rt_call_wait(struct rt_session *s, uint32_t seq, struct rt_msg *r
 		;
 	*pp = p->next;
 	pthread_mutex_unlock(&s->mu);
+	pthread_setcancelstate(cs, NULL);
 	struct rt_msg *m = p->rep;
 	free(p);
 	if (!m) {
@@ -628,10 +639,13 @@ RT_VISIBLE void rt_cancel(struct rt_session *s, uint32_t seq)
 {
 	uint64_t a = seq;
 	struct rt_request req = {.type = RT_CANCEL, .nargs = 1, .args = &a};
+	int cs;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cs);
 	pthread_mutex_lock(&s->mu);
 	if (!s->dead)
 		send_msg(s->sock, &req, 0);
 	pthread_mutex_unlock(&s->mu);
+	pthread_setcancelstate(cs, NULL);
 }
 
 RT_VISIBLE int rt_add_handler(struct rt_session *s, uint16_t msg_type,

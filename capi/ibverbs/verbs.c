@@ -610,14 +610,13 @@ static struct rt_cq *take_event(struct rt_channel *c)
 	return NULL;
 }
 
-RT_VISIBLE int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context)
+/* get_cq_event is ibv_get_cq_event with cancellation disabled; it enables
+ * it only around its wait, where it holds no lock (rping cancels the
+ * thread that waits in ibv_get_cq_event). */
+static int get_cq_event(struct rt_channel *c, struct ibv_cq **cq, void **cq_context, int cs)
 {
-	if (!ch || !cq) {
-		errno = EINVAL;
-		return -1;
-	}
-	struct rt_channel *c = (struct rt_channel *)ch;
-	for (;;) {
+	struct ibv_comp_channel *ch = &c->ch;
+	for (int round = 0;; round++) {
 		pthread_mutex_lock(&c->mu);
 		struct rt_cq *q = take_event(c);
 		pthread_mutex_unlock(&c->mu);
@@ -628,22 +627,19 @@ RT_VISIBLE int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq,
 			return 0;
 		}
 		int fl = fcntl(ch->fd, F_GETFL);
-		struct epoll_event evs[16];
-		int n = epoll_wait(ch->fd, evs, 16, (fl >= 0 && (fl & O_NONBLOCK)) ? 0 : -1);
-		if (n < 0 && errno != EINTR)
-			return -1;
-		if (n == 0 && fl >= 0 && (fl & O_NONBLOCK)) {
-			/* nothing now; look once more (an event may have come with no wake-up left) */
-			pthread_mutex_lock(&c->mu);
-			q = take_event(c);
-			pthread_mutex_unlock(&c->mu);
-			if (q) {
-				*cq = &q->cq;
-				if (cq_context)
-					*cq_context = q->cq.cq_context;
-				return 0;
-			}
+		int nonblock = fl >= 0 && (fl & O_NONBLOCK);
+		if (nonblock && round > 0) {
 			errno = EAGAIN;
+			return -1;
+		}
+		struct epoll_event evs[16];
+		int old;
+		pthread_setcancelstate(cs, &old);
+		int n = epoll_wait(ch->fd, evs, 16, nonblock ? 0 : -1);
+		int e = errno;
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+		if (n < 0 && e != EINTR) {
+			errno = e;
 			return -1;
 		}
 		pthread_mutex_lock(&c->mu);
@@ -655,6 +651,21 @@ RT_VISIBLE int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq,
 		}
 		pthread_mutex_unlock(&c->mu);
 	}
+}
+
+RT_VISIBLE int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context)
+{
+	if (!ch || !cq) {
+		errno = EINVAL;
+		return -1;
+	}
+	int cs;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cs);
+	int r = get_cq_event((struct rt_channel *)ch, cq, cq_context, cs);
+	int e = errno;
+	pthread_setcancelstate(cs, NULL);
+	errno = e;
+	return r;
 }
 
 RT_VISIBLE void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int n)
