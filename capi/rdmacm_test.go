@@ -1,0 +1,71 @@
+package capi_test
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCMProgramsLoad checks that Debian's RDMA programs load on the
+// libraries built here and nothing else of rdma-core's: librdmacm.so.1,
+// libibverbs.so.1 and perftest's libmlx5.so.1 and libefa.so.1 resolve to
+// the build, and `ldd -r` finds no symbol unresolved (they are linked
+// BIND_NOW: one missing symbol and they do not start).
+func TestCMProgramsLoad(t *testing.T) {
+	dir := libs(t, false)
+	progs := []struct {
+		name, pkg string
+		libs      []string
+	}{
+		{"rping", "rdmacm-utils", []string{"librdmacm.so.1", "libibverbs.so.1"}},
+		{"ucmatose", "rdmacm-utils", []string{"librdmacm.so.1", "libibverbs.so.1"}},
+		{"cmtime", "rdmacm-utils", []string{"librdmacm.so.1"}},
+		{"rdma_server", "rdmacm-utils", []string{"librdmacm.so.1", "libibverbs.so.1"}},
+		{"rdma_client", "rdmacm-utils", []string{"librdmacm.so.1", "libibverbs.so.1"}},
+		{"qperf", "qperf", []string{"librdmacm.so.1", "libibverbs.so.1"}},
+		{"ibv_devices", "ibverbs-utils", []string{"libibverbs.so.1"}},
+		{"ibv_devinfo", "ibverbs-utils", []string{"libibverbs.so.1"}},
+		{"ibv_asyncwatch", "ibverbs-utils", []string{"libibverbs.so.1"}},
+	}
+	perf := []string{"librdmacm.so.1", "libibverbs.so.1", "libmlx5.so.1", "libefa.so.1"}
+	for _, n := range []string{"ib_write_bw", "ib_write_lat", "ib_read_bw", "ib_read_lat", "ib_send_bw", "ib_send_lat", "ib_atomic_bw", "ib_atomic_lat"} {
+		progs = append(progs, struct {
+			name, pkg string
+			libs      []string
+		}{n, "perftest", perf})
+	}
+	ran := 0
+	for _, p := range progs {
+		path, err := exec.LookPath(p.name)
+		if err != nil {
+			t.Logf("%s not installed (Debian package %s)", p.name, p.pkg)
+			continue
+		}
+		ran++
+		c := exec.Command("ldd", "-r", path)
+		c.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir)
+		out, err := c.CombinedOutput()
+		if err != nil {
+			t.Errorf("ldd -r %s: %v\n%s", p.name, err, out)
+			continue
+		}
+		for _, l := range p.libs {
+			if !bytes.Contains(out, []byte(l+" => "+filepath.Join(dir, l))) {
+				t.Errorf("%s does not load the built %s:\n%s", p.name, l, out)
+			}
+		}
+		sc := bufio.NewScanner(bytes.NewReader(out))
+		for sc.Scan() {
+			if line := sc.Text(); strings.Contains(line, "undefined symbol") || strings.Contains(line, "not found") {
+				t.Errorf("%s: %s", p.name, strings.TrimSpace(line))
+			}
+		}
+	}
+	if ran == 0 {
+		t.Skip("skipping: none of the programs is installed (Debian packages rdmacm-utils, perftest, qperf, ibverbs-utils)")
+	}
+}
