@@ -1,0 +1,222 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rdmatap/rdmatap/verbs"
+)
+
+// These tests run rdma-core's and perftest's programs, unmodified, through
+// `rdmatap exec` on services of an in-memory link, as the user nobody when
+// the test runs as root.
+
+const nobody = 65534
+
+// worldDir makes a temporary directory every user may enter.
+func worldDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "rdmatap-exec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(d, 0o755)
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+var (
+	libCacheOnce sync.Once
+	libCache     string
+)
+
+// execCache is where the tests' `rdmatap exec` builds the libraries: one
+// directory for the whole test binary, readable by every user.
+func execCache(t *testing.T) string {
+	libCacheOnce.Do(func() {
+		libCache = filepath.Join(os.TempDir(), "rdmatap-exec-test-cache")
+		os.MkdirAll(libCache, 0o755)
+		os.Chmod(libCache, 0o755)
+	})
+	return libCache
+}
+
+// needProgram skips unless the program is installed.
+func needProgram(t *testing.T, name, pkg string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		t.Skipf("skipping: %s not installed (Debian package %s)", name, pkg)
+	}
+	if _, err := exec.LookPath("cc"); err != nil {
+		t.Skip("skipping: no C compiler (cc) to build the libraries")
+	}
+}
+
+// serveOn serves e's device on a socket the user nobody may use.
+func serveOn(t *testing.T, e *endpoint) string {
+	t.Helper()
+	sock := filepath.Join(worldDir(t), "rt.sock")
+	sf := serviceFlags{socket: sock, qps: 256, cqs: 256, conns: 256, mrs: 256, frPages: 1024, mrBytes: "1G", ring: "64M",
+		pollSpin: 50 * time.Microsecond, memory: "512M", clients: 1024, perUser: 64, pending: 16}
+	if os.Geteuid() == 0 {
+		sf.group = fmt.Sprint(nobody)
+	}
+	srv, err := sf.start(e.Dev, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return sock
+}
+
+// execProgram runs `rdmatap exec --via sock -- prog args...` as a child
+// (the test binary as rdmatap); the program runs as nobody when root.
+func execProgram(t *testing.T, ctx context.Context, sock string, sanitize bool, prog string, args ...string) *exec.Cmd {
+	t.Helper()
+	path, err := exec.LookPath(prog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := []string{"exec", "--via", sock, "--cache", execCache(t)}
+	if sanitize {
+		argv = append(argv, "--sanitize")
+	}
+	argv = append(argv, "--")
+	if os.Geteuid() == 0 {
+		setpriv, err := exec.LookPath("setpriv")
+		if err != nil {
+			t.Skip("skipping: setpriv not found (Debian package util-linux)")
+		}
+		argv = append(argv, setpriv, fmt.Sprintf("--reuid=%d", nobody), fmt.Sprintf("--regid=%d", nobody), "--clear-groups")
+	}
+	argv = append(argv, path)
+	argv = append(argv, args...)
+	for _, a := range argv {
+		if strings.ContainsAny(a, " \t\n") {
+			t.Fatalf("argument %q has spaces", a)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := exec.CommandContext(ctx, self)
+	c.Env = append(os.Environ(), upChildEnv+"="+strings.Join(argv, " "))
+	if sanitize {
+		// The programs leak by design at exit; the libraries' errors
+		// are what the sanitizers are for.
+		c.Env = append(c.Env, "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1", "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+	}
+	return c
+}
+
+// program is a started child with its output.
+type program struct {
+	cmd         *exec.Cmd
+	out, errOut syncBuf
+	done        chan error
+}
+
+func startProgram(t *testing.T, c *exec.Cmd) *program {
+	t.Helper()
+	p := &program{cmd: c, done: make(chan error, 1)}
+	c.Stdout = &p.out
+	c.Stderr = &p.errOut
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- c.Wait() }()
+	t.Cleanup(func() {
+		if c.ProcessState == nil {
+			c.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+func (p *program) wait(t *testing.T, what string, d time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		if err != nil {
+			return fmt.Errorf("%s: %v\nstdout:\n%s\nstderr:\n%s", what, err, p.out.String(), p.errOut.String())
+		}
+		return nil
+	case <-time.After(d):
+		p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("%s did not finish in %v\nstdout:\n%s\nstderr:\n%s", what, d, p.out.String(), p.errOut.String())
+	}
+}
+
+// waitFor polls until cond holds or the program ends.
+func (p *program) waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		select {
+		case err := <-p.done:
+			p.done <- err
+			t.Fatalf("%s: program ended (%v)\nstdout:\n%s\nstderr:\n%s", what, err, p.out.String(), p.errOut.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: timed out\nstdout:\n%s\nstderr:\n%s", what, p.out.String(), p.errOut.String())
+		}
+	}
+}
+
+// checkPingLines: every line is the expected ping data of its ping.
+func checkPingLines(t *testing.T, who string, lines []string, prefix string, count, size int) {
+	t.Helper()
+	var got []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, prefix) {
+			got = append(got, strings.TrimPrefix(l, prefix))
+		}
+	}
+	if len(got) != count {
+		t.Fatalf("%s: %d %q lines, want %d:\n%s", who, len(got), prefix, count, strings.Join(lines, "\n"))
+	}
+	for i, g := range got {
+		if want := expectedPing(i, size); g != want {
+			t.Fatalf("%s: ping %d: got %q, want %q", who, i, g, want)
+		}
+	}
+}
+
+func TestExecRping(t *testing.T) {
+	needProgram(t, "rping", "rdmacm-utils")
+	a, b, err := embeddedPair(verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer b.Close()
+	sockA := serveOn(t, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	const count, size = 20, 100
+
+	t.Run("client", func(t *testing.T) {
+		s := startServer(t, ctx, b, opts(t, "-s", "-v", "-p", "7174", "-S", fmt.Sprint(size)))
+		p := startProgram(t, execProgram(t, ctx, sockA, false, "rping", "-c", "-a", b.Addr.String(), "-p", "7174",
+			"-C", fmt.Sprint(count), "-S", fmt.Sprint(size), "-V", "-v"))
+		if err := p.wait(t, "rping -c", 60*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		checkPingLines(t, "rping -c", p.out.lines(), "ping data: ", count, size)
+		if err := waitServer(t, s); err != nil {
+			t.Fatal(err)
+		}
+		checkPingLines(t, "rdmatap ping -s", s.out.lines(), "server ping data: ", count, size)
+	})
+}
