@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -697,7 +698,10 @@ RT_VISIBLE struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init
 		return NULL;
 	}
 	uint32_t sge = attr->attr.max_sge ? attr->attr.max_sge : 1;
-	uint64_t args[3] = {((struct rt_pd *)pd)->h, attr->attr.max_wr, sge};
+	uint64_t depth = attr->attr.max_wr, maxwr = rt_limit(sess(pd->context), 12);
+	if (depth <= maxwr && 2 * depth <= maxwr)
+		depth *= 2; /* as a QP's rings */
+	uint64_t args[3] = {((struct rt_pd *)pd)->h, depth, sge};
 	int e = call(sess(pd->context), RT_CREATE_SRQ, args, 3, NULL, 0, m);
 	if (e)
 		goto fail;
@@ -811,6 +815,39 @@ RT_VISIBLE int ibv_destroy_srq(struct ibv_srq *srq)
 
 RT_VISIBLE uint64_t rt_srq_handle(struct ibv_srq *srq) { return srq ? ((struct rt_srq *)srq)->h : 0; }
 
+/*
+ * ring_room waits for room for one entry in a ring this end produces. The
+ * service advances a ring's Cons only after a pass over its entries, and
+ * the WRs it took may complete before that: a program that keeps no more
+ * than its max WRs outstanding can find the ring full for a moment. So a
+ * full ring is waited on, up to about 2 ms (waking the service if it
+ * sleeps), before the post fails with ENOMEM.
+ */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+static int ring_room(struct rt_session *s, struct rt_ring *r, uint32_t prod, uint32_t *cons)
+{
+	if (prod - *cons < r->cap)
+		return 1;
+	for (int i = 0; i < 20000; i++) {
+		*cons = rt_load32(ring_word(r, RING_CONS));
+		if (prod - *cons < r->cap)
+			return 1;
+		if (i == 0)
+			rt_ring_doorbell(s);
+		if (i > 100)
+			sched_yield();
+		else
+			cpu_relax();
+	}
+	return 0;
+}
+
 /* post_recv_ring fills receive entries into r. */
 static int post_recv_ring(struct rt_session *s, struct rt_ring *r, pthread_spinlock_t *lock, uint32_t max_sge, struct ibv_recv_wr *wr,
 			  struct ibv_recv_wr **bad)
@@ -824,12 +861,9 @@ static int post_recv_ring(struct rt_session *s, struct rt_ring *r, pthread_spinl
 			err = EINVAL;
 			break;
 		}
-		if (prod - cons >= r->cap) {
-			cons = rt_load32(ring_word(r, RING_CONS));
-			if (prod - cons >= r->cap) {
-				err = ENOMEM;
-				break;
-			}
+		if (!ring_room(s, r, prod, &cons)) {
+			err = ENOMEM;
+			break;
 		}
 		struct rt_recv_entry *e = (struct rt_recv_entry *)(void *)ring_entry(r, prod);
 		e->id = wr->wr_id;
@@ -914,8 +948,17 @@ RT_VISIBLE struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_at
 		cap.max_recv_sge = 1;
 	if (cap.max_inline_data == 0)
 		cap.max_inline_data = 64; /* what the service takes 0 for */
+	/* Rings of twice the depth asked for (within the device's limit): the
+	 * service frees ring entries in passes, after their WRs may have
+	 * completed (see ring_room). */
+	uint64_t maxwr = rt_limit(sess(ctx), 1);
+	uint64_t swr = cap.max_send_wr, rwr = cap.max_recv_wr;
+	if (swr <= maxwr && 2 * swr <= maxwr)
+		swr *= 2;
+	if (rwr <= maxwr && 2 * rwr <= maxwr)
+		rwr *= 2;
 	uint64_t args[10] = {((struct rt_pd *)pd)->h, ((struct rt_cq *)a->send_cq)->h, ((struct rt_cq *)a->recv_cq)->h,
-			     a->srq ? ((struct rt_srq *)a->srq)->h : 0, cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge,
+			     a->srq ? ((struct rt_srq *)a->srq)->h : 0, swr, rwr, cap.max_send_sge,
 			     cap.max_recv_sge, cap.max_inline_data, a->sq_sig_all ? 1 : 0};
 	int e = call(sess(ctx), RT_CREATE_QP, args, 10, NULL, 0, m);
 	if (e) {
@@ -1170,12 +1213,9 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
 			err = EINVAL;
 			break;
 		}
-		if (prod - cons >= q->sq.cap) {
-			cons = rt_load32(ring_word(&q->sq, RING_CONS));
-			if (prod - cons >= q->sq.cap) {
-				err = ENOMEM;
-				break;
-			}
+		if (!ring_room(sess(qp->context), &q->sq, prod, &cons)) {
+			err = ENOMEM;
+			break;
 		}
 		struct rt_send_entry *e = (struct rt_send_entry *)(void *)ring_entry(&q->sq, prod);
 		memset(e, 0, sizeof(*e));
