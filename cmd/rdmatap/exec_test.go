@@ -220,3 +220,89 @@ func TestExecRping(t *testing.T) {
 		checkPingLines(t, "rdmatap ping -s", s.out.lines(), "server ping data: ", count, size)
 	})
 }
+
+// dialRetry runs the Go ping client until it connects (the program's
+// server may not listen yet) and returns its run.
+func dialRetry(t *testing.T, cl *endpoint, o pingOpts, server *program) *pingSide {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s, err := runClient(cl, o)
+		if err == nil {
+			return s
+		}
+		if !strings.Contains(err.Error(), "refused") || time.Now().After(deadline) {
+			t.Fatalf("rdmatap ping -c: %v\n%s\n%s\nserver:\n%s\n%s", err, s.out.String(), s.errOut.String(), server.out.String(), server.errOut.String())
+		}
+		select {
+		case err := <-server.done:
+			server.done <- err
+			t.Fatalf("server ended (%v)\n%s\n%s", err, server.out.String(), server.errOut.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func TestExecRpingServer(t *testing.T) {
+	for _, sanitize := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sanitize=%v", sanitize), func(t *testing.T) {
+			needProgram(t, "rping", "rdmacm-utils")
+			a, b, err := embeddedPair(verbs.DeviceConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			defer b.Close()
+			sockA := serveOn(t, a)
+			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+			defer cancel()
+			const count, size = 20, 1000
+			p := startProgram(t, execProgram(t, ctx, sockA, sanitize, "rping", "-s", "-a", a.Addr.String(), "-p", "7175",
+				"-S", fmt.Sprint(size), "-v"))
+			c := dialRetry(t, b, opts(t, "-c", "-a", a.Addr.String(), "-p", "7175", "-C", fmt.Sprint(count),
+				"-S", fmt.Sprint(size), "-V", "-v"), p)
+			checkPingLines(t, "rdmatap ping -c", c.out.lines(), "ping data: ", count, size)
+			if err := p.wait(t, "rping -s", 60*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			checkPingLines(t, "rping -s", p.out.lines(), "server ping data: ", count, size)
+		})
+	}
+}
+
+// TestExecRpingBoth: rping -s and rping -c, each on its own service, the
+// two services' devices linked.
+func TestExecRpingBoth(t *testing.T) {
+	needProgram(t, "rping", "rdmacm-utils")
+	a, b, err := embeddedPair(verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer b.Close()
+	sockA, sockB := serveOn(t, a), serveOn(t, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	const count, size = 50, 4096
+	srv := startProgram(t, execProgram(t, ctx, sockB, false, "rping", "-s", "-a", b.Addr.String(), "-p", "7176",
+		"-S", fmt.Sprint(size), "-v"))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cl := startProgram(t, execProgram(t, ctx, sockA, false, "rping", "-c", "-a", b.Addr.String(), "-p", "7176",
+			"-C", fmt.Sprint(count), "-S", fmt.Sprint(size), "-V", "-v"))
+		err := cl.wait(t, "rping -c", 60*time.Second)
+		if err == nil {
+			checkPingLines(t, "rping -c", cl.out.lines(), "ping data: ", count, size)
+			break
+		}
+		// Before the server listens the client's connection is refused.
+		if !strings.Contains(cl.out.String()+cl.errOut.String(), "REJECTED") || time.Now().After(deadline) {
+			t.Fatalf("%v\nserver:\n%s\n%s", err, srv.out.String(), srv.errOut.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := srv.wait(t, "rping -s", 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	checkPingLines(t, "rping -s", srv.out.lines(), "server ping data: ", count, size)
+}
