@@ -26,6 +26,14 @@ uint64_t rt_session_flags(struct rt_session *s);
 /* rt_ring_doorbell wakes the service's ring poller if it sleeps. */
 void rt_ring_doorbell(struct rt_session *s);
 
+/* rt_quiesce_begin and _end bracket a move of program memory: the
+ * session's reader thread handles no message meanwhile (on the reader
+ * thread itself they do nothing). */
+void rt_quiesce_begin(void);
+void rt_quiesce_end(void);
+/* rt_quiesce_reset makes the lock anew in a child after fork(). */
+void rt_quiesce_reset(void);
+
 /* Debug output when RDMATAP_DEBUG is set. */
 void rt_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -273,51 +273,83 @@ static void run_handlers(struct rt_session *s, uint16_t type, const struct rt_ms
 			h->fn(h->ctx, type, m);
 }
 
+/* dispatch_mu is held while the reader thread handles a message, and by
+ * rt_quiesce_begin: registration moves heap pages, and a write the reader
+ * thread (or a handler it runs) made to them meanwhile would be lost. */
+static pthread_mutex_t dispatch_mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread int on_reader;
+
+void rt_quiesce_begin(void)
+{
+	if (!on_reader)
+		pthread_mutex_lock(&dispatch_mu);
+}
+
+void rt_quiesce_end(void)
+{
+	if (!on_reader)
+		pthread_mutex_unlock(&dispatch_mu);
+}
+
+void rt_quiesce_reset(void) { pthread_mutex_init(&dispatch_mu, NULL); }
+
+/* dispatch hands one message to its call or handlers; it returns whether
+ * m was kept (a reply a caller waits for). */
+static int dispatch(struct rt_session *s, struct rt_msg *m)
+{
+	if (m->seq == 0 && m->status == RT_OK && (m->type == RT_EVENT || m->type == RT_QP_DONE)) {
+		close_fds(m->fds, m->nfds);
+		m->nfds = 0;
+		run_handlers(s, m->type, m);
+		return 0;
+	}
+	if (m->type == RT_ERROR && m->seq == 0) {
+		rt_debug("the service could not read a message");
+		return 0;
+	}
+	pthread_mutex_lock(&s->mu);
+	struct pending **pp = &s->pend, *p;
+	while ((p = *pp) && p->seq != m->seq)
+		pp = &p->next;
+	if (!p) {
+		pthread_mutex_unlock(&s->mu);
+		close_fds(m->fds, m->nfds);
+		return 0;
+	}
+	if (p->fn) {
+		*pp = p->next;
+		pthread_mutex_unlock(&s->mu);
+		p->fn(p->ctx, m);
+		free(p);
+		return 0;
+	}
+	p->rep = m;
+	p->done = 1;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	return 1;
+}
+
 static void *reader(void *arg)
 {
 	struct rt_session *s = arg;
+	on_reader = 1;
 	struct rt_msg *m = malloc(sizeof(*m));
 	while (m) {
 		if (recv_msg(s->sock, m) < 0) {
-			if (errno == EPROTO) {
+			if (errno == EPROTO)
 				rt_debug("malformed message from the service");
-			}
 			break;
 		}
-		if (m->seq == 0 && m->status == RT_OK && (m->type == RT_EVENT || m->type == RT_QP_DONE)) {
-			close_fds(m->fds, m->nfds);
-			m->nfds = 0;
-			run_handlers(s, m->type, m);
-			continue;
-		}
-		if (m->type == RT_ERROR && m->seq == 0) {
-			rt_debug("the service could not read a message");
-			continue;
-		}
-		pthread_mutex_lock(&s->mu);
-		struct pending **pp = &s->pend, *p;
-		while ((p = *pp) && p->seq != m->seq)
-			pp = &p->next;
-		if (!p) {
-			pthread_mutex_unlock(&s->mu);
-			close_fds(m->fds, m->nfds);
-			continue;
-		}
-		if (p->fn) {
-			*pp = p->next;
-			pthread_mutex_unlock(&s->mu);
-			p->fn(p->ctx, m);
-			free(p);
-			continue;
-		}
-		p->rep = m;
-		p->done = 1;
-		pthread_cond_broadcast(&s->cv);
-		pthread_mutex_unlock(&s->mu);
-		m = malloc(sizeof(*m));
+		pthread_mutex_lock(&dispatch_mu);
+		int kept = dispatch(s, m);
+		pthread_mutex_unlock(&dispatch_mu);
+		if (kept)
+			m = malloc(sizeof(*m));
 	}
 	free(m);
 	/* The session ended: fail every call, tell the handlers. */
+	pthread_mutex_lock(&dispatch_mu);
 	pthread_mutex_lock(&s->mu);
 	s->dead = 1;
 	struct pending *list = s->pend, *keep = NULL;
@@ -345,6 +377,7 @@ static void *reader(void *arg)
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 	run_handlers(s, 0, NULL);
+	pthread_mutex_unlock(&dispatch_mu);
 	return NULL;
 }
 

@@ -208,6 +208,7 @@ static void on_thread(void *(*fn)(void *))
 
 static void before_fork(void)
 {
+	rt_quiesce_begin();
 	pthread_mutex_lock(&mem_mu);
 	fork_nranges = 0;
 	if (memfd >= 0)
@@ -220,6 +221,7 @@ static void parent_after_fork(void)
 		on_thread(reshare);
 	fork_nranges = 0;
 	pthread_mutex_unlock(&mem_mu);
+	rt_quiesce_end();
 }
 
 static void child_after_fork(void)
@@ -229,6 +231,7 @@ static void child_after_fork(void)
 	memfd = -1;
 	fork_nranges = 0;
 	pthread_mutex_init(&mem_mu, NULL);
+	rt_quiesce_reset();
 }
 
 static int open_memfd(void)
@@ -321,6 +324,8 @@ int rt_mem_share(void *addr, size_t len)
 		return -1;
 	}
 	uintptr_t lo = a & ~(uintptr_t)4095, hi = (a + len + 4095) & ~(uintptr_t)4095;
+	/* Lock order: the reader thread's dispatch (quiesce), then mem_mu. */
+	rt_quiesce_begin();
 	pthread_mutex_lock(&mem_mu);
 	int r = -1;
 	if (memfd < 0 && open_memfd() < 0)
@@ -366,6 +371,7 @@ out:;
 	int e = errno;
 	int fd = memfd;
 	pthread_mutex_unlock(&mem_mu);
+	rt_quiesce_end();
 	errno = e;
 	return r < 0 ? -1 : fd;
 }
