@@ -98,6 +98,7 @@ struct cm_id {
 	int own_cqs;		/* rdma_create_qp made the CQs and channels */
 	struct ibv_qp_init_attr *ep_attr; /* rdma_create_ep of a listener */
 	struct ibv_pd *ep_pd;
+	uint8_t req_resp, req_init; /* a request's: what its initiator may read and answers */
 	uint8_t tos, ack_timeout;
 	int reuseaddr, afonly;
 };
@@ -852,13 +853,27 @@ static void dial_done(void *ctx, struct rt_msg *rep) { conn_done(ctx, rep, 1); }
 static void accept_done(void *ctx, struct rt_msg *rep) { conn_done(ctx, rep, 0); }
 
 /* Connection parameters (protocol 5.6) from index k: IRD, ORD; MPA's
- * settings are the device's. */
-static void conn_args(uint64_t *a, const struct rdma_conn_param *p)
+ * settings are the device's but peer-to-peer (below). Without parameters, or with librdmacm's
+ * "as many as possible" (255), an accept answers with what the request
+ * offered and a connect asks for the device's (0). */
+static void conn_args(uint64_t *a, const struct rdma_conn_param *p, const struct cm_id *req)
 {
-	a[0] = p ? p->responder_resources : 0;
-	a[1] = p ? p->initiator_depth : 0;
+	uint8_t ird = req ? req->req_resp : 0, ord = req ? req->req_init : 0;
+	if (p && p->responder_resources != RDMA_MAX_RESP_RES)
+		ird = p->responder_resources;
+	if (p && p->initiator_depth != RDMA_MAX_INIT_DEPTH)
+		ord = p->initiator_depth;
+	a[0] = ird;
+	a[1] = ord;
 	for (int i = 2; i < 7; i++)
 		a[i] = 0;
+	/* An initiator asks for RFC 6581's peer-to-peer mode: its RTR frees
+	 * the responder to send first, as programs such as ucmatose and
+	 * perftest's servers do right after the accept (a responder without
+	 * it waits for the initiator's first FPDU, RFC 5044). A responder
+	 * that declines it gets a plain MPA v2 or v1 connection. */
+	if (!req)
+		a[4] = RT_TRI_TRUE;
 }
 
 /* Send DIAL or ACCEPT for c (state already set, mu not held). */
@@ -910,7 +925,7 @@ int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 	c->qpn = qpn;
 	pthread_mutex_unlock(&mu);
 	uint64_t a[8] = {qpn};
-	conn_args(a + 1, conn_param);
+	conn_args(a + 1, conn_param, NULL);
 	struct rt_field f[2] = {{addr, (uint16_t)strlen(addr)},
 				{conn_param ? conn_param->private_data : NULL,
 				 conn_param && conn_param->private_data ? conn_param->private_data_len : 0}};
@@ -936,7 +951,7 @@ int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 	c->qpn = qpn;
 	c->req = 0;
 	pthread_mutex_unlock(&mu);
-	conn_args(a + 2, conn_param);
+	conn_args(a + 2, conn_param, c);
 	struct rt_field f = {conn_param ? conn_param->private_data : NULL,
 			     conn_param && conn_param->private_data ? conn_param->private_data_len : 0};
 	struct rt_request req = {.type = RT_ACCEPT, .nargs = 9, .args = a, .nfields = 1, .fields = &f};
@@ -1080,6 +1095,8 @@ static void getreq_done(void *ctx, struct rt_msg *rep)
 				child->id.route.addr.dst_storage = ss;
 			child->req = req;
 			child->state = ST_REQ;
+			child->req_resp = rep->args[4] > 254 ? 254 : (uint8_t)rep->args[4];
+			child->req_init = rep->args[3] > 254 ? 254 : (uint8_t)rep->args[3];
 			child->tos = l->tos;
 			id_link(child);
 			struct cm_event *e =
@@ -1090,8 +1107,8 @@ static void getreq_done(void *ctx, struct rt_msg *rep)
 					event_pdata(e, d, n);
 				/* The initiator's IRD is what this end may read;
 				 * its ORD what this end must answer. */
-				e->ev.param.conn.responder_resources = rep->args[4] > 255 ? 255 : (uint8_t)rep->args[4];
-				e->ev.param.conn.initiator_depth = rep->args[3] > 255 ? 255 : (uint8_t)rep->args[3];
+				e->ev.param.conn.responder_resources = child->req_resp;
+				e->ev.param.conn.initiator_depth = child->req_init;
 			} else {
 				drop_child(child);
 			}

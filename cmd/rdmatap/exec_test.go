@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmatap/rdmatap/capi"
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
@@ -46,6 +48,33 @@ func execCache(t *testing.T) string {
 		os.Chmod(libCache, 0o755)
 	})
 	return libCache
+}
+
+// prebuild builds the libraries before programs start, so that a
+// program's start takes no build time.
+func prebuild(t *testing.T, sanitize bool) {
+	t.Helper()
+	if _, err := capi.Build(execCache(t), sanitize); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitListen waits until a program listens on addr, probing it with TCP
+// connections from the endpoint from (closed at once: a listener's
+// service drops a connection that sends no MPA request, and the program
+// never sees it).
+func waitListen(t *testing.T, from *endpoint, addr netip.AddrPort, p *program) {
+	t.Helper()
+	p.waitFor(t, "listening on "+addr.String(), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		c, err := from.Net.Dial(ctx, addr)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
 }
 
 // needProgram skips unless the program is installed.
@@ -221,28 +250,6 @@ func TestExecRping(t *testing.T) {
 	})
 }
 
-// dialRetry runs the Go ping client until it connects (the program's
-// server may not listen yet) and returns its run.
-func dialRetry(t *testing.T, cl *endpoint, o pingOpts, server *program) *pingSide {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		s, err := runClient(cl, o)
-		if err == nil {
-			return s
-		}
-		if !strings.Contains(err.Error(), "refused") || time.Now().After(deadline) {
-			t.Fatalf("rdmatap ping -c: %v\n%s\n%s\nserver:\n%s\n%s", err, s.out.String(), s.errOut.String(), server.out.String(), server.errOut.String())
-		}
-		select {
-		case err := <-server.done:
-			server.done <- err
-			t.Fatalf("server ended (%v)\n%s\n%s", err, server.out.String(), server.errOut.String())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
 func TestExecRpingServer(t *testing.T) {
 	for _, sanitize := range []bool{false, true} {
 		t.Run(fmt.Sprintf("sanitize=%v", sanitize), func(t *testing.T) {
@@ -257,10 +264,15 @@ func TestExecRpingServer(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 			defer cancel()
 			const count, size = 20, 1000
+			prebuild(t, sanitize)
 			p := startProgram(t, execProgram(t, ctx, sockA, sanitize, "rping", "-s", "-a", a.Addr.String(), "-p", "7175",
 				"-S", fmt.Sprint(size), "-v"))
-			c := dialRetry(t, b, opts(t, "-c", "-a", a.Addr.String(), "-p", "7175", "-C", fmt.Sprint(count),
-				"-S", fmt.Sprint(size), "-V", "-v"), p)
+			waitListen(t, b, netip.AddrPortFrom(a.Addr, 7175), p)
+			c, err := runClient(b, opts(t, "-c", "-a", a.Addr.String(), "-p", "7175", "-C", fmt.Sprint(count),
+				"-S", fmt.Sprint(size), "-V", "-v"))
+			if err != nil {
+				t.Fatalf("rdmatap ping -c: %v\n%s\nrping -s:\n%s\n%s", err, c.errOut.String(), p.out.String(), p.errOut.String())
+			}
 			checkPingLines(t, "rdmatap ping -c", c.out.lines(), "ping data: ", count, size)
 			if err := p.wait(t, "rping -s", 60*time.Second); err != nil {
 				t.Fatal(err)
@@ -284,25 +296,73 @@ func TestExecRpingBoth(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	const count, size = 50, 4096
+	prebuild(t, false)
 	srv := startProgram(t, execProgram(t, ctx, sockB, false, "rping", "-s", "-a", b.Addr.String(), "-p", "7176",
 		"-S", fmt.Sprint(size), "-v"))
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		cl := startProgram(t, execProgram(t, ctx, sockA, false, "rping", "-c", "-a", b.Addr.String(), "-p", "7176",
-			"-C", fmt.Sprint(count), "-S", fmt.Sprint(size), "-V", "-v"))
-		err := cl.wait(t, "rping -c", 60*time.Second)
-		if err == nil {
-			checkPingLines(t, "rping -c", cl.out.lines(), "ping data: ", count, size)
-			break
-		}
-		// Before the server listens the client's connection is refused.
-		if !strings.Contains(cl.out.String()+cl.errOut.String(), "REJECTED") || time.Now().After(deadline) {
-			t.Fatalf("%v\nserver:\n%s\n%s", err, srv.out.String(), srv.errOut.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+	waitListen(t, a, netip.AddrPortFrom(b.Addr, 7176), srv)
+	cl := startProgram(t, execProgram(t, ctx, sockA, false, "rping", "-c", "-a", b.Addr.String(), "-p", "7176",
+		"-C", fmt.Sprint(count), "-S", fmt.Sprint(size), "-V", "-v"))
+	if err := cl.wait(t, "rping -c", 60*time.Second); err != nil {
+		t.Fatalf("%v\nserver:\n%s\n%s", err, srv.out.String(), srv.errOut.String())
 	}
+	checkPingLines(t, "rping -c", cl.out.lines(), "ping data: ", count, size)
 	if err := srv.wait(t, "rping -s", 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	checkPingLines(t, "rping -s", srv.out.lines(), "server ping data: ", count, size)
+}
+
+// clientServer runs a server program on service B, listening on port,
+// and once it listens its client on service A; it returns both once they
+// exited 0. $A and $B in the arguments stand for the two addresses.
+func clientServer(t *testing.T, sanitize bool, port uint16, server, client []string) (srv, cl *program) {
+	t.Helper()
+	for _, p := range []string{server[0], client[0]} {
+		needProgram(t, p, "rdmacm-utils, perftest or qperf")
+	}
+	a, b, err := embeddedPair(verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	sockA, sockB := serveOn(t, a), serveOn(t, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	t.Cleanup(cancel)
+	subst := func(args []string) []string {
+		out := make([]string, len(args))
+		for i, s := range args {
+			out[i] = strings.NewReplacer("$A", a.Addr.String(), "$B", b.Addr.String()).Replace(s)
+		}
+		return out
+	}
+	server, client = subst(server), subst(client)
+	prebuild(t, sanitize)
+	srv = startProgram(t, execProgram(t, ctx, sockB, sanitize, server[0], server[1:]...))
+	waitListen(t, a, netip.AddrPortFrom(b.Addr, port), srv)
+	cl = startProgram(t, execProgram(t, ctx, sockA, sanitize, client[0], client[1:]...))
+	if err := cl.wait(t, client[0], 60*time.Second); err != nil {
+		t.Fatalf("%v\nserver:\n%s\n%s", err, srv.out.String(), srv.errOut.String())
+	}
+	if err := srv.wait(t, server[0], 60*time.Second); err != nil {
+		t.Fatalf("%v\nclient:\n%s\n%s", err, cl.out.String(), cl.errOut.String())
+	}
+	return srv, cl
+}
+
+func TestExecUcmatose(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{{"4 connections", nil}, {"migrate", []string{"-m"}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, cl := clientServer(t, false, 7471,
+				append([]string{"ucmatose", "-b", "$B", "-p", "7471", "-c", "4", "-C", "10", "-S", "1000"}, tc.extra...),
+				append([]string{"ucmatose", "-s", "$B", "-p", "7471", "-c", "4", "-C", "10", "-S", "1000"}, tc.extra...))
+			for _, p := range []*program{srv, cl} {
+				if out := p.out.String(); !strings.Contains(out, "data transfers complete") || !strings.Contains(out, "test complete") {
+					t.Fatalf("ucmatose:\n%s\n%s", out, p.errOut.String())
+				}
+			}
+		})
+	}
 }
