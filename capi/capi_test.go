@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -467,6 +468,51 @@ func TestCalls(t *testing.T) {
 			if err != nil || !bytes.Contains(out, []byte("calls: ok")) {
 				t.Fatalf("calls: %v\n%s", err, out)
 			}
+		})
+	}
+}
+
+// TestPerftest runs perftest's bandwidth programs (-R: connections through
+// librdmacm) as server and client on one service's device, unprivileged:
+// their fast path is ibv_post_send and ibv_poll_cq on the shared rings.
+func TestPerftest(t *testing.T) {
+	installed(t, "ib_write_bw", "perftest")
+	dir := libs(t, false)
+	s := startService(t)
+	for i, prog := range []string{"ib_write_bw", "ib_send_bw", "ib_read_bw"} {
+		t.Run(prog, func(t *testing.T) {
+			port := strconv.Itoa(7600 + i)
+			args := []string{"-R", "-p", port, "-n", "300", "-s", "65536"}
+			srv := command(t, dir, s.sock, prog, args...)
+			var srvOut bytes.Buffer
+			srv.Stdout, srv.Stderr = &srvOut, &srvOut
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- srv.Wait() }()
+			// The server listens once it has printed its banner; the client
+			// retries its connection meanwhile (perftest does not).
+			var out []byte
+			var err error
+			for try := 0; try < 50; try++ {
+				out, err = command(t, dir, s.sock, prog, append(args, s.addr)...).CombinedOutput()
+				if err == nil || !bytes.Contains(out, []byte("Unable to perform rdma_client function")) {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			var serr error
+			select {
+			case serr = <-done:
+			case <-time.After(60 * time.Second):
+				srv.Process.Kill()
+				serr = <-done
+			}
+			if err != nil || serr != nil || !bytes.Contains(out, []byte("65536      300")) {
+				t.Fatalf("%s: client %v, server %v\nclient:\n%s\nserver:\n%s", prog, err, serr, out, srvOut.String())
+			}
+			t.Logf("%s", out[bytes.LastIndex(out, []byte(" #bytes")):])
 		})
 	}
 }
