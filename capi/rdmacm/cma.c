@@ -1230,6 +1230,10 @@ int rdma_create_ep(struct rdma_cm_id **id, struct rdma_addrinfo *res, struct ibv
 	if (rdma_create_id(NULL, &cid, NULL, (enum rdma_port_space)res->ai_port_space))
 		return -1;
 	struct cm_id *c = to_id(cid);
+	if (res->ai_qp_type)
+		cid->qp_type = (enum ibv_qp_type)res->ai_qp_type;
+	if (qp_init_attr)
+		qp_init_attr->qp_type = cid->qp_type;
 	if (res->ai_flags & RAI_PASSIVE) {
 		if (!res->ai_src_addr || rdma_bind_addr(cid, res->ai_src_addr))
 			goto fail;

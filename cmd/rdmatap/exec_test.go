@@ -366,3 +366,14 @@ func TestExecUcmatose(t *testing.T) {
 		})
 	}
 }
+
+// TestExecRdmaServerClient: rdma-core's synchronous endpoint examples
+// (rdma_create_ep, rdma_get_request, the rdma_verbs.h helpers).
+func TestExecRdmaServerClient(t *testing.T) {
+	srv, cl := clientServer(t, false, 7480,
+		[]string{"rdma_server", "-p", "7480"},
+		[]string{"rdma_client", "-s", "$B", "-p", "7480"})
+	if !strings.Contains(srv.out.String(), "rdma_server: end 0") || !strings.Contains(cl.out.String(), "rdma_client: end 0") {
+		t.Fatalf("server:\n%s\n%s\nclient:\n%s\n%s", srv.out.String(), srv.errOut.String(), cl.out.String(), cl.errOut.String())
+	}
+}
