@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -472,17 +473,23 @@ func TestCalls(t *testing.T) {
 	}
 }
 
-// TestPerftest runs perftest's bandwidth programs (-R: connections through
-// librdmacm) as server and client on one service's device, unprivileged:
-// their fast path is ibv_post_send and ibv_poll_cq on the shared rings.
+// TestPerftest runs perftest's bandwidth and latency programs (-R:
+// connections through librdmacm) as server and client on one service's
+// device, unprivileged: their fast path is ibv_post_send and ibv_poll_cq
+// on the shared rings (ib_write_lat's polls the written memory).
 func TestPerftest(t *testing.T) {
 	installed(t, "ib_write_bw", "perftest")
 	dir := libs(t, false)
 	s := startService(t)
-	for i, prog := range []string{"ib_write_bw", "ib_send_bw", "ib_read_bw"} {
+	for i, prog := range []string{"ib_write_bw", "ib_send_bw", "ib_read_bw", "ib_write_lat", "ib_send_lat", "ib_read_lat"} {
 		t.Run(prog, func(t *testing.T) {
 			port := strconv.Itoa(7600 + i)
-			args := []string{"-R", "-p", port, "-n", "300", "-s", "65536"}
+			size := "65536"
+			if strings.HasSuffix(prog, "_lat") {
+				size = "64"
+			}
+			args := []string{"-R", "-p", port, "-n", "300", "-s", size}
+			result := regexp.MustCompile(`(?m)^\s*` + size + `\s+300\s`)
 			srv := command(t, dir, s.sock, prog, args...)
 			var srvOut bytes.Buffer
 			srv.Stdout, srv.Stderr = &srvOut, &srvOut
@@ -509,7 +516,7 @@ func TestPerftest(t *testing.T) {
 				srv.Process.Kill()
 				serr = <-done
 			}
-			if err != nil || serr != nil || !bytes.Contains(out, []byte("65536      300")) {
+			if err != nil || serr != nil || !result.Match(out) {
 				t.Fatalf("%s: client %v, server %v\nclient:\n%s\nserver:\n%s", prog, err, serr, out, srvOut.String())
 			}
 			t.Logf("%s", out[bytes.LastIndex(out, []byte(" #bytes")):])
