@@ -187,8 +187,9 @@ int rt_call_wait(struct rt_session *s, uint32_t seq, struct rt_msg *rep);
 /*
  * rt_call_async sends req; when its reply arrives (or the session ends:
  * then rep->status is RT_CLOSED and rep->nargs 0), done(ctx, rep) runs on
- * the reader thread, and owns the reply's descriptors. Returns the
- * sequence number, or 0 with errno set (done is then never called).
+ * the reader thread, and owns the reply's descriptors (rep itself is valid
+ * only during the call). Returns the sequence number, or 0 with errno set
+ * (done is then never called).
  */
 uint32_t rt_call_async(struct rt_session *s, const struct rt_request *req,
 		       void (*done)(void *ctx, struct rt_msg *rep), void *ctx);
