@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -79,21 +81,26 @@ func echoPeer(ctx context.Context, tb testing.TB, s *service, size int) (netip.A
 	return ln.Addr(), done
 }
 
-// BenchmarkPingPong measures a Send ping-pong of 64 bytes through the
-// service: from a C program on the library (C) and from the Go client of
-// the service (Go), against the same Go peer. ns/rtt is the round trip.
+// BenchmarkPingPong measures a Send ping-pong of 64 bytes through one
+// service, from a C program on the library and from the Go client of the
+// service (verbs.Connect), against the same kind of Go peer, in
+// alternating rounds (RDMATAP_BENCH_ROUNDS, default 5; 2000×b.N round
+// trips a side per round). It reports the median round trips and their
+// ratio, C over Go.
 func BenchmarkPingPong(b *testing.B) {
 	const size = 64
-	b.Run("C", func(b *testing.B) {
-		dir := libs(b, false)
-		prog := compile(b, dir, "testdata/pingpong.c", false)
-		s := startService(b)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		addr, _ := echoPeer(ctx, b, s, size)
-		b.ResetTimer()
-		out, err := command(b, dir, s.sock, prog, addr.String(), strconv.Itoa(b.N), strconv.Itoa(size)).CombinedOutput()
-		b.StopTimer()
+	dir := libs(b, false)
+	prog := compile(b, dir, "testdata/pingpong.c", false)
+	s := startService(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	n := 2000 * max(b.N, 1)
+
+	cRound := func() float64 {
+		pctx, pcancel := context.WithCancel(ctx)
+		defer pcancel()
+		addr, _ := echoPeer(pctx, b, s, size)
+		out, err := command(b, dir, s.sock, prog, addr.String(), strconv.Itoa(n), strconv.Itoa(size)).CombinedOutput()
 		if err != nil {
 			b.Fatalf("pingpong: %v\n%s", err, out)
 		}
@@ -101,42 +108,53 @@ func BenchmarkPingPong(b *testing.B) {
 		if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "pingpong: %g ns per round trip", &ns); err != nil {
 			b.Fatalf("pingpong's output %q: %v", out, err)
 		}
-		b.ReportMetric(ns, "ns/rtt")
-	})
-	b.Run("Go", func(b *testing.B) {
-		s := startService(b)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		addr, _ := echoPeer(ctx, b, s, size)
-		d, err := verbs.Connect(ctx, s.sock)
+		return ns / 1e3
+	}
+
+	d, err := verbs.Connect(ctx, s.sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	pd, err := d.AllocPD()
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf, err := d.AllocBuffer(4096)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer buf.Close()
+	mr, err := pd.RegMR(buf.Bytes(), verbs.AccessLocalWrite)
+	if err != nil {
+		b.Fatal(err)
+	}
+	goRound := func() float64 {
+		pctx, pcancel := context.WithCancel(ctx)
+		defer pcancel()
+		addr, _ := echoPeer(pctx, b, s, size)
+		scq, err := d.CreateCQ(64)
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer d.Close()
-		pd, _ := d.AllocPD()
-		scq, _ := d.CreateCQ(64)
-		rcq, _ := d.CreateCQ(64)
+		defer scq.Close()
+		rcq, err := d.CreateCQ(64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer rcq.Close()
 		qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: scq, RecvCQ: rcq, MaxSendWR: 16, MaxRecvWR: 16})
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer qp.Close()
-		buf, err := d.AllocBuffer(4096)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer buf.Close()
-		mr, err := pd.RegMR(buf.Bytes(), verbs.AccessLocalWrite)
-		if err != nil {
-			b.Fatal(err)
-		}
 		rwr := verbs.RecvWR{SGL: []verbs.SGE{mr.SGE(size, size+1)}}
 		for i := 0; i < 8; i++ {
 			if err := qp.PostRecv(rwr); err != nil {
 				b.Fatal(err)
 			}
 		}
-		if _, err := d.Dial(ctx, qp, addr, verbs.ConnParams{}); err != nil {
+		if _, err := d.Dial(pctx, qp, addr, verbs.ConnParams{}); err != nil {
 			b.Fatal(err)
 		}
 		swr := verbs.SendWR{Op: verbs.OpSend, Flags: iwarp.FlagSignaled, SGL: []verbs.SGE{mr.SGE(0, size)}}
@@ -148,9 +166,8 @@ func BenchmarkPingPong(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		b.ResetTimer()
 		start := time.Now()
-		for i := 0; i < b.N; i++ {
+		for i := 0; i < n; i++ {
 			if err := qp.PostSend(swr); err != nil {
 				b.Fatal(err)
 			}
@@ -160,6 +177,34 @@ func BenchmarkPingPong(b *testing.B) {
 			}
 			poll(scq)
 		}
-		b.ReportMetric(float64(time.Since(start).Nanoseconds())/float64(b.N), "ns/rtt")
-	})
+		return float64(time.Since(start).Nanoseconds()) / float64(n) / 1e3
+	}
+
+	var cs, gos, ratio []float64
+	b.ResetTimer()
+	rounds := 5
+	if v, err := strconv.Atoi(os.Getenv("RDMATAP_BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	for r := 0; r < rounds; r++ {
+		var c, g float64
+		if r%2 == 0 {
+			c, g = cRound(), goRound()
+		} else {
+			g, c = goRound(), cRound()
+		}
+		cs, gos, ratio = append(cs, c), append(gos, g), append(ratio, c/g)
+		b.Logf("round %d: C %.1f µs, Go %.1f µs", r, c, g)
+	}
+	b.StopTimer()
+	b.ReportMetric(median(cs), "c-rtt-µs")
+	b.ReportMetric(median(gos), "go-rtt-µs")
+	b.ReportMetric(median(ratio), "c/go")
+	b.ReportMetric(0, "ns/op")
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
 }
