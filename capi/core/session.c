@@ -386,12 +386,14 @@ static void *reader(void *arg)
 static void child_after_fork(void)
 {
 	/* The child shares the parent's socket: forget the session there (its
-	 * reader thread does not exist in the child); the next use connects. */
+	 * reader thread does not exist in the child, and may have held the
+	 * dispatch lock at the fork); the next use connects. */
 	if (session) {
 		close(session->sock);
 		session = NULL;
 	}
 	pthread_mutex_init(&session_mu, NULL);
+	rt_quiesce_reset();
 }
 
 static int hello(struct rt_session *s)

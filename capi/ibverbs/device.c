@@ -154,6 +154,9 @@ RT_VISIBLE struct ibv_context *rt_default_context(void)
 	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 	static struct ibv_context *ctx;
 	pthread_mutex_lock(&mu);
+	/* After fork() the parent's context names the parent's session. */
+	if (ctx && to_ctx(ctx)->s != rt_session_get())
+		ctx = NULL;
 	if (!ctx) {
 		struct ibv_device **l = ibv_get_device_list(NULL);
 		if (l && l[0])

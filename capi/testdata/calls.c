@@ -3,13 +3,15 @@
  *
  * LISTEN, then a GET_REQUEST with a completion function that a CANCEL
  * ends; calls from several threads at once; error replies; a thread
- * canceled in ibv_get_cq_event. Prints "calls: ok" and exits 0 when all went right.
+ * canceled in ibv_get_cq_event; a forked child's own default context. Prints "calls: ok" and exits 0 when all went right.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <infiniband/verbs.h>
 
