@@ -523,3 +523,62 @@ func TestPerftest(t *testing.T) {
 		})
 	}
 }
+
+// TestCMlessPrograms runs rdma-core's examples that connect without the CM
+// or use transports iWARP lacks: each must fail with its own message (UD,
+// UC and XRC QPs are refused, and an RC QP cannot be moved to RTR by QP
+// number), never by a signal.
+func TestCMlessPrograms(t *testing.T) {
+	installed(t, "ibv_rc_pingpong", "ibverbs-utils")
+	dir := libs(t, false)
+	s := startService(t)
+	for i, tc := range []struct{ prog, msg string }{
+		{"ibv_rc_pingpong", "Couldn't connect to remote QP"},
+		{"ibv_ud_pingpong", "Couldn't create QP"},
+		{"ibv_uc_pingpong", "Couldn't create QP"},
+		{"ibv_xsrq_pingpong", "Couldn't Open the XRC Domain"},
+	} {
+		t.Run(tc.prog, func(t *testing.T) {
+			// ibv_rc_pingpong fails once a client has sent its QP number
+			// over TCP; the others fail before they listen.
+			port := strconv.Itoa(18700 + i)
+			srv := command(t, dir, s.sock, tc.prog, "-p", port)
+			var out bytes.Buffer
+			srv.Stdout, srv.Stderr = &out, &out
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- srv.Wait() }()
+			var cerr error
+			var cout []byte
+			if tc.prog == "ibv_rc_pingpong" {
+				for try := 0; try < 50; try++ {
+					cout, cerr = command(t, dir, s.sock, tc.prog, "-p", port, "localhost").CombinedOutput()
+					if !bytes.Contains(cout, []byte("Couldn't connect to localhost")) {
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				srv.Process.Kill()
+				err = <-done
+				t.Fatalf("%s did not end:\n%s", tc.prog, out.String())
+			}
+			t.Logf("server: %v\n%s\nclient: %v\n%s", err, out.String(), cerr, cout)
+			st, ok := err.(*exec.ExitError)
+			if !ok || !st.Exited() || !strings.Contains(out.String()+string(cout), tc.msg) {
+				t.Fatalf("%s: %v, want an exit with %q:\n%s\nclient (%v):\n%s", tc.prog, err, tc.msg, out.String(), cerr, cout)
+			}
+			if cerr != nil {
+				if ce, ok := cerr.(*exec.ExitError); !ok || !ce.Exited() {
+					t.Fatalf("%s client: %v\n%s", tc.prog, cerr, cout)
+				}
+			}
+		})
+	}
+}
