@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -72,6 +73,7 @@ func world(t testing.TB) string {
 // when root) and returns the socket's path and the other end's device.
 type service struct {
 	sock     string
+	srv      *verbs.Server
 	peer     *verbs.Device // the other end of the link, used from Go
 	addr     string        // the service device's IP address
 	peerAddr string
@@ -113,7 +115,7 @@ func startService(t testing.TB) *service {
 		na.Close()
 		nb.Close()
 	})
-	return &service{sock: sock, peer: b, addr: "192.0.2.1", peerAddr: "192.0.2.2"}
+	return &service{sock: sock, srv: srv, peer: b, addr: "192.0.2.1", peerAddr: "192.0.2.2"}
 }
 
 // command runs a program with the libraries and the service, as the
@@ -578,6 +580,41 @@ func TestCMlessPrograms(t *testing.T) {
 				if ce, ok := cerr.(*exec.ExitError); !ok || !ce.Exited() {
 					t.Fatalf("%s client: %v\n%s", tc.prog, cerr, cout)
 				}
+			}
+		})
+	}
+}
+
+// TestServiceGone runs testdata/gone.c: when the service stops, a thread
+// waiting for a completion event returns with an error, polling reports
+// one, the context gets IBV_EVENT_DEVICE_FATAL and calls fail.
+func TestServiceGone(t *testing.T) {
+	for _, san := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sanitize=%v", san), func(t *testing.T) {
+			dir := libs(t, san)
+			prog := compile(t, dir, "testdata/gone.c", san)
+			s := startService(t)
+			c := command(t, dir, s.sock, prog)
+			stdout, err := c.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var errOut bytes.Buffer
+			c.Stderr = &errOut
+			if err := c.Start(); err != nil {
+				t.Fatal(err)
+			}
+			r := bufio.NewReader(stdout)
+			line, err := r.ReadString('\n')
+			if err != nil || line != "waiting\n" {
+				c.Process.Kill()
+				c.Wait()
+				t.Fatalf("gone: %q %v\n%s", line, err, errOut.String())
+			}
+			s.srv.Close()
+			rest, _ := io.ReadAll(r)
+			if err := c.Wait(); err != nil || !bytes.Contains(rest, []byte("gone: ok")) {
+				t.Fatalf("gone: %v\n%s%s", err, rest, errOut.String())
 			}
 		})
 	}

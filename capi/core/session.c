@@ -351,7 +351,7 @@ static void *reader(void *arg)
 	/* The session ended: fail every call, tell the handlers. */
 	pthread_mutex_lock(&dispatch_mu);
 	pthread_mutex_lock(&s->mu);
-	s->dead = 1;
+	__atomic_store_n(&s->dead, 1, __ATOMIC_SEQ_CST);
 	struct pending *list = s->pend, *keep = NULL;
 	s->pend = NULL;
 	while (list) {
@@ -536,13 +536,7 @@ RT_VISIBLE struct rt_session *rt_session_get(void)
 
 RT_VISIBLE const char *rt_session_device_name(struct rt_session *s) { return s->devname; }
 
-RT_VISIBLE int rt_session_dead(struct rt_session *s)
-{
-	pthread_mutex_lock(&s->mu);
-	int d = s->dead;
-	pthread_mutex_unlock(&s->mu);
-	return d;
-}
+RT_VISIBLE int rt_session_dead(struct rt_session *s) { return __atomic_load_n(&s->dead, __ATOMIC_SEQ_CST); }
 
 uint32_t *rt_session_ctl(struct rt_session *s) { return s->ctl; }
 int rt_session_doorbell(struct rt_session *s) { return s->doorbell; }

@@ -209,6 +209,7 @@ struct rt_channel {
 	struct ibv_comp_channel ch; /* ch.fd: an epoll instance holding the CQs' eventfds */
 	pthread_mutex_t mu;
 	struct rt_cq *cqs;
+	struct rt_channel *next; /* live channels */
 };
 
 struct rt_cq {

@@ -83,6 +83,7 @@ int ring_open(struct rt_ring *r, uint8_t *base, size_t len)
 static pthread_mutex_t obj_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct rt_qp *qps;
 static struct rt_ctx *ctxs;
+static struct rt_channel *channels;
 
 void rt_ctx_link(struct rt_ctx *c)
 {
@@ -152,6 +153,17 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 		ev.element.port_num = 1;
 		for (struct rt_ctx *c = ctxs; c; c = c->next)
 			post_async(c, &ev);
+		/* Wake every thread waiting for a completion event: it finds
+		 * the session ended (get_cq_event). */
+		for (struct rt_channel *ch = channels; ch; ch = ch->next) {
+			pthread_mutex_lock(&ch->mu);
+			for (struct rt_cq *q = ch->cqs; q; q = q->next_in_channel) {
+				uint64_t one = 1;
+				ssize_t w = write(q->efd, &one, sizeof(one));
+				(void)w;
+			}
+			pthread_mutex_unlock(&ch->mu);
+		}
 		pthread_mutex_unlock(&obj_mu);
 		return;
 	}
@@ -402,6 +414,10 @@ RT_VISIBLE struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *
 	}
 	c->ch.context = ctx;
 	pthread_mutex_init(&c->mu, NULL);
+	pthread_mutex_lock(&obj_mu);
+	c->next = channels;
+	channels = c;
+	pthread_mutex_unlock(&obj_mu);
 	return &c->ch;
 }
 
@@ -415,6 +431,13 @@ RT_VISIBLE int ibv_destroy_comp_channel(struct ibv_comp_channel *ch)
 	pthread_mutex_unlock(&c->mu);
 	if (busy)
 		return EBUSY;
+	pthread_mutex_lock(&obj_mu);
+	for (struct rt_channel **pp = &channels; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	pthread_mutex_unlock(&obj_mu);
 	close(ch->fd);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
@@ -576,6 +599,8 @@ static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 		rt_store32(ring_word(&q->r, RING_CONS), cons);
 	}
 	pthread_spin_unlock(&q->lock);
+	if (k == 0 && rt_session_dead(sess(cq->context)))
+		return -1; /* the service is gone: nothing will complete */
 	return k;
 }
 
@@ -626,6 +651,10 @@ static int get_cq_event(struct rt_channel *c, struct ibv_cq **cq, void **cq_cont
 			if (cq_context)
 				*cq_context = q->cq.cq_context;
 			return 0;
+		}
+		if (rt_session_dead(sess(ch->context))) {
+			errno = EIO; /* the service is gone: no event will come */
+			return -1;
 		}
 		int fl = fcntl(ch->fd, F_GETFL);
 		int nonblock = fl >= 0 && (fl & O_NONBLOCK);
