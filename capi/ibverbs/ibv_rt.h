@@ -161,6 +161,7 @@ enum {
 	RT_OP_CMP_SWP = 6,
 	RT_OP_FETCH_ADD = 7,
 	RT_OP_LOCAL_INV = 8,
+	RT_OP_BIND_MW = 10,
 	RT_SF_SIGNALED = 1,
 	RT_SF_INLINE = 2,
 	RT_SF_SOLICITED = 4,
@@ -202,6 +203,11 @@ struct rt_pd {
 
 struct rt_mr {
 	struct ibv_mr mr;
+	uint64_t h;
+};
+
+struct rt_mw {
+	struct ibv_mw mw;
 	uint64_t h;
 };
 

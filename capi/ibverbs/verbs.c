@@ -1224,7 +1224,8 @@ static int send_opcode(enum ibv_wr_opcode op, uint8_t *out)
 	case IBV_WR_ATOMIC_FETCH_AND_ADD: *out = RT_OP_FETCH_ADD; return 0;
 	case IBV_WR_LOCAL_INV: *out = RT_OP_LOCAL_INV; return 0;
 	case IBV_WR_SEND_WITH_INV: *out = RT_OP_SEND_WITH_INV; return 0;
-	default: return -1; /* BIND_MW, TSO, driver opcodes */
+	case IBV_WR_BIND_MW: *out = RT_OP_BIND_MW; return 0;
+	default: return -1; /* TSO, driver opcodes */
 	}
 }
 
@@ -1278,6 +1279,23 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
 			e->imm = wr->imm_data;
 		if (wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == IBV_WR_SEND_WITH_INV)
 			e->inv_rkey = wr->invalidate_rkey;
+		if (wr->opcode == IBV_WR_BIND_MW) {
+			/* a type 2 window (protocol 7.3): no SGE, no inline */
+			const struct ibv_mw_bind_info *bi = &wr->bind_mw.bind_info;
+			if (!wr->bind_mw.mw || (wr->send_flags & (IBV_SEND_INLINE | IBV_SEND_SOLICITED))) {
+				err = EINVAL;
+				break;
+			}
+			e->rkey = wr->bind_mw.rkey;
+			e->remote_addr = bi->addr;
+			e->compare_add = bi->length;
+			e->inv_rkey = bi->mr ? bi->mr->rkey : 0;
+			e->imm = bi->mw_access_flags;
+			e->swap = ((struct rt_mw *)wr->bind_mw.mw)->h;
+			e->flags = fl;
+			prod++;
+			continue;
+		}
 		int inl = (wr->send_flags & IBV_SEND_INLINE) &&
 			  (wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM || wr->opcode == IBV_WR_RDMA_WRITE ||
 			   wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr->opcode == IBV_WR_SEND_WITH_INV);
@@ -1327,6 +1345,86 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
 	return err;
 }
 
+/* ---- memory windows ---- */
+
+static uint8_t send_flags(unsigned f)
+{
+	uint8_t fl = 0;
+	if (f & IBV_SEND_SIGNALED)
+		fl |= RT_SF_SIGNALED;
+	if (f & IBV_SEND_SOLICITED)
+		fl |= RT_SF_SOLICITED;
+	if (f & IBV_SEND_FENCE)
+		fl |= RT_SF_FENCE;
+	return fl;
+}
+
+static struct ibv_mw *alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+	if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct rt_msg *m = new_msg();
+	struct rt_mw *w = calloc(1, sizeof(*w));
+	if (!m || !w) {
+		free(m);
+		free(w);
+		errno = ENOMEM;
+		return NULL;
+	}
+	uint64_t args[2] = {((struct rt_pd *)pd)->h, type == IBV_MW_TYPE_1 ? 1 : 2};
+	int e = call(sess(pd->context), RT_ALLOC_MW, args, 2, NULL, 0, m);
+	if (e) {
+		free(m);
+		free(w);
+		errno = e;
+		return NULL;
+	}
+	w->h = m->args[0];
+	w->mw.context = pd->context;
+	w->mw.pd = pd;
+	w->mw.rkey = (uint32_t)m->args[1];
+	w->mw.handle = (uint32_t)w->h;
+	w->mw.type = type;
+	free(m);
+	return &w->mw;
+}
+
+static int dealloc_mw(struct ibv_mw *mw)
+{
+	struct rt_mw *w = (struct rt_mw *)mw;
+	struct rt_msg *m = new_msg();
+	if (!m)
+		return ENOMEM;
+	int e = call(sess(mw->context), RT_DEALLOC_MW, &w->h, 1, NULL, 0, m);
+	free(m);
+	if (e)
+		return e;
+	free(w);
+	return 0;
+}
+
+/* bind_mw binds a type 1 window (BIND_MW message); the bind completes in
+ * the QP's send queue order. */
+static int bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b)
+{
+	struct rt_mw *w = (struct rt_mw *)mw;
+	const struct ibv_mw_bind_info *i = &b->bind_info;
+	if (b->send_flags & ~(unsigned)(IBV_SEND_SIGNALED | IBV_SEND_FENCE))
+		return EINVAL;
+	struct rt_msg *m = new_msg();
+	if (!m)
+		return ENOMEM;
+	uint64_t args[8] = {qp->qp_num, w->h, b->wr_id, send_flags(b->send_flags), i->mr ? i->mr->rkey : 0, i->addr, i->length,
+			    i->mw_access_flags};
+	int e = call(sess(qp->context), RT_BIND_MW, args, 8, NULL, 0, m);
+	if (!e)
+		mw->rkey = (uint32_t)m->args[0];
+	free(m);
+	return e;
+}
+
 void rt_install_ops(struct rt_ctx *c)
 {
 	struct ibv_context_ops *o = &c->vctx.context.ops;
@@ -1335,6 +1433,9 @@ void rt_install_ops(struct rt_ctx *c)
 	o->post_send = post_send;
 	o->post_recv = post_recv;
 	o->post_srq_recv = post_srq_recv;
+	o->alloc_mw = alloc_mw;
+	o->dealloc_mw = dealloc_mw;
+	o->bind_mw = bind_mw;
 	c->vctx.create_qp_ex = create_qp_ex;
 	rt_install_device_ops(c);
 }

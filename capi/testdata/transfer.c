@@ -83,7 +83,8 @@ static void wait_cq(struct ibv_comp_channel *ch, struct ibv_cq *cq, struct ibv_w
 			fail("ibv_poll_cq", EIO);
 		if (n == 1) {
 			if (wc->status != IBV_WC_SUCCESS) {
-				fprintf(stderr, "transfer: %s: completion status %s\n", what, ibv_wc_status_str(wc->status));
+				fprintf(stderr, "transfer: %s: completion of WR %llu: status %s\n", what, (unsigned long long)wc->wr_id,
+					ibv_wc_status_str(wc->status));
 				exit(1);
 			}
 			return;
@@ -93,7 +94,8 @@ static void wait_cq(struct ibv_comp_channel *ch, struct ibv_cq *cq, struct ibv_w
 		n = ibv_poll_cq(cq, 1, wc);
 		if (n == 1) {
 			if (wc->status != IBV_WC_SUCCESS) {
-				fprintf(stderr, "transfer: %s: completion status %s\n", what, ibv_wc_status_str(wc->status));
+				fprintf(stderr, "transfer: %s: completion of WR %llu: status %s\n", what, (unsigned long long)wc->wr_id,
+					ibv_wc_status_str(wc->status));
 				exit(1);
 			}
 			return;
@@ -277,6 +279,34 @@ int main(int argc, char **argv)
 		fail("receive completion", EPROTO);
 	check("the peer's RDMA Write", dst, PEER_WRITE_LEN, 6);
 	check("the peer's Send", rbuf, PEER_SEND_LEN, 8);
+
+	/* Memory windows: a type 1 window bound by ibv_bind_mw, a type 2
+	 * window by a BIND_MW work request; both binds complete. */
+	struct ibv_mr *wmr = ibv_reg_mr(pd, dst, PEER_WRITE_LEN, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mw *mw1 = wmr ? ibv_alloc_mw(pd, IBV_MW_TYPE_1) : NULL;
+	struct ibv_mw *mw2 = mw1 ? ibv_alloc_mw(pd, IBV_MW_TYPE_2) : NULL;
+	if (!mw2)
+		fail("ibv_alloc_mw", errno);
+	uint32_t old_rkey = mw1->rkey;
+	struct ibv_mw_bind mb = {.wr_id = 31, .send_flags = IBV_SEND_SIGNALED,
+				 .bind_info = {.mr = wmr, .addr = (uintptr_t)dst, .length = 4096, .mw_access_flags = IBV_ACCESS_REMOTE_WRITE}};
+	if ((r = ibv_bind_mw(qp, mw1, &mb)))
+		fail("ibv_bind_mw", r);
+	if (mw1->rkey == old_rkey)
+		fail("ibv_bind_mw: the window's rkey did not change", EINVAL);
+	struct ibv_send_wr bwr = {.wr_id = 32, .opcode = IBV_WR_BIND_MW, .send_flags = IBV_SEND_SIGNALED,
+				  .bind_mw = {.mw = mw2, .rkey = ibv_inc_rkey(mw2->rkey),
+					      .bind_info = {.mr = wmr, .addr = (uintptr_t)dst + 4096, .length = 4096,
+							    .mw_access_flags = IBV_ACCESS_REMOTE_WRITE}}};
+	if ((r = ibv_post_send(qp, &bwr, &bad_s)))
+		fail("ibv_post_send of BIND_MW", r);
+	for (uint64_t want = 31; want <= 32; want++) {
+		wait_cq(ch, scq, &wc, "bind");
+		if (wc.wr_id != want || wc.opcode != IBV_WC_BIND_MW)
+			fail("bind completion", EPROTO);
+	}
+	if ((r = ibv_dealloc_mw(mw1)) || (r = ibv_dealloc_mw(mw2)) || (r = ibv_dereg_mr(wmr)))
+		fail("ibv_dealloc_mw", r);
 
 	/* An RDMA Write with a wrong key: the peer answers with a Terminate
 	 * and the QP's failure arrives as an asynchronous event. (The Write
