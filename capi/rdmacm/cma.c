@@ -489,6 +489,63 @@ static int set_verbs(struct cm_id *c)
 	return 0;
 }
 
+/* Open the service's listener for c's source address (mu not held): LISTEN
+ * with the backlog, then the port the service chose goes into the address. */
+static int open_listener(struct cm_id *c, struct rt_session *s, int backlog)
+{
+	char addr[INET6_ADDRSTRLEN + 16];
+	int n = cm_format_addr(&c->id.route.addr.src_addr, 1, addr, sizeof(addr));
+	if (n < 0)
+		return cm_set_errno(EINVAL);
+	if (strcmp(addr, ":0") == 0)
+		n = 0;
+	uint64_t a[2] = {backlog <= 0 ? 0 : backlog > 1024 ? 1024 : (uint64_t)backlog, 0};
+	struct rt_field f = {addr, (uint16_t)n};
+	struct rt_request req = {.type = RT_LISTEN, .nargs = 2, .args = a, .nfields = 1, .fields = &f};
+	struct rt_msg *m = malloc(sizeof(*m));
+	if (!m)
+		return cm_set_errno(ENOMEM);
+	if (rt_call(s, &req, m)) {
+		int e = errno;
+		free(m);
+		return cm_set_errno(e);
+	}
+	uint64_t handle = m->args[0];
+	uint16_t port = (uint16_t)m->args[1];
+	free(m);
+	pthread_mutex_lock(&mu);
+	c->listener = handle;
+	if (c->id.route.addr.src_addr.sa_family == AF_INET6)
+		c->id.route.addr.src_sin6.sin6_port = htons(port);
+	else
+		c->id.route.addr.src_sin.sin_port = htons(port);
+	pthread_mutex_unlock(&mu);
+	return 0;
+}
+
+static void close_listener(struct cm_id *c, struct rt_session *s)
+{
+	pthread_mutex_lock(&mu);
+	uint64_t h = c->listener;
+	c->listener = 0;
+	pthread_mutex_unlock(&mu);
+	if (!h)
+		return;
+	struct rt_request req = {.type = RT_CLOSE_LISTENER, .nargs = 1, .args = &h};
+	struct rt_msg *m = malloc(sizeof(*m));
+	if (m) {
+		rt_call(s, &req, m);
+		free(m);
+	}
+}
+
+/*
+ * Binding is the ID's own until it listens or connects (the protocol
+ * binds nothing else) with one exception: port 0 opens the service's
+ * listener at once, so that rdma_get_src_port tells the port before
+ * rdma_listen, as programs such as qperf expect. Connection requests
+ * wait in its backlog until rdma_listen; using the ID to connect closes it.
+ */
 int rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
 {
 	if (!id || !addr)
@@ -499,8 +556,16 @@ int rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
 	pthread_mutex_unlock(&mu);
 	if (!ok)
 		return cm_set_errno(EINVAL);
+	struct rt_session *s = session();
+	if (!s)
+		return -1;
 	if (copy_addr(&id->route.addr.src_storage, addr) || set_verbs(c))
 		return -1;
+	if (rdma_get_src_port(id) == 0 && open_listener(c, s, 0)) {
+		int e = errno;
+		memset(&id->route.addr.src_storage, 0, sizeof(id->route.addr.src_storage));
+		return cm_set_errno(e);
+	}
 	pthread_mutex_lock(&mu);
 	c->state = ST_BOUND;
 	pthread_mutex_unlock(&mu);
@@ -545,6 +610,8 @@ int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr, struct s
 	}
 	if (set_verbs(c))
 		return -1;
+	if (handled)
+		close_listener(c, handled);
 	pthread_mutex_lock(&mu);
 	id->route.addr.dst_storage = dst;
 	c->state = ST_ADDR;
@@ -1147,46 +1214,19 @@ int rdma_listen(struct rdma_cm_id *id, int backlog)
 	}
 	if (set_verbs(c))
 		return -1;
-	char addr[INET6_ADDRSTRLEN + 16];
-	int n = cm_format_addr(&id->route.addr.src_addr, 1, addr, sizeof(addr));
-	if (n < 0)
-		return cm_set_errno(EINVAL);
-	if (strcmp(addr, ":0") == 0)
-		n = 0;
-	uint64_t a[2] = {backlog <= 0 ? 0 : backlog > 1024 ? 1024 : (uint64_t)backlog, 0};
-	struct rt_field f = {addr, (uint16_t)n};
-	struct rt_request req = {.type = RT_LISTEN, .nargs = 2, .args = a, .nfields = 1, .fields = &f};
-	struct rt_msg *m = malloc(sizeof(*m));
-	if (!m)
-		return cm_set_errno(ENOMEM);
-	if (rt_call(s, &req, m)) {
-		int e = errno;
-		free(m);
-		return cm_set_errno(e);
-	}
-	uint64_t handle = m->args[0];
-	uint16_t port = (uint16_t)m->args[1];
-	free(m);
 	pthread_mutex_lock(&mu);
-	c->listener = handle;
+	int have = c->listener != 0;
+	pthread_mutex_unlock(&mu);
+	if (!have && open_listener(c, s, backlog))
+		return -1;
+	pthread_mutex_lock(&mu);
 	c->state = ST_LISTEN;
 	c->refs++; /* the GET_REQUEST loop's */
-	if (id->route.addr.src_addr.sa_family == AF_INET6)
-		id->route.addr.src_sin6.sin6_port = htons(port);
-	else
-		id->route.addr.src_sin.sin_port = htons(port);
 	pthread_mutex_unlock(&mu);
 	if (next_request(c, s)) {
 		int e = errno;
-		uint64_t h = handle;
-		struct rt_request cl = {.type = RT_CLOSE_LISTENER, .nargs = 1, .args = &h};
-		struct rt_msg *m2 = malloc(sizeof(*m2));
-		if (m2) {
-			rt_call(s, &cl, m2);
-			free(m2);
-		}
+		close_listener(c, s);
 		pthread_mutex_lock(&mu);
-		c->listener = 0;
 		c->state = ST_BOUND;
 		pthread_mutex_unlock(&mu);
 		return cm_set_errno(e);

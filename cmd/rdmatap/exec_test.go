@@ -316,6 +316,12 @@ func TestExecRpingBoth(t *testing.T) {
 // and once it listens its client on service A; it returns both once they
 // exited 0. $A and $B in the arguments stand for the two addresses.
 func clientServer(t *testing.T, sanitize bool, port uint16, server, client []string) (srv, cl *program) {
+	return clientServerWait(t, sanitize, port, server, client, true)
+}
+
+// clientServerWait is clientServer; without waitServer the server (one
+// that serves forever) is left running, to be killed at the test's end.
+func clientServerWait(t *testing.T, sanitize bool, port uint16, server, client []string, waitServer bool) (srv, cl *program) {
 	t.Helper()
 	for _, p := range []string{server[0], client[0]} {
 		needProgram(t, p, "rdmacm-utils, perftest or qperf")
@@ -342,6 +348,9 @@ func clientServer(t *testing.T, sanitize bool, port uint16, server, client []str
 	cl = startProgram(t, execProgram(t, ctx, sockA, sanitize, client[0], client[1:]...))
 	if err := cl.wait(t, client[0], 60*time.Second); err != nil {
 		t.Fatalf("%v\nserver:\n%s\n%s", err, srv.out.String(), srv.errOut.String())
+	}
+	if !waitServer {
+		return srv, cl
 	}
 	if err := srv.wait(t, server[0], 60*time.Second); err != nil {
 		t.Fatalf("%v\nclient:\n%s\n%s", err, cl.out.String(), cl.errOut.String())
@@ -375,5 +384,41 @@ func TestExecRdmaServerClient(t *testing.T) {
 		[]string{"rdma_client", "-s", "$B", "-p", "7480"})
 	if !strings.Contains(srv.out.String(), "rdma_server: end 0") || !strings.Contains(cl.out.String(), "rdma_client: end 0") {
 		t.Fatalf("server:\n%s\n%s\nclient:\n%s\n%s", srv.out.String(), srv.errOut.String(), cl.out.String(), cl.errOut.String())
+	}
+}
+
+// TestExecCmtime: cmtime's 16 connections made and torn down at once (its
+// server serves until killed).
+// (Each connection is charged 16 MiB of the client's service memory:
+// cmtime's default of 100 needs up --client-memory above 1.6 GB.)
+func TestExecCmtime(t *testing.T) {
+	srv, cl := clientServerWait(t, false, 7700,
+		[]string{"cmtime", "-b", "$B", "-p", "7700"},
+		[]string{"cmtime", "-s", "$B", "-p", "7700", "-c", "16"}, false)
+	out := cl.out.String() + cl.errOut.String() + srv.out.String() + srv.errOut.String()
+	if strings.Contains(out, "error") || !strings.Contains(cl.out.String(), "connect      :") {
+		t.Fatalf("cmtime:\n%s", out)
+	}
+}
+
+// TestExecPerftest: perftest's programs with rdma_cm (-R), server and
+// client each on its own service.
+func TestExecPerftest(t *testing.T) {
+	for i, prog := range []string{"ib_write_bw", "ib_read_lat", "ib_send_bw"} {
+		t.Run(prog, func(t *testing.T) {
+			port := fmt.Sprint(18515 + i)
+			srv, cl := clientServer(t, false, uint16(18515+i),
+				[]string{prog, "-R", "-p", port, "-n", "1000"},
+				[]string{prog, "-R", "-p", port, "-n", "1000", "$B"})
+			check := []*program{srv, cl}
+			if strings.HasSuffix(prog, "_lat") {
+				check = check[1:] // the client reports latency
+			}
+			for _, p := range check {
+				if out := p.out.String(); !strings.Contains(out, "rdma_cm QPs\t : ON") || !strings.Contains(out, " 1000 ") {
+					t.Fatalf("%s:\n%s\n%s", prog, out, p.errOut.String())
+				}
+			}
+		})
 	}
 }
