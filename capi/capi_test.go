@@ -45,6 +45,9 @@ func libs(t testing.TB, sanitize bool) string {
 	if _, err := exec.LookPath("cc"); err != nil {
 		t.Skip("skipping: no C compiler (cc)")
 	}
+	if _, err := os.Stat("/usr/include/infiniband/verbs.h"); err != nil {
+		t.Skip("skipping: no libibverbs headers (Debian package libibverbs-dev)")
+	}
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	if d, ok := buildDirs[sanitize]; ok {
