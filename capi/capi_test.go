@@ -443,6 +443,9 @@ func FuzzDecode(f *testing.F) {
 	if _, err := exec.LookPath("cc"); err != nil {
 		f.Skip("skipping: no C compiler (cc)")
 	}
+	if _, err := os.Stat("/usr/include/infiniband/verbs.h"); err != nil {
+		f.Skip("skipping: no libibverbs headers (Debian package libibverbs-dev)")
+	}
 	prog := filepath.Join(world(f), "decode")
 	args := append(append(append([]string{}, capi.CFlags...), "-O1"), capi.SanitizeFlags...)
 	args = append(args, "-I", "core", "-I", "include", "-o", prog, "testdata/decode.c")
