@@ -422,3 +422,74 @@ func TestExecPerftest(t *testing.T) {
 		})
 	}
 }
+
+// TestExecQperf: qperf -cm1 between two services. qperf's own control
+// connection is kernel TCP to the server's address, so both ends run in
+// a network namespace whose loopback holds that address (root only); the
+// RDMA traffic goes through the services, whose sockets the namespace
+// shares with the host.
+func TestExecQperf(t *testing.T) {
+	needProgram(t, "qperf", "qperf")
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: qperf's control connection needs a network namespace (root)")
+	}
+	for _, p := range []string{"unshare", "ip", "bash"} {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Skipf("skipping: %s not found", p)
+		}
+	}
+	a, b, err := embeddedPair(verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer b.Close()
+	sockA, sockB := serveOn(t, a), serveOn(t, b)
+	prebuild(t, false)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("skipping: setpriv not found (Debian package util-linux)")
+	}
+	qperf, _ := exec.LookPath("qperf")
+	asNobody := fmt.Sprintf("%s --reuid=%d --regid=%d --clear-groups %s", setpriv, nobody, nobody, qperf)
+	// -cp1: poll the CQs. qperf ends each test on SIGALRM and expects
+	// its wait for a completion event to fail with EINTR then.
+	tests := "rc_lat rc_rdma_read_bw rc_rdma_read_lat"
+	script := fmt.Sprintf(`set -u
+ip link set lo up && ip addr add %[1]s/32 dev lo || exit 1
+%[2]s="exec --via %[3]s --cache %[4]s -- %[5]s" %[6]s > "$1/server" 2>&1 &
+for i in $(seq 100); do
+	%[2]s="exec --via %[7]s --cache %[4]s -- %[5]s %[1]s -cm1 -cp1 -t 1 %[8]s" %[6]s > "$1/client" 2>&1
+	rc=$?
+	grep -q "failed to connect" "$1/client" || break
+	sleep 0.1
+done
+kill %%1
+exit $rc
+`, b.Addr, upChildEnv, sockB, execCache(t), asNobody, self, sockA, tests)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c := exec.CommandContext(ctx, "unshare", "-n", "bash", "-c", script, "qperf-test", dir)
+	out, err := c.CombinedOutput()
+	client, _ := os.ReadFile(filepath.Join(dir, "client"))
+	server, _ := os.ReadFile(filepath.Join(dir, "server"))
+	if err != nil {
+		t.Fatalf("%v\n%s\nclient:\n%s\nserver:\n%s", err, out, client, server)
+	}
+	for _, name := range strings.Fields(tests) {
+		want := "bw  ="
+		if strings.HasSuffix(name, "_lat") {
+			want = "latency  ="
+		}
+		i := strings.Index(string(client), name+":")
+		if i < 0 || !strings.Contains(string(client[i:]), want) {
+			t.Fatalf("qperf %s: no %q\nclient:\n%s\nserver:\n%s", name, want, client, server)
+		}
+	}
+	t.Logf("qperf:\n%s", client)
+}
