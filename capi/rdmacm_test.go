@@ -3,11 +3,15 @@ package capi_test
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/rdmatap/rdmatap/capi"
 )
 
 // TestCMProgramsLoad checks that Debian's RDMA programs load on the
@@ -67,5 +71,51 @@ func TestCMProgramsLoad(t *testing.T) {
 	}
 	if ran == 0 {
 		t.Skip("skipping: none of the programs is installed (Debian packages rdmacm-utils, perftest, qperf, ibverbs-utils)")
+	}
+}
+
+// compileCM builds a test program against both libraries.
+func compileCM(t testing.TB, libdir, src string, sanitize bool) string {
+	t.Helper()
+	out := filepath.Join(world(t), strings.TrimSuffix(filepath.Base(src), ".c"))
+	args := append([]string{}, capi.CFlags...)
+	if sanitize {
+		args = append(append(args, "-O1"), capi.SanitizeFlags...)
+	} else {
+		args = append(args, "-O2")
+	}
+	args = append(args, "-I", filepath.Join(libdir, "include"), "-o", out, src, "-L", libdir, "-lrdmacm", "-libverbs")
+	if b, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("cc %s: %v\n%s", src, err, b)
+	}
+	os.Chmod(out, 0o755)
+	return out
+}
+
+// TestCM runs testdata/cm.c: both ends of connections in one process on
+// the service's device, through librdmacm's every path a program meets
+// (see the program's comment), also with ASan and UBSan.
+func TestCM(t *testing.T) {
+	for _, sanitize := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sanitize=%v", sanitize), func(t *testing.T) {
+			dir := libs(t, sanitize)
+			prog := compileCM(t, dir, "testdata/cm.c", sanitize)
+			s := startService(t)
+			c := command(t, dir, s.sock, prog, s.addr)
+			c.Env = append(c.Env, "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1", "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+			done := make(chan struct{})
+			defer close(done)
+			go func() {
+				select {
+				case <-done:
+				case <-time.After(60 * time.Second):
+					c.Process.Kill()
+				}
+			}()
+			out, err := c.CombinedOutput()
+			if err != nil || !bytes.Contains(out, []byte("ok\n")) {
+				t.Fatalf("%v\n%s", err, out)
+			}
+		})
 	}
 }

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <infiniband/verbs.h>
@@ -190,6 +191,18 @@ void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 	c->tail = NULL;
 	pthread_mutex_unlock(&mu);
 	channel_free(c);
+}
+
+/* Take back the token of an event that leaves the queue unread, without
+ * waiting: if a reader holds it already, that reader finds the queue
+ * shorter and waits on (kernels whose eventfd ignores RWF_NOWAIT leave the
+ * token: a reader then wakes once for nothing). */
+static void take_token(struct cm_channel *c)
+{
+	uint64_t v;
+	struct iovec io = {&v, sizeof(v)};
+	ssize_t r = preadv2(c->ch.fd, &io, 1, -1, RWF_NOWAIT);
+	(void)r;
 }
 
 /* Queue an event (mu held). owner's unacked count holds it once handed out. */
@@ -372,6 +385,7 @@ static void drop_events(struct cm_id *c)
 			if (e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST && e->ev.id != &c->id)
 				drop_child(to_id(e->ev.id));
 			free(e);
+			take_token(ch);
 			continue;
 		}
 		ch->tail = e;
@@ -1336,6 +1350,7 @@ int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
 			e->next = NULL;
 			*mt = e;
 			mt = &e->next;
+			take_token(old);
 			continue;
 		}
 		old->tail = e;
