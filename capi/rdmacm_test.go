@@ -119,3 +119,30 @@ func TestCM(t *testing.T) {
 		})
 	}
 }
+
+// FuzzCMAddr feeds librdmacm's parser of the service's addresses
+// (testdata/cmaddr.c, built with ASan and UBSan) arbitrary bytes.
+func FuzzCMAddr(f *testing.F) {
+	for _, s := range []string{"192.0.2.1:7471", "[fe80::1]:1", "[::]:0", ":7471", "1.2.3.4:65536", "[1.2.3.4]:5", "a:b", ""} {
+		f.Add([]byte(s))
+	}
+	if _, err := exec.LookPath("cc"); err != nil {
+		f.Skip("skipping: no C compiler (cc)")
+	}
+	if _, err := os.Stat("/usr/include/rdma/rdma_cma.h"); err != nil {
+		f.Skip("skipping: no librdmacm headers (Debian package librdmacm-dev)")
+	}
+	prog := filepath.Join(world(f), "cmaddr")
+	args := append(append(append([]string{}, capi.CFlags...), "-O1"), capi.SanitizeFlags...)
+	args = append(args, "-I", "rdmacm", "-o", prog, "testdata/cmaddr.c", "rdmacm/addr.c")
+	if out, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
+		f.Fatalf("cc cmaddr.c: %v\n%s", err, out)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := exec.Command(prog)
+		c.Stdin = bytes.NewReader(data)
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Fatalf("parse %q: %v\n%s", data, err, out)
+		}
+	})
+}
