@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
@@ -492,4 +493,48 @@ exit $rc
 		}
 	}
 	t.Logf("qperf:\n%s", client)
+}
+
+func TestExecEnvFlags(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"exec", "--", "true"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "--via SOCKET is required") {
+		t.Fatalf("exec without --via: exit %d\n%s", code, errOut.String())
+	}
+	errOut.Reset()
+	if code := run([]string{"exec", "--via", "/nonexistent/rt.sock"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "no program") {
+		t.Fatalf("exec without a program: exit %d\n%s", code, errOut.String())
+	}
+	errOut.Reset()
+	notSock := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(notSock, nil, 0o644)
+	if code := run([]string{"env", "--via", notSock}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "not a socket") {
+		t.Fatalf("env --via a file: exit %d\n%s", code, errOut.String())
+	}
+	if _, err := exec.LookPath("cc"); err != nil {
+		t.Skip("skipping: no C compiler (cc) to build the libraries")
+	}
+	a, b, err := embeddedPair(verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer b.Close()
+	sock := serveOn(t, a)
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"env", "--via", sock, "--cache", execCache(t)}, &out, &errOut); code != 0 {
+		t.Fatalf("env: exit %d\n%s", code, errOut.String())
+	}
+	dir, err := capi.Build(execCache(t), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lp := dir
+	if old := os.Getenv("LD_LIBRARY_PATH"); old != "" {
+		lp += ":" + old
+	}
+	want := fmt.Sprintf("export LD_LIBRARY_PATH='%s'\nexport RDMATAP_SOCKET='%s'\n", lp, sock)
+	if out.String() != want {
+		t.Fatalf("env printed\n%s\nwant\n%s", out.String(), want)
+	}
 }
