@@ -119,6 +119,9 @@ static struct rt_session *handled; /* the session our handlers are on */
 
 static void on_event(void *unused, uint16_t type, const struct rt_msg *m);
 
+/* The session the IDs' calls went to (NULL before the first). */
+static struct rt_session *cur_session(void) { return __atomic_load_n(&handled, __ATOMIC_ACQUIRE); }
+
 static struct rt_session *session(void)
 {
 	static pthread_mutex_t hmu = PTHREAD_MUTEX_INITIALIZER;
@@ -365,8 +368,9 @@ static void drop_child(struct cm_id *child)
 			*pp = child->next;
 			break;
 		}
-	if (child->req && handled)
-		reject_request(handled, child->req);
+	struct rt_session *s = cur_session();
+	if (child->req && s)
+		reject_request(s, child->req);
 	if (child->sync)
 		channel_free(to_ch(child->id.channel));
 	free(child);
@@ -398,7 +402,7 @@ int rdma_destroy_id(struct rdma_cm_id *id)
 	if (!id)
 		return cm_set_errno(EINVAL);
 	struct cm_id *c = to_id(id);
-	struct rt_session *s = handled;
+	struct rt_session *s = cur_session();
 	pthread_mutex_lock(&mu);
 	c->destroying = 1;
 	drop_events(c);
@@ -624,8 +628,9 @@ int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr, struct s
 	}
 	if (set_verbs(c))
 		return -1;
-	if (handled)
-		close_listener(c, handled);
+	struct rt_session *s = cur_session();
+	if (s)
+		close_listener(c, s);
 	pthread_mutex_lock(&mu);
 	id->route.addr.dst_storage = dst;
 	c->state = ST_ADDR;
@@ -1153,7 +1158,7 @@ static int next_request(struct cm_id *c, struct rt_session *s)
 static void getreq_done(void *ctx, struct rt_msg *rep)
 {
 	struct cm_id *l = ctx;
-	struct rt_session *s = handled;
+	struct rt_session *s = cur_session();
 	for (unsigned i = 0; i < rep->nfds; i++)
 		close(rep->fds[i]);
 	int again = 0;

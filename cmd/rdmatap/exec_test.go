@@ -236,19 +236,23 @@ func TestExecRping(t *testing.T) {
 	defer cancel()
 	const count, size = 20, 100
 
-	t.Run("client", func(t *testing.T) {
-		s := startServer(t, ctx, b, opts(t, "-s", "-v", "-p", "7174", "-S", fmt.Sprint(size)))
-		p := startProgram(t, execProgram(t, ctx, sockA, false, "rping", "-c", "-a", b.Addr.String(), "-p", "7174",
-			"-C", fmt.Sprint(count), "-S", fmt.Sprint(size), "-V", "-v"))
-		if err := p.wait(t, "rping -c", 60*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		checkPingLines(t, "rping -c", p.out.lines(), "ping data: ", count, size)
-		if err := waitServer(t, s); err != nil {
-			t.Fatal(err)
-		}
-		checkPingLines(t, "rdmatap ping -s", s.out.lines(), "server ping data: ", count, size)
-	})
+	for i, sanitize := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sanitize=%v", sanitize), func(t *testing.T) {
+			port := fmt.Sprint(7174 + 10*i)
+			prebuild(t, sanitize)
+			s := startServer(t, ctx, b, opts(t, "-s", "-v", "-p", port, "-S", fmt.Sprint(size)))
+			p := startProgram(t, execProgram(t, ctx, sockA, sanitize, "rping", "-c", "-a", b.Addr.String(), "-p", port,
+				"-C", fmt.Sprint(count), "-S", fmt.Sprint(size), "-V", "-v"))
+			if err := p.wait(t, "rping -c", 60*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			checkPingLines(t, "rping -c", p.out.lines(), "ping data: ", count, size)
+			if err := waitServer(t, s); err != nil {
+				t.Fatal(err)
+			}
+			checkPingLines(t, "rdmatap ping -s", s.out.lines(), "server ping data: ", count, size)
+		})
+	}
 }
 
 func TestExecRpingServer(t *testing.T) {
@@ -361,11 +365,12 @@ func clientServerWait(t *testing.T, sanitize bool, port uint16, server, client [
 
 func TestExecUcmatose(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		extra []string
-	}{{"4 connections", nil}, {"migrate", []string{"-m"}}} {
+		name     string
+		extra    []string
+		sanitize bool
+	}{{"4 connections", nil, false}, {"migrate", []string{"-m"}, false}, {"sanitized", nil, true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv, cl := clientServer(t, false, 7471,
+			srv, cl := clientServer(t, tc.sanitize, 7471,
 				append([]string{"ucmatose", "-b", "$B", "-p", "7471", "-c", "4", "-C", "10", "-S", "1000"}, tc.extra...),
 				append([]string{"ucmatose", "-s", "$B", "-p", "7471", "-c", "4", "-C", "10", "-S", "1000"}, tc.extra...))
 			for _, p := range []*program{srv, cl} {
