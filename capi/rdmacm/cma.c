@@ -251,11 +251,8 @@ int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event *
 	for (;;) {
 		uint64_t v;
 		ssize_t r = read(c->ch.fd, &v, sizeof(v));
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			return -1; /* EAGAIN on a non-blocking channel */
-		}
+		if (r < 0)
+			return -1; /* EAGAIN on a non-blocking channel; EINTR as librdmacm's */
 		pthread_mutex_lock(&mu);
 		struct cm_event *e = c->head;
 		if (e) {
@@ -1481,12 +1478,28 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 	(void)unused;
 	pthread_mutex_lock(&mu);
 	if (type == 0) {
-		/* The session ended: every connection with it. */
-		for (struct cm_id *c = ids; c; c = c->next)
-			if (c->state == ST_CONNECTED) {
+		/* The session ended, and every connection with it; IDs on the
+		 * device that wait for nothing else learn that it is gone. A
+		 * DIAL or ACCEPT in progress fails on its own. */
+		for (struct cm_id *c = ids; c; c = c->next) {
+			if (c->destroying)
+				continue;
+			switch (c->state) {
+			case ST_CONNECTED:
 				c->state = ST_DISCONNECTED;
 				push_event(to_ch(c->id.channel), c, c, RDMA_CM_EVENT_DISCONNECTED, 0);
+				break;
+			case ST_BOUND:
+			case ST_ADDR:
+			case ST_ROUTE:
+			case ST_LISTEN:
+			case ST_REQ:
+				push_event(to_ch(c->id.channel), c, c, RDMA_CM_EVENT_DEVICE_REMOVAL, 0);
+				break;
+			default:
+				break;
 			}
+		}
 		pthread_mutex_unlock(&mu);
 		return;
 	}

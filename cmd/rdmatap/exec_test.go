@@ -543,3 +543,36 @@ func TestExecEnvFlags(t *testing.T) {
 		t.Fatalf("env printed\n%s\nwant\n%s", out.String(), want)
 	}
 }
+
+// TestExecServiceGone: a server waiting for connections learns that the
+// service stopped (RDMA_CM_EVENT_DEVICE_REMOVAL) and exits.
+func TestExecServiceGone(t *testing.T) {
+	needProgram(t, "rping", "rdmacm-utils")
+	a, b, err := embeddedPair(verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer b.Close()
+	sock := filepath.Join(worldDir(t), "rt.sock")
+	sf := serviceFlags{socket: sock, qps: 16, cqs: 16, conns: 16, mrs: 16, frPages: 1024, mrBytes: "1G", ring: "64M",
+		pollSpin: 50 * time.Microsecond, memory: "512M", clients: 16, perUser: 16, pending: 16}
+	if os.Geteuid() == 0 {
+		sf.group = fmt.Sprint(nobody)
+	}
+	srv, err := sf.start(a.Dev, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	prebuild(t, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p := startProgram(t, execProgram(t, ctx, sock, false, "rping", "-s", "-a", a.Addr.String(), "-p", "7190"))
+	waitListen(t, b, netip.AddrPortFrom(a.Addr, 7190), p)
+	srv.Close()
+	err = p.wait(t, "rping -s", 20*time.Second)
+	if err == nil || !strings.Contains(p.out.String()+p.errOut.String(), "device removal") {
+		t.Fatalf("rping -s after the service stopped: %v\n%s\n%s", err, p.out.String(), p.errOut.String())
+	}
+}
