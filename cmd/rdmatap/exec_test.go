@@ -576,3 +576,32 @@ func TestExecServiceGone(t *testing.T) {
 		t.Fatalf("rping -s after the service stopped: %v\n%s\n%s", err, p.out.String(), p.errOut.String())
 	}
 }
+
+// TestExecRpingPersistent: rping's persistent server (a thread per
+// connection) with four rping clients at once, every ping verified.
+func TestExecRpingPersistent(t *testing.T) {
+	needProgram(t, "rping", "rdmacm-utils")
+	a, b, err := embeddedPair(verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer b.Close()
+	sockA, sockB := serveOn(t, a), serveOn(t, b)
+	prebuild(t, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	srv := startProgram(t, execProgram(t, ctx, sockB, false, "rping", "-s", "-P", "-a", b.Addr.String(), "-p", "7800", "-S", "1000"))
+	waitListen(t, a, netip.AddrPortFrom(b.Addr, 7800), srv)
+	var clients []*program
+	for range 4 {
+		clients = append(clients, startProgram(t, execProgram(t, ctx, sockA, false, "rping", "-c", "-a", b.Addr.String(),
+			"-p", "7800", "-C", "50", "-S", "1000", "-V", "-v")))
+	}
+	for i, c := range clients {
+		if err := c.wait(t, fmt.Sprintf("rping -c #%d", i), 60*time.Second); err != nil {
+			t.Fatalf("%v\nserver:\n%s\n%s", err, srv.out.String(), srv.errOut.String())
+		}
+		checkPingLines(t, "rping -c", c.out.lines(), "ping data: ", 50, 1000)
+	}
+}
