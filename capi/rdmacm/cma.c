@@ -612,13 +612,11 @@ int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr, struct s
 	pthread_mutex_unlock(&mu);
 	if (st != ST_IDLE && st != ST_BOUND)
 		return cm_set_errno(EINVAL);
-	if (src_addr) {
-		if (st == ST_BOUND)
+	if (src_addr && st == ST_IDLE) { /* a bound ID keeps its address, as the kernel's */
+		if (src_addr->sa_family != dst.ss_family)
 			return cm_set_errno(EINVAL);
 		if (copy_addr(&id->route.addr.src_storage, src_addr))
 			return -1;
-		if (src_addr->sa_family != dst.ss_family)
-			return cm_set_errno(EINVAL);
 	} else if (st == ST_IDLE) {
 		memset(&id->route.addr.src_storage, 0, sizeof(id->route.addr.src_storage));
 		id->route.addr.src_addr.sa_family = dst.ss_family;
@@ -865,6 +863,7 @@ static uint32_t conn_qpn(struct rdma_cm_id *id, const struct rdma_conn_param *p)
 /* Apply a successful DIAL or ACCEPT reply (mu held). */
 static void connected(struct cm_id *c, const struct rt_msg *rep)
 {
+	int active = c->state == ST_CONNECTING;
 	const uint8_t *d;
 	uint16_t n;
 	struct sockaddr_storage ss;
@@ -878,7 +877,9 @@ static void connected(struct cm_id *c, const struct rt_msg *rep)
 	c->state = ST_CONNECTED;
 	struct cm_event *e = push_event(to_ch(c->id.channel), c, c, RDMA_CM_EVENT_ESTABLISHED, 0);
 	if (e) {
-		if (rt_msg_field(rep, 2, &d, &n) == 0)
+		/* The accepting end's private data; the passive end had the
+		 * initiator's with the request. */
+		if (active && rt_msg_field(rep, 2, &d, &n) == 0)
 			event_pdata(e, d, n);
 		e->ev.param.conn.responder_resources = rep->args[2] > 255 ? 255 : (uint8_t)rep->args[2];
 		e->ev.param.conn.initiator_depth = rep->args[3] > 255 ? 255 : (uint8_t)rep->args[3];
