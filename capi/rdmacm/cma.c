@@ -122,9 +122,17 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m);
 /* The session the IDs' calls went to (NULL before the first). */
 static struct rt_session *cur_session(void) { return __atomic_load_n(&handled, __ATOMIC_ACQUIRE); }
 
+/* fork() copies the mutex as it is: held across the fork, it is released
+ * on both sides (a child, such as qperf's server's, makes its own IDs). */
+static void fork_prepare(void) { pthread_mutex_lock(&mu); }
+static void fork_release(void) { pthread_mutex_unlock(&mu); }
+static void fork_init(void) { pthread_atfork(fork_prepare, fork_release, fork_release); }
+
 static struct rt_session *session(void)
 {
 	static pthread_mutex_t hmu = PTHREAD_MUTEX_INITIALIZER;
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	pthread_once(&once, fork_init);
 	struct rt_session *s = rt_session_get();
 	if (!s)
 		return NULL;
