@@ -911,7 +911,9 @@ static void failed(struct cm_id *c, const struct rt_msg *rep, int active)
 	if (!err)
 		err = EIO;
 	enum rdma_cm_event_type t = RDMA_CM_EVENT_CONNECT_ERROR;
-	if (active && (rep->status == RT_REJECTED || err == ECONNREFUSED || err == ECONNRESET))
+	if (rep->status == RT_CLOSED)
+		t = RDMA_CM_EVENT_CONNECT_ERROR; /* the session ended, not the peer */
+	else if (active && (rep->status == RT_REJECTED || err == ECONNREFUSED || err == ECONNRESET))
 		t = RDMA_CM_EVENT_REJECTED;
 	else if (active && (err == ETIMEDOUT || err == ENETUNREACH || err == EHOSTUNREACH))
 		t = RDMA_CM_EVENT_UNREACHABLE;
