@@ -2,7 +2,6 @@
  * librdmacm.so.1 for rdmatap: the connection manager of rdma_cma.h on the
  * service protocol (docs/service-protocol.md, section 5.6), on top of
  * rdmatap's libibverbs.so.1 and its private interface rdmatap_core.h.
- * Requests for that interface go to /work/notes/cm-requests.md.
  *
  * The protocol connects QPs: DIAL connects a QP to an address, LISTEN and
  * GET_REQUEST hand out connection requests, ACCEPT and REJECT answer them,
