@@ -9,6 +9,7 @@ import (
 	_ "github.com/rdmatap/rdmatap/cmd/rdmatap/internal/demo"
 	_ "github.com/rdmatap/rdmatap/cmd/rdmatap/internal/perftest"
 	_ "github.com/rdmatap/rdmatap/cmd/rdmatap/internal/ping"
+	_ "github.com/rdmatap/rdmatap/cmd/rdmatap/internal/progexec"
 )
 
 // main hands the command line to the command it names.

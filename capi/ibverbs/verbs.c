@@ -1,0 +1,1441 @@
+/* verbs.c: protection domains, memory regions, completion queues and
+ * channels, queue pairs, shared receive queues, the fast path on the
+ * shared rings, and asynchronous events. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ibv_rt.h"
+
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+
+/* ---- helpers ---- */
+
+static struct rt_session *sess(struct ibv_context *ctx) { return to_ctx(ctx)->s; }
+
+/* call runs a request with args and returns 0 or an errno value. */
+static int call(struct rt_session *s, uint16_t type, const uint64_t *args, uint8_t nargs, const int *fds, unsigned nfds,
+		struct rt_msg *rep)
+{
+	struct rt_request req = {.type = type, .nargs = nargs, .args = args, .nfds = nfds, .fds = fds};
+	if (rt_call(s, &req, rep) < 0)
+		return errno ? errno : EIO;
+	return 0;
+}
+
+static struct rt_msg *new_msg(void)
+{
+	struct rt_msg *m = malloc(sizeof(*m));
+	if (!m)
+		errno = ENOMEM;
+	return m;
+}
+
+static void close_reply_fds(struct rt_msg *m)
+{
+	for (unsigned i = 0; i < m->nfds; i++)
+		close(m->fds[i]);
+	m->nfds = 0;
+}
+
+/* map_ring_fd maps a whole ring memfd shared; MADV_DONTFORK keeps it out of
+ * children. */
+static void *map_fd(int fd, size_t *len)
+{
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return NULL;
+	if (st.st_size < RING_ENTRIES) {
+		errno = EPROTO;
+		return NULL;
+	}
+	void *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	madvise(m, (size_t)st.st_size, MADV_DONTFORK);
+	*len = (size_t)st.st_size;
+	return m;
+}
+
+int ring_open(struct rt_ring *r, uint8_t *base, size_t len)
+{
+	r->base = base;
+	r->cap = rt_load32((uint32_t *)(void *)(base + RING_CAPACITY));
+	r->esize = rt_load32((uint32_t *)(void *)(base + RING_ESIZE));
+	if (r->cap == 0 || (r->cap & (r->cap - 1)) || r->esize == 0 || r->esize % 8 ||
+	    (uint64_t)RING_ENTRIES + (uint64_t)r->cap * r->esize > len) {
+		errno = EPROTO;
+		return -1;
+	}
+	r->idx = 0;
+	return 0;
+}
+
+/* ---- live QPs and SRQs, for events and lookups ---- */
+
+static pthread_mutex_t obj_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct rt_qp *qps;
+static struct rt_ctx *ctxs;
+static struct rt_channel *channels;
+
+void rt_ctx_link(struct rt_ctx *c)
+{
+	pthread_mutex_lock(&obj_mu);
+	c->next = ctxs;
+	ctxs = c;
+	pthread_mutex_unlock(&obj_mu);
+}
+
+void rt_ctx_unlink(struct rt_ctx *c)
+{
+	pthread_mutex_lock(&obj_mu);
+	for (struct rt_ctx **pp = &ctxs; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	pthread_mutex_unlock(&obj_mu);
+}
+
+RT_VISIBLE struct ibv_qp *rt_qp_lookup(uint32_t qpn)
+{
+	pthread_mutex_lock(&obj_mu);
+	struct rt_qp *q = qps;
+	while (q && q->qp.qp_num != qpn)
+		q = q->next;
+	pthread_mutex_unlock(&obj_mu);
+	return q ? &q->qp : NULL;
+}
+
+/* ---- asynchronous events ---- */
+
+struct srq_ref {
+	struct srq_ref *next;
+	struct rt_srq *srq;
+};
+static struct srq_ref *srqs;
+
+static void post_async(struct rt_ctx *c, struct ibv_async_event *ev)
+{
+	ssize_t w = write(c->async_wr, ev, sizeof(*ev));
+	if (w != (ssize_t)sizeof(*ev))
+		rt_debug("asynchronous event %d lost (queue full)", ev->event_type);
+}
+
+/* terminate_event names a QP's failure as libibverbs would: a protection
+ * error (RDMAP remote protection, DDP tagged buffer) is an access error,
+ * anything else fatal. */
+static enum ibv_event_type terminate_event(const struct rt_msg *m)
+{
+	if (m->args[0] == RT_EV_QP_FATAL)
+		return IBV_EVENT_QP_FATAL;
+	uint64_t layer = m->args[3], type = m->args[4];
+	if ((layer == 0 && type == 0) || (layer == 1 && type == 1))
+		return IBV_EVENT_QP_ACCESS_ERR;
+	return IBV_EVENT_QP_FATAL;
+}
+
+static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
+{
+	(void)unused;
+	struct ibv_async_event ev;
+	memset(&ev, 0, sizeof(ev));
+	pthread_mutex_lock(&obj_mu);
+	if (type == 0) {
+		ev.event_type = IBV_EVENT_DEVICE_FATAL;
+		ev.element.port_num = 1;
+		for (struct rt_ctx *c = ctxs; c; c = c->next)
+			post_async(c, &ev);
+		/* Wake every thread waiting for a completion event: it finds
+		 * the session ended (get_cq_event). */
+		for (struct rt_channel *ch = channels; ch; ch = ch->next) {
+			pthread_mutex_lock(&ch->mu);
+			for (struct rt_cq *q = ch->cqs; q; q = q->next_in_channel) {
+				uint64_t one = 1;
+				ssize_t w = write(q->efd, &one, sizeof(one));
+				(void)w;
+			}
+			pthread_mutex_unlock(&ch->mu);
+		}
+		pthread_mutex_unlock(&obj_mu);
+		return;
+	}
+	switch (m->args[0]) {
+	case RT_EV_TERMINATE_SENT:
+	case RT_EV_TERMINATE_RECEIVED:
+	case RT_EV_QP_FATAL:
+		for (struct rt_qp *q = qps; q; q = q->next)
+			if (q->qp.qp_num == m->args[1]) {
+				ev.event_type = terminate_event(m);
+				ev.element.qp = &q->qp;
+				post_async(to_ctx(q->qp.context), &ev);
+				break;
+			}
+		break;
+	case RT_EV_SRQ_LIMIT_REACHED:
+		for (struct srq_ref *r = srqs; r; r = r->next)
+			if (r->srq->h == m->args[2]) {
+				ev.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
+				ev.element.srq = &r->srq->srq;
+				post_async(to_ctx(r->srq->srq.context), &ev);
+				break;
+			}
+		break;
+	default:
+		break; /* connection events are librdmacm's */
+	}
+	pthread_mutex_unlock(&obj_mu);
+}
+
+void rt_events_init(struct rt_session *s)
+{
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	static struct rt_session *done;
+	pthread_mutex_lock(&mu);
+	if (done != s) {
+		rt_add_handler(s, RT_EVENT, on_event, NULL);
+		rt_add_handler(s, 0, on_event, NULL);
+		done = s;
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+RT_VISIBLE int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
+{
+	for (;;) {
+		ssize_t r = read(ctx->async_fd, ev, sizeof(*ev));
+		if (r == (ssize_t)sizeof(*ev))
+			return 0;
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r >= 0)
+			errno = EIO;
+		return -1;
+	}
+}
+
+RT_VISIBLE void ibv_ack_async_event(struct ibv_async_event *ev)
+{
+	switch (ev->event_type) {
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED: {
+		struct ibv_qp *q = ev->element.qp;
+		pthread_mutex_lock(&q->mutex);
+		q->events_completed++;
+		pthread_cond_signal(&q->cond);
+		pthread_mutex_unlock(&q->mutex);
+		break;
+	}
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED: {
+		struct ibv_srq *s = ev->element.srq;
+		pthread_mutex_lock(&s->mutex);
+		s->events_completed++;
+		pthread_cond_signal(&s->cond);
+		pthread_mutex_unlock(&s->mutex);
+		break;
+	}
+	case IBV_EVENT_CQ_ERR: {
+		struct ibv_cq *c = ev->element.cq;
+		pthread_mutex_lock(&c->mutex);
+		c->async_events_completed++;
+		pthread_cond_signal(&c->cond);
+		pthread_mutex_unlock(&c->mutex);
+		break;
+	}
+	default:
+		break;
+	}
+}
+
+/* ---- protection domains ---- */
+
+RT_VISIBLE struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx)
+{
+	if (!ctx) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct rt_msg *m = new_msg();
+	struct rt_pd *p = calloc(1, sizeof(*p));
+	if (!m || !p) {
+		free(m);
+		free(p);
+		errno = ENOMEM;
+		return NULL;
+	}
+	int e = call(sess(ctx), RT_ALLOC_PD, NULL, 0, NULL, 0, m);
+	if (e) {
+		free(m);
+		free(p);
+		errno = e;
+		return NULL;
+	}
+	p->h = m->args[0];
+	free(m);
+	p->pd.context = ctx;
+	p->pd.handle = (uint32_t)p->h;
+	return &p->pd;
+}
+
+RT_VISIBLE int ibv_dealloc_pd(struct ibv_pd *pd)
+{
+	if (!pd)
+		return EINVAL;
+	struct rt_pd *p = (struct rt_pd *)pd;
+	struct rt_msg *m = new_msg();
+	if (!m)
+		return ENOMEM;
+	int e = call(sess(pd->context), RT_DEALLOC_PD, &p->h, 1, NULL, 0, m);
+	free(m);
+	if (e)
+		return e;
+	free(p);
+	return 0;
+}
+
+RT_VISIBLE uint64_t rt_pd_handle(struct ibv_pd *pd) { return pd ? ((struct rt_pd *)pd)->h : 0; }
+
+/* ---- memory regions ---- */
+
+#define RT_ACCESS_MASK (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED)
+
+RT_VISIBLE struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, unsigned int access)
+{
+	if (!pd) {
+		errno = EINVAL;
+		return NULL;
+	}
+	access &= ~(unsigned)IBV_ACCESS_OPTIONAL_RANGE; /* hints */
+	if (access & ~(unsigned)RT_ACCESS_MASK) {
+		errno = (access & IBV_ACCESS_ON_DEMAND) ? EOPNOTSUPP : EINVAL;
+		return NULL;
+	}
+	if (len == 0) {
+		errno = EINVAL;
+		return NULL;
+	}
+	int fd = rt_mem_share(addr, len);
+	if (fd < 0)
+		return NULL;
+	struct rt_msg *m = new_msg();
+	struct rt_mr *r = calloc(1, sizeof(*r));
+	if (!m || !r) {
+		free(m);
+		free(r);
+		errno = ENOMEM;
+		return NULL;
+	}
+	uint64_t args[6] = {((struct rt_pd *)pd)->h, (uintptr_t)addr, len, access, (uintptr_t)addr, iova};
+	int e = call(sess(pd->context), RT_REG_MR, args, 6, &fd, 1, m);
+	if (e) {
+		free(m);
+		free(r);
+		errno = e;
+		return NULL;
+	}
+	r->h = m->args[0];
+	r->mr.context = pd->context;
+	r->mr.pd = pd;
+	r->mr.addr = addr;
+	r->mr.length = len;
+	r->mr.handle = (uint32_t)r->h;
+	r->mr.lkey = r->mr.rkey = (uint32_t)m->args[1];
+	free(m);
+	return &r->mr;
+}
+
+RT_VISIBLE struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+	return ibv_reg_mr_iova2(pd, addr, len, (uintptr_t)addr, (unsigned)access);
+}
+
+RT_VISIBLE struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, int access)
+{
+	return ibv_reg_mr_iova2(pd, addr, len, iova, (unsigned)access);
+}
+
+RT_VISIBLE int ibv_dereg_mr(struct ibv_mr *mr)
+{
+	if (!mr)
+		return EINVAL;
+	struct rt_mr *r = (struct rt_mr *)mr;
+	struct rt_msg *m = new_msg();
+	if (!m)
+		return ENOMEM;
+	int e = call(sess(mr->context), RT_DEREG_MR, &r->h, 1, NULL, 0, m);
+	free(m);
+	if (e)
+		return e;
+	free(r);
+	return 0;
+}
+
+RT_VISIBLE int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+	(void)mr;
+	(void)flags;
+	(void)pd;
+	(void)addr;
+	(void)len;
+	(void)access;
+	errno = EOPNOTSUPP;
+	return IBV_REREG_MR_ERR_INPUT;
+}
+
+/* ---- completion channels and queues ---- */
+
+RT_VISIBLE struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *ctx)
+{
+	if (!ctx) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct rt_channel *c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	c->ch.fd = epoll_create1(EPOLL_CLOEXEC);
+	if (c->ch.fd < 0) {
+		free(c);
+		return NULL;
+	}
+	c->ch.context = ctx;
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_mutex_lock(&obj_mu);
+	c->next = channels;
+	channels = c;
+	pthread_mutex_unlock(&obj_mu);
+	return &c->ch;
+}
+
+RT_VISIBLE int ibv_destroy_comp_channel(struct ibv_comp_channel *ch)
+{
+	if (!ch)
+		return EINVAL;
+	struct rt_channel *c = (struct rt_channel *)ch;
+	pthread_mutex_lock(&c->mu);
+	int busy = c->cqs != NULL;
+	pthread_mutex_unlock(&c->mu);
+	if (busy)
+		return EBUSY;
+	pthread_mutex_lock(&obj_mu);
+	for (struct rt_channel **pp = &channels; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	pthread_mutex_unlock(&obj_mu);
+	close(ch->fd);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+	return 0;
+}
+
+RT_VISIBLE struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context, struct ibv_comp_channel *channel,
+					int comp_vector)
+{
+	if (!ctx || cqe <= 0 || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct rt_msg *m = new_msg();
+	struct rt_cq *q = calloc(1, sizeof(*q));
+	if (!m || !q) {
+		free(m);
+		free(q);
+		errno = ENOMEM;
+		return NULL;
+	}
+	uint64_t n = (uint64_t)cqe;
+	int e = call(sess(ctx), RT_CREATE_CQ, &n, 1, NULL, 0, m);
+	if (e) {
+		free(m);
+		free(q);
+		errno = e;
+		return NULL;
+	}
+	q->h = m->args[0];
+	if (m->nfds != 2) {
+		close_reply_fds(m);
+		e = EPROTO;
+		goto undo;
+	}
+	q->efd = m->fds[1];
+	q->mem = map_fd(m->fds[0], &q->memlen);
+	close(m->fds[0]);
+	m->nfds = 0;
+	if (!q->mem || ring_open(&q->r, q->mem, q->memlen) < 0 || q->r.esize != sizeof(struct rt_cqe)) {
+		e = q->mem ? EPROTO : errno;
+		if (q->mem)
+			munmap(q->mem, q->memlen);
+		close(q->efd);
+		goto undo;
+	}
+	q->r.idx = rt_load32(ring_word(&q->r, RING_CONS));
+	q->ev_seen = rt_load32(ring_word(&q->r, RING_EVENTS));
+	pthread_spin_init(&q->lock, PTHREAD_PROCESS_PRIVATE);
+	q->cq.context = ctx;
+	q->cq.channel = channel;
+	q->cq.cq_context = cq_context;
+	q->cq.handle = (uint32_t)q->h;
+	q->cq.cqe = (int)q->r.cap;
+	pthread_mutex_init(&q->cq.mutex, NULL);
+	pthread_cond_init(&q->cq.cond, NULL);
+	if (channel) {
+		struct rt_channel *c = (struct rt_channel *)channel;
+		struct epoll_event ev = {.events = EPOLLIN, .data.ptr = q};
+		if (epoll_ctl(channel->fd, EPOLL_CTL_ADD, q->efd, &ev) < 0) {
+			e = errno;
+			munmap(q->mem, q->memlen);
+			close(q->efd);
+			goto undo;
+		}
+		pthread_mutex_lock(&c->mu);
+		q->next_in_channel = c->cqs;
+		c->cqs = q;
+		channel->refcnt++;
+		pthread_mutex_unlock(&c->mu);
+	}
+	free(m);
+	return &q->cq;
+undo:;
+	uint64_t h = q->h;
+	call(sess(ctx), RT_DESTROY_CQ, &h, 1, NULL, 0, m);
+	free(m);
+	free(q);
+	errno = e;
+	return NULL;
+}
+
+RT_VISIBLE int ibv_destroy_cq(struct ibv_cq *cq)
+{
+	if (!cq)
+		return EINVAL;
+	struct rt_cq *q = (struct rt_cq *)cq;
+	struct rt_msg *m = new_msg();
+	if (!m)
+		return ENOMEM;
+	int e = call(sess(cq->context), RT_DESTROY_CQ, &q->h, 1, NULL, 0, m);
+	free(m);
+	if (e)
+		return e;
+	if (cq->channel) {
+		struct rt_channel *c = (struct rt_channel *)cq->channel;
+		pthread_mutex_lock(&c->mu);
+		for (struct rt_cq **pp = &c->cqs; *pp; pp = &(*pp)->next_in_channel)
+			if (*pp == q) {
+				*pp = q->next_in_channel;
+				break;
+			}
+		cq->channel->refcnt--;
+		epoll_ctl(cq->channel->fd, EPOLL_CTL_DEL, q->efd, NULL);
+		pthread_mutex_unlock(&c->mu);
+	}
+	close(q->efd);
+	munmap(q->mem, q->memlen);
+	pthread_spin_destroy(&q->lock);
+	free(q);
+	return 0;
+}
+
+RT_VISIBLE int ibv_resize_cq(struct ibv_cq *cq, int cqe)
+{
+	if (!cq || cqe <= 0)
+		return EINVAL;
+	return cqe <= cq->cqe ? 0 : EOPNOTSUPP;
+}
+
+RT_VISIBLE uint64_t rt_cq_handle(struct ibv_cq *cq) { return cq ? ((struct rt_cq *)cq)->h : 0; }
+
+static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	struct rt_cq *q = (struct rt_cq *)cq;
+	if (n <= 0)
+		return 0;
+	pthread_spin_lock(&q->lock);
+	uint32_t cons = q->r.idx, prod = rt_load32(ring_word(&q->r, RING_PROD));
+	int k = 0;
+	while (k < n && cons != prod) {
+		struct rt_cqe e;
+		memcpy(&e, ring_entry(&q->r, cons), sizeof(e));
+		struct ibv_wc *w = &wc[k++];
+		w->wr_id = e.id;
+		w->status = (enum ibv_wc_status)e.status;
+		w->opcode = (enum ibv_wc_opcode)e.opcode;
+		w->vendor_err = e.status ? (uint32_t)e.term_layer << 16 | (uint32_t)e.term_type << 8 | e.term_code : 0;
+		w->byte_len = e.byte_len;
+		w->wc_flags = 0;
+		w->imm_data = 0;
+		if (e.flags & RT_WCF_WITH_IMM) {
+			w->imm_data = e.imm;
+			w->wc_flags |= IBV_WC_WITH_IMM;
+		} else if (e.flags & RT_WCF_WITH_INV) {
+			w->invalidated_rkey = e.inv_stag;
+			w->wc_flags |= IBV_WC_WITH_INV;
+		}
+		w->qp_num = e.qpn;
+		w->src_qp = 0;
+		w->pkey_index = 0;
+		w->slid = 0;
+		w->sl = 0;
+		w->dlid_path_bits = 0;
+		cons++;
+	}
+	if (k) {
+		q->r.idx = cons;
+		rt_store32(ring_word(&q->r, RING_CONS), cons);
+	}
+	pthread_spin_unlock(&q->lock);
+	if (k == 0 && rt_session_dead(sess(cq->context)))
+		return -1; /* the service is gone: nothing will complete */
+	return k;
+}
+
+static int req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+	struct rt_cq *q = (struct rt_cq *)cq;
+	uint32_t *arm = ring_word(&q->r, RING_ARM);
+	if (solicited_only) {
+		uint32_t none = RT_ARM_NONE;
+		__atomic_compare_exchange_n(arm, &none, RT_ARM_SOLICITED, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+	} else {
+		rt_store32(arm, RT_ARM_ANY);
+	}
+	return 0;
+}
+
+/* take_event takes one completion event of the channel's CQs, if any. */
+static struct rt_cq *take_event(struct rt_channel *c)
+{
+	for (struct rt_cq *q = c->cqs; q; q = q->next_in_channel) {
+		uint32_t ev = rt_load32(ring_word(&q->r, RING_EVENTS));
+		if (ev != q->ev_seen) {
+			q->ev_seen++;
+			if (ev != q->ev_seen) {
+				/* more events wait: keep the channel readable */
+				uint64_t one = 1;
+				ssize_t w = write(q->efd, &one, sizeof(one));
+				(void)w;
+			}
+			return q;
+		}
+	}
+	return NULL;
+}
+
+/* get_cq_event is ibv_get_cq_event with cancellation disabled; it enables
+ * it only around its wait, where it holds no lock (rping cancels the
+ * thread that waits in ibv_get_cq_event). */
+static int get_cq_event(struct rt_channel *c, struct ibv_cq **cq, void **cq_context, int cs)
+{
+	struct ibv_comp_channel *ch = &c->ch;
+	for (int round = 0;; round++) {
+		pthread_mutex_lock(&c->mu);
+		struct rt_cq *q = take_event(c);
+		pthread_mutex_unlock(&c->mu);
+		if (q) {
+			*cq = &q->cq;
+			if (cq_context)
+				*cq_context = q->cq.cq_context;
+			return 0;
+		}
+		if (rt_session_dead(sess(ch->context))) {
+			errno = EIO; /* the service is gone: no event will come */
+			return -1;
+		}
+		int fl = fcntl(ch->fd, F_GETFL);
+		int nonblock = fl >= 0 && (fl & O_NONBLOCK);
+		if (nonblock && round > 0) {
+			errno = EAGAIN;
+			return -1;
+		}
+		struct epoll_event evs[16];
+		int old;
+		pthread_setcancelstate(cs, &old);
+		int n = epoll_wait(ch->fd, evs, 16, nonblock ? 0 : -1);
+		int e = errno;
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+		if (n < 0 && e != EINTR) {
+			errno = e;
+			return -1;
+		}
+		pthread_mutex_lock(&c->mu);
+		for (int i = 0; i < n; i++) {
+			struct rt_cq *r = evs[i].data.ptr;
+			uint64_t v;
+			ssize_t rd = read(r->efd, &v, sizeof(v));
+			(void)rd;
+		}
+		pthread_mutex_unlock(&c->mu);
+	}
+}
+
+RT_VISIBLE int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context)
+{
+	if (!ch || !cq) {
+		errno = EINVAL;
+		return -1;
+	}
+	int cs;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cs);
+	int r = get_cq_event((struct rt_channel *)ch, cq, cq_context, cs);
+	int e = errno;
+	pthread_setcancelstate(cs, NULL);
+	errno = e;
+	return r;
+}
+
+RT_VISIBLE void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int n)
+{
+	if (!cq)
+		return;
+	pthread_mutex_lock(&cq->mutex);
+	cq->comp_events_completed += n;
+	pthread_cond_signal(&cq->cond);
+	pthread_mutex_unlock(&cq->mutex);
+}
+
+/* ---- shared receive queues ---- */
+
+RT_VISIBLE struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+	if (!pd || !attr) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct rt_msg *m = new_msg();
+	struct rt_srq *s = calloc(1, sizeof(*s));
+	struct srq_ref *ref = calloc(1, sizeof(*ref));
+	if (!m || !s || !ref) {
+		free(m);
+		free(s);
+		free(ref);
+		errno = ENOMEM;
+		return NULL;
+	}
+	uint32_t sge = attr->attr.max_sge ? attr->attr.max_sge : 1;
+	uint64_t depth = attr->attr.max_wr, maxwr = rt_limit(sess(pd->context), 12);
+	if (depth <= maxwr && 2 * depth <= maxwr)
+		depth *= 2; /* as a QP's rings */
+	uint64_t args[3] = {((struct rt_pd *)pd)->h, depth, sge};
+	int e = call(sess(pd->context), RT_CREATE_SRQ, args, 3, NULL, 0, m);
+	if (e)
+		goto fail;
+	s->h = m->args[0];
+	if (m->nfds != 1) {
+		close_reply_fds(m);
+		e = EPROTO;
+		goto undo;
+	}
+	s->mem = map_fd(m->fds[0], &s->memlen);
+	close(m->fds[0]);
+	m->nfds = 0;
+	if (!s->mem || ring_open(&s->r, s->mem, s->memlen) < 0 || s->r.esize < sizeof(struct rt_recv_entry) + 16 * (size_t)sge) {
+		e = s->mem ? EPROTO : errno;
+		if (s->mem)
+			munmap(s->mem, s->memlen);
+		goto undo;
+	}
+	s->r.idx = rt_load32(ring_word(&s->r, RING_PROD));
+	s->max_sge = sge;
+	s->max_wr = attr->attr.max_wr;
+	pthread_spin_init(&s->lock, PTHREAD_PROCESS_PRIVATE);
+	s->srq.context = pd->context;
+	s->srq.srq_context = attr->srq_context;
+	s->srq.pd = pd;
+	s->srq.handle = (uint32_t)s->h;
+	pthread_mutex_init(&s->srq.mutex, NULL);
+	pthread_cond_init(&s->srq.cond, NULL);
+	attr->attr.max_sge = sge;
+	if (attr->attr.srq_limit) {
+		uint64_t la[2] = {s->h, attr->attr.srq_limit};
+		if (call(sess(pd->context), RT_SRQ_LIMIT, la, 2, NULL, 0, m) == 0)
+			s->limit = attr->attr.srq_limit;
+	}
+	free(m);
+	ref->srq = s;
+	pthread_mutex_lock(&obj_mu);
+	ref->next = srqs;
+	srqs = ref;
+	pthread_mutex_unlock(&obj_mu);
+	return &s->srq;
+undo:;
+	uint64_t h = s->h;
+	call(sess(pd->context), RT_DESTROY_SRQ, &h, 1, NULL, 0, m);
+fail:
+	free(m);
+	free(s);
+	free(ref);
+	errno = e;
+	return NULL;
+}
+
+RT_VISIBLE int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask)
+{
+	if (!srq || !attr)
+		return EINVAL;
+	struct rt_srq *s = (struct rt_srq *)srq;
+	if (mask & ~IBV_SRQ_LIMIT)
+		return EINVAL; /* the service cannot resize an SRQ */
+	if (mask & IBV_SRQ_LIMIT) {
+		struct rt_msg *m = new_msg();
+		if (!m)
+			return ENOMEM;
+		uint64_t la[2] = {s->h, attr->srq_limit};
+		int e = call(sess(srq->context), RT_SRQ_LIMIT, la, 2, NULL, 0, m);
+		free(m);
+		if (e)
+			return e;
+		s->limit = attr->srq_limit;
+	}
+	return 0;
+}
+
+RT_VISIBLE int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
+{
+	if (!srq || !attr)
+		return EINVAL;
+	struct rt_srq *s = (struct rt_srq *)srq;
+	attr->max_wr = s->max_wr;
+	attr->max_sge = s->max_sge;
+	attr->srq_limit = s->limit;
+	return 0;
+}
+
+RT_VISIBLE int ibv_destroy_srq(struct ibv_srq *srq)
+{
+	if (!srq)
+		return EINVAL;
+	struct rt_srq *s = (struct rt_srq *)srq;
+	struct rt_msg *m = new_msg();
+	if (!m)
+		return ENOMEM;
+	int e = call(sess(srq->context), RT_DESTROY_SRQ, &s->h, 1, NULL, 0, m);
+	free(m);
+	if (e)
+		return e;
+	pthread_mutex_lock(&obj_mu);
+	for (struct srq_ref **pp = &srqs; *pp; pp = &(*pp)->next)
+		if ((*pp)->srq == s) {
+			struct srq_ref *r = *pp;
+			*pp = r->next;
+			free(r);
+			break;
+		}
+	pthread_mutex_unlock(&obj_mu);
+	munmap(s->mem, s->memlen);
+	pthread_spin_destroy(&s->lock);
+	free(s);
+	return 0;
+}
+
+RT_VISIBLE uint64_t rt_srq_handle(struct ibv_srq *srq) { return srq ? ((struct rt_srq *)srq)->h : 0; }
+
+/*
+ * ring_room waits for room for one entry in a ring this end produces. The
+ * service advances a ring's Cons only after a pass over its entries, and
+ * the WRs it took may complete before that: a program that keeps no more
+ * than its max WRs outstanding can find the ring full for a moment. So a
+ * full ring is waited on, up to about 2 ms (waking the service if it
+ * sleeps), before the post fails with ENOMEM.
+ */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+static int ring_room(struct rt_session *s, struct rt_ring *r, uint32_t prod, uint32_t *cons)
+{
+	if (prod - *cons < r->cap)
+		return 1;
+	for (int i = 0; i < 20000; i++) {
+		*cons = rt_load32(ring_word(r, RING_CONS));
+		if (prod - *cons < r->cap)
+			return 1;
+		if (i == 0)
+			rt_ring_doorbell(s);
+		if (i > 100)
+			sched_yield();
+		else
+			cpu_relax();
+	}
+	return 0;
+}
+
+/* post_recv_ring fills receive entries into r. */
+static int post_recv_ring(struct rt_session *s, struct rt_ring *r, pthread_spinlock_t *lock, uint32_t max_sge, struct ibv_recv_wr *wr,
+			  struct ibv_recv_wr **bad)
+{
+	int err = 0;
+	pthread_spin_lock(lock);
+	uint32_t prod = r->idx, start = prod;
+	uint32_t cons = rt_load32(ring_word(r, RING_CONS));
+	for (; wr; wr = wr->next) {
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > max_sge) {
+			err = EINVAL;
+			break;
+		}
+		if (!ring_room(s, r, prod, &cons)) {
+			err = ENOMEM;
+			break;
+		}
+		struct rt_recv_entry *e = (struct rt_recv_entry *)(void *)ring_entry(r, prod);
+		e->id = wr->wr_id;
+		e->nsge = (uint32_t)wr->num_sge;
+		e->unused = 0;
+		for (int i = 0; i < wr->num_sge; i++) {
+			e->sge[i].addr = wr->sg_list[i].addr;
+			e->sge[i].len = wr->sg_list[i].length;
+			e->sge[i].lkey = wr->sg_list[i].lkey;
+		}
+		prod++;
+	}
+	if (prod != start) {
+		r->idx = prod;
+		rt_store32(ring_word(r, RING_PROD), prod);
+	}
+	pthread_spin_unlock(lock);
+	if (prod != start)
+		rt_ring_doorbell(s);
+	if (err && bad)
+		*bad = wr;
+	return err;
+}
+
+static int post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	struct rt_srq *s = (struct rt_srq *)srq;
+	return post_recv_ring(sess(srq->context), &s->r, &s->lock, s->max_sge, wr, bad);
+}
+
+/* ---- queue pairs ---- */
+
+static void qp_unlink(struct rt_qp *q)
+{
+	pthread_mutex_lock(&obj_mu);
+	for (struct rt_qp **pp = &qps; *pp; pp = &(*pp)->next)
+		if (*pp == q) {
+			*pp = q->next;
+			break;
+		}
+	pthread_mutex_unlock(&obj_mu);
+}
+
+static void qp_free(struct rt_qp *q)
+{
+	if (q->bounce_mr)
+		ibv_dereg_mr(q->bounce_mr);
+	if (q->bounce)
+		munmap(q->bounce, q->bounce_len);
+	if (q->mem)
+		munmap(q->mem, q->memlen);
+	free(q);
+}
+
+RT_VISIBLE struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
+{
+	if (!pd || !a || !a->send_cq || !a->recv_cq) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (a->qp_type != IBV_QPT_RC) {
+		errno = EOPNOTSUPP; /* iWARP has RC QPs only */
+		return NULL;
+	}
+	struct ibv_context *ctx = pd->context;
+	struct rt_msg *m = new_msg();
+	struct rt_qp *q = calloc(1, sizeof(*q));
+	if (!m || !q) {
+		free(m);
+		free(q);
+		errno = ENOMEM;
+		return NULL;
+	}
+	struct ibv_qp_cap cap = a->cap;
+	if (cap.max_send_wr == 0)
+		cap.max_send_wr = 1;
+	if (cap.max_recv_wr == 0)
+		cap.max_recv_wr = 1;
+	if (cap.max_send_sge == 0)
+		cap.max_send_sge = 1;
+	if (cap.max_recv_sge == 0)
+		cap.max_recv_sge = 1;
+	if (cap.max_inline_data == 0)
+		cap.max_inline_data = 64; /* what the service takes 0 for */
+	/* Rings of twice the depth asked for (within the device's limit): the
+	 * service frees ring entries in passes, after their WRs may have
+	 * completed (see ring_room). */
+	uint64_t maxwr = rt_limit(sess(ctx), 1);
+	uint64_t swr = cap.max_send_wr, rwr = cap.max_recv_wr;
+	if (swr <= maxwr && 2 * swr <= maxwr)
+		swr *= 2;
+	if (rwr <= maxwr && 2 * rwr <= maxwr)
+		rwr *= 2;
+	uint64_t args[10] = {((struct rt_pd *)pd)->h, ((struct rt_cq *)a->send_cq)->h, ((struct rt_cq *)a->recv_cq)->h,
+			     a->srq ? ((struct rt_srq *)a->srq)->h : 0, swr, rwr, cap.max_send_sge,
+			     cap.max_recv_sge, cap.max_inline_data, a->sq_sig_all ? 1 : 0};
+	int e = call(sess(ctx), RT_CREATE_QP, args, 10, NULL, 0, m);
+	if (e) {
+		free(m);
+		free(q);
+		errno = e;
+		return NULL;
+	}
+	uint32_t qpn = (uint32_t)m->args[0];
+	uint64_t sq_bytes = m->args[1];
+	if (m->nfds != 1) {
+		close_reply_fds(m);
+		e = EPROTO;
+		goto undo;
+	}
+	q->mem = map_fd(m->fds[0], &q->memlen);
+	close(m->fds[0]);
+	m->nfds = 0;
+	if (!q->mem) {
+		e = errno;
+		goto undo;
+	}
+	if (sq_bytes > q->memlen || ring_open(&q->sq, q->mem, sq_bytes) < 0 ||
+	    q->sq.esize < sizeof(struct rt_send_entry) + 16 * (size_t)cap.max_send_sge ||
+	    (!a->srq && (ring_open(&q->rq, (uint8_t *)q->mem + sq_bytes, q->memlen - sq_bytes) < 0 ||
+			 q->rq.esize < sizeof(struct rt_recv_entry) + 16 * (size_t)cap.max_recv_sge))) {
+		e = EPROTO;
+		goto undo;
+	}
+	q->sq.idx = rt_load32(ring_word(&q->sq, RING_PROD));
+	if (!a->srq)
+		q->rq.idx = rt_load32(ring_word(&q->rq, RING_PROD));
+	q->max_send_sge = cap.max_send_sge;
+	q->max_recv_sge = cap.max_recv_sge;
+	q->max_inline = cap.max_inline_data;
+	q->sig_all = a->sq_sig_all;
+	/* The bounce buffer of inline sends: one slot per SQ entry, free again
+	 * once the service took the entry (it copies inline data then). */
+	q->bounce_len = ((size_t)q->sq.cap * q->max_inline + 4095) & ~(size_t)4095;
+	q->bounce = mmap(NULL, q->bounce_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (q->bounce == MAP_FAILED) {
+		q->bounce = NULL;
+		e = errno;
+		goto undo;
+	}
+	q->bounce_mr = ibv_reg_mr(pd, q->bounce, q->bounce_len, IBV_ACCESS_LOCAL_WRITE);
+	if (!q->bounce_mr) {
+		e = errno;
+		goto undo;
+	}
+	pthread_spin_init(&q->slock, PTHREAD_PROCESS_PRIVATE);
+	pthread_spin_init(&q->rlock, PTHREAD_PROCESS_PRIVATE);
+	q->cap = cap;
+	a->cap = cap;
+	struct ibv_qp *qp = &q->qp;
+	qp->context = ctx;
+	qp->qp_context = a->qp_context;
+	qp->pd = pd;
+	qp->send_cq = a->send_cq;
+	qp->recv_cq = a->recv_cq;
+	qp->srq = a->srq;
+	qp->handle = qpn;
+	qp->qp_num = qpn;
+	qp->state = IBV_QPS_RESET;
+	qp->qp_type = IBV_QPT_RC;
+	pthread_mutex_init(&qp->mutex, NULL);
+	pthread_cond_init(&qp->cond, NULL);
+	free(m);
+	pthread_mutex_lock(&obj_mu);
+	q->next = qps;
+	qps = q;
+	pthread_mutex_unlock(&obj_mu);
+	return qp;
+undo:;
+	uint64_t h = qpn;
+	call(sess(ctx), RT_DESTROY_QP, &h, 1, NULL, 0, m);
+	free(m);
+	qp_free(q);
+	errno = e;
+	return NULL;
+}
+
+static struct ibv_qp *create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *a)
+{
+	if (a->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS) || a->create_flags) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || a->pd->context != ctx) {
+		errno = EINVAL;
+		return NULL;
+	}
+	return ibv_create_qp(a->pd, (struct ibv_qp_init_attr *)a);
+}
+
+RT_VISIBLE int ibv_destroy_qp(struct ibv_qp *qp)
+{
+	if (!qp)
+		return EINVAL;
+	struct rt_qp *q = (struct rt_qp *)qp;
+	struct rt_msg *m = new_msg();
+	if (!m)
+		return ENOMEM;
+	uint64_t h = qp->qp_num;
+	int e = call(sess(qp->context), RT_DESTROY_QP, &h, 1, NULL, 0, m);
+	free(m);
+	if (e)
+		return e;
+	qp_unlink(q);
+	pthread_spin_destroy(&q->slock);
+	pthread_spin_destroy(&q->rlock);
+	qp_free(q);
+	return 0;
+}
+
+RT_VISIBLE uint64_t rt_qp_handle(struct ibv_qp *qp) { return qp ? qp->qp_num : 0; }
+
+RT_VISIBLE void rt_qp_set_state(struct ibv_qp *qp, enum ibv_qp_state state)
+{
+	if (qp)
+		__atomic_store_n(&qp->state, state, __ATOMIC_SEQ_CST);
+}
+
+static enum ibv_qp_state qp_state(struct ibv_qp *qp) { return __atomic_load_n(&qp->state, __ATOMIC_SEQ_CST); }
+
+static void disconnect_done(void *ctx, struct rt_msg *rep)
+{
+	(void)ctx;
+	for (unsigned i = 0; i < rep->nfds; i++)
+		close(rep->fds[i]);
+}
+
+RT_VISIBLE int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
+{
+	if (!qp || !attr)
+		return EINVAL;
+	if (!(mask & IBV_QP_STATE))
+		return 0; /* the attributes of an iWARP QP are the connection's */
+	enum ibv_qp_state cur = qp_state(qp);
+	int connected = cur == IBV_QPS_RTS || cur == IBV_QPS_SQD;
+	switch (attr->qp_state) {
+	case IBV_QPS_RESET:
+	case IBV_QPS_INIT:
+		if (connected)
+			return EINVAL;
+		rt_qp_set_state(qp, attr->qp_state);
+		return 0;
+	case IBV_QPS_RTR:
+	case IBV_QPS_RTS:
+		/* An iWARP QP is connected by the CM (librdmacm), never by a
+		 * peer's QP number: these transitions only succeed on a QP the
+		 * CM has connected already. */
+		return connected ? 0 : EINVAL;
+	case IBV_QPS_ERR:
+		if (connected) {
+			uint64_t h = qp->qp_num;
+			struct rt_request req = {.type = RT_DISCONNECT, .nargs = 1, .args = &h};
+			rt_call_async(sess(qp->context), &req, disconnect_done, NULL);
+		}
+		rt_qp_set_state(qp, IBV_QPS_ERR);
+		return 0;
+	default:
+		return EINVAL;
+	}
+}
+
+RT_VISIBLE int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask, struct ibv_qp_init_attr *init)
+{
+	(void)mask;
+	if (!qp || !attr)
+		return EINVAL;
+	struct rt_qp *q = (struct rt_qp *)qp;
+	struct rt_msg *m = new_msg();
+	if (!m)
+		return ENOMEM;
+	uint64_t h = qp->qp_num;
+	int e = call(sess(qp->context), RT_QUERY_QP, &h, 1, NULL, 0, m);
+	uint64_t st = m->args[0];
+	free(m);
+	if (e)
+		return e;
+	enum ibv_qp_state s;
+	switch (st) {
+	case 1: s = IBV_QPS_RTS; break;
+	case 2: s = IBV_QPS_SQD; break;
+	case 3: s = IBV_QPS_SQE; break;
+	case 4: s = IBV_QPS_ERR; break;
+	default: s = qp_state(qp) == IBV_QPS_ERR ? IBV_QPS_ERR : qp_state(qp) == IBV_QPS_INIT ? IBV_QPS_INIT : IBV_QPS_RESET; break;
+	}
+	if (st != 0)
+		rt_qp_set_state(qp, s);
+	memset(attr, 0, sizeof(*attr));
+	attr->qp_state = s;
+	attr->cur_qp_state = s;
+	attr->path_mtu = IBV_MTU_1024;
+	attr->qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	attr->cap = q->cap;
+	attr->max_rd_atomic = 16;
+	attr->max_dest_rd_atomic = 16;
+	attr->port_num = 1;
+	if (init) {
+		memset(init, 0, sizeof(*init));
+		init->qp_context = qp->qp_context;
+		init->send_cq = qp->send_cq;
+		init->recv_cq = qp->recv_cq;
+		init->srq = qp->srq;
+		init->cap = q->cap;
+		init->qp_type = IBV_QPT_RC;
+		init->sq_sig_all = q->sig_all;
+	}
+	return 0;
+}
+
+static int post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	struct rt_qp *q = (struct rt_qp *)qp;
+	if (qp->srq) {
+		if (bad)
+			*bad = wr;
+		return EINVAL;
+	}
+	return post_recv_ring(sess(qp->context), &q->rq, &q->rlock, q->max_recv_sge, wr, bad);
+}
+
+static int send_opcode(enum ibv_wr_opcode op, uint8_t *out)
+{
+	switch (op) {
+	case IBV_WR_RDMA_WRITE: *out = RT_OP_RDMA_WRITE; return 0;
+	case IBV_WR_RDMA_WRITE_WITH_IMM: *out = RT_OP_RDMA_WRITE_WITH_IMM; return 0;
+	case IBV_WR_SEND: *out = RT_OP_SEND; return 0;
+	case IBV_WR_SEND_WITH_IMM: *out = RT_OP_SEND_WITH_IMM; return 0;
+	case IBV_WR_RDMA_READ: *out = RT_OP_RDMA_READ; return 0;
+	case IBV_WR_ATOMIC_CMP_AND_SWP: *out = RT_OP_CMP_SWP; return 0;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD: *out = RT_OP_FETCH_ADD; return 0;
+	case IBV_WR_LOCAL_INV: *out = RT_OP_LOCAL_INV; return 0;
+	case IBV_WR_SEND_WITH_INV: *out = RT_OP_SEND_WITH_INV; return 0;
+	case IBV_WR_BIND_MW: *out = RT_OP_BIND_MW; return 0;
+	default: return -1; /* TSO, driver opcodes */
+	}
+}
+
+static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	struct rt_qp *q = (struct rt_qp *)qp;
+	int err = 0;
+	pthread_spin_lock(&q->slock);
+	uint32_t prod = q->sq.idx, start = prod;
+	uint32_t cons = rt_load32(ring_word(&q->sq, RING_CONS));
+	for (; wr; wr = wr->next) {
+		uint8_t op;
+		if (send_opcode(wr->opcode, &op) < 0 || wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_send_sge ||
+		    (wr->send_flags & ~(unsigned)(IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE))) {
+			err = EINVAL;
+			break;
+		}
+		if (!ring_room(sess(qp->context), &q->sq, prod, &cons)) {
+			err = ENOMEM;
+			break;
+		}
+		struct rt_send_entry *e = (struct rt_send_entry *)(void *)ring_entry(&q->sq, prod);
+		memset(e, 0, sizeof(*e));
+		e->id = wr->wr_id;
+		e->opcode = op;
+		uint8_t fl = 0;
+		if (wr->send_flags & IBV_SEND_SIGNALED)
+			fl |= RT_SF_SIGNALED;
+		if (wr->send_flags & IBV_SEND_SOLICITED)
+			fl |= RT_SF_SOLICITED;
+		if (wr->send_flags & IBV_SEND_FENCE)
+			fl |= RT_SF_FENCE;
+		switch (wr->opcode) {
+		case IBV_WR_RDMA_WRITE:
+		case IBV_WR_RDMA_WRITE_WITH_IMM:
+		case IBV_WR_RDMA_READ:
+			e->remote_addr = wr->wr.rdma.remote_addr;
+			e->rkey = wr->wr.rdma.rkey;
+			break;
+		case IBV_WR_ATOMIC_CMP_AND_SWP:
+		case IBV_WR_ATOMIC_FETCH_AND_ADD:
+			e->remote_addr = wr->wr.atomic.remote_addr;
+			e->rkey = wr->wr.atomic.rkey;
+			e->compare_add = wr->wr.atomic.compare_add;
+			e->swap = wr->wr.atomic.swap;
+			break;
+		default:
+			break;
+		}
+		if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr->opcode == IBV_WR_SEND_WITH_IMM)
+			e->imm = wr->imm_data;
+		if (wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == IBV_WR_SEND_WITH_INV)
+			e->inv_rkey = wr->invalidate_rkey;
+		if (wr->opcode == IBV_WR_BIND_MW) {
+			/* a type 2 window (protocol 7.3): no SGE, no inline */
+			const struct ibv_mw_bind_info *bi = &wr->bind_mw.bind_info;
+			if (!wr->bind_mw.mw || (wr->send_flags & (IBV_SEND_INLINE | IBV_SEND_SOLICITED))) {
+				err = EINVAL;
+				break;
+			}
+			e->rkey = wr->bind_mw.rkey;
+			e->remote_addr = bi->addr;
+			e->compare_add = bi->length;
+			e->inv_rkey = bi->mr ? bi->mr->rkey : 0;
+			e->imm = bi->mw_access_flags;
+			e->swap = ((struct rt_mw *)wr->bind_mw.mw)->h;
+			e->flags = fl;
+			prod++;
+			continue;
+		}
+		int inl = (wr->send_flags & IBV_SEND_INLINE) &&
+			  (wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM || wr->opcode == IBV_WR_RDMA_WRITE ||
+			   wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr->opcode == IBV_WR_SEND_WITH_INV);
+		if (inl) {
+			/* Copy into this entry's bounce slot now: the program may
+			 * reuse its buffer (or never have registered it). */
+			size_t total = 0;
+			for (int i = 0; i < wr->num_sge; i++)
+				total += wr->sg_list[i].length;
+			if (total > q->max_inline) {
+				err = EINVAL;
+				break;
+			}
+			uint8_t *slot = q->bounce + (size_t)(prod & (q->sq.cap - 1)) * q->max_inline;
+			size_t off = 0;
+			for (int i = 0; i < wr->num_sge; i++) {
+				memcpy(slot + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+				off += wr->sg_list[i].length;
+			}
+			fl |= RT_SF_INLINE;
+			if (total) {
+				e->nsge = 1;
+				e->sge[0].addr = (uintptr_t)slot;
+				e->sge[0].len = (uint32_t)total;
+				e->sge[0].lkey = q->bounce_mr->lkey;
+			}
+		} else {
+			e->nsge = (uint16_t)wr->num_sge;
+			for (int i = 0; i < wr->num_sge; i++) {
+				e->sge[i].addr = wr->sg_list[i].addr;
+				e->sge[i].len = wr->sg_list[i].length;
+				e->sge[i].lkey = wr->sg_list[i].lkey;
+			}
+		}
+		e->flags = fl;
+		prod++;
+	}
+	if (prod != start) {
+		q->sq.idx = prod;
+		rt_store32(ring_word(&q->sq, RING_PROD), prod);
+	}
+	pthread_spin_unlock(&q->slock);
+	if (prod != start)
+		rt_ring_doorbell(sess(qp->context));
+	if (err && bad)
+		*bad = wr;
+	return err;
+}
+
+/* ---- memory windows ---- */
+
+static uint8_t send_flags(unsigned f)
+{
+	uint8_t fl = 0;
+	if (f & IBV_SEND_SIGNALED)
+		fl |= RT_SF_SIGNALED;
+	if (f & IBV_SEND_SOLICITED)
+		fl |= RT_SF_SOLICITED;
+	if (f & IBV_SEND_FENCE)
+		fl |= RT_SF_FENCE;
+	return fl;
+}
+
+static struct ibv_mw *alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+	if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct rt_msg *m = new_msg();
+	struct rt_mw *w = calloc(1, sizeof(*w));
+	if (!m || !w) {
+		free(m);
+		free(w);
+		errno = ENOMEM;
+		return NULL;
+	}
+	uint64_t args[2] = {((struct rt_pd *)pd)->h, type == IBV_MW_TYPE_1 ? 1 : 2};
+	int e = call(sess(pd->context), RT_ALLOC_MW, args, 2, NULL, 0, m);
+	if (e) {
+		free(m);
+		free(w);
+		errno = e;
+		return NULL;
+	}
+	w->h = m->args[0];
+	w->mw.context = pd->context;
+	w->mw.pd = pd;
+	w->mw.rkey = (uint32_t)m->args[1];
+	w->mw.handle = (uint32_t)w->h;
+	w->mw.type = type;
+	free(m);
+	return &w->mw;
+}
+
+static int dealloc_mw(struct ibv_mw *mw)
+{
+	struct rt_mw *w = (struct rt_mw *)mw;
+	struct rt_msg *m = new_msg();
+	if (!m)
+		return ENOMEM;
+	int e = call(sess(mw->context), RT_DEALLOC_MW, &w->h, 1, NULL, 0, m);
+	free(m);
+	if (e)
+		return e;
+	free(w);
+	return 0;
+}
+
+/* bind_mw binds a type 1 window (BIND_MW message); the bind completes in
+ * the QP's send queue order. */
+static int bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b)
+{
+	struct rt_mw *w = (struct rt_mw *)mw;
+	const struct ibv_mw_bind_info *i = &b->bind_info;
+	if (b->send_flags & ~(unsigned)(IBV_SEND_SIGNALED | IBV_SEND_FENCE))
+		return EINVAL;
+	struct rt_msg *m = new_msg();
+	if (!m)
+		return ENOMEM;
+	uint64_t args[8] = {qp->qp_num, w->h, b->wr_id, send_flags(b->send_flags), i->mr ? i->mr->rkey : 0, i->addr, i->length,
+			    i->mw_access_flags};
+	int e = call(sess(qp->context), RT_BIND_MW, args, 8, NULL, 0, m);
+	if (!e)
+		mw->rkey = (uint32_t)m->args[0];
+	free(m);
+	return e;
+}
+
+void rt_install_ops(struct rt_ctx *c)
+{
+	struct ibv_context_ops *o = &c->vctx.context.ops;
+	o->poll_cq = poll_cq;
+	o->req_notify_cq = req_notify_cq;
+	o->post_send = post_send;
+	o->post_recv = post_recv;
+	o->post_srq_recv = post_srq_recv;
+	o->alloc_mw = alloc_mw;
+	o->dealloc_mw = dealloc_mw;
+	o->bind_mw = bind_mw;
+	c->vctx.create_qp_ex = create_qp_ex;
+	rt_install_device_ops(c);
+}
