@@ -2,7 +2,6 @@ package netstack
 
 import (
 	"context"
-	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,25 +28,10 @@ func congestionRun(t *testing.T, cc string, loseAt int32) (TCPStats, tcpip.Conge
 	// The link waits for room rather than drop, so that the one drop is
 	// the impairment's; the link's repair is off, so that the stack's TCP
 	// sees the loss (a repaired loss never reaches its congestion control).
-	la, lb := NewLinkPair(LinkConfig{MaxWait: time.Minute})
-	im := NewImpair(la, ImpairConfig{Seed: 1, LossRate: 1, Filter: filter}).(*Impair)
 	cfg := Config{CongestionControl: cc, MinRTO: 50 * time.Millisecond, NoLinkRepair: true}
-	cfg.Link, cfg.Addrs = im, []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
-	a, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.CongestionControl = ""
-	cfg.Link, cfg.Addrs = lb, []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}
-	b, err := New(cfg)
-	if err != nil {
-		a.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		a.Close()
-		b.Close()
-	})
+	peer := cfg
+	peer.CongestionControl = ""
+	a, b, im := filteredPair(t, LinkConfig{MaxWait: time.Minute}, cfg, peer, filter)
 	ca, cb := connect(t, a, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -34,27 +34,11 @@ func tailLoss(t *testing.T, repair bool, msg int) (ConnTCP, TCPStats) {
 		// or the link's of the same packet, pass).
 		return pkt.Data().Size() == msg && round.Load() >= lose && dropped.CompareAndSwap(false, true)
 	}
-	la, lb := NewLinkPair(LinkConfig{})
-	im := NewImpair(la, ImpairConfig{Seed: 1, LossRate: 1, Filter: filter}).(*Impair)
 	// A minimum RTO of 50 ms keeps the test short; a shorter one lets a
 	// scheduling pause between rounds shrink the window to the initial one
 	// (RFC 5681 restart), and messages are then cut.
 	cfg := Config{MinRTO: 50 * time.Millisecond, NoLinkRepair: !repair}
-	cfg.Link, cfg.Addrs = im, []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
-	a, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Link, cfg.Addrs = lb, []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}
-	b, err := New(cfg)
-	if err != nil {
-		a.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		a.Close()
-		b.Close()
-	})
+	a, b, im := filteredPair(t, LinkConfig{}, cfg, cfg, filter)
 	ca, cb := connect(t, a, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -148,4 +132,29 @@ func TestShortTailLossProbed(t *testing.T) {
 	if c.Retransmits != 0 || c.Timeouts != 0 {
 		t.Errorf("the stack retransmitted %d segments (%d timeouts): the link's probe came late", c.Retransmits, c.Timeouts)
 	}
+}
+
+// filteredPair makes stacks A (cfgA) and B (cfgB) on an in-memory link
+// pair (lc) whose A side drops the packets filter picks. The stacks close
+// when the test ends.
+func filteredPair(t *testing.T, lc LinkConfig, cfgA, cfgB Config, filter func(*stack.PacketBuffer) bool) (a, b *Stack, im *Impair) {
+	t.Helper()
+	la, lb := NewLinkPair(lc)
+	im = NewImpair(la, ImpairConfig{Seed: 1, LossRate: 1, Filter: filter}).(*Impair)
+	cfgA.Link, cfgA.Addrs = im, []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}
+	a, err := New(cfgA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgB.Link, cfgB.Addrs = lb, []netip.Prefix{netip.MustParsePrefix("192.0.2.2/24")}
+	b, err = New(cfgB)
+	if err != nil {
+		a.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.Close()
+		b.Close()
+	})
+	return a, b, im
 }
