@@ -50,19 +50,6 @@ type lib struct {
 // The directory whose library every other one links against.
 const coreLib = "ibverbs"
 
-// Libraries lists what Build makes, by soname, libibverbs first.
-func Libraries() ([]string, error) {
-	libs, err := plan()
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, l := range libs {
-		names = append(names, l.soname)
-	}
-	return names, nil
-}
-
 func plan() ([]lib, error) {
 	dirs, err := fs.ReadDir(sources, ".")
 	if err != nil {

@@ -153,54 +153,6 @@ func installed(t testing.TB, name, pkg string) string {
 	return p
 }
 
-// TestProgramsLink checks that Debian's RDMA programs, and the libraries
-// they load, find every symbol they import, with its version, with the
-// libraries built here first in the path (they are linked BIND_NOW: one
-// missing symbol and they do not start).
-func TestProgramsLink(t *testing.T) {
-	dir := libs(t, false)
-	provided, err := capi.Libraries()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("built: %v", provided)
-	progs := []struct{ name, pkg string }{
-		{"ibv_devices", "ibverbs-utils"}, {"ibv_devinfo", "ibverbs-utils"}, {"ibv_asyncwatch", "ibverbs-utils"},
-		{"rping", "rdmacm-utils"}, {"ucmatose", "rdmacm-utils"}, {"rdma_client", "rdmacm-utils"}, {"rdma_server", "rdmacm-utils"},
-		{"ib_write_bw", "perftest"}, {"ib_send_bw", "perftest"}, {"ib_read_lat", "perftest"}, {"qperf", "qperf"},
-	}
-	ran := 0
-	for _, p := range progs {
-		path, err := exec.LookPath(p.name)
-		if err != nil {
-			t.Logf("%s not installed (Debian package %s)", p.name, p.pkg)
-			continue
-		}
-		ran++
-		c := exec.Command("ldd", "-r", path)
-		c.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir)
-		out, err := c.CombinedOutput()
-		if err != nil {
-			t.Errorf("ldd -r %s: %v\n%s", p.name, err, out)
-			continue
-		}
-		if !bytes.Contains(out, []byte(filepath.Join(dir, "libibverbs.so.1"))) {
-			t.Errorf("%s does not load the built libibverbs:\n%s", p.name, out)
-		}
-		sc := bufio.NewScanner(bytes.NewReader(out))
-		for sc.Scan() {
-			line := sc.Text()
-			if !strings.Contains(line, "undefined symbol") {
-				continue
-			}
-			t.Errorf("%s: %s", p.name, strings.TrimSpace(line))
-		}
-	}
-	if ran == 0 {
-		t.Skip("skipping: none of the programs is installed (Debian packages ibverbs-utils, rdmacm-utils, perftest, qperf)")
-	}
-}
-
 // TestDevinfo lists and queries the service's device with rdma-core's
 // ibv_devices and ibv_devinfo -v, unprivileged.
 func TestDevinfo(t *testing.T) {

@@ -14,12 +14,12 @@ import (
 	"github.com/rdmatap/rdmatap/capi"
 )
 
-// TestCMProgramsLoad checks that Debian's RDMA programs load on the
+// TestProgramsLoad checks that Debian's RDMA programs load on the
 // libraries built here and nothing else of rdma-core's: librdmacm.so.1,
 // libibverbs.so.1 and perftest's libmlx5.so.1 and libefa.so.1 resolve to
 // the build, and `ldd -r` finds no symbol unresolved (they are linked
 // BIND_NOW: one missing symbol and they do not start).
-func TestCMProgramsLoad(t *testing.T) {
+func TestProgramsLoad(t *testing.T) {
 	dir := libs(t, false)
 	progs := []struct {
 		name, pkg string

@@ -38,6 +38,18 @@ static struct rt_msg *new_msg(void)
 	return m;
 }
 
+/* call_noreply is call for a request whose reply carries nothing the
+ * caller needs (the destroys, SRQ_LIMIT): 0 or an errno. */
+static int call_noreply(struct rt_session *s, uint16_t type, const uint64_t *args, uint8_t nargs)
+{
+	struct rt_msg *m = new_msg();
+	if (!m)
+		return ENOMEM;
+	int e = call(s, type, args, nargs, NULL, 0, m);
+	free(m);
+	return e;
+}
+
 static void close_reply_fds(struct rt_msg *m)
 {
 	for (unsigned i = 0; i < m->nfds; i++)
@@ -296,11 +308,7 @@ RT_VISIBLE int ibv_dealloc_pd(struct ibv_pd *pd)
 	if (!pd)
 		return EINVAL;
 	struct rt_pd *p = (struct rt_pd *)pd;
-	struct rt_msg *m = new_msg();
-	if (!m)
-		return ENOMEM;
-	int e = call(sess(pd->context), RT_DEALLOC_PD, &p->h, 1, NULL, 0, m);
-	free(m);
+	int e = call_noreply(sess(pd->context), RT_DEALLOC_PD, &p->h, 1);
 	if (e)
 		return e;
 	free(p);
@@ -373,11 +381,7 @@ RT_VISIBLE int ibv_dereg_mr(struct ibv_mr *mr)
 	if (!mr)
 		return EINVAL;
 	struct rt_mr *r = (struct rt_mr *)mr;
-	struct rt_msg *m = new_msg();
-	if (!m)
-		return ENOMEM;
-	int e = call(sess(mr->context), RT_DEREG_MR, &r->h, 1, NULL, 0, m);
-	free(m);
+	int e = call_noreply(sess(mr->context), RT_DEREG_MR, &r->h, 1);
 	if (e)
 		return e;
 	free(r);
@@ -525,11 +529,7 @@ RT_VISIBLE int ibv_destroy_cq(struct ibv_cq *cq)
 	if (!cq)
 		return EINVAL;
 	struct rt_cq *q = (struct rt_cq *)cq;
-	struct rt_msg *m = new_msg();
-	if (!m)
-		return ENOMEM;
-	int e = call(sess(cq->context), RT_DESTROY_CQ, &q->h, 1, NULL, 0, m);
-	free(m);
+	int e = call_noreply(sess(cq->context), RT_DESTROY_CQ, &q->h, 1);
 	if (e)
 		return e;
 	if (cq->channel) {
@@ -791,12 +791,8 @@ RT_VISIBLE int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, in
 	if (mask & ~IBV_SRQ_LIMIT)
 		return EINVAL; /* the service cannot resize an SRQ */
 	if (mask & IBV_SRQ_LIMIT) {
-		struct rt_msg *m = new_msg();
-		if (!m)
-			return ENOMEM;
 		uint64_t la[2] = {s->h, attr->srq_limit};
-		int e = call(sess(srq->context), RT_SRQ_LIMIT, la, 2, NULL, 0, m);
-		free(m);
+		int e = call_noreply(sess(srq->context), RT_SRQ_LIMIT, la, 2);
 		if (e)
 			return e;
 		s->limit = attr->srq_limit;
@@ -820,11 +816,7 @@ RT_VISIBLE int ibv_destroy_srq(struct ibv_srq *srq)
 	if (!srq)
 		return EINVAL;
 	struct rt_srq *s = (struct rt_srq *)srq;
-	struct rt_msg *m = new_msg();
-	if (!m)
-		return ENOMEM;
-	int e = call(sess(srq->context), RT_DESTROY_SRQ, &s->h, 1, NULL, 0, m);
-	free(m);
+	int e = call_noreply(sess(srq->context), RT_DESTROY_SRQ, &s->h, 1);
 	if (e)
 		return e;
 	pthread_mutex_lock(&obj_mu);
@@ -1088,12 +1080,8 @@ RT_VISIBLE int ibv_destroy_qp(struct ibv_qp *qp)
 	if (!qp)
 		return EINVAL;
 	struct rt_qp *q = (struct rt_qp *)qp;
-	struct rt_msg *m = new_msg();
-	if (!m)
-		return ENOMEM;
 	uint64_t h = qp->qp_num;
-	int e = call(sess(qp->context), RT_DESTROY_QP, &h, 1, NULL, 0, m);
-	free(m);
+	int e = call_noreply(sess(qp->context), RT_DESTROY_QP, &h, 1);
 	if (e)
 		return e;
 	qp_unlink(q);
@@ -1394,11 +1382,7 @@ static struct ibv_mw *alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
 static int dealloc_mw(struct ibv_mw *mw)
 {
 	struct rt_mw *w = (struct rt_mw *)mw;
-	struct rt_msg *m = new_msg();
-	if (!m)
-		return ENOMEM;
-	int e = call(sess(mw->context), RT_DEALLOC_MW, &w->h, 1, NULL, 0, m);
-	free(m);
+	int e = call_noreply(sess(mw->context), RT_DEALLOC_MW, &w->h, 1);
 	if (e)
 		return e;
 	free(w);
