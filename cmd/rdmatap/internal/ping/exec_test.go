@@ -16,6 +16,7 @@ import (
 	"github.com/rdmatap/rdmatap/capi"
 	"github.com/rdmatap/rdmatap/cmd/rdmatap/internal/cli"
 	_ "github.com/rdmatap/rdmatap/cmd/rdmatap/internal/progexec" // the exec command, for the test binary as rdmatap
+	"github.com/rdmatap/rdmatap/internal/progtest"
 	"github.com/rdmatap/rdmatap/verbs"
 	"github.com/rdmatap/rdmatap/verbs/service"
 )
@@ -355,6 +356,17 @@ func clientServer(t *testing.T, sanitize bool, port uint16, server, client []str
 // that serves forever) is left running, to be killed at the test's end.
 func clientServerWait(t *testing.T, sanitize bool, port uint16, server, client []string, waitServer bool) (srv, cl *program) {
 	t.Helper()
+	srv, cl, err := clientServerRun(t, sanitize, port, server, client, waitServer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, cl
+}
+
+// clientServerRun is clientServerWait returning how the pair failed
+// instead of failing the test.
+func clientServerRun(t *testing.T, sanitize bool, port uint16, server, client []string, waitServer bool) (srv, cl *program, err error) {
+	t.Helper()
 	for _, p := range []string{server[0], client[0]} {
 		needProgram(t, p, "rdmacm-utils, perftest or qperf")
 	}
@@ -379,15 +391,15 @@ func clientServerWait(t *testing.T, sanitize bool, port uint16, server, client [
 	waitListen(t, a, netip.AddrPortFrom(b.Addr, port), srv)
 	cl = startProgram(t, execProgram(t, ctx, sockA, sanitize, client[0], client[1:]...))
 	if err := cl.wait(t, client[0], 60*time.Second); err != nil {
-		t.Fatalf("%v\nserver:\n%s\n%s", err, srv.out.String(), srv.errOut.String())
+		return srv, cl, fmt.Errorf("%v\nserver:\n%s\n%s", err, srv.out.String(), srv.errOut.String())
 	}
 	if !waitServer {
-		return srv, cl
+		return srv, cl, nil
 	}
 	if err := srv.wait(t, server[0], 60*time.Second); err != nil {
-		t.Fatalf("%v\nclient:\n%s\n%s", err, cl.out.String(), cl.errOut.String())
+		return srv, cl, fmt.Errorf("%v\nclient:\n%s\n%s", err, cl.out.String(), cl.errOut.String())
 	}
-	return srv, cl
+	return srv, cl, nil
 }
 
 func TestExecUcmatose(t *testing.T) {
@@ -439,10 +451,23 @@ func TestExecCmtime(t *testing.T) {
 func TestExecPerftest(t *testing.T) {
 	for i, prog := range []string{"ib_write_bw", "ib_read_lat", "ib_send_bw"} {
 		t.Run(prog, func(t *testing.T) {
-			port := fmt.Sprint(18515 + i)
-			srv, cl := clientServer(t, false, uint16(18515+i),
-				[]string{prog, "-R", "-p", port, "-n", "1000"},
-				[]string{prog, "-R", "-p", port, "-n", "1000", "$B"})
+			var srv, cl *program
+			var err error
+			for attempt := 0; ; attempt++ {
+				port := 18515 + 10*attempt + i
+				p := fmt.Sprint(port)
+				srv, cl, err = clientServerRun(t, false, uint16(port),
+					[]string{prog, "-R", "-p", p, "-n", "1000"},
+					[]string{prog, "-R", "-p", p, "-n", "1000", "$B"}, true)
+				if err != nil && attempt < 2 && progtest.PerftestListenRace([]byte(cl.out.String()+cl.errOut.String()), err) {
+					t.Logf("%s: perftest's client connected before its server listened, and crashed in its retry; running the pair again\n%v", prog, err)
+					continue
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				break
+			}
 			check := []*program{srv, cl}
 			if strings.HasSuffix(prog, "_lat") {
 				check = check[1:] // the client reports latency
