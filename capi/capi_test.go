@@ -467,11 +467,33 @@ func TestPerftest(t *testing.T) {
 	}
 }
 
+// TestPerftestListenRace makes perftest's listen race happen (its
+// server's second rdma_listen delayed by testdata/listen_delay.c) and
+// checks that progtest.PerftestListenRace recognizes the client's end,
+// which TestPerftest and the exec tests rely on.
+func TestPerftestListenRace(t *testing.T) {
+	installed(t, "ib_read_bw", "perftest")
+	dir := libs(t, false)
+	shim := filepath.Join(world(t), "listen_delay.so")
+	args := append(append([]string{}, capi.CFlags...), "-O2", "-shared", "-I", filepath.Join(dir, "include"), "-o", shim, "testdata/listen_delay.c", "-ldl")
+	if b, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, b)
+	}
+	s := startService(t)
+	pargs := []string{"-R", "-p", "7690", "-n", "300", "-s", "65536"}
+	out, _, err, _ := perftestPair(t, dir, s, "ib_read_bw", pargs, "LD_PRELOAD="+shim)
+	if !progtest.PerftestListenRace(out, err) {
+		t.Fatalf("client %v, not recognized as the listen race:\n%s", err, out)
+	}
+}
+
 // perftestPair runs one perftest program as server and then as client
 // with args, and returns the client's output, the server's, and how each
-// ended. A server left waiting by a failed client is killed.
-func perftestPair(t *testing.T, dir string, s *testService, prog string, args []string) (out, srvOut []byte, err, serr error) {
+// ended; srvEnv is added to the server's environment. A server left
+// waiting by a failed client is killed.
+func perftestPair(t *testing.T, dir string, s *testService, prog string, args []string, srvEnv ...string) (out, srvOut []byte, err, serr error) {
 	srv := command(t, dir, s.sock, prog, args...)
+	srv.Env = append(srv.Env, srvEnv...)
 	var sb bytes.Buffer
 	srv.Stdout, srv.Stderr = &sb, &sb
 	if err := srv.Start(); err != nil {
@@ -490,7 +512,7 @@ func perftestPair(t *testing.T, dir string, s *testService, prog string, args []
 	}
 	wait := 60 * time.Second
 	if err != nil {
-		wait = 5 * time.Second // a failed client leaves its server waiting
+		wait = time.Second // a failed client leaves its server waiting
 	}
 	select {
 	case serr = <-done:
