@@ -258,8 +258,10 @@ RT_VISIBLE int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _com
 
 RT_VISIBLE int ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid)
 {
-	if (!ctx || !gid || port != 1 || index != 0)
+	if (!ctx || !gid || port != 1 || index != 0) {
+		errno = EINVAL;
 		return -1;
+	}
 	memset(gid, 0, sizeof(*gid));
 	fake_mac(ctx->device->name, gid->raw);
 	return 0;

@@ -336,6 +336,10 @@ RT_VISIBLE struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t
 		errno = EINVAL;
 		return NULL;
 	}
+	if (len > rt_limit(sess(pd->context), 7)) {
+		errno = ENOMEM; /* above max_mr_size: refused before any page moves */
+		return NULL;
+	}
 	int fd = rt_mem_share(addr, len);
 	if (fd < 0)
 		return NULL;
@@ -712,7 +716,7 @@ RT_VISIBLE void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int n)
 
 RT_VISIBLE struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
 {
-	if (!pd || !attr) {
+	if (!pd || !attr || attr->attr.srq_limit > attr->attr.max_wr) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -945,6 +949,13 @@ RT_VISIBLE struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_at
 		errno = EINVAL;
 		return NULL;
 	}
+	/* The contexts share the process's session, whose handles would name
+	 * another context's CQ: the kernel looks handles up per context. */
+	if (a->send_cq->context != pd->context || a->recv_cq->context != pd->context ||
+	    (a->srq && a->srq->context != pd->context)) {
+		errno = EINVAL;
+		return NULL;
+	}
 	if (a->qp_type != IBV_QPT_RC) {
 		errno = EOPNOTSUPP; /* iWARP has RC QPs only */
 		return NULL;
@@ -1112,6 +1123,8 @@ RT_VISIBLE int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int ma
 {
 	if (!qp || !attr)
 		return EINVAL;
+	if (mask & ~(IBV_QP_RATE_LIMIT - 1))
+		return EOPNOTSUPP; /* libibverbs' modify command carries no more */
 	if (!(mask & IBV_QP_STATE))
 		return 0; /* the attributes of an iWARP QP are the connection's */
 	enum ibv_qp_state cur = qp_state(qp);
@@ -1163,7 +1176,11 @@ RT_VISIBLE int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	case 2: s = IBV_QPS_SQD; break;
 	case 3: s = IBV_QPS_SQE; break;
 	case 4: s = IBV_QPS_ERR; break;
-	default: s = qp_state(qp) == IBV_QPS_ERR ? IBV_QPS_ERR : qp_state(qp) == IBV_QPS_INIT ? IBV_QPS_INIT : IBV_QPS_RESET; break;
+	default:
+		s = qp_state(qp);
+		if (s != IBV_QPS_ERR && s != IBV_QPS_INIT && s != IBV_QPS_RTR)
+			s = IBV_QPS_RESET;
+		break;
 	}
 	if (st != 0)
 		rt_qp_set_state(qp, s);
@@ -1221,6 +1238,14 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
 {
 	struct rt_qp *q = (struct rt_qp *)qp;
 	int err = 0;
+	enum ibv_qp_state st = qp_state(qp);
+	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT) {
+		/* Not connected, nor being connected by the CM (RTR): siw's
+		 * ENOTCONN. */
+		if (bad)
+			*bad = wr;
+		return ENOTCONN;
+	}
 	pthread_spin_lock(&q->slock);
 	uint32_t prod = q->sq.idx, start = prod;
 	uint32_t cons = rt_load32(ring_word(&q->sq, RING_CONS));
