@@ -256,8 +256,10 @@ struct rt_qp {
 };
 
 /* mem.c: make [addr, addr+len) shared with the service; returns the
- * process's memfd (a borrowed descriptor), or -1 with errno. */
-int rt_mem_share(void *addr, size_t len);
+ * process's memfd (a borrowed descriptor), or -1 with errno. Pages the
+ * program cannot read, or (writable) cannot write, are EFAULT, as the
+ * kernel cannot pin them. */
+int rt_mem_share(void *addr, size_t len, int writable);
 
 /* device.c */
 void rt_install_device_ops(struct rt_ctx *c);

@@ -340,7 +340,11 @@ RT_VISIBLE struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t
 		errno = ENOMEM; /* above max_mr_size: refused before any page moves */
 		return NULL;
 	}
-	int fd = rt_mem_share(addr, len);
+	/* ib_access_writable's flags: the kernel pins such an MR's pages
+	 * for writing. */
+	int fd = rt_mem_share(addr, len,
+			      (access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC |
+					 IBV_ACCESS_MW_BIND)) != 0);
 	if (fd < 0)
 		return NULL;
 	struct rt_msg *m = new_msg();

@@ -290,6 +290,26 @@ static void mr_cases(struct ibv_pd *pd)
 	NULL_ERRNO("ibv_reg_mr of unmapped memory", ibv_reg_mr(pd, m + 4096, 4096, IBV_ACCESS_LOCAL_WRITE), EFAULT);
 	munmap(m, 4096);
 	munmap(m + 2 * 4096, 4096);
+	/* ref: siw_umem_get pins with FOLL_WRITE when the access lets the MR
+	 * be written (ib_access_writable: local or remote write, atomics,
+	 * window binding): read-only memory is EFAULT then; memory the
+	 * program cannot read is EFAULT always. */
+	uint8_t *ro = mmap(NULL, 2 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	MUST(ro != MAP_FAILED);
+	memset(ro, 0x5c, 4096);
+	MUST(mprotect(ro, 4096, PROT_READ) == 0);
+	MUST(mprotect(ro + 4096, 4096, PROT_NONE) == 0);
+	NULL_ERRNO("ibv_reg_mr LOCAL_WRITE of read-only memory", ibv_reg_mr(pd, ro, 4096, IBV_ACCESS_LOCAL_WRITE), EFAULT);
+	NULL_ERRNO("ibv_reg_mr MW_BIND of read-only memory", ibv_reg_mr(pd, ro, 4096, IBV_ACCESS_MW_BIND), EFAULT);
+	NULL_ERRNO("ibv_reg_mr of PROT_NONE memory", ibv_reg_mr(pd, ro + 4096, 4096, IBV_ACCESS_REMOTE_READ), EFAULT);
+	static const char text[] = "a constant";
+	NULL_ERRNO("ibv_reg_mr REMOTE_WRITE of a constant", ibv_reg_mr(pd, (void *)text, sizeof(text), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE), EFAULT);
+	struct ibv_mr *romr = ibv_reg_mr(pd, ro, 4096, IBV_ACCESS_REMOTE_READ);
+	CASE("ibv_reg_mr REMOTE_READ of read-only memory", romr != NULL);
+	CASE("... keeps its contents", ro[0] == 0x5c && ro[4095] == 0x5c);
+	if (romr)
+		CASE("... ibv_dereg_mr", ibv_dereg_mr(romr) == 0);
+	munmap(ro, 2 * 4096);
 	/* ref: the kernel's ib_check_mr_access: remote write or atomic
 	 * without local write, and unknown bits, are EINVAL; on-demand
 	 * paging on a device without it EOPNOTSUPP. */
@@ -637,8 +657,28 @@ static void post_cases(struct ibv_pd *pd)
 				 .send_flags = IBV_SEND_SIGNALED, .wr.rdma = {.remote_addr = (uintptr_t)c.p.buf, .rkey = c.p.mr->rkey}};
 	CASE("ibv_post_send with a deregistered MR's lkey", ibv_post_send(c.a.id->qp, &gw, &bad) == 0);
 	CASE("... completes with IBV_WC_LOC_PROT_ERR", wait_wc(c.a.cq, &wc) == 1 && wc.wr_id == 22 && wc.status == IBV_WC_LOC_PROT_ERR);
+	close_pair(&c);
+
 	/* The same on the receive side: the peer's Send finds a receive
-	 * whose MR is gone. */
+	 * whose MR is gone (ref: siw_proc_send's STag check:
+	 * IBV_WC_LOC_PROT_ERR, and a Terminate). The service has taken the
+	 * receive before the deregistration (it takes ring entries before
+	 * each call). */
+	connect_pair(&c, pd);
+	gone = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	MUST(gone != MAP_FAILED);
+	gmr = ibv_reg_mr(pd, gone, 8192, IBV_ACCESS_LOCAL_WRITE);
+	MUST(gmr);
+	struct ibv_sge rgs = {(uintptr_t)gone, 4096, gmr->lkey};
+	struct ibv_recv_wr grw = {.wr_id = 24, .sg_list = &rgs, .num_sge = 1}, *grbad;
+	MUST(ibv_post_recv(c.p.id->qp, &grw, &grbad) == 0);
+	MUST(ibv_dereg_mr(gmr) == 0);
+	MUST(munmap(gone, 8192) == 0);
+	sge_to(&sg[0], &c.a, 0, 64);
+	struct ibv_send_wr sw = {.wr_id = 25, .sg_list = sg, .num_sge = 1, .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+	CASE("ibv_post_send of a Send to a receive whose MR is gone", ibv_post_send(c.a.id->qp, &sw, &bad) == 0);
+	CASE("... the receive completes with IBV_WC_LOC_PROT_ERR",
+	     wait_wc(c.p.cq, &wc) == 1 && wc.wr_id == 24 && wc.status == IBV_WC_LOC_PROT_ERR);
 	close_pair(&c);
 
 	/* Destroying what a connection uses. ref: EBUSY, and the objects
