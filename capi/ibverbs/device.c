@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "ibv_rt.h"
@@ -114,12 +115,13 @@ RT_VISIBLE struct ibv_context *ibv_open_device(struct ibv_device *d)
 	struct rt_ctx *c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
+	/* The asynchronous events' queue: datagrams, so that a destroyed
+	 * object's unread events can be taken out (purge_async). */
 	int p[2];
-	if (pipe2(p, O_CLOEXEC) < 0) {
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, p) < 0) {
 		free(c);
 		return NULL;
 	}
-	fcntl(p[1], F_SETFL, O_NONBLOCK);
 	c->s = s;
 	c->async_wr = p[1];
 	struct ibv_context *ctx = &c->vctx.context;

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -136,9 +137,74 @@ static struct srq_ref *srqs;
 
 static void post_async(struct rt_ctx *c, struct ibv_async_event *ev)
 {
-	ssize_t w = write(c->async_wr, ev, sizeof(*ev));
+	ssize_t w = send(c->async_wr, ev, sizeof(*ev), MSG_DONTWAIT | MSG_NOSIGNAL);
 	if (w != (ssize_t)sizeof(*ev))
 		rt_debug("asynchronous event %d lost (queue full)", ev->event_type);
+}
+
+/* event_object is the QP, SRQ or CQ an event names (NULL: the device's
+ * or a port's). */
+static void *event_object(const struct ibv_async_event *ev)
+{
+	switch (ev->event_type) {
+	case IBV_EVENT_CQ_ERR:
+		return ev->element.cq;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		return ev->element.srq;
+	case IBV_EVENT_DEVICE_FATAL:
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+		return NULL;
+	default:
+		return ev->element.qp;
+	}
+}
+
+/* purge_async takes the unread events naming obj out of c's queue, as
+ * the kernel drops a destroyed object's events (obj_mu held: no event is
+ * posted meanwhile; a thread reading events may take some first). */
+static void purge_async(struct rt_ctx *c, const void *obj)
+{
+	struct ibv_async_event *evs = NULL;
+	size_t n = 0, cap = 0;
+	for (;;) {
+		if (n == cap) {
+			size_t ncap = cap ? 2 * cap : 32;
+			struct ibv_async_event *e = realloc(evs, ncap * sizeof(*e));
+			if (!e)
+				break;
+			evs = e;
+			cap = ncap;
+		}
+		if (recv(c->vctx.context.async_fd, &evs[n], sizeof(evs[n]), MSG_DONTWAIT) != (ssize_t)sizeof(evs[n]))
+			break;
+		n++;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (event_object(&evs[i]) != obj)
+			post_async(c, &evs[i]);
+	free(evs);
+}
+
+/* cq_overflowed posts IBV_EVENT_CQ_ERR once for a CQ whose ring lost a
+ * completion (obj_mu held). */
+static void cq_overflowed(struct ibv_cq *cq)
+{
+	struct rt_cq *q = (struct rt_cq *)cq;
+	if (!q || q->overflow_told || !rt_load32(ring_word(&q->r, RING_OVERFLOW)))
+		return;
+	q->overflow_told = 1;
+	struct ibv_async_event ev;
+	memset(&ev, 0, sizeof(ev));
+	ev.event_type = IBV_EVENT_CQ_ERR;
+	ev.element.cq = cq;
+	post_async(to_ctx(cq->context), &ev);
 }
 
 /* terminate_event names a QP's failure as libibverbs would: a protection
@@ -185,6 +251,11 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 	case RT_EV_QP_FATAL:
 		for (struct rt_qp *q = qps; q; q = q->next)
 			if (q->qp.qp_num == m->args[1]) {
+				/* A QP fails when a CQ of its overflows: the CQ's
+				 * error first, as siw reports it. */
+				cq_overflowed(q->qp.send_cq);
+				if (q->qp.recv_cq != q->qp.send_cq)
+					cq_overflowed(q->qp.recv_cq);
 				ev.event_type = terminate_event(m);
 				ev.element.qp = &q->qp;
 				post_async(to_ctx(q->qp.context), &ev);
@@ -540,6 +611,9 @@ RT_VISIBLE int ibv_destroy_cq(struct ibv_cq *cq)
 	int e = call_noreply(sess(cq->context), RT_DESTROY_CQ, &q->h, 1);
 	if (e)
 		return e;
+	pthread_mutex_lock(&obj_mu);
+	purge_async(to_ctx(cq->context), cq);
+	pthread_mutex_unlock(&obj_mu);
 	if (cq->channel) {
 		struct rt_channel *c = (struct rt_channel *)cq->channel;
 		pthread_mutex_lock(&c->mu);
@@ -835,6 +909,7 @@ RT_VISIBLE int ibv_destroy_srq(struct ibv_srq *srq)
 			free(r);
 			break;
 		}
+	purge_async(to_ctx(srq->context), srq);
 	pthread_mutex_unlock(&obj_mu);
 	munmap(s->mem, s->memlen);
 	pthread_spin_destroy(&s->lock);
@@ -1100,6 +1175,9 @@ RT_VISIBLE int ibv_destroy_qp(struct ibv_qp *qp)
 	if (e)
 		return e;
 	qp_unlink(q);
+	pthread_mutex_lock(&obj_mu);
+	purge_async(to_ctx(qp->context), qp);
+	pthread_mutex_unlock(&obj_mu);
 	pthread_spin_destroy(&q->slock);
 	pthread_spin_destroy(&q->rlock);
 	qp_free(q);

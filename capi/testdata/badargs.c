@@ -230,6 +230,11 @@ static int wait_wc(struct ibv_cq *cq, struct ibv_wc *wc)
 	return 0;
 }
 
+/* ctx_async_fd is the asynchronous event descriptor of librdmacm's
+ * context of the device. */
+static struct ibv_context *cm_ctx;
+static int ctx_async_fd(void) { return cm_ctx->async_fd; }
+
 static void sge_to(struct ibv_sge *s, struct end *x, size_t off, uint32_t len)
 {
 	s->addr = (uintptr_t)x->buf + off;
@@ -631,6 +636,10 @@ static void post_cases(struct ibv_pd *pd)
 	CASE("ibv_post_send with a bad lkey", ibv_post_send(c.a.id->qp, &w[0], &bad) == 0);
 	CASE("... completes with IBV_WC_LOC_PROT_ERR", wait_wc(c.a.cq, &wc) == 1 && wc.wr_id == 20 && wc.status == IBV_WC_LOC_PROT_ERR);
 	close_pair(&c);
+	/* ref: the kernel drops a destroyed QP's unread asynchronous events
+	 * (the access error above): none is left to name freed memory. */
+	struct pollfd apf = {.fd = ctx_async_fd(), .events = POLLIN};
+	CASE("no asynchronous event of the destroyed QPs is left", poll(&apf, 1, 0) == 0);
 
 	connect_pair(&c, pd);
 	sge_to(&sg[0], &c.a, 65536 - 8, 16);
@@ -679,6 +688,82 @@ static void post_cases(struct ibv_pd *pd)
 	CASE("ibv_post_send of a Send to a receive whose MR is gone", ibv_post_send(c.a.id->qp, &sw, &bad) == 0);
 	CASE("... the receive completes with IBV_WC_LOC_PROT_ERR",
 	     wait_wc(c.p.cq, &wc) == 1 && wc.wr_id == 24 && wc.status == IBV_WC_LOC_PROT_ERR);
+	close_pair(&c);
+
+	/* A CQ too small for the WRs completing into it. ref: siw loses
+	 * the completion that finds its CQ full, reports IBV_EVENT_CQ_ERR
+	 * on the CQ and fails the QP. The completions the CQ holds stay
+	 * whole. */
+	connect_pair(&c, pd);
+	struct ibv_cq *small = ibv_create_cq(c.a.id->verbs, 1, NULL, NULL, 0);
+	MUST(small);
+	struct ibv_qp_init_attr oa = {.send_cq = small, .recv_cq = small, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 64, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1}};
+	struct rdma_cm_id *oid;
+	MUST(rdma_create_id(ch, &oid, NULL, RDMA_PS_TCP) == 0);
+	{
+		struct rdma_cm_id *lid;
+		MUST(rdma_create_id(ch, &lid, NULL, RDMA_PS_TCP) == 0);
+		struct sockaddr_in la = me;
+		MUST(rdma_bind_addr(lid, (struct sockaddr *)&la) == 0);
+		MUST(rdma_listen(lid, 1) == 0);
+		struct sockaddr_in dst = me;
+		dst.sin_port = rdma_get_src_port(lid);
+		MUST(rdma_resolve_addr(oid, NULL, (struct sockaddr *)&dst, 2000) == 0);
+		rdma_ack_cm_event(next_event(RDMA_CM_EVENT_ADDR_RESOLVED));
+		MUST(rdma_resolve_route(oid, 2000) == 0);
+		rdma_ack_cm_event(next_event(RDMA_CM_EVENT_ROUTE_RESOLVED));
+		MUST(rdma_create_qp(oid, pd, &oa) == 0);
+		struct rdma_conn_param op = {.responder_resources = 1, .initiator_depth = 1};
+		MUST(rdma_connect(oid, &op) == 0);
+		struct rdma_cm_event *e = next_event(RDMA_CM_EVENT_CONNECT_REQUEST);
+		struct rdma_cm_id *pid = e->id;
+		rdma_ack_cm_event(e);
+		struct ibv_qp_init_attr pa = {.send_cq = c.p.cq, .recv_cq = c.p.cq, .qp_type = IBV_QPT_RC,
+					      .cap = {.max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1}};
+		MUST(rdma_create_qp(pid, pd, &pa) == 0);
+		MUST(rdma_accept(pid, &op) == 0);
+		rdma_ack_cm_event(next_event(RDMA_CM_EVENT_ESTABLISHED));
+		rdma_ack_cm_event(next_event(RDMA_CM_EVENT_ESTABLISHED));
+		int n = small->cqe + 8;
+		for (int i = 0; i < n; i++) {
+			struct ibv_send_wr ow = {.wr_id = 1000 + (uint64_t)i, .sg_list = sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+						 .send_flags = IBV_SEND_SIGNALED,
+						 .wr.rdma = {.remote_addr = (uintptr_t)c.p.buf, .rkey = c.p.mr->rkey}};
+			sge_to(&sg[0], &c.a, 0, 64);
+			MUST(ibv_post_send(oid->qp, &ow, &bad) == 0);
+		}
+		struct ibv_async_event ev;
+		struct pollfd pf = {.fd = c.a.id->verbs->async_fd, .events = POLLIN};
+		int fatal = 0, cqerr = 0;
+		while (poll(&pf, 1, 10000) == 1 && ibv_get_async_event(c.a.id->verbs, &ev) == 0) {
+			if (ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == oid->qp)
+				fatal = 1;
+			if (ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == small)
+				cqerr = 1;
+			ibv_ack_async_event(&ev);
+			if (fatal && cqerr)
+				break;
+		}
+		CASE("a CQ overflow: IBV_EVENT_CQ_ERR on the CQ", cqerr);
+		CASE("a CQ overflow: IBV_EVENT_QP_FATAL on its QP", fatal);
+		int got = 0, whole = 1;
+		struct ibv_wc owc;
+		while (ibv_poll_cq(small, 1, &owc) == 1) {
+			if (owc.wr_id != 1000 + (uint64_t)got || owc.qp_num != oid->qp->qp_num)
+				whole = 0;
+			got++;
+		}
+		CASE("a CQ overflow: the CQ holds its capacity of whole completions", got == small->cqe && whole);
+		rdma_disconnect(oid);
+		rdma_destroy_qp(pid);
+		rdma_destroy_qp(oid);
+		MUST(rdma_destroy_id(lid) == 0);
+		/* their DISCONNECTED events, if any, go with the IDs */
+		MUST(rdma_destroy_id(pid) == 0);
+		MUST(rdma_destroy_id(oid) == 0);
+	}
+	MUST(ibv_destroy_cq(small) == 0);
 	close_pair(&c);
 
 	/* Destroying what a connection uses. ref: EBUSY, and the objects
@@ -841,6 +926,7 @@ int main(int argc, char **argv)
 		rdma_ack_cm_event(next_event(RDMA_CM_EVENT_ADDR_RESOLVED));
 		cpd = ibv_alloc_pd(id->verbs);
 		MUST(cpd);
+		cm_ctx = id->verbs;
 		MUST(rdma_destroy_id(id) == 0);
 	}
 	cm_cases(cpd);
