@@ -14,14 +14,30 @@ import (
 // librdmacm get the errnos rdma-core and siw give (each case in the
 // program names the reference's), nothing crashes or hangs, and the
 // objects a refused call named go on working; also with ASan and UBSan.
-// The service is checked after the program: it serves a new client, and
-// the program's session is gone.
+// testdata/cm.c runs beside it on the same service, and a new client is
+// served after it: the bad calls disturb no other client.
 func TestBadArgs(t *testing.T) {
 	for _, san := range []bool{false, true} {
 		t.Run(fmt.Sprintf("sanitize=%v", san), func(t *testing.T) {
 			dir := libs(t, san)
 			prog := compileCM(t, dir, "testdata/badargs.c", san)
+			cm := compileCM(t, dir, "testdata/cm.c", san)
 			s := startService(t)
+			other := command(t, dir, s.sock, cm, s.addr)
+			var otherOut bytes.Buffer
+			other.Stdout, other.Stderr = &otherOut, &otherOut
+			if err := other.Start(); err != nil {
+				t.Fatal(err)
+			}
+			otherDone := make(chan error, 1)
+			go func() { otherDone <- other.Wait() }()
+			otherWaited := false
+			t.Cleanup(func() {
+				if !otherWaited {
+					other.Process.Kill()
+					<-otherDone
+				}
+			})
 			c := command(t, dir, s.sock, prog, s.addr)
 			c.Env = append(c.Env, "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1", "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 			done := make(chan struct{})
@@ -37,6 +53,16 @@ func TestBadArgs(t *testing.T) {
 			t.Logf("%s", out)
 			if err != nil || !bytes.Contains(out, []byte("cases ok\n")) {
 				t.Fatalf("badargs: %v", err)
+			}
+			otherWaited = true
+			select {
+			case err := <-otherDone:
+				if err != nil || !bytes.Contains(otherOut.Bytes(), []byte("ok\n")) {
+					t.Fatalf("cm beside badargs: %v\n%s", err, otherOut.String())
+				}
+			case <-time.After(time.Minute):
+				otherWaited = false
+				t.Fatalf("cm beside badargs did not finish\n%s", otherOut.String())
 			}
 			waitClients(t, s, 0)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
