@@ -3,8 +3,9 @@
  * (the service's own address is argv[1]). Every case gets the errno (or
  * return value, or completion status) the reference gives, and no case
  * crashes, hangs or leaves an object unusable. Each case names what
- * rdma-core 44 and the kernel's siw driver do with it ("ref:"); where
- * rdmatap differs on purpose it says why.
+ * rdma-core's libibverbs and librdmacm, the kernel's verbs and CM and its
+ * siw driver do with it ("ref:"); where rdmatap differs on purpose it
+ * says why.
  *
  * Undefined behaviour in the reference (freed objects, a pointer the
  * library never handed out used as one of its objects, an event
@@ -42,28 +43,29 @@ static void case_at(int line, const char *name, int ok)
 }
 
 /* MUST stops the program: what follows depends on it. */
-#define MUST(c)                                                                                           \
-	do {                                                                                              \
-		if (!(c)) {                                                                               \
-			fprintf(stderr, "badargs:%d: %s failed (errno %d: %s)\n", __LINE__, #c, errno, strerror(errno)); \
-			exit(1);                                                                          \
-		}                                                                                         \
+#define MUST(c)                                                                                    \
+	do {                                                                                       \
+		if (!(c)) {                                                                        \
+			fprintf(stderr, "badargs:%d: %s failed (errno %d: %s)\n", __LINE__, #c, errno, \
+				strerror(errno));                                                  \
+			exit(1);                                                                   \
+		}                                                                                  \
 	} while (0)
 
-/* null_errno: a constructor returned NULL with errno e. */
-#define NULL_ERRNO(name, call, e)                  \
-	do {                                               \
-		errno = 0;                                 \
-		void *p_ = (void *)(call);                 \
-		CASE(name, p_ == NULL && errno == (e));    \
+/* NULL_ERRNO: a constructor returned NULL with errno e. */
+#define NULL_ERRNO(name, call, e)                       \
+	do {                                            \
+		errno = 0;                              \
+		void *p_ = (void *)(call);              \
+		CASE(name, p_ == NULL && errno == (e)); \
 	} while (0)
 
 /* RC_ERRNO: a call returning -1 and errno (librdmacm's, ibv_query_gid's). */
-#define RC_ERRNO(name, call, e)                                \
-	do {                                                       \
-		errno = 0;                                         \
-		int r_ = (call);                                   \
-		CASE(name, r_ == -1 && errno == (e));              \
+#define RC_ERRNO(name, call, e)                      \
+	do {                                         \
+		errno = 0;                           \
+		int r_ = (call);                     \
+		CASE(name, r_ == -1 && errno == (e)); \
 	} while (0)
 
 static struct ibv_context *ctx;
@@ -283,10 +285,10 @@ static void mr_cases(struct ibv_pd *pd)
 	NULL_ERRNO("ibv_reg_mr of 0 bytes", ibv_reg_mr(pd, heap, 0, IBV_ACCESS_LOCAL_WRITE), EINVAL);
 	/* ref: siw_umem_get cannot pin page 0: EFAULT. */
 	NULL_ERRNO("ibv_reg_mr at NULL", ibv_reg_mr(pd, NULL, 4096, IBV_ACCESS_LOCAL_WRITE), EFAULT);
-	/* ref: pinning an unmapped page: EFAULT. */
-	/* Low in the address space, where the kernel places no mapping it
-	 * chooses itself: the hole stays one (a sanitizer's allocator would
-	 * fill a hole among its own mappings). */
+	/* ref: pinning an unmapped page: EFAULT. The range lies low in the
+	 * address space, where the kernel places no mapping it chooses
+	 * itself: the hole stays one (a sanitizer's allocator would fill a
+	 * hole among its own mappings). */
 	uint8_t *m = mmap((void *)0x30000000, 3 * 4096, PROT_READ | PROT_WRITE,
 			  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
 	MUST(m == (void *)0x30000000);

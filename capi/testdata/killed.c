@@ -24,12 +24,13 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
-#define CHECK(c)                                                                                           \
-	do {                                                                                               \
-		if (!(c)) {                                                                                \
-			fprintf(stderr, "killed:%d: %s failed (errno %d: %s)\n", __LINE__, #c, errno, strerror(errno)); \
-			exit(1);                                                                           \
-		}                                                                                          \
+#define CHECK(c)                                                                                  \
+	do {                                                                                     \
+		if (!(c)) {                                                                      \
+			fprintf(stderr, "killed:%d: %s failed (errno %d: %s)\n", __LINE__, #c, errno, \
+				strerror(errno));                                                \
+			exit(1);                                                                 \
+		}                                                                                \
 	} while (0)
 
 enum { CHUNK = 65536, DEPTH = 16, BYSTANDER_LEN = 65536 + 123 };
