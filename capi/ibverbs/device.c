@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "ibv_rt.h"
@@ -114,12 +115,13 @@ RT_VISIBLE struct ibv_context *ibv_open_device(struct ibv_device *d)
 	struct rt_ctx *c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
+	/* The asynchronous events' queue: datagrams, so that a destroyed
+	 * object's unread events can be taken out (purge_async). */
 	int p[2];
-	if (pipe2(p, O_CLOEXEC) < 0) {
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, p) < 0) {
 		free(c);
 		return NULL;
 	}
-	fcntl(p[1], F_SETFL, O_NONBLOCK);
 	c->s = s;
 	c->async_wr = p[1];
 	struct ibv_context *ctx = &c->vctx.context;
@@ -258,8 +260,10 @@ RT_VISIBLE int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _com
 
 RT_VISIBLE int ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid)
 {
-	if (!ctx || !gid || port != 1 || index != 0)
+	if (!ctx || !gid || port != 1 || index != 0) {
+		errno = EINVAL;
 		return -1;
+	}
 	memset(gid, 0, sizeof(*gid));
 	fake_mac(ctx->device->name, gid->raw);
 	return 0;

@@ -190,7 +190,7 @@ int ring_open(struct rt_ring *r, uint8_t *base, size_t len);
 struct rt_ctx {
 	struct verbs_context vctx; /* ends with the ibv_context */
 	struct rt_session *s;
-	int async_wr; /* write end of the async events' pipe (context.async_fd is the read end) */
+	int async_wr; /* write end of the async events' socket pair (context.async_fd is the read end) */
 	struct rt_ctx *next; /* open contexts */
 };
 
@@ -227,6 +227,7 @@ struct rt_cq {
 	struct rt_ring r;
 	pthread_spinlock_t lock;
 	uint32_t ev_seen; /* events taken by ibv_get_cq_event (under the channel's lock) */
+	int overflow_told; /* IBV_EVENT_CQ_ERR posted (under obj_mu) */
 	struct rt_cq *next_in_channel;
 };
 
@@ -256,8 +257,10 @@ struct rt_qp {
 };
 
 /* mem.c: make [addr, addr+len) shared with the service; returns the
- * process's memfd (a borrowed descriptor), or -1 with errno. */
-int rt_mem_share(void *addr, size_t len);
+ * process's memfd (a borrowed descriptor), or -1 with errno. Pages the
+ * program cannot read, or (writable) cannot write, are EFAULT, as the
+ * kernel cannot pin them. */
+int rt_mem_share(void *addr, size_t len, int writable);
 
 /* device.c */
 void rt_install_device_ops(struct rt_ctx *c);

@@ -316,7 +316,7 @@ static int share_range_safe(uintptr_t lo, uintptr_t hi, int prot)
 	return j.r;
 }
 
-int rt_mem_share(void *addr, size_t len)
+int rt_mem_share(void *addr, size_t len, int writable)
 {
 	uintptr_t a = (uintptr_t)addr;
 	if (!addr || len == 0 || a + len < a || a + len > MEMFD_SIZE) {
@@ -343,6 +343,11 @@ int rt_mem_share(void *addr, size_t len)
 			continue;
 		if (l.lo > next) {
 			errno = EFAULT; /* a hole */
+			r = -1;
+			break;
+		}
+		if (!(l.prot & PROT_READ) || (writable && !(l.prot & PROT_WRITE))) {
+			errno = EFAULT; /* as get_user_pages (FOLL_WRITE for a writable MR) */
 			r = -1;
 			break;
 		}

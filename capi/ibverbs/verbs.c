@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -136,9 +137,74 @@ static struct srq_ref *srqs;
 
 static void post_async(struct rt_ctx *c, struct ibv_async_event *ev)
 {
-	ssize_t w = write(c->async_wr, ev, sizeof(*ev));
+	ssize_t w = send(c->async_wr, ev, sizeof(*ev), MSG_DONTWAIT | MSG_NOSIGNAL);
 	if (w != (ssize_t)sizeof(*ev))
 		rt_debug("asynchronous event %d lost (queue full)", ev->event_type);
+}
+
+/* event_object is the QP, SRQ or CQ an event names (NULL: the device's
+ * or a port's). */
+static void *event_object(const struct ibv_async_event *ev)
+{
+	switch (ev->event_type) {
+	case IBV_EVENT_CQ_ERR:
+		return ev->element.cq;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		return ev->element.srq;
+	case IBV_EVENT_DEVICE_FATAL:
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+		return NULL;
+	default:
+		return ev->element.qp;
+	}
+}
+
+/* purge_async takes the unread events naming obj out of c's queue, as
+ * the kernel drops a destroyed object's events (obj_mu held: no event is
+ * posted meanwhile; a thread reading events may take some first). */
+static void purge_async(struct rt_ctx *c, const void *obj)
+{
+	struct ibv_async_event *evs = NULL;
+	size_t n = 0, cap = 0;
+	for (;;) {
+		if (n == cap) {
+			size_t ncap = cap ? 2 * cap : 32;
+			struct ibv_async_event *e = realloc(evs, ncap * sizeof(*e));
+			if (!e)
+				break;
+			evs = e;
+			cap = ncap;
+		}
+		if (recv(c->vctx.context.async_fd, &evs[n], sizeof(evs[n]), MSG_DONTWAIT) != (ssize_t)sizeof(evs[n]))
+			break;
+		n++;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (event_object(&evs[i]) != obj)
+			post_async(c, &evs[i]);
+	free(evs);
+}
+
+/* cq_overflowed posts IBV_EVENT_CQ_ERR once for a CQ whose ring lost a
+ * completion (obj_mu held). */
+static void cq_overflowed(struct ibv_cq *cq)
+{
+	struct rt_cq *q = (struct rt_cq *)cq;
+	if (!q || q->overflow_told || !rt_load32(ring_word(&q->r, RING_OVERFLOW)))
+		return;
+	q->overflow_told = 1;
+	struct ibv_async_event ev;
+	memset(&ev, 0, sizeof(ev));
+	ev.event_type = IBV_EVENT_CQ_ERR;
+	ev.element.cq = cq;
+	post_async(to_ctx(cq->context), &ev);
 }
 
 /* terminate_event names a QP's failure as libibverbs would: a protection
@@ -185,6 +251,11 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 	case RT_EV_QP_FATAL:
 		for (struct rt_qp *q = qps; q; q = q->next)
 			if (q->qp.qp_num == m->args[1]) {
+				/* A QP fails when a CQ of its overflows: the CQ's
+				 * error first, as siw reports it. */
+				cq_overflowed(q->qp.send_cq);
+				if (q->qp.recv_cq != q->qp.send_cq)
+					cq_overflowed(q->qp.recv_cq);
 				ev.event_type = terminate_event(m);
 				ev.element.qp = &q->qp;
 				post_async(to_ctx(q->qp.context), &ev);
@@ -336,7 +407,15 @@ RT_VISIBLE struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t
 		errno = EINVAL;
 		return NULL;
 	}
-	int fd = rt_mem_share(addr, len);
+	if (len > rt_limit(sess(pd->context), 7)) {
+		errno = ENOMEM; /* above max_mr_size: refused before any page moves */
+		return NULL;
+	}
+	/* ib_access_writable's flags: the kernel pins such an MR's pages
+	 * for writing. */
+	int fd = rt_mem_share(addr, len,
+			      (access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC |
+					 IBV_ACCESS_MW_BIND)) != 0);
 	if (fd < 0)
 		return NULL;
 	struct rt_msg *m = new_msg();
@@ -532,6 +611,9 @@ RT_VISIBLE int ibv_destroy_cq(struct ibv_cq *cq)
 	int e = call_noreply(sess(cq->context), RT_DESTROY_CQ, &q->h, 1);
 	if (e)
 		return e;
+	pthread_mutex_lock(&obj_mu);
+	purge_async(to_ctx(cq->context), cq);
+	pthread_mutex_unlock(&obj_mu);
 	if (cq->channel) {
 		struct rt_channel *c = (struct rt_channel *)cq->channel;
 		pthread_mutex_lock(&c->mu);
@@ -712,7 +794,7 @@ RT_VISIBLE void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int n)
 
 RT_VISIBLE struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
 {
-	if (!pd || !attr) {
+	if (!pd || !attr || attr->attr.srq_limit > attr->attr.max_wr) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -827,6 +909,7 @@ RT_VISIBLE int ibv_destroy_srq(struct ibv_srq *srq)
 			free(r);
 			break;
 		}
+	purge_async(to_ctx(srq->context), srq);
 	pthread_mutex_unlock(&obj_mu);
 	munmap(s->mem, s->memlen);
 	pthread_spin_destroy(&s->lock);
@@ -942,6 +1025,13 @@ static void qp_free(struct rt_qp *q)
 RT_VISIBLE struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 {
 	if (!pd || !a || !a->send_cq || !a->recv_cq) {
+		errno = EINVAL;
+		return NULL;
+	}
+	/* The contexts share the process's session, whose handles would name
+	 * another context's CQ: the kernel looks handles up per context. */
+	if (a->send_cq->context != pd->context || a->recv_cq->context != pd->context ||
+	    (a->srq && a->srq->context != pd->context)) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -1085,6 +1175,9 @@ RT_VISIBLE int ibv_destroy_qp(struct ibv_qp *qp)
 	if (e)
 		return e;
 	qp_unlink(q);
+	pthread_mutex_lock(&obj_mu);
+	purge_async(to_ctx(qp->context), qp);
+	pthread_mutex_unlock(&obj_mu);
 	pthread_spin_destroy(&q->slock);
 	pthread_spin_destroy(&q->rlock);
 	qp_free(q);
@@ -1112,6 +1205,8 @@ RT_VISIBLE int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int ma
 {
 	if (!qp || !attr)
 		return EINVAL;
+	if (mask & ~(IBV_QP_RATE_LIMIT - 1))
+		return EOPNOTSUPP; /* libibverbs' modify command carries no more */
 	if (!(mask & IBV_QP_STATE))
 		return 0; /* the attributes of an iWARP QP are the connection's */
 	enum ibv_qp_state cur = qp_state(qp);
@@ -1163,7 +1258,11 @@ RT_VISIBLE int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	case 2: s = IBV_QPS_SQD; break;
 	case 3: s = IBV_QPS_SQE; break;
 	case 4: s = IBV_QPS_ERR; break;
-	default: s = qp_state(qp) == IBV_QPS_ERR ? IBV_QPS_ERR : qp_state(qp) == IBV_QPS_INIT ? IBV_QPS_INIT : IBV_QPS_RESET; break;
+	default:
+		s = qp_state(qp);
+		if (s != IBV_QPS_ERR && s != IBV_QPS_INIT && s != IBV_QPS_RTR)
+			s = IBV_QPS_RESET;
+		break;
 	}
 	if (st != 0)
 		rt_qp_set_state(qp, s);
@@ -1221,6 +1320,14 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
 {
 	struct rt_qp *q = (struct rt_qp *)qp;
 	int err = 0;
+	enum ibv_qp_state st = qp_state(qp);
+	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT) {
+		/* Not connected, nor being connected by the CM (RTR): siw's
+		 * ENOTCONN. */
+		if (bad)
+			*bad = wr;
+		return ENOTCONN;
+	}
 	pthread_spin_lock(&q->slock);
 	uint32_t prod = q->sq.idx, start = prod;
 	uint32_t cons = rt_load32(ring_word(&q->sq, RING_CONS));

@@ -561,6 +561,40 @@ static void close_listener(struct cm_id *c, struct rt_session *s)
 	}
 }
 
+static int is_unspecified(const struct sockaddr *sa);
+
+/* check_local_addr asks the service whether sa's IP is the device's (a
+ * listener on it with a port of the service's choice, closed at once):
+ * EADDRNOTAVAIL when it is not, as the kernel's rdma_bind_addr. */
+static int check_local_addr(struct rt_session *s, const struct sockaddr_storage *sa)
+{
+	struct sockaddr_storage probe = *sa;
+	if (probe.ss_family == AF_INET6)
+		((struct sockaddr_in6 *)&probe)->sin6_port = 0;
+	else
+		((struct sockaddr_in *)&probe)->sin_port = 0;
+	char addr[INET6_ADDRSTRLEN + 16];
+	int n = cm_format_addr((struct sockaddr *)&probe, 1, addr, sizeof(addr));
+	if (n < 0)
+		return cm_set_errno(EINVAL);
+	uint64_t a[2] = {1, 0};
+	struct rt_field f = {addr, (uint16_t)n};
+	struct rt_request req = {.type = RT_LISTEN, .nargs = 2, .args = a, .nfields = 1, .fields = &f};
+	struct rt_msg *m = malloc(sizeof(*m));
+	if (!m)
+		return cm_set_errno(ENOMEM);
+	if (rt_call(s, &req, m)) {
+		int e = errno;
+		free(m);
+		return cm_set_errno(e);
+	}
+	uint64_t h = m->args[0];
+	struct rt_request close = {.type = RT_CLOSE_LISTENER, .nargs = 1, .args = &h};
+	rt_call(s, &close, m);
+	free(m);
+	return 0;
+}
+
 /*
  * Binding is the ID's own until it listens or connects (the protocol
  * binds nothing else) with one exception: port 0 opens the service's
@@ -583,7 +617,9 @@ int rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
 		return -1;
 	if (copy_addr(&id->route.addr.src_storage, addr) || set_verbs(c))
 		return -1;
-	if (rdma_get_src_port(id) == 0 && open_listener(c, s, 0)) {
+	if ((rdma_get_src_port(id) == 0 && open_listener(c, s, 0)) ||
+	    (rdma_get_src_port(id) != 0 && !is_unspecified(&id->route.addr.src_addr) &&
+	     check_local_addr(s, &id->route.addr.src_storage))) {
 		int e = errno;
 		memset(&id->route.addr.src_storage, 0, sizeof(id->route.addr.src_storage));
 		return cm_set_errno(e);
@@ -867,6 +903,19 @@ static uint32_t conn_qpn(struct rdma_cm_id *id, const struct rdma_conn_param *p)
 	return 0;
 }
 
+/* A QP the CM starts to connect is in RTR until the connection is
+ * established or fails: sends posted meanwhile go to the service, as
+ * siw's QP takes them once rdma_accept returned. */
+static void qp_connecting(uint32_t qpn)
+{
+	struct ibv_qp *qp = rt_qp_lookup(qpn);
+	if (!qp)
+		return;
+	enum ibv_qp_state st = __atomic_load_n(&qp->state, __ATOMIC_SEQ_CST);
+	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT)
+		rt_qp_set_state(qp, IBV_QPS_RTR);
+}
+
 /* Apply a successful DIAL or ACCEPT reply (mu held). */
 static void connected(struct cm_id *c, const struct rt_msg *rep)
 {
@@ -1017,6 +1066,7 @@ int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 	c->state = ST_CONNECTING;
 	c->qpn = qpn;
 	pthread_mutex_unlock(&mu);
+	qp_connecting(qpn);
 	uint64_t a[8] = {qpn};
 	conn_args(a + 1, conn_param, NULL);
 	struct rt_field f[2] = {{addr, (uint16_t)strlen(addr)},
@@ -1044,6 +1094,7 @@ int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 	c->qpn = qpn;
 	c->req = 0;
 	pthread_mutex_unlock(&mu);
+	qp_connecting(qpn);
 	conn_args(a + 2, conn_param, c);
 	struct rt_field f = {conn_param ? conn_param->private_data : NULL,
 			     conn_param && conn_param->private_data ? conn_param->private_data_len : 0};
