@@ -263,9 +263,10 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 			}
 		break;
 	case RT_EV_SRQ_LIMIT_REACHED:
+	case RT_EV_SRQ_ERR:
 		for (struct srq_ref *r = srqs; r; r = r->next)
 			if (r->srq->h == m->args[2]) {
-				ev.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
+				ev.event_type = m->args[0] == RT_EV_SRQ_ERR ? IBV_EVENT_SRQ_ERR : IBV_EVENT_SRQ_LIMIT_REACHED;
 				ev.element.srq = &r->srq->srq;
 				post_async(to_ctx(r->srq->srq.context), &ev);
 				break;
