@@ -635,7 +635,7 @@ var tableComplete = map[string]int{
 	"wr-opcodes":    12,
 	"wc-opcodes":    10,
 	"wc-status":     int(iwarp.StatusGeneral) + 1,
-	"events":        int(iwarp.EventFatal) + 2,
+	"events":        int(iwarp.EventFatal) + 3, // then SRQ_LIMIT_REACHED, SRQ_ERR
 	"features":      bits.OnesCount64(Features),
 	"query-device":  QueryArgs,
 }
