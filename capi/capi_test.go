@@ -585,6 +585,35 @@ func TestCMlessPrograms(t *testing.T) {
 // TestServiceGone runs testdata/gone.c: when the service stops, a thread
 // waiting for a completion event returns with an error, polling reports
 // one, the context gets IBV_EVENT_DEVICE_FATAL and calls fail.
+// TestSignals (testdata/eintr.c): ibv_get_cq_event and
+// ibv_get_async_event end with EINTR on a signal whose handler lacks
+// SA_RESTART, and ibv_get_cq_event waits on through signals with it.
+func TestSignals(t *testing.T) {
+	for _, san := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sanitize=%v", san), func(t *testing.T) {
+			dir := libs(t, san)
+			prog := compile(t, dir, "testdata/eintr.c", san)
+			s := startService(t)
+			c := command(t, dir, s.sock, prog)
+			var out bytes.Buffer
+			c.Stdout, c.Stderr = &out, &out
+			if err := c.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// A wait that swallows the signal never ends: the test
+			// says so rather than hang.
+			hung := time.AfterFunc(time.Minute, func() { c.Process.Kill() })
+			err := c.Wait()
+			if !hung.Stop() {
+				t.Fatalf("eintr: still waiting after a minute: killed\n%s", out.Bytes())
+			}
+			if err != nil || !bytes.Contains(out.Bytes(), []byte("eintr: ok")) {
+				t.Fatalf("eintr: %v\n%s", err, out.Bytes())
+			}
+		})
+	}
+}
+
 func TestServiceGone(t *testing.T) {
 	for _, san := range []bool{false, true} {
 		t.Run(fmt.Sprintf("sanitize=%v", san), func(t *testing.T) {

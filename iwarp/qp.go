@@ -296,7 +296,9 @@ type irqEntry struct {
 // invalidations), a fast-register MR's (FastRegMR.mu), the segment
 // placer's mu (fail, the receiver's Send bookkeeping), and the receive
 // queue's (RecvQueue.mu: the receiver's take, directly or inside the
-// placer's mu). The segment placer's placeMu comes before rxMu (see
+// placer's mu). A receive queue's refill function (RecvQueue.SetRefill)
+// runs under rxMu alone and takes its own locks inside it, mu among them
+// (PostRecv). The segment placer's placeMu comes before rxMu (see
 // segPlacer).
 //
 // Who touches what: posters (PostSend, PostRecv) take mu for the send
@@ -453,6 +455,10 @@ func (qp *QP) growSQ() {
 
 // Num returns the QP number.
 func (qp *QP) Num() uint32 { return qp.cfg.Num }
+
+// RecvQueue returns the QP's receive queue: its own, or the shared one it
+// takes receives from.
+func (qp *QP) RecvQueue() *RecvQueue { return qp.cfg.RQ }
 
 // State returns the current state.
 func (qp *QP) State() QPState {

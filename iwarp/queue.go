@@ -299,11 +299,18 @@ type recvWQE struct {
 // depth: an idle connection holds none, and once a queue has grown to its
 // working depth, posting allocates nothing.
 //
-// mu guards the ring and the SRQ limit. It is a leaf: nothing is locked
-// under it (onLimit runs after it is released). Its takers: posters
-// (Post), the receive path (take, with QP.rxMu held, and with segment
-// placement inside segPlacer.mu), the segment placer (peek, inside
-// segPlacer.mu), and a QP's flush. depth and maxSGE never change.
+// mu guards the ring, the SRQ limit and the refill function. It is a
+// leaf: nothing is locked under it (onLimit and refill run after it is
+// released). Its takers: posters (Post), the receive path (take, with
+// QP.rxMu held, and with segment placement inside segPlacer.mu; refill,
+// with QP.rxMu held), the segment placer (peek, inside segPlacer.mu), and
+// a QP's flush. depth and maxSGE never change.
+//
+// A queue whose receives are posted from somewhere the receive path
+// cannot see (a service client's receive ring) has a refill function
+// (SetRefill): an untagged message that finds the queue empty runs it,
+// to take the receives posted meanwhile, before it declares no buffer
+// available, as an RNIC sees a WQE at its doorbell.
 type RecvQueue struct {
 	mu sync.Mutex
 	// +checklocks:mu
@@ -320,6 +327,8 @@ type RecvQueue struct {
 	limit int
 	// +checklocks:mu
 	onLimit func()
+	// +checklocks:mu
+	refill func()
 }
 
 // NewRecvQueue returns a queue for depth receives of at most maxSGE SGEs.
@@ -391,6 +400,31 @@ func (q *RecvQueue) take(dst *recvWQE) bool {
 	if fire != nil {
 		fire()
 	}
+	return true
+}
+
+// SetRefill sets the function that an untagged message which finds the
+// queue empty runs before it declares no buffer available: it posts the
+// receives that are on their way to the queue (Post). It runs on the
+// receive path of a QP using the queue, with that QP's rxMu held and no
+// other engine lock, so it may take QP.mu (QP.PostRecv), the queue's
+// mu and a CQ's lock, but no txMu or rxMu. nil: none.
+func (q *RecvQueue) SetRefill(fn func()) {
+	q.mu.Lock()
+	q.refill = fn
+	q.mu.Unlock()
+}
+
+// runRefill runs the refill function, if the queue has one, and reports
+// whether it did.
+func (q *RecvQueue) runRefill() bool {
+	q.mu.Lock()
+	fn := q.refill
+	q.mu.Unlock()
+	if fn == nil {
+		return false
+	}
+	fn()
 	return true
 }
 

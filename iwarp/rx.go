@@ -1141,7 +1141,18 @@ func (r *receiver) endFPDU() {
 // the placer's lock: the placer places a Send beyond a hole into the
 // receive it will take (segPlacer.sendDst), and must not see the queue's
 // head move without knowing.
+//
+// A queue with a refill function (RecvQueue.SetRefill) that is empty gets
+// one more chance: the function runs, with rxMu held and the placer's
+// lock not, and the take is tried again.
 func (r *receiver) takeRecv(msn uint32) bool {
+	if r.takeRecvOnce(msn) {
+		return true
+	}
+	return r.qp.cfg.RQ.runRefill() && r.takeRecvOnce(msn)
+}
+
+func (r *receiver) takeRecvOnce(msn uint32) bool {
 	qp, p, m := r.qp, r.seg, &r.cur
 	if p == nil || p.rx == nil || qp.cfg.SharedRQ {
 		return qp.cfg.RQ.take(&m.wqe)

@@ -476,10 +476,13 @@ const (
 	EventTerminateReceived
 	EventQPFatal
 	EventSRQLimitReached
+	// EventSRQErr: a receive posted to an SRQ of a service was dropped
+	// (a malformed ring entry); Err says why.
+	EventSRQErr
 )
 
 func (t AsyncEventType) String() string {
-	return [...]string{"ESTABLISHED", "DISCONNECTED", "TERMINATE_SENT", "TERMINATE_RECEIVED", "QP_FATAL", "SRQ_LIMIT_REACHED"}[t]
+	return [...]string{"ESTABLISHED", "DISCONNECTED", "TERMINATE_SENT", "TERMINATE_RECEIVED", "QP_FATAL", "SRQ_LIMIT_REACHED", "SRQ_ERR"}[t]
 }
 
 // AsyncEvent is an asynchronous device event.

@@ -279,7 +279,7 @@ func (e *svcError) Unwrap() []error { return e.errs }
 func (cl *client) event(m svc.Msg) {
 	e := AsyncEvent{Type: AsyncEventType(m.Arg(0)), QPNum: uint32(m.Arg(1)),
 		Term: TermCode{Layer: TermLayer(m.Arg(3)), EType: uint8(m.Arg(4)), Code: uint8(m.Arg(5))}}
-	if e.Type > EventSRQLimitReached {
+	if e.Type > EventSRQErr {
 		return
 	}
 	if h := m.Arg(2); h != 0 {

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <infiniband/verbs.h>
 
@@ -211,10 +212,19 @@ struct rt_mw {
 	uint64_t h;
 };
 
+/* A completion channel. ch.fd is an eventfd of the library's own, which
+ * ibv_get_cq_event reads (blocking unless the program made it
+ * non-blocking) and programs may poll: the channel's forwarder thread
+ * waits on epfd, which holds the CQs' eventfds (written by the service)
+ * and stopfd, and adds 1 to ch.fd whenever one of them fires. */
 struct rt_channel {
-	struct ibv_comp_channel ch; /* ch.fd: an epoll instance holding the CQs' eventfds */
+	struct ibv_comp_channel ch;
 	pthread_mutex_t mu;
 	struct rt_cq *cqs;
+	int epfd;
+	int stopfd;
+	pthread_t fwd;
+	pid_t pid;               /* the process the forwarder runs in (a fork's child has none) */
 	struct rt_channel *next; /* live channels */
 };
 

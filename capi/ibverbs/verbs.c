@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sched.h>
@@ -127,6 +129,14 @@ RT_VISIBLE struct ibv_qp *rt_qp_lookup(uint32_t qpn)
 	return q ? &q->qp : NULL;
 }
 
+/* channel_wake makes a completion channel's fd readable. */
+static void channel_wake(struct rt_channel *c)
+{
+	uint64_t one = 1;
+	ssize_t w = write(c->ch.fd, &one, sizeof(one));
+	(void)w;
+}
+
 /* ---- asynchronous events ---- */
 
 struct srq_ref {
@@ -233,15 +243,8 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 			post_async(c, &ev);
 		/* Wake every thread waiting for a completion event: it finds
 		 * the session ended (get_cq_event). */
-		for (struct rt_channel *ch = channels; ch; ch = ch->next) {
-			pthread_mutex_lock(&ch->mu);
-			for (struct rt_cq *q = ch->cqs; q; q = q->next_in_channel) {
-				uint64_t one = 1;
-				ssize_t w = write(q->efd, &one, sizeof(one));
-				(void)w;
-			}
-			pthread_mutex_unlock(&ch->mu);
-		}
+		for (struct rt_channel *ch = channels; ch; ch = ch->next)
+			channel_wake(ch);
 		pthread_mutex_unlock(&obj_mu);
 		return;
 	}
@@ -263,9 +266,10 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 			}
 		break;
 	case RT_EV_SRQ_LIMIT_REACHED:
+	case RT_EV_SRQ_ERR:
 		for (struct srq_ref *r = srqs; r; r = r->next)
 			if (r->srq->h == m->args[2]) {
-				ev.event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
+				ev.event_type = m->args[0] == RT_EV_SRQ_ERR ? IBV_EVENT_SRQ_ERR : IBV_EVENT_SRQ_LIMIT_REACHED;
 				ev.element.srq = &r->srq->srq;
 				post_async(to_ctx(r->srq->srq.context), &ev);
 				break;
@@ -290,18 +294,16 @@ void rt_events_init(struct rt_session *s)
 	pthread_mutex_unlock(&mu);
 }
 
+/* ibv_get_async_event reads the socket, as rdma-core reads its fd: a
+ * signal interrupts the read as the kernel decides (SA_RESTART). */
 RT_VISIBLE int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
 {
-	for (;;) {
-		ssize_t r = read(ctx->async_fd, ev, sizeof(*ev));
-		if (r == (ssize_t)sizeof(*ev))
-			return 0;
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r >= 0)
-			errno = EIO;
-		return -1;
-	}
+	ssize_t r = read(ctx->async_fd, ev, sizeof(*ev));
+	if (r == (ssize_t)sizeof(*ev))
+		return 0;
+	if (r >= 0)
+		errno = EIO;
+	return -1;
 }
 
 RT_VISIBLE void ibv_ack_async_event(struct ibv_async_event *ev)
@@ -481,6 +483,43 @@ RT_VISIBLE int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, voi
 
 /* ---- completion channels and queues ---- */
 
+/* forward is a channel's forwarder thread: it adds 1 to the channel's fd
+ * whenever the eventfd of one of its CQs fires, until stopfd does. */
+static void *forward(void *arg)
+{
+	struct rt_channel *c = arg;
+	for (;;) {
+		struct epoll_event evs[16];
+		int n = epoll_wait(c->epfd, evs, 16, -1);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return NULL;
+		}
+		int fire = 0;
+		pthread_mutex_lock(&c->mu);
+		for (int i = 0; i < n; i++) {
+			if (evs[i].data.ptr == c) {
+				pthread_mutex_unlock(&c->mu);
+				return NULL;
+			}
+			/* Only a CQ still in the channel (a destroyed one's
+			 * pointer may be stale). */
+			for (struct rt_cq *q = c->cqs; q; q = q->next_in_channel)
+				if (q == evs[i].data.ptr) {
+					uint64_t v;
+					ssize_t rd = read(q->efd, &v, sizeof(v));
+					(void)rd;
+					fire = 1;
+					break;
+				}
+		}
+		pthread_mutex_unlock(&c->mu);
+		if (fire)
+			channel_wake(c);
+	}
+}
+
 RT_VISIBLE struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *ctx)
 {
 	if (!ctx) {
@@ -490,13 +529,37 @@ RT_VISIBLE struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *
 	struct rt_channel *c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
-	c->ch.fd = epoll_create1(EPOLL_CLOEXEC);
-	if (c->ch.fd < 0) {
-		free(c);
-		return NULL;
-	}
+	c->ch.fd = eventfd(0, EFD_CLOEXEC);
+	c->epfd = epoll_create1(EPOLL_CLOEXEC);
+	c->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+	int e = 0;
+	if (c->ch.fd < 0 || c->epfd < 0 || c->stopfd < 0 || epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->stopfd, &ev) < 0)
+		e = errno;
 	c->ch.context = ctx;
 	pthread_mutex_init(&c->mu, NULL);
+	if (!e) {
+		/* The forwarder takes no signal: those of the process go to
+		 * the program's threads, whose waits they interrupt. */
+		sigset_t all, old;
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		e = pthread_create(&c->fwd, NULL, forward, c);
+		c->pid = getpid();
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+	}
+	if (e) {
+		if (c->ch.fd >= 0)
+			close(c->ch.fd);
+		if (c->epfd >= 0)
+			close(c->epfd);
+		if (c->stopfd >= 0)
+			close(c->stopfd);
+		pthread_mutex_destroy(&c->mu);
+		free(c);
+		errno = e;
+		return NULL;
+	}
 	pthread_mutex_lock(&obj_mu);
 	c->next = channels;
 	channels = c;
@@ -521,6 +584,14 @@ RT_VISIBLE int ibv_destroy_comp_channel(struct ibv_comp_channel *ch)
 			break;
 		}
 	pthread_mutex_unlock(&obj_mu);
+	if (c->pid == getpid()) {
+		uint64_t one = 1;
+		ssize_t w = write(c->stopfd, &one, sizeof(one));
+		(void)w;
+		pthread_join(c->fwd, NULL);
+	}
+	close(c->stopfd);
+	close(c->epfd);
 	close(ch->fd);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
@@ -580,13 +651,14 @@ RT_VISIBLE struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *
 	if (channel) {
 		struct rt_channel *c = (struct rt_channel *)channel;
 		struct epoll_event ev = {.events = EPOLLIN, .data.ptr = q};
-		if (epoll_ctl(channel->fd, EPOLL_CTL_ADD, q->efd, &ev) < 0) {
+		pthread_mutex_lock(&c->mu);
+		if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, q->efd, &ev) < 0) {
 			e = errno;
+			pthread_mutex_unlock(&c->mu);
 			munmap(q->mem, q->memlen);
 			close(q->efd);
 			goto undo;
 		}
-		pthread_mutex_lock(&c->mu);
 		q->next_in_channel = c->cqs;
 		c->cqs = q;
 		channel->refcnt++;
@@ -623,7 +695,7 @@ RT_VISIBLE int ibv_destroy_cq(struct ibv_cq *cq)
 				break;
 			}
 		cq->channel->refcnt--;
-		epoll_ctl(cq->channel->fd, EPOLL_CTL_DEL, q->efd, NULL);
+		epoll_ctl(c->epfd, EPOLL_CTL_DEL, q->efd, NULL);
 		pthread_mutex_unlock(&c->mu);
 	}
 	close(q->efd);
@@ -706,12 +778,8 @@ static struct rt_cq *take_event(struct rt_channel *c)
 		uint32_t ev = rt_load32(ring_word(&q->r, RING_EVENTS));
 		if (ev != q->ev_seen) {
 			q->ev_seen++;
-			if (ev != q->ev_seen) {
-				/* more events wait: keep the channel readable */
-				uint64_t one = 1;
-				ssize_t w = write(q->efd, &one, sizeof(one));
-				(void)w;
-			}
+			if (ev != q->ev_seen)
+				channel_wake(c); /* more events wait: keep the channel readable */
 			return q;
 		}
 	}
@@ -720,11 +788,14 @@ static struct rt_cq *take_event(struct rt_channel *c)
 
 /* get_cq_event is ibv_get_cq_event with cancellation disabled; it enables
  * it only around its wait, where it holds no lock (rping cancels the
- * thread that waits in ibv_get_cq_event). */
+ * thread that waits in ibv_get_cq_event). The wait is a read() of the
+ * channel's fd, as rdma-core's: a signal interrupts it as the kernel
+ * decides (EINTR, or a restart under SA_RESTART), a non-blocking channel
+ * gives EAGAIN, and the session's end makes the fd readable. */
 static int get_cq_event(struct rt_channel *c, struct ibv_cq **cq, void **cq_context, int cs)
 {
 	struct ibv_comp_channel *ch = &c->ch;
-	for (int round = 0;; round++) {
+	for (;;) {
 		pthread_mutex_lock(&c->mu);
 		struct rt_cq *q = take_event(c);
 		pthread_mutex_unlock(&c->mu);
@@ -738,30 +809,16 @@ static int get_cq_event(struct rt_channel *c, struct ibv_cq **cq, void **cq_cont
 			errno = EIO; /* the service is gone: no event will come */
 			return -1;
 		}
-		int fl = fcntl(ch->fd, F_GETFL);
-		int nonblock = fl >= 0 && (fl & O_NONBLOCK);
-		if (nonblock && round > 0) {
-			errno = EAGAIN;
-			return -1;
-		}
-		struct epoll_event evs[16];
+		uint64_t v;
 		int old;
 		pthread_setcancelstate(cs, &old);
-		int n = epoll_wait(ch->fd, evs, 16, nonblock ? 0 : -1);
+		ssize_t n = read(ch->fd, &v, sizeof(v));
 		int e = errno;
 		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
-		if (n < 0 && e != EINTR) {
+		if (n < 0) {
 			errno = e;
 			return -1;
 		}
-		pthread_mutex_lock(&c->mu);
-		for (int i = 0; i < n; i++) {
-			struct rt_cq *r = evs[i].data.ptr;
-			uint64_t v;
-			ssize_t rd = read(r->efd, &v, sizeof(v));
-			(void)rd;
-		}
-		pthread_mutex_unlock(&c->mu);
 	}
 }
 

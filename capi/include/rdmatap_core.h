@@ -101,6 +101,7 @@ enum rt_event_type {
 	RT_EV_TERMINATE_RECEIVED = 3,
 	RT_EV_QP_FATAL = 4,
 	RT_EV_SRQ_LIMIT_REACHED = 5,
+	RT_EV_SRQ_ERR = 6,
 };
 
 /* Tri (protocol section 7.10). */

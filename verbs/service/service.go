@@ -643,8 +643,16 @@ func (s *Server) routeEvent(e verbs.AsyncEvent) bool {
 //     PostSend and PostRecv (QP.mu; QP.txMu, for a send the poster
 //     transmits itself; RecvQueue.mu), the CQs' locks (failWR, and the
 //     completions of those sends) and mu (resolve, stopPoller). It
-//     guards the served QPs' and SRQs' consumer state (sqCons, sqSnap,
-//     rqCons, cons, and their scratch).
+//     guards the served QPs' send ring consumer state (sqCons, sqSnap,
+//     and their scratch).
+//   - servedQP.rqMu and servedSRQ.mu: a receive ring's consumer state
+//     (its consumer index, scratch, and whether the ring is gone). The
+//     pass takes them, and so does the engine's receive path when an
+//     untagged message finds the queue empty (refillRQ, refillSRQ, with
+//     the receiving QP's rxMu held): both take entries under the same
+//     lock, so each entry is taken once. Inside them: the engine's
+//     PostRecv (QP.mu, RecvQueue.mu), the CQs' locks (failWR), and mu
+//     (stopPoller, when a ring's index is out of range).
 //   - ringMu: a pass holds it for reading while it touches the rings and
 //     pollQPs and pollSRQs; createQP, createSRQ, destroySRQ and releaseQP
 //     hold it for writing while they add or remove a ring (releaseQP
@@ -653,7 +661,9 @@ func (s *Server) routeEvent(e verbs.AsyncEvent) bool {
 // Lock order: pollMu → ringMu → mu (createQP, createSRQ and destroySRQ
 // take mu inside ringMu); ringMu → Server.mu (dropRing); ringMu → SRQ.mu
 // → PD.mu (destroySRQ); pollMu → ringMu → the engine's QP and queue
-// locks → servedCQ.mu; servedCQ.mu → Server.mu and servedCQ.mu → mu (a
+// locks → servedCQ.mu; pollMu → ringMu → rqMu or servedSRQ.mu → QP.mu,
+// RecvQueue.mu, servedCQ.mu and mu; QP.rxMu → rqMu or servedSRQ.mu (the
+// engine's refill); servedCQ.mu → Server.mu and servedCQ.mu → mu (a
 // served CQ's retire). Server.mu, mu and wmu are leaves. The fast path's ctl, ctlFd,
 // sleeping and bell are set by hello before the poller starts and never
 // change; blocked is an atomic; stop is closed once, under mu.
@@ -1870,17 +1880,22 @@ func takeUnused[T any](mu *sync.Mutex, m map[uint64]*T, h uint64, refs func(*T) 
 
 // --- SRQ ---
 
-// servedSRQ is a client's SRQ and the service's side of its ring. cons
-// and sgl are the pass's, under session.pollMu; refs is under
-// session.mu; the rest never changes.
+// servedSRQ is a client's SRQ and the service's side of its ring. cons,
+// sgl and gone are under mu (see session); refs is under session.mu; the
+// rest never changes.
 type servedSRQ struct {
-	h      uint64
-	srq    *verbs.SRQ
-	rq     *iwarp.RecvQueue // srq's, the engine's
-	mem    []byte
-	ring   *svc.Ring
-	cons   uint32
-	sgl    []iwarp.SGE
+	h    uint64
+	srq  *verbs.SRQ
+	rq   *iwarp.RecvQueue // srq's, the engine's
+	mem  []byte
+	ring *svc.Ring
+	mu   sync.Mutex
+	// +checklocks:mu
+	cons uint32
+	// +checklocks:mu
+	sgl []iwarp.SGE
+	// +checklocks:mu
+	gone   bool // the ring is unmapped
 	refs   int
 	maxSGE int
 	cost   int64 // charged beside the ring
@@ -1919,7 +1934,8 @@ func (x *session) createSRQ(b *svc.Builder, m svc.Msg) ([]int, error) {
 		return nil, err
 	}
 	ring, _ := svc.InitRing(mem, capacity, esize)
-	s := &servedSRQ{srq: srq, rq: engine.RecvQueue(srq), mem: mem, ring: ring, sgl: make([]iwarp.SGE, maxSGE), maxSGE: int(maxSGE), cost: cost}
+	s := &servedSRQ{srq: srq, rq: engine.RecvQueue(srq), mem: mem, ring: ring, sgl: make([]iwarp.SGE, maxSGE), maxSGE: int(maxSGE), cost: cost} // +checklocksignore: not shared yet
+	s.rq.SetRefill(func() { x.refillSRQ(s) })
 	x.ringMu.Lock()
 	x.mu.Lock()
 	s.h = x.handle64()
@@ -1946,6 +1962,10 @@ func (x *session) destroySRQ(h uint64) error {
 			break
 		}
 	}
+	s.rq.SetRefill(nil)
+	s.mu.Lock()
+	s.gone = true
+	s.mu.Unlock()
 	x.dropRing(s.mem, len(s.mem))
 	x.uncharge(s.cost)
 	// No QP of the client uses it (takeUnused), so no QP of the device's.
@@ -1970,22 +1990,29 @@ func (x *session) srqLimit(h, limit uint64) error {
 
 // servedQP is a client's QP and the service's side of its rings.
 //
-// The ring consumer's state (sqCons, sqSnap, rqCons, wrs, sgl, rsgl) is
-// the pass's, under session.pollMu; blocked too, except that releaseQP
-// clears it holding session.ringMu for writing (no pass runs then).
+// The send ring consumer's state (sqCons, sqSnap, wrs, sgl) is the
+// pass's, under session.pollMu; blocked too, except that releaseQP
+// clears it holding session.ringMu for writing (no pass runs then). The
+// receive ring's (rqCons, rsgl, rqGone) is under rqMu (see session).
 // conn and cost are under session.mu. The rest never changes.
 type servedQP struct {
-	qp       *verbs.QP
-	iw       *iwarp.QP // qp's, the engine's
-	num      uint32
-	mem      []byte
-	sq, rq   *svc.Ring
-	sqCons   uint32
-	sqSnap   uint32 // SQ entries pollOnce saw before it took the receives
-	rqCons   uint32
+	qp     *verbs.QP
+	iw     *iwarp.QP // qp's, the engine's
+	num    uint32
+	mem    []byte
+	sq     *svc.Ring
+	rq     *svc.Ring
+	sqCons uint32
+	sqSnap uint32 // SQ entries pollOnce saw before it took the receives
+	rqMu   sync.Mutex
+	// +checklocks:rqMu
+	rqCons uint32
+	// +checklocks:rqMu
+	rsgl []iwarp.SGE
+	// +checklocks:rqMu
+	rqGone   bool // the receive ring is unmapped
 	wrs      [1]iwarp.SendWR
 	sgl      []iwarp.SGE
-	rsgl     []iwarp.SGE
 	scq, rcq *servedCQ
 	srq      *servedSRQ
 	blocked  bool  // an SQ or RQ entry waits for room (poller only)
@@ -2056,6 +2083,7 @@ func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
 	q.sq, _ = svc.InitRing(mem[:sqBytes], sqCap, svc.SendEntrySize(cfg.MaxSendSGE))
 	if srq == nil {
 		q.rq, _ = svc.InitRing(mem[sqBytes:], rqCap, svc.RecvEntrySize(cfg.MaxRecvSGE))
+		q.iw.RecvQueue().SetRefill(func() { x.refillRQ(q) })
 	}
 	x.ringMu.Lock()
 	x.mu.Lock()
@@ -2171,6 +2199,12 @@ func (x *session) releaseQP(q *servedQP, fatal bool) {
 	if q.blocked {
 		q.blocked = false
 		x.blocked.Add(-1)
+	}
+	if q.rq != nil {
+		q.iw.RecvQueue().SetRefill(nil)
+		q.rqMu.Lock()
+		q.rqGone = true
+		q.rqMu.Unlock()
 	}
 	x.dropRing(q.mem, len(q.mem))
 	x.ringMu.Unlock()
@@ -2322,9 +2356,7 @@ func (x *session) pollOnce() bool {
 	defer x.pollMu.Unlock()
 	did, bad := x.passRings()
 	if bad != nil {
-		x.logf("ring: %v: ending the session", bad)
-		x.conn.Close()
-		x.stopPoller()
+		x.ringFailed(bad)
 	}
 	return did
 }
@@ -2352,14 +2384,17 @@ func (x *session) passRings() (did bool, bad error) {
 		if q.rq == nil {
 			continue
 		}
-		d, err := x.drainRQ(q)
+		d, full, err := x.drainRQ(q)
 		did = did || d
+		if full {
+			x.setBlocked(q, true)
+		}
 		if err != nil {
 			return did, err
 		}
 	}
 	for _, s := range x.pollSRQs {
-		d, err := drainSRQ(s)
+		d, err := x.drainSRQ(s)
 		did = did || d
 		if err != nil {
 			return did, err
@@ -2425,21 +2460,25 @@ func (x *session) drainSQ(q *servedQP) bool {
 	return did
 }
 
-// drainRQ posts the QP's new receive ring entries.
-func (x *session) drainRQ(q *servedQP) (bool, error) {
+// drainRQ posts the QP's new receive ring entries; full: one waits for
+// room in the engine's queue.
+func (x *session) drainRQ(q *servedQP) (did, full bool, err error) {
+	q.rqMu.Lock()
+	defer q.rqMu.Unlock()
+	if q.rqGone {
+		return false, false, nil
+	}
 	n, err := q.rq.Pending(q.rqCons)
 	if err != nil || n == 0 {
-		return false, err
+		return false, false, err
 	}
-	did := false
 	for ; n > 0; n-- {
 		id, sgl, err := svc.GetRecv(q.rq.Entry(q.rqCons), q.rsgl)
 		if err != nil {
 			x.failWR(q.rcq, q.num, iwarp.Completion{ID: id, Status: iwarp.StatusLocalQPOp, Op: iwarp.CompRecv})
 		} else if err := q.iw.PostRecv(id, sgl); err != nil {
 			if errors.Is(err, iwarp.ErrQueueFull) {
-				x.setBlocked(q, true)
-				break
+				return did, true, nil
 			}
 			x.failWR(q.rcq, q.num, iwarp.Completion{ID: id, Status: iwarp.StatusWRFlush, Op: iwarp.CompRecv})
 		}
@@ -2447,11 +2486,16 @@ func (x *session) drainRQ(q *servedQP) (bool, error) {
 		q.rq.Cons.Store(q.rqCons)
 		did = true
 	}
-	return did, nil
+	return did, false, nil
 }
 
 // drainSRQ posts an SRQ's new ring entries; a full SRQ leaves them there.
-func drainSRQ(s *servedSRQ) (bool, error) {
+func (x *session) drainSRQ(s *servedSRQ) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		return false, nil
+	}
 	n, err := s.ring.Pending(s.cons)
 	if err != nil || n == 0 {
 		return false, err
@@ -2460,15 +2504,58 @@ func drainSRQ(s *servedSRQ) (bool, error) {
 	for ; n > 0; n-- {
 		id, sgl, err := svc.GetRecv(s.ring.Entry(s.cons), s.sgl)
 		if err == nil {
-			if err := s.rq.Post(id, sgl); errors.Is(err, iwarp.ErrQueueFull) {
+			if err = s.rq.Post(id, sgl); errors.Is(err, iwarp.ErrQueueFull) {
 				break
 			}
+		}
+		if err != nil {
+			// No QP is the entry's yet, so no CQ: the client hears of
+			// the dropped receive through an SRQ_ERR event.
+			x.sendEvent(verbs.AsyncEvent{Type: verbs.EventSRQErr, SRQ: s.srq,
+				Err: fmt.Errorf("receive %#x dropped: %w", id, err)})
 		}
 		s.cons++
 		s.ring.Cons.Store(s.cons)
 		did = true
 	}
 	return did, nil
+}
+
+// refillRQ is the engine's refill of a served QP's receive queue
+// (iwarp.RecvQueue.SetRefill): a Send found it empty, so the receives
+// the client has published in its ring but the poller has not taken yet
+// are taken now, as the poller would, before the engine declares no
+// buffer available. It runs on the engine's receive path.
+func (x *session) refillRQ(q *servedQP) {
+	defer x.refillDone(debug.SetPanicOnFault(true))
+	if _, _, err := x.drainRQ(q); err != nil {
+		x.ringFailed(err)
+	}
+}
+
+// refillSRQ is refillRQ for an SRQ.
+func (x *session) refillSRQ(s *servedSRQ) {
+	defer x.refillDone(debug.SetPanicOnFault(true))
+	if _, err := x.drainSRQ(s); err != nil {
+		x.ringFailed(err)
+	}
+}
+
+// refillDone ends a refill: a panic in it (a fault reading the client's
+// ring, or a bug its contents reached) ends the client's session, not the
+// service.
+func (x *session) refillDone(fault bool) {
+	debug.SetPanicOnFault(fault)
+	if r := recover(); r != nil {
+		x.ringFailed(fmt.Errorf("internal error: %v", r))
+	}
+}
+
+// ringFailed ends the session of a client whose ring is corrupt.
+func (x *session) ringFailed(err error) {
+	x.logf("ring: %v: ending the session", err)
+	x.conn.Close()
+	x.stopPoller()
 }
 
 // resolve gives a REG_MR or BIND_MW from a ring the MR or window its

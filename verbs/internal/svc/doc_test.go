@@ -590,7 +590,13 @@ var docConstants = map[string]func(name string) (uint64, bool){
 				return uint64(e), true
 			}
 		}
-		return uint64(iwarp.EventFatal) + 1, s == "SRQ_LIMIT_REACHED"
+		switch s {
+		case "SRQ_LIMIT_REACHED":
+			return uint64(iwarp.EventFatal) + 1, true
+		case "SRQ_ERR":
+			return uint64(iwarp.EventFatal) + 2, true
+		}
+		return 0, false
 	},
 	"mw-types": named(map[string]uint64{"TYPE_1": uint64(iwarp.MWType1), "TYPE_2": uint64(iwarp.MWType2)}),
 	"rtr":      named(map[string]uint64{"SEND": uint64(iwarp.RTRSend), "WRITE": uint64(iwarp.RTRWrite), "READ": uint64(iwarp.RTRRead)}),
@@ -629,7 +635,7 @@ var tableComplete = map[string]int{
 	"wr-opcodes":    12,
 	"wc-opcodes":    10,
 	"wc-status":     int(iwarp.StatusGeneral) + 1,
-	"events":        int(iwarp.EventFatal) + 2,
+	"events":        int(iwarp.EventFatal) + 3, // then SRQ_LIMIT_REACHED, SRQ_ERR
 	"features":      bits.OnesCount64(Features),
 	"query-device":  QueryArgs,
 }

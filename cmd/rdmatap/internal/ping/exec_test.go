@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -481,11 +482,14 @@ func TestExecPerftest(t *testing.T) {
 	}
 }
 
-// TestExecQperf: qperf -cm1's RDMA Read tests between two services. qperf's own control
-// connection is kernel TCP to the server's address, so both ends run in
-// a network namespace whose loopback holds that address (root only); the
-// RDMA traffic goes through the services, whose sockets the namespace
-// shares with the host.
+// TestExecQperf: qperf -cm1's RC tests (Send, Write, Read, atomics)
+// between two services, each run with the CQs polled (-cp1) and waited
+// for through completion channels (qperf then ends each test with a
+// SIGALRM that must interrupt its wait). qperf's own control connection
+// is kernel TCP to the server's address, so both ends run in a network
+// namespace whose loopback holds that address (root only); the RDMA
+// traffic goes through the services, whose sockets the namespace shares
+// with the host.
 func TestExecQperf(t *testing.T) {
 	needProgram(t, "qperf", "qperf")
 	if os.Geteuid() != 0 {
@@ -514,47 +518,65 @@ func TestExecQperf(t *testing.T) {
 	}
 	qperf, _ := exec.LookPath("qperf")
 	asNobody := fmt.Sprintf("%s --reuid=%d --regid=%d --clear-groups %s", setpriv, nobody, nobody, qperf)
-	// -cp1: poll the CQs. qperf ends each test on SIGALRM and expects
-	// its wait for a completion event to fail with EINTR then. The Send
-	// tests (rc_lat, rc_bw) are left out: qperf posts a receive and then
-	// tells its peer over TCP to send, which can overtake the service's
-	// taking of the receive from the ring (a Terminate for want of a
-	// buffer). Its Write tests meet the same at their end. Reads need
-	// no receive.
-	tests := "rc_rdma_read_bw rc_rdma_read_lat"
-	script := fmt.Sprintf(`set -u
+	// rc_bw and rc_rdma_write_bw stream Sends and RDMA Writes with
+	// Immediate, each taking a receive, with no flow control: their
+	// client's WRs complete once TCP has the data, and iWARP has no
+	// receiver-not-ready retry. A server that falls 1,024 messages (its
+	// receives) behind ends the connection with a Terminate, as on any
+	// iWARP RNIC, and a busy machine can hold a polling server off the
+	// CPU for longer than the client takes to send them. So rc_bw sends
+	// 1,000 messages (-n), which the receives its server posts before
+	// the test starts hold (qperf then reports no bandwidth: the test
+	// checks that all 1,000 arrived), and rc_rdma_write_bw, whose client
+	// ignores -n, runs with 1 MiB messages.
+	tests := "rc_lat rc_rdma_write_lat rc_rdma_read_bw rc_rdma_read_lat rc_compare_swap_mr rc_fetch_add_mr"
+	received := regexp.MustCompile(`(?m)^rc_bw:\n(\s+\S+\s+=.*\n)*\s+recv_msgs\s+=\s+1,000\s*$`)
+	for _, mode := range []struct{ name, flag string }{{"poll", "-cp1"}, {"event", ""}} {
+		t.Run(mode.name, func(t *testing.T) {
+			script := fmt.Sprintf(`set -u
 ip link set lo up && ip addr add %[1]s/32 dev lo || exit 1
 %[2]s="exec --via %[3]s --cache %[4]s -- %[5]s" %[6]s > "$1/server" 2>&1 &
 for i in $(seq 100); do
-	%[2]s="exec --via %[7]s --cache %[4]s -- %[5]s %[1]s -cm1 -cp1 -t 1 %[8]s" %[6]s > "$1/client" 2>&1
+	%[2]s="exec --via %[7]s --cache %[4]s -- %[5]s %[1]s -cm1 %[9]s -n 1000 -vv rc_bw" %[6]s > "$1/client" 2>&1
 	rc=$?
 	grep -q "failed to connect" "$1/client" || break
 	sleep 0.1
 done
+[ $rc = 0 ] && %[2]s="exec --via %[7]s --cache %[4]s -- %[5]s %[1]s -cm1 %[9]s -t 1 -m 1m rc_rdma_write_bw" %[6]s >> "$1/client" 2>&1 &&
+	%[2]s="exec --via %[7]s --cache %[4]s -- %[5]s %[1]s -cm1 %[9]s -t 1 %[8]s" %[6]s >> "$1/client" 2>&1
+rc=$?
 kill %%1
 exit $rc
-`, b.Addr, upChildEnv, sockB, execCache(t), asNobody, self, sockA, tests)
-	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	c := exec.CommandContext(ctx, "unshare", "-n", "bash", "-c", script, "qperf-test", dir)
-	out, err := c.CombinedOutput()
-	client, _ := os.ReadFile(filepath.Join(dir, "client"))
-	server, _ := os.ReadFile(filepath.Join(dir, "server"))
-	if err != nil {
-		t.Fatalf("%v\n%s\nclient:\n%s\nserver:\n%s", err, out, client, server)
+`, b.Addr, upChildEnv, sockB, execCache(t), asNobody, self, sockA, tests, mode.flag)
+			dir := t.TempDir()
+			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+			defer cancel()
+			c := exec.CommandContext(ctx, "unshare", "-n", "bash", "-c", script, "qperf-test", dir)
+			out, err := c.CombinedOutput()
+			client, _ := os.ReadFile(filepath.Join(dir, "client"))
+			server, _ := os.ReadFile(filepath.Join(dir, "server"))
+			if err != nil {
+				t.Fatalf("%v\n%s\nclient:\n%s\nserver:\n%s", err, out, client, server)
+			}
+			if !received.Match(client) {
+				t.Fatalf("qperf rc_bw: not all 1,000 messages received\nclient:\n%s\nserver:\n%s", client, server)
+			}
+			for _, name := range strings.Fields("rc_rdma_write_bw " + tests) {
+				want := "bw  ="
+				switch {
+				case strings.HasSuffix(name, "_lat"):
+					want = "latency  ="
+				case strings.HasSuffix(name, "_mr"):
+					want = "msg_rate  ="
+				}
+				i := strings.Index(string(client), name+":")
+				if i < 0 || !strings.Contains(string(client[i:]), want) {
+					t.Fatalf("qperf %s: no %q\nclient:\n%s\nserver:\n%s", name, want, client, server)
+				}
+			}
+			t.Logf("qperf:\n%s", client)
+		})
 	}
-	for _, name := range strings.Fields(tests) {
-		want := "bw  ="
-		if strings.HasSuffix(name, "_lat") {
-			want = "latency  ="
-		}
-		i := strings.Index(string(client), name+":")
-		if i < 0 || !strings.Contains(string(client[i:]), want) {
-			t.Fatalf("qperf %s: no %q\nclient:\n%s\nserver:\n%s", name, want, client, server)
-		}
-	}
-	t.Logf("qperf:\n%s", client)
 }
 
 func TestExecEnvFlags(t *testing.T) {
