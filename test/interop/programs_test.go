@@ -175,6 +175,7 @@ func (r *programRun) boot(t *testing.T, variant string, cells []progCell, rows *
 		<-v.done
 	}
 	res := v.results()
+	os.WriteFile(filepath.Join(out, "up.log"), []byte(r.svc.out.String()), 0o644)
 	for i, c := range cells {
 		t.Run(c.name, func(t *testing.T) {
 			log, _ := os.ReadFile(filepath.Join(out, c.name+".log"))
