@@ -19,8 +19,10 @@ import (
 // in the VM on siw, and on the host as the user nobody through `rdmatap
 // exec` (rdmatap's libibverbs and librdmacm) on the device a running
 // `rdmatap up --socket` serves on the harness's TAP. Each program runs
-// twice, siw serving and rdmatap serving. One boot runs every cell
-// (guest/plan.sh). A cell passes when both sides exit 0 and the
+// twice, siw serving and rdmatap serving. One boot of siw's default build
+// runs the cells one after another (guest/plan.sh), a second boot, of its
+// peer-to-peer build, the two whose server speaks first (progCell.variant).
+// A cell passes when both sides exit 0 and the
 // program's own report holds: rping's data byte for byte on both sides,
 // a perftest result row, ucmatose's and rdma_server's completion lines,
 // qperf's figures.
@@ -60,7 +62,7 @@ func TestSiwPrograms(t *testing.T) {
 	if len(cells) == 0 {
 		t.Skip("skipping: none of the programs is installed (rdmacm-utils, perftest, qperf)")
 	}
-	e.holdPerftestSYNs(t)
+	e.holdFirstSYNs(t)
 	if cellsUse(cells, "qperf") {
 		e.divertQperfControl(t)
 	}
@@ -604,24 +606,25 @@ table ip rdmatap_qperf {
 	e.nft(t, rules)
 }
 
-// holdPerftestSYNs makes the VM's perftest servers reachable by
-// Debian's perftest (4.5-0.17) on rdmatap. perftest's client connects its
-// test connection the moment the server's last message before it
-// arrives, and the server only then starts listening: a client much
-// faster than its server is refused (a TCP reset). perftest then tries
-// again with the rdma_cm IDs it has just destroyed, from the array of
-// them it has freed, and crashes in librdmacm, rdma-core's or rdmatap's
-// alike. rdmatap on the host is that much faster than siw under qemu's
-// TCG. So the bridge drops the first SYN of every connection to the VM's
-// perftest port (the set remembers the source address and port), and
-// rdmatap's TCP sends it again after its retransmission timeout (1 s),
-// when siw's server listens. Nothing else is touched.
-func (e *env) holdPerftestSYNs(t *testing.T) {
+// holdFirstSYNs gives siw's servers time to listen. Debian's perftest
+// (4.5-0.17) client connects its test connection the moment the server's
+// last message before it arrives, and the server only then starts
+// listening: a client much faster than its server is refused (a TCP
+// reset). perftest then tries again with the rdma_cm IDs it has just
+// destroyed, from the array of them it has freed, and crashes in
+// librdmacm, rdma-core's or rdmatap's alike. qperf's server on siw
+// likewise resets a connection that arrives within milliseconds of the
+// port message it sends once it listens. rdmatap on the host is that much
+// faster than siw under qemu's TCG. So the bridge drops the first SYN of
+// every connection from rdmatap to the VM (the set remembers the source
+// address and port), and rdmatap's TCP sends it again after its
+// retransmission timeout (1 s). Nothing else is touched.
+func (e *env) holdFirstSYNs(t *testing.T) {
 	t.Helper()
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skip("skipping: nft (Debian package nftables) is missing")
 	}
-	rules := fmt.Sprintf(`table bridge rdmatap_perftest {
+	rules := fmt.Sprintf(`table bridge rdmatap_first_syn {
 	set seen {
 		type ipv4_addr . inet_service
 		flags dynamic, timeout
