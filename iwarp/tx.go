@@ -312,7 +312,16 @@ func (t *transmitter) pick(inline bool) txJob {
 	// A memory registration WR sends nothing: at the head of the send
 	// queue it need not wait for the first FPDU's turn (memwr.go).
 	localHead := qp.sqN > 0 && qp.sq[qp.sqHead].wr.Op.local()
-	if qp.txHeld() && !localHead || t.finSent {
+	if t.finSent {
+		return jobNone
+	}
+	if qp.txHeld() && !localHead {
+		if qp.closing && qp.txGate && !qp.held && !inline {
+			// A responder disconnecting before the initiator has
+			// spoken: no FPDU may go, but the FIN may (it is no
+			// FPDU). What it queued is flushed when the QP ends.
+			return jobFIN
+		}
 		return jobNone
 	}
 	if qp.rtrDue && !localHead {

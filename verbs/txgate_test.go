@@ -1,6 +1,7 @@
 package verbs_test
 
 import (
+	"context"
 	"encoding/binary"
 	"sync/atomic"
 	"testing"
@@ -61,4 +62,42 @@ func TestOpenTXGate(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustOK(t, wait1(t, cl.scq), verbs.WCWrite, 256)
+}
+
+// TestGatedResponderDisconnects: an accepted QP whose initiator never
+// spoke (Linux siw's initiator without peer-to-peer mode, whose
+// application waits for the responder's first message) still closes when
+// its application disconnects: its FIN goes out, the initiator closes
+// too, and the Write it had queued behind the gate is flushed, never
+// sent.
+func TestGatedResponderDisconnects(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	cl, sv := connect(t, p, 4096, verbs.ConnParams{})
+	fill(sv.buf[:256], 7)
+	if err := sv.qp.PostSend(verbs.SendWR{ID: 1, Op: verbs.OpWrite, Flags: verbs.Signaled,
+		SGL: []verbs.SGE{sv.mr.SGE(0, 256)}, RemoteAddr: sv.remote.Addr, RKey: sv.remote.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	sent := p.b.Stats().TxFPDUs
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := sv.qp.Disconnect(ctx); err != nil {
+		t.Fatalf("disconnecting a responder the initiator never spoke to: %v", err)
+	}
+	select {
+	case <-cl.qp.Done():
+	case <-ctx.Done():
+		t.Fatal("the initiator never saw the responder's FIN")
+	}
+	if wc := wait1(t, sv.scq); wc.ID != 1 || wc.Status != verbs.StatusWRFlush {
+		t.Fatalf("the gated Write completed %+v, want a flush", wc)
+	}
+	if n := p.b.Stats().TxFPDUs; n != sent {
+		t.Fatalf("the responder sent %d FPDUs before the initiator spoke", n-sent)
+	}
+	for i, c := range cl.buf[:256] {
+		if c != 0 {
+			t.Fatalf("byte %d of the gated Write landed", i)
+		}
+	}
 }

@@ -4,9 +4,11 @@
 // sweep, both roles, CRC off and on (TestSiwPerftest); and a C probe
 // (probe/probe.c, built on the host against Debian's rdma-core and run in
 // the VM) against rdmatap's probepeer for the verbs rping and perftest
-// never use (TestSiwProbe); and rdmatap's tools as an unprivileged client
-// of `rdmatap up --socket` (TestSiwViaService). README.md has the tables of
-// the last run.
+// never use (TestSiwProbe); rdmatap's tools as an unprivileged client of
+// `rdmatap up --socket` (TestSiwViaService); and Debian's RDMA programs,
+// unmodified, on rdmatap's C libraries through such a service against the
+// same programs on siw (TestSiwPrograms). README.md has the tables of the
+// last run.
 //
 //	sudo RDMATAP_INTEROP=1 go test -count=1 ./test/interop/ -v -timeout 40m
 //
@@ -24,5 +26,7 @@
 // and RDMATAP_INTEROP_REPEAT=N run only the perftest cells named, each N
 // times in one boot; RDMATAP_INTEROP_NICRESET=1 resets the VM's NIC
 // before every perftest cell but the first, to check that reset (which
-// the VM does by itself when its NIC stops transmitting).
+// the VM does by itself when its NIC stops transmitting);
+// RDMATAP_INTEROP_PROGRAMS=rping,qperf-siw,... runs only the
+// TestSiwPrograms cells whose names begin so.
 package interop

@@ -22,38 +22,12 @@ func TestSiwViaService(t *testing.T) {
 	if err != nil {
 		t.Skip("skipping: setpriv (util-linux) is missing")
 	}
-	dir, err := os.MkdirTemp("", "rdmatap-via")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	os.Chmod(dir, 0o755)
-	bin := filepath.Join(dir, "rdmatap")
+	svc := e.startService(t)
+	bin := filepath.Join(svc.dir, "rdmatap")
 	if data, err := os.ReadFile(e.bin); err != nil || os.WriteFile(bin, data, 0o755) != nil {
 		t.Fatalf("copying rdmatap: %v", err)
 	}
-	sock := filepath.Join(dir, "svc.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	up := exec.CommandContext(ctx, "ip", "netns", "exec", e.ns, e.bin, "up", "--socket", sock, "--socket-group", "65534",
-		"--ctl", filepath.Join(dir, "ctl.sock"), "--tap", ourTap, "--addr", ourIP+"/24")
-	upOut := &syncBuilder{}
-	up.Stdout, up.Stderr = upOut, upOut
-	if err := up.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cancel()
-		up.Wait()
-	}()
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no service socket after 15 s")
-		}
-	}
+	sock := svc.sock
 	nobody := func(d time.Duration, args ...string) ([]byte, error) {
 		cctx, ccancel := context.WithTimeout(context.Background(), d)
 		defer ccancel()
@@ -107,8 +81,56 @@ func TestSiwViaService(t *testing.T) {
 		}
 		siwSide(v)
 	})
-	if !strings.Contains(upOut.String(), "uid 65534") {
-		t.Errorf("up did not log the client's uid:\n%s", upOut.String())
+	svc.checkNobody(t)
+}
+
+// service is a running `rdmatap up --socket` on the harness's TAP, in the
+// test's namespace, whose socket the user nobody may use.
+type service struct {
+	dir  string // world-readable; holds the socket
+	sock string
+	out  *syncBuilder // up's output
+}
+
+// startService starts `rdmatap up --socket` on sitap0 (10.77.0.3), the
+// socket's group nobody's; the test's cleanup stops it.
+func (e *env) startService(t *testing.T) *service {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "rdmatap-via")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	s := &service{dir: dir, sock: filepath.Join(dir, "svc.sock"), out: &syncBuilder{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	up := exec.CommandContext(ctx, "ip", "netns", "exec", e.ns, e.bin, "up", "--socket", s.sock, "--socket-group", "65534",
+		"--ctl", filepath.Join(dir, "ctl.sock"), "--tap", ourTap, "--addr", ourIP+"/24")
+	up.Stdout, up.Stderr = s.out, s.out
+	if err := up.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		up.Wait()
+	})
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(s.sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no service socket after 15 s:\n%s", s.out.String())
+		}
+	}
+	return s
+}
+
+// checkNobody checks that up logged a client of uid nobody.
+func (s *service) checkNobody(t *testing.T) {
+	t.Helper()
+	if !strings.Contains(s.out.String(), "uid 65534") {
+		t.Errorf("up did not log the client's uid:\n%s", s.out.String())
 	}
 }
 

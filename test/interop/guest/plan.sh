@@ -11,6 +11,22 @@
 #	                                 table (the host's server is not up yet),
 #	                                 for at most TIMEOUT seconds
 #	exec NAME TIMEOUT COMMAND...     run COMMAND once
+#	daemon NAME TIMEOUT COMMAND...   start COMMAND (a server that serves until
+#	                                 killed), print "READY NAME" once it
+#	                                 listens, stop it when the host creates
+#	                                 $OUT/NAME.stop; it passes if it was still
+#	                                 running then
+#
+# The host may end any cell by creating $OUT/NAME.stop (its own side has
+# failed): the command is killed, and the cell fails (but a daemon's).
+#	port N                           the port later server and daemon cells
+#	                                 wait for (default $PT_PORT, perftest's)
+#	stderr split|join                later cells write their standard error to
+#	                                 $OUT/NAME.err, or (default) with their
+#	                                 output to $OUT/NAME.log
+#	await NAME TIMEOUT               wait until the host creates $OUT/NAME.go
+#	                                 (its server for the next cell listens),
+#	                                 for at most TIMEOUT seconds
 #	nicreset NAME                    reset the NIC (see plan_nic_reset)
 #
 # Each cell writes $OUT/NAME.log and "RESULT NAME PASS|FAIL rc=N time=S".
@@ -24,6 +40,8 @@
 # one after another. The failed cell stays failed.
 
 PLAN_BRIDGE=${PLAN_BRIDGE:-10.77.0.1}
+PLAN_PORT=$PT_PORT
+PLAN_STDERR=join
 
 # plan_nic_reset NAME: unload and reload virtio_net (the driver's removal
 # resets the device, and with it qemu's queues), then bring eth0 and siw0
@@ -69,28 +87,63 @@ plan_cap_stop() {
 	sleep 0.5; kill -INT $CAP_PID 2>/dev/null; wait $CAP_PID 2>/dev/null; CAP_PID=
 }
 
+# plan_start NAME TIMEOUT COMMAND...: start COMMAND in the background
+# (pid in $sp), its output in $lg; with PLAN_STDERR=split its standard
+# error in $OUT/NAME.err (a program that buffers its standard output,
+# such as rping, then keeps its lines whole).
+plan_start() {
+	n=$1 l=$2; shift 2
+	err=$lg; [ "$PLAN_STDERR" = split ] && err=$OUT/$n.err
+	timeout "$l" "$@" < /dev/null > "$lg" 2> "$err" &
+	sp=$!
+}
+
+# plan_wait NAME: wait for $sp to end, or for the host to create
+# $OUT/NAME.stop (its side has failed, or it is done with a daemon); then
+# $sp is stopped and $stopped is 1. rc is $sp's exit status.
+plan_wait() {
+	stopped=0
+	while kill -0 $sp 2>/dev/null; do
+		if [ -e "$OUT/$1.stop" ]; then
+			stopped=1; kill $sp 2>/dev/null; break
+		fi
+		sleep 0.1
+	done
+	wait $sp; rc=$?
+}
+
 plan_cell() { # kind name timeout command...
 	kind=$1 name=$2 lim=$3; shift 3
 	lg=$OUT/$name.log; ts=$(now); tries=0
 	plan_cap_start "$name"
 	case $kind in
 	server)
-		timeout "$lim" "$@" < /dev/null > "$lg" 2>&1 &
-		sp=$!; wait_listen $PT_PORT 60
+		plan_start "$name" "$lim" "$@"
+		wait_listen $PLAN_PORT 60
 		log "READY $name"
-		wait $sp; rc=$? ;;
+		plan_wait "$name"
+		[ $stopped = 1 ] && log "STOPPED $name" ;;
+	daemon)
+		plan_start "$name" "$lim" "$@"
+		wait_listen $PLAN_PORT 60
+		log "READY $name"
+		plan_wait "$name"
+		# A daemon passes if it was still running when it was stopped.
+		if [ $stopped = 1 ]; then rc=0; elif [ $rc = 0 ]; then rc=1; fi ;;
 	client)
 		deadline=$(( ${ts%.*} + lim ))
 		while :; do
 			tries=$((tries+1))
-			timeout "$lim" "$@" < /dev/null > "$lg" 2>&1; rc=$?
-			[ $rc = 0 ] && break
+			plan_start "$name" "$lim" "$@"
+			plan_wait "$name"
+			[ $rc = 0 ] || [ $stopped = 1 ] && break
 			grep -q '#bytes' "$lg" && break
 			t1=$(now); [ ${t1%.*} -ge $deadline ] && break
 			sleep 1
 		done ;;
 	*)
-		timeout "$lim" "$@" < /dev/null > "$lg" 2>&1; rc=$? ;;
+		plan_start "$name" "$lim" "$@"
+		plan_wait "$name" ;;
 	esac
 	plan_cap_stop
 	det="rc=$rc tries=$tries time=$(awk "BEGIN{print $(now)-$ts}")s"
@@ -102,7 +155,16 @@ plan_cell() { # kind name timeout command...
 log "plan: $(grep -c . $OUT/plan.txt) cells"
 while read -r kind name lim cmd; do
 	[ -n "$kind" ] || continue
-	case $kind in \#*) continue ;; nicreset) plan_nic_reset "$name" < /dev/null; continue ;; esac
+	case $kind in
+	\#*) continue ;;
+	nicreset) plan_nic_reset "$name" < /dev/null; continue ;;
+	port) PLAN_PORT=$name; continue ;;
+	stderr) PLAN_STDERR=$name; continue ;;
+	await)
+		i=0; while [ ! -e "$OUT/$name.go" ] && [ $i -lt $((lim * 10)) ]; do sleep 0.1; i=$((i+1)); done
+		[ -e "$OUT/$name.go" ] && log "GO $name" || log "NO GO $name"
+		continue ;;
+	esac
 	# shellcheck disable=SC2086 # the command's words
 	plan_cell "$kind" "$name" "$lim" $cmd
 done < "$OUT/plan.txt"
