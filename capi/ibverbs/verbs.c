@@ -5,9 +5,11 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <signal.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sched.h>
@@ -714,11 +716,46 @@ RT_VISIBLE int ibv_resize_cq(struct ibv_cq *cq, int cqe)
 
 RT_VISIBLE uint64_t rt_cq_handle(struct ibv_cq *cq) { return cq ? ((struct rt_cq *)cq)->h : 0; }
 
-static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+/*
+ * Idle polling. Programs such as perftest's poll a CQ in a loop however
+ * long its next completion takes (a bandwidth test signals one WR in 100;
+ * its server polls for the closing message for the whole test). The
+ * service's engine runs on the same processors, so a thread that has
+ * polled only empty CQs for longer than the poll spin (RDMATAP_POLL_SPIN
+ * microseconds, default 50, as the service's own ring poller) sleeps in
+ * ibv_poll_cq on the CQ's eventfd until a completion arrives or 1 ms has
+ * passed (protocol 8.4: Waiting), then looks again. A thread that gets
+ * completions from any CQ at least once per spin never sleeps, nor does
+ * one polling a CQ of a completion channel (its eventfd is the channel's).
+ */
+static __thread uint64_t idle_since; /* this thread's polls have found nothing since (ns); 0: they found some */
+
+static uint64_t now_ns(void)
 {
-	struct rt_cq *q = (struct rt_cq *)cq;
-	if (n <= 0)
-		return 0;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no system call */
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t poll_spin_ns(void)
+{
+	static uint64_t v; /* +1: set */
+	uint64_t x = __atomic_load_n(&v, __ATOMIC_RELAXED);
+	if (!x) {
+		const char *e = getenv("RDMATAP_POLL_SPIN");
+		char *end;
+		unsigned long long us = e && *e ? strtoull(e, &end, 10) : 50;
+		if (e && *e && *end)
+			us = 50;
+		x = (us > UINT64_MAX / 2000 ? UINT64_MAX / 2 : (uint64_t)us * 1000) + 1;
+		__atomic_store_n(&v, x, __ATOMIC_RELAXED);
+	}
+	return x - 1;
+}
+
+/* poll_ring moves up to n completions of q into wc. */
+static int poll_ring(struct rt_cq *q, int n, struct ibv_wc *wc)
+{
 	pthread_spin_lock(&q->lock);
 	uint32_t cons = q->r.idx, prod = rt_load32(ring_word(&q->r, RING_PROD));
 	int k = 0;
@@ -753,8 +790,52 @@ static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 		rt_store32(ring_word(&q->r, RING_CONS), cons);
 	}
 	pthread_spin_unlock(&q->lock);
-	if (k == 0 && rt_session_dead(sess(cq->context)))
+	return k;
+}
+
+/* idle_sleep waits on the CQ's eventfd until the service has added a
+ * completion (it writes the eventfd while Waiting is nonzero) or 1 ms has
+ * passed. */
+static void idle_sleep(struct rt_cq *q)
+{
+	uint32_t *waiting = ring_word(&q->r, RING_WAITING);
+	__atomic_fetch_add(waiting, 1, __ATOMIC_SEQ_CST);
+	if (rt_load32(ring_word(&q->r, RING_PROD)) == __atomic_load_n(&q->r.idx, __ATOMIC_RELAXED)) {
+		struct pollfd p = {.fd = q->efd, .events = POLLIN};
+		if (poll(&p, 1, 1) == 1) {
+			uint64_t v;
+			ssize_t rd = read(q->efd, &v, sizeof(v));
+			(void)rd;
+		}
+	}
+	__atomic_fetch_sub(waiting, 1, __ATOMIC_SEQ_CST);
+}
+
+static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	struct rt_cq *q = (struct rt_cq *)cq;
+	if (n <= 0)
+		return 0;
+	int k = poll_ring(q, n, wc);
+	if (k) {
+		idle_since = 0;
+		return k;
+	}
+	if (rt_session_dead(sess(cq->context)))
 		return -1; /* the service is gone: nothing will complete */
+	uint64_t t = now_ns();
+	if (!idle_since) {
+		idle_since = t;
+		return 0;
+	}
+	if (cq->channel || t - idle_since <= poll_spin_ns())
+		return 0;
+	int e = errno;
+	idle_sleep(q);
+	errno = e;
+	k = poll_ring(q, n, wc);
+	if (k)
+		idle_since = 0;
 	return k;
 }
 
