@@ -149,6 +149,8 @@ static struct srq_ref *srqs;
 
 static void post_async(struct rt_ctx *c, struct ibv_async_event *ev)
 {
+	if (c->async_wr < 0)
+		return; /* the session has ended */
 	ssize_t w = send(c->async_wr, ev, sizeof(*ev), MSG_DONTWAIT | MSG_NOSIGNAL);
 	if (w != (ssize_t)sizeof(*ev))
 		rt_debug("asynchronous event %d lost (queue full)", ev->event_type);
@@ -183,6 +185,8 @@ static void *event_object(const struct ibv_async_event *ev)
  * posted meanwhile; a thread reading events may take some first). */
 static void purge_async(struct rt_ctx *c, const void *obj)
 {
+	if (c->async_wr < 0)
+		return; /* the session has ended: its queue ends with IBV_EVENT_DEVICE_FATAL */
 	struct ibv_async_event *evs = NULL;
 	size_t n = 0, cap = 0;
 	for (;;) {
@@ -241,8 +245,13 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 	if (type == 0) {
 		ev.event_type = IBV_EVENT_DEVICE_FATAL;
 		ev.element.port_num = 1;
-		for (struct rt_ctx *c = ctxs; c; c = c->next)
+		/* The last event: then ibv_get_async_event fails (EIO), as
+		 * the kernel's after a device is gone. */
+		for (struct rt_ctx *c = ctxs; c; c = c->next) {
 			post_async(c, &ev);
+			close(c->async_wr);
+			c->async_wr = -1;
+		}
 		/* Wake every thread waiting for a completion event: it finds
 		 * the session ended (get_cq_event). */
 		for (struct rt_channel *ch = channels; ch; ch = ch->next)
