@@ -363,23 +363,19 @@ func (l *linkedServices) runPerfPair(tb testing.TB, libdir string, port int, ser
 // errRaced: the client lost perftest's setup race (progtest.PerftestListenRace).
 var errRaced = errors.New("the client lost perftest's setup race")
 
-// perfRow returns the numbers of the result row of size from perftest's
-// table.
-func perfRow(out string, size int) ([]float64, error) {
+// perfRow returns field i (0: the first after #iterations) of the result
+// row of size in perftest's table.
+func perfRow(out string, size, i int) (float64, error) {
 	re := regexp.MustCompile(`(?m)^\s*` + strconv.Itoa(size) + `\s+\d+\s+(.*)$`)
 	m := re.FindStringSubmatch(out)
 	if m == nil {
-		return nil, fmt.Errorf("no result row of %d bytes in\n%s", size, out)
+		return 0, fmt.Errorf("no result row of %d bytes in\n%s", size, out)
 	}
-	var v []float64
-	for _, f := range strings.Fields(m[1]) {
-		x, err := strconv.ParseFloat(f, 64)
-		if err != nil {
-			return nil, fmt.Errorf("result row %q: %v", m[0], err)
-		}
-		v = append(v, x)
+	f := strings.Fields(m[1])
+	if i >= len(f) {
+		return 0, fmt.Errorf("result row %q: no field %d", m[0], i)
 	}
-	return v, nil
+	return strconv.ParseFloat(f[i], 64)
 }
 
 var benchPort = 19100
@@ -427,14 +423,15 @@ func BenchmarkPerftest(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		row, err := perfRow(out, size)
+		field := 1 // BW average
+		if lat {
+			field = 2 // t_typical
+		}
+		v, err := perfRow(out, size, field)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if lat {
-			return row[2] // t_typical
-		}
-		return row[1] // BW average
+		return v
 	}
 	var bwC, bwGo, bwRatio, latC, latGo, latDiff []float64
 	b.ResetTimer()

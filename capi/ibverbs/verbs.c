@@ -731,9 +731,10 @@ RT_VISIBLE uint64_t rt_cq_handle(struct ibv_cq *cq) { return cq ? ((struct rt_cq
  * its server polls for the closing message for the whole test). The
  * service's engine runs on the same processors, so a thread that has
  * polled only empty CQs for longer than the poll spin (RDMATAP_POLL_SPIN
- * microseconds, default 50, as the service's own ring poller) sleeps in
- * ibv_poll_cq on the CQ's eventfd until a completion arrives or 1 ms has
- * passed (protocol 8.4: Waiting), then looks again. A thread that gets
+ * microseconds, default 200: longer than a round trip through two
+ * services on a loaded machine, so that latency tests keep spinning)
+ * sleeps in ibv_poll_cq on the CQ's eventfd until a completion arrives or
+ * 1 ms has passed (protocol 8.4: Waiting), then looks again. A thread that gets
  * completions from any CQ at least once per spin never sleeps, nor does
  * one polling a CQ of a completion channel (its eventfd is the channel's).
  */
@@ -753,9 +754,9 @@ static uint64_t poll_spin_ns(void)
 	if (!x) {
 		const char *e = getenv("RDMATAP_POLL_SPIN");
 		char *end;
-		unsigned long long us = e && *e ? strtoull(e, &end, 10) : 50;
+		unsigned long long us = e && *e ? strtoull(e, &end, 10) : 200;
 		if (e && *e && *end)
-			us = 50;
+			us = 200;
 		x = (us > UINT64_MAX / 2000 ? UINT64_MAX / 2 : (uint64_t)us * 1000) + 1;
 		__atomic_store_n(&v, x, __ATOMIC_RELAXED);
 	}
