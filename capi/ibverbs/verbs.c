@@ -727,18 +727,23 @@ RT_VISIBLE uint64_t rt_cq_handle(struct ibv_cq *cq) { return cq ? ((struct rt_cq
 
 /*
  * Idle polling. Programs such as perftest's poll a CQ in a loop however
- * long its next completion takes (a bandwidth test signals one WR in 100;
- * its server polls for the closing message for the whole test). The
- * service's engine runs on the same processors, so a thread that has
- * polled only empty CQs for longer than the poll spin (RDMATAP_POLL_SPIN
- * microseconds, default 200: longer than a round trip through two
- * services on a loaded machine, so that latency tests keep spinning)
+ * long its next completion takes (a bandwidth test of 1 MiB Writes waits
+ * about a millisecond for each; its server polls for the closing message
+ * for the whole test). The service's engine runs on the same processors,
+ * so a thread that has polled only empty CQs for longer than its spin
  * sleeps in ibv_poll_cq on the CQ's eventfd until a completion arrives or
- * 1 ms has passed (protocol 8.4: Waiting), then looks again. A thread that gets
- * completions from any CQ at least once per spin never sleeps, nor does
- * one polling a CQ of a completion channel (its eventfd is the channel's).
+ * 1 ms has passed (protocol 8.4: Waiting), then looks again. The spin is
+ * RDMATAP_POLL_SPIN microseconds (default 200: longer than a round trip
+ * through two services on a loaded machine, so that latency tests keep
+ * spinning) while completions come within it, and adapts as the
+ * service's poller's does: halved (down to a sixteenth) after each longer
+ * wait, so that a bandwidth test spins little of each gap. A thread that
+ * gets completions from any CQ at least once per spin never sleeps, nor
+ * does one polling a CQ of a completion channel (its eventfd is the
+ * channel's).
  */
 static __thread uint64_t idle_since; /* this thread's polls have found nothing since (ns); 0: they found some */
+static __thread uint64_t spin_now;   /* this thread's current spin (ns); 0: not yet set */
 
 static uint64_t now_ns(void)
 {
@@ -821,6 +826,21 @@ static void idle_sleep(struct rt_cq *q)
 	__atomic_fetch_sub(waiting, 1, __ATOMIC_SEQ_CST);
 }
 
+/* busy ends an idle period of this thread: the spin adapts to its length. */
+static void busy(void)
+{
+	if (!idle_since)
+		return;
+	uint64_t full = poll_spin_ns(), waited = now_ns() - idle_since;
+	if (waited <= full)
+		spin_now = full;
+	else if (spin_now / 2 > full / 16)
+		spin_now /= 2;
+	else
+		spin_now = full / 16;
+	idle_since = 0;
+}
+
 static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
 	struct rt_cq *q = (struct rt_cq *)cq;
@@ -828,7 +848,7 @@ static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 		return 0;
 	int k = poll_ring(q, n, wc);
 	if (k) {
-		idle_since = 0;
+		busy();
 		return k;
 	}
 	if (rt_session_dead(sess(cq->context)))
@@ -838,14 +858,16 @@ static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 		idle_since = t;
 		return 0;
 	}
-	if (cq->channel || t - idle_since <= poll_spin_ns())
+	if (!spin_now)
+		spin_now = poll_spin_ns();
+	if (cq->channel || t - idle_since <= spin_now)
 		return 0;
 	int e = errno;
 	idle_sleep(q);
 	errno = e;
 	k = poll_ring(q, n, wc);
 	if (k)
-		idle_since = 0;
+		busy();
 	return k;
 }
 
