@@ -1,17 +1,26 @@
 package capi_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/rdmatap/rdmatap/internal/progtest"
+	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
+	"github.com/rdmatap/rdmatap/verbs/service"
 )
 
 // echoPeer accepts one connection on the service's peer device and sends
@@ -206,4 +215,251 @@ func median(v []float64) float64 {
 	s := append([]float64(nil), v...)
 	sort.Float64s(s)
 	return s[len(s)/2]
+}
+
+var (
+	rdmatapOnce sync.Once
+	rdmatapPath string
+	rdmatapErr  error
+)
+
+// rdmatapBinary builds the rdmatap command once per test binary into a
+// directory every user may read.
+func rdmatapBinary(tb testing.TB) string {
+	tb.Helper()
+	rdmatapOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "capi-rdmatap")
+		if err != nil {
+			rdmatapErr = err
+			return
+		}
+		os.Chmod(dir, 0o755)
+		rdmatapPath = filepath.Join(dir, "rdmatap")
+		out, err := exec.Command("go", "build", "-o", rdmatapPath, "github.com/rdmatap/rdmatap/cmd/rdmatap").CombinedOutput()
+		if err != nil {
+			rdmatapErr = fmt.Errorf("building rdmatap: %v\n%s", err, out)
+		}
+	})
+	if rdmatapErr != nil {
+		tb.Fatal(rdmatapErr)
+	}
+	return rdmatapPath
+}
+
+// linkedServices serves both ends of one in-memory link, each on its own
+// socket (group nogroup when root): A at 192.0.2.1, B at 192.0.2.2.
+type linkedServices struct {
+	sockA, sockB string
+	stackA       *netstack.Stack
+	addrB        netip.Addr
+}
+
+func startLinkedServices(tb testing.TB, logf func(string, ...any)) *linkedServices {
+	tb.Helper()
+	na, nb, err := netstack.NewPair(netstack.PairConfig{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	gid := -1
+	if os.Geteuid() == 0 {
+		gid = nogroup
+	}
+	dir := world(tb)
+	var socks [2]string
+	for i, n := range []*netstack.Stack{na, nb} {
+		d, err := verbs.Open(n, verbs.DeviceConfig{Name: fmt.Sprintf("rt%d", i)})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		socks[i] = filepath.Join(dir, fmt.Sprintf("rt%d.sock", i))
+		ln, err := service.ListenSocket(socks[i], gid)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		srv, err := service.Serve(d, ln, service.Config{Logf: logf})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() {
+			srv.Close()
+			d.Close()
+			n.Close()
+		})
+	}
+	return &linkedServices{sockA: socks[0], sockB: socks[1], stackA: na, addrB: nb.Addrs()[0].Addr()}
+}
+
+// waitListen waits until something listens on B's port, probing with TCP
+// connections from A (a listener's service drops a connection that sends
+// no MPA request; the program never sees it), or until the server ends.
+func (l *linkedServices) waitListen(tb testing.TB, port int, done <-chan error) error {
+	tb.Helper()
+	addr := netip.AddrPortFrom(l.addrB, uint16(port))
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-done:
+			return fmt.Errorf("the server ended before it listened: %v", err)
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		c, err := l.stackA.Dial(ctx, addr)
+		cancel()
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("nothing listens on %v", addr)
+}
+
+// runPerfPair runs a perftest-style server on service B and, once it
+// listens, its client on service A; it returns the client's output.
+func (l *linkedServices) runPerfPair(tb testing.TB, libdir string, port int, server, client []string) (string, error) {
+	tb.Helper()
+	srv := command(tb, libdir, l.sockB, server[0], server[1:]...)
+	var srvOut bytes.Buffer
+	srv.Stdout, srv.Stderr = &srvOut, &srvOut
+	if err := srv.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Wait() }()
+	if err := l.waitListen(tb, port, done); err != nil {
+		srv.Process.Kill()
+		return "", fmt.Errorf("%s: %v\n%s", server[0], err, srvOut.String())
+	}
+	cl := command(tb, libdir, l.sockA, client[0], client[1:]...)
+	var out bytes.Buffer
+	cl.Stdout, cl.Stderr = &out, &out
+	cl.Start()
+	cdone := make(chan error, 1)
+	go func() { cdone <- cl.Wait() }()
+	var cerr, serr error
+	select {
+	case cerr = <-cdone:
+	case <-time.After(5 * time.Minute):
+		cl.Process.Kill()
+		cerr = fmt.Errorf("%s did not finish: %v", client[0], <-cdone)
+	}
+	if progtest.PerftestListenRace(out.Bytes(), cerr) {
+		srv.Process.Kill()
+		<-done
+		return out.String(), errRaced
+	}
+	select {
+	case serr = <-done:
+	case <-time.After(time.Minute):
+		srv.Process.Kill()
+		serr = fmt.Errorf("%s did not finish: %v", server[0], <-done)
+	}
+	if cerr != nil || serr != nil {
+		return out.String(), fmt.Errorf("client %v, server %v\nclient:\n%s\nserver:\n%s", cerr, serr, out.String(), srvOut.String())
+	}
+	return out.String(), nil
+}
+
+// errRaced: the client lost perftest's setup race (progtest.PerftestListenRace).
+var errRaced = errors.New("the client lost perftest's setup race")
+
+// perfRow returns field i (0: the first after #iterations) of the result
+// row of size in perftest's table.
+func perfRow(out string, size, i int) (float64, error) {
+	re := regexp.MustCompile(`(?m)^\s*` + strconv.Itoa(size) + `\s+\d+\s+(.*)$`)
+	m := re.FindStringSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("no result row of %d bytes in\n%s", size, out)
+	}
+	f := strings.Fields(m[1])
+	if i >= len(f) {
+		return 0, fmt.Errorf("result row %q: no field %d", m[0], i)
+	}
+	return strconv.ParseFloat(f[i], 64)
+}
+
+var benchPort = 19100
+
+// BenchmarkPerftest runs perftest's ib_write_bw -R (1 MiB messages) and
+// ib_write_lat -R (64 bytes) on the C libraries beside rdmatap's bw write
+// and lat write --via (the Go client of the service), server and client
+// each on its own service of one in-memory link, every program in its own
+// process (as nobody when root), in alternating rounds
+// (RDMATAP_BENCH_ROUNDS, default 5). It reports the medians of the
+// per-round ratios: bandwidth C ÷ Go, and the typical latency C − Go.
+func BenchmarkPerftest(b *testing.B) {
+	installed(b, "ib_write_bw", "perftest")
+	dir := libs(b, false)
+	rt := rdmatapBinary(b)
+	l := startLinkedServices(b, nil)
+	rounds := 5
+	if v, err := strconv.Atoi(os.Getenv("RDMATAP_BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	const bwSize, latSize = 1 << 20, 64
+	bwIters, latIters := strconv.Itoa(2000*max(b.N, 1)), strconv.Itoa(10000*max(b.N, 1))
+	var run func(c bool, lat bool) float64
+	run = func(c bool, lat bool) float64 {
+		benchPort++
+		port := strconv.Itoa(benchPort)
+		size, iters, prog, verb := bwSize, bwIters, "ib_write_bw", []string{rt, "bw", "write"}
+		if lat {
+			size, iters, prog, verb = latSize, latIters, "ib_write_lat", []string{rt, "lat", "write"}
+		}
+		args := []string{"-s", strconv.Itoa(size), "-n", iters, "-p", port}
+		var server, client []string
+		if c {
+			server = append([]string{prog, "-R"}, args...)
+			client = append(append([]string{prog, "-R"}, args...), l.addrB.String())
+		} else {
+			server = append(append(append([]string{}, verb...), args...), "--via", l.sockB)
+			client = append(append(append([]string{}, verb...), args...), l.addrB.String(), "--via", l.sockA)
+		}
+		out, err := l.runPerfPair(b, dir, benchPort, server, client)
+		if errors.Is(err, errRaced) {
+			b.Logf("%s: %v; again", prog, err)
+			return run(c, lat)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		field := 1 // BW average
+		if lat {
+			field = 2 // t_typical
+		}
+		v, err := perfRow(out, size, field)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return v
+	}
+	var bwC, bwGo, bwRatio, latC, latGo, latDiff []float64
+	b.ResetTimer()
+	for r := 0; r < rounds; r++ {
+		order := []bool{true, false}
+		if r%2 == 1 {
+			order = []bool{false, true}
+		}
+		var bw, lat [2]float64
+		for _, c := range order {
+			i := 0
+			if !c {
+				i = 1
+			}
+			bw[i] = run(c, false)
+			lat[i] = run(c, true)
+		}
+		bwC, bwGo, bwRatio = append(bwC, bw[0]), append(bwGo, bw[1]), append(bwRatio, bw[0]/bw[1])
+		latC, latGo, latDiff = append(latC, lat[0]), append(latGo, lat[1]), append(latDiff, lat[0]-lat[1])
+		b.Logf("round %d: 1 MiB write bw: ib_write_bw %.0f MB/s, bw write --via %.0f MB/s (%.2f); 64 B write lat: ib_write_lat %.2f µs, lat write --via %.2f µs (%+.2f)",
+			r, bw[0], bw[1], bw[0]/bw[1], lat[0], lat[1], lat[0]-lat[1])
+	}
+	b.StopTimer()
+	b.ReportMetric(median(bwC), "c-MB/s")
+	b.ReportMetric(median(bwGo), "go-MB/s")
+	b.ReportMetric(median(bwRatio), "bw-c/go")
+	b.ReportMetric(median(latC), "c-lat-µs")
+	b.ReportMetric(median(latGo), "go-lat-µs")
+	b.ReportMetric(median(latDiff), "lat-c-go-µs")
+	b.ReportMetric(0, "ns/op")
 }

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -87,6 +88,11 @@ const nogroup = 65534
 
 func startService(t testing.TB) *testService {
 	t.Helper()
+	return startServiceConfig(t, service.Config{Logf: t.Logf})
+}
+
+func startServiceConfig(t testing.TB, cfg service.Config) *testService {
+	t.Helper()
 	na, nb, err := netstack.NewPair(netstack.PairConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +114,7 @@ func startService(t testing.TB) *testService {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := service.Serve(a, ln, service.Config{Logf: t.Logf})
+	srv, err := service.Serve(a, ln, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,35 +440,135 @@ func TestCalls(t *testing.T) {
 	}
 }
 
+// perftestPrograms are perftest's bandwidth and latency programs.
+var perftestPrograms = []string{"ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw", "ib_write_lat", "ib_read_lat", "ib_send_lat", "ib_atomic_lat"}
+
+// perftestSizes are the sizes perftest's -a runs: 2 to 8 MiB.
+func perftestSizes() []int {
+	var v []int
+	for s := 2; s <= 1<<23; s *= 2 {
+		v = append(v, s)
+	}
+	return v
+}
+
 // TestPerftest runs perftest's bandwidth and latency programs (-R:
 // connections through librdmacm) as server and client on one service's
-// device, unprivileged: their fast path is ibv_post_send and ibv_poll_cq
-// on the shared rings (ib_write_lat's polls the written memory).
+// device, unprivileged: once with one size (300 iterations) and once with
+// -a (every size from 2 bytes to 8 MiB, 5 iterations each); the atomic
+// programs, whose size is fixed, with each of their two operations
+// instead. Their fast path is ibv_post_send and ibv_poll_cq on the
+// shared rings (ib_write_lat's polls the written memory).
 func TestPerftest(t *testing.T) {
 	installed(t, "ib_write_bw", "perftest")
 	dir := libs(t, false)
 	s := startService(t)
-	for i, prog := range []string{"ib_write_bw", "ib_send_bw", "ib_read_bw", "ib_write_lat", "ib_send_lat", "ib_read_lat"} {
-		t.Run(prog, func(t *testing.T) {
-			size := "65536"
+	port := 7600
+	for _, prog := range perftestPrograms {
+		type run struct {
+			name  string
+			args  []string // besides -n
+			iters int
+			sizes []int
+		}
+		var runs []run
+		if strings.HasPrefix(prog, "ib_atomic") {
+			runs = []run{{"FETCH_AND_ADD", []string{"-A", "FETCH_AND_ADD"}, 300, []int{8}},
+				{"CMP_AND_SWAP", []string{"-A", "CMP_AND_SWAP"}, 300, []int{8}}}
+		} else {
+			size := 65536
 			if strings.HasSuffix(prog, "_lat") {
-				size = "64"
+				size = 64
 			}
-			result := regexp.MustCompile(`(?m)^\s*` + size + `\s+300\s`)
-			for attempt := 0; ; attempt++ {
-				port := strconv.Itoa(7600 + 10*attempt + i)
-				args := []string{"-R", "-p", port, "-n", "300", "-s", size}
-				out, srvOut, err, serr := perftestPair(t, dir, s, prog, args)
-				if attempt < 2 && progtest.PerftestListenRace(out, err) {
-					t.Logf("%s: perftest's client connected before its server listened, and crashed in its retry; running the pair again\n%s", prog, out)
-					continue
+			runs = []run{{"one size", []string{"-s", strconv.Itoa(size)}, 300, []int{size}},
+				{"all sizes", []string{"-a"}, 5, perftestSizes()}}
+		}
+		for _, r := range runs {
+			port += 3
+			t.Run(prog+"/"+r.name, func(t *testing.T) {
+				iters := strconv.Itoa(r.iters)
+				for attempt := 0; ; attempt++ {
+					// A port per attempt: the last pair's connections may linger.
+					args := append([]string{"-R", "-p", strconv.Itoa(port + attempt), "-n", iters}, r.args...)
+					out, srvOut, err, serr := perftestPair(t, dir, s, prog, args)
+					if attempt < 2 && progtest.PerftestListenRace(out, err) {
+						t.Logf("%s: perftest's client connected before its server listened, and crashed in its retry; running the pair again\n%s", prog, out)
+						continue
+					}
+					if err != nil || serr != nil {
+						t.Fatalf("%s: client %v, server %v\nclient:\n%s\nserver:\n%s", prog, err, serr, out, srvOut)
+					}
+					for _, size := range r.sizes {
+						if !regexp.MustCompile(`(?m)^\s*` + strconv.Itoa(size) + `\s+` + iters + `\s`).Match(out) {
+							t.Fatalf("%s: no result for %d bytes\nclient:\n%s\nserver:\n%s", prog, size, out, srvOut)
+						}
+					}
+					t.Logf("%s", out[bytes.LastIndex(out, []byte(" #bytes")):])
+					return
 				}
-				if err != nil || serr != nil || !result.Match(out) {
-					t.Fatalf("%s: client %v, server %v\nclient:\n%s\nserver:\n%s", prog, err, serr, out, srvOut)
+			})
+		}
+	}
+}
+
+// TestAsyncwatch runs rdma-core's ibv_asyncwatch, which prints the
+// device and then every asynchronous event: a signal ends it, and so does
+// the service's end (IBV_EVENT_DEVICE_FATAL, after which
+// ibv_get_async_event fails).
+func TestAsyncwatch(t *testing.T) {
+	installed(t, "ibv_asyncwatch", "ibverbs-utils")
+	installed(t, "stdbuf", "coreutils")
+	dir := libs(t, false)
+	for _, how := range []string{"signal", "service gone"} {
+		t.Run(how, func(t *testing.T) {
+			s := startService(t)
+			// stdbuf: its output is a pipe, which printf would buffer.
+			c := command(t, dir, s.sock, "stdbuf", "-oL", "ibv_asyncwatch")
+			stdout, err := c.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var errOut bytes.Buffer
+			c.Stderr = &errOut
+			if err := c.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			r := bufio.NewReader(stdout)
+			line, err := r.ReadString('\n')
+			if err != nil || !strings.HasPrefix(line, "rt0: async event FD ") {
+				c.Process.Kill()
+				c.Wait()
+				t.Fatalf("ibv_asyncwatch: %q %v\n%s", line, err, errOut.String())
+			}
+			var rest []byte
+			go func() {
+				rest, _ = io.ReadAll(r)
+				done <- c.Wait()
+			}()
+			if how == "signal" {
+				c.Process.Signal(os.Interrupt)
+			} else {
+				s.srv.Close()
+			}
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				c.Process.Kill()
+				<-done
+				t.Fatalf("ibv_asyncwatch did not end\n%s%s", rest, errOut.String())
+			}
+			ee, ok := err.(*exec.ExitError)
+			if how == "signal" {
+				if !ok || ee.Exited() || len(rest) != 0 {
+					t.Fatalf("ibv_asyncwatch after SIGINT: %v, want the signal's end\n%s%s", err, rest, errOut.String())
 				}
-				t.Logf("%s", out[bytes.LastIndex(out, []byte(" #bytes")):])
 				return
 			}
+			if !ok || !ee.Exited() || !bytes.Contains(rest, []byte("IBV_EVENT_DEVICE_FATAL")) {
+				t.Fatalf("ibv_asyncwatch after the service's end: %v, want an exit after IBV_EVENT_DEVICE_FATAL\n%s%s", err, rest, errOut.String())
+			}
+			t.Logf("%s%s", rest, errOut.String())
 		})
 	}
 }
@@ -521,6 +627,33 @@ func perftestPair(t *testing.T, dir string, s *testService, prog string, args []
 		serr = <-done
 	}
 	return out, sb.Bytes(), err, serr
+}
+
+// TestFastPath runs testdata/fastpath.c: a Send ping-pong with an echo
+// peer whose ibv_post_send, ibv_post_recv and ibv_poll_cq, on a thread
+// that traps every system call (seccomp), make no system call and
+// allocate nothing while the service's ring poller is awake (its spin
+// here outlasts the test) and completions come within the library's poll
+// spin (here longer than the test).
+func TestFastPath(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("skipping: testdata/fastpath.c's seccomp filter is for x86-64")
+	}
+	dir := libs(t, false)
+	prog := compile(t, dir, "testdata/fastpath.c", false)
+	s := startServiceConfig(t, service.Config{Logf: t.Logf, PollSpin: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, _ := echoPeer(ctx, t, s, 64)
+	c := command(t, dir, s.sock, prog, addr.String(), "2000")
+	c.Env = append(c.Env, "RDMATAP_POLL_SPIN=3600000000")
+	out, err := c.CombinedOutput()
+	if err != nil {
+		t.Fatalf("fastpath: %v\n%s", err, out)
+	}
+	if want := "fastpath: 2000 rounds, 0 system calls, 0 allocations\n"; string(out) != want {
+		t.Fatalf("fastpath printed %q, want %q", out, want)
+	}
 }
 
 // TestCMlessPrograms runs rdma-core's examples that connect without the CM

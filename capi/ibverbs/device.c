@@ -145,7 +145,8 @@ RT_VISIBLE int ibv_close_device(struct ibv_context *ctx)
 	struct rt_ctx *c = to_ctx(ctx);
 	rt_ctx_unlink(c);
 	close(ctx->async_fd);
-	close(c->async_wr);
+	if (c->async_wr >= 0) /* closed at the session's end */
+		close(c->async_wr);
 	pthread_mutex_destroy(&ctx->mutex);
 	free(c);
 	return 0;

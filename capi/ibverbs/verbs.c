@@ -5,9 +5,11 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <signal.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sched.h>
@@ -147,6 +149,8 @@ static struct srq_ref *srqs;
 
 static void post_async(struct rt_ctx *c, struct ibv_async_event *ev)
 {
+	if (c->async_wr < 0)
+		return; /* the session has ended */
 	ssize_t w = send(c->async_wr, ev, sizeof(*ev), MSG_DONTWAIT | MSG_NOSIGNAL);
 	if (w != (ssize_t)sizeof(*ev))
 		rt_debug("asynchronous event %d lost (queue full)", ev->event_type);
@@ -181,6 +185,8 @@ static void *event_object(const struct ibv_async_event *ev)
  * posted meanwhile; a thread reading events may take some first). */
 static void purge_async(struct rt_ctx *c, const void *obj)
 {
+	if (c->async_wr < 0)
+		return; /* the session has ended: its queue ends with IBV_EVENT_DEVICE_FATAL */
 	struct ibv_async_event *evs = NULL;
 	size_t n = 0, cap = 0;
 	for (;;) {
@@ -239,8 +245,13 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 	if (type == 0) {
 		ev.event_type = IBV_EVENT_DEVICE_FATAL;
 		ev.element.port_num = 1;
-		for (struct rt_ctx *c = ctxs; c; c = c->next)
+		/* The last event: then ibv_get_async_event fails (EIO), as
+		 * the kernel's after a device is gone. */
+		for (struct rt_ctx *c = ctxs; c; c = c->next) {
 			post_async(c, &ev);
+			close(c->async_wr);
+			c->async_wr = -1;
+		}
 		/* Wake every thread waiting for a completion event: it finds
 		 * the session ended (get_cq_event). */
 		for (struct rt_channel *ch = channels; ch; ch = ch->next)
@@ -714,11 +725,52 @@ RT_VISIBLE int ibv_resize_cq(struct ibv_cq *cq, int cqe)
 
 RT_VISIBLE uint64_t rt_cq_handle(struct ibv_cq *cq) { return cq ? ((struct rt_cq *)cq)->h : 0; }
 
-static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+/*
+ * Idle polling. Programs such as perftest's poll a CQ in a loop however
+ * long its next completion takes (a bandwidth test of 1 MiB Writes waits
+ * about a millisecond for each; its server polls for the closing message
+ * for the whole test). The service's engine runs on the same processors,
+ * so a thread that has polled only empty CQs for longer than its spin
+ * sleeps in ibv_poll_cq on the CQ's eventfd until a completion arrives or
+ * 1 ms has passed (protocol 8.4: Waiting), then looks again. The spin is
+ * RDMATAP_POLL_SPIN microseconds (default 200: longer than a round trip
+ * through two services on a loaded machine, so that latency tests keep
+ * spinning) while completions come within it, and adapts as the
+ * service's poller's does: halved (down to a sixteenth) after each longer
+ * wait, so that a bandwidth test spins little of each gap. A thread that
+ * gets completions from any CQ at least once per spin never sleeps, nor
+ * does one polling a CQ of a completion channel (its eventfd is the
+ * channel's).
+ */
+static __thread uint64_t idle_since; /* this thread's polls have found nothing since (ns); 0: they found some */
+static __thread uint64_t spin_now;   /* this thread's current spin (ns); 0: not yet set */
+
+static uint64_t now_ns(void)
 {
-	struct rt_cq *q = (struct rt_cq *)cq;
-	if (n <= 0)
-		return 0;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no system call */
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t poll_spin_ns(void)
+{
+	static uint64_t v; /* +1: set */
+	uint64_t x = __atomic_load_n(&v, __ATOMIC_RELAXED);
+	if (!x) {
+		const char *e = getenv("RDMATAP_POLL_SPIN");
+		char *end;
+		unsigned long long us = e && *e ? strtoull(e, &end, 10) : 200;
+		if (e && *e && *end)
+			us = 200;
+		x = (us > UINT64_MAX / 2000 ? UINT64_MAX / 2 : (uint64_t)us * 1000) + 1;
+		__atomic_store_n(&v, x, __ATOMIC_RELAXED);
+	}
+	return x - 1;
+}
+
+/* poll_ring moves up to n completions of q into wc. */
+static int poll_ring(struct rt_cq *q, int n, struct ibv_wc *wc)
+{
 	pthread_spin_lock(&q->lock);
 	uint32_t cons = q->r.idx, prod = rt_load32(ring_word(&q->r, RING_PROD));
 	int k = 0;
@@ -753,8 +805,69 @@ static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 		rt_store32(ring_word(&q->r, RING_CONS), cons);
 	}
 	pthread_spin_unlock(&q->lock);
-	if (k == 0 && rt_session_dead(sess(cq->context)))
+	return k;
+}
+
+/* idle_sleep waits on the CQ's eventfd until the service has added a
+ * completion (it writes the eventfd while Waiting is nonzero) or 1 ms has
+ * passed. */
+static void idle_sleep(struct rt_cq *q)
+{
+	uint32_t *waiting = ring_word(&q->r, RING_WAITING);
+	__atomic_fetch_add(waiting, 1, __ATOMIC_SEQ_CST);
+	if (rt_load32(ring_word(&q->r, RING_PROD)) == __atomic_load_n(&q->r.idx, __ATOMIC_RELAXED)) {
+		struct pollfd p = {.fd = q->efd, .events = POLLIN};
+		if (poll(&p, 1, 1) == 1) {
+			uint64_t v;
+			ssize_t rd = read(q->efd, &v, sizeof(v));
+			(void)rd;
+		}
+	}
+	__atomic_fetch_sub(waiting, 1, __ATOMIC_SEQ_CST);
+}
+
+/* busy ends an idle period of this thread: the spin adapts to its length. */
+static void busy(void)
+{
+	if (!idle_since)
+		return;
+	uint64_t full = poll_spin_ns(), waited = now_ns() - idle_since;
+	if (waited <= full)
+		spin_now = full;
+	else if (spin_now / 2 > full / 16)
+		spin_now /= 2;
+	else
+		spin_now = full / 16;
+	idle_since = 0;
+}
+
+static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	struct rt_cq *q = (struct rt_cq *)cq;
+	if (n <= 0)
+		return 0;
+	int k = poll_ring(q, n, wc);
+	if (k) {
+		busy();
+		return k;
+	}
+	if (rt_session_dead(sess(cq->context)))
 		return -1; /* the service is gone: nothing will complete */
+	uint64_t t = now_ns();
+	if (!idle_since) {
+		idle_since = t;
+		return 0;
+	}
+	if (!spin_now)
+		spin_now = poll_spin_ns();
+	if (cq->channel || t - idle_since <= spin_now)
+		return 0;
+	int e = errno;
+	idle_sleep(q);
+	errno = e;
+	k = poll_ring(q, n, wc);
+	if (k)
+		busy();
 	return k;
 }
 

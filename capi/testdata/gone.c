@@ -3,8 +3,8 @@
  *
  * Waits in ibv_get_cq_event after printing "waiting"; the test then stops
  * the service. The wait must end with an error, polling must report the
- * error, the asynchronous event must be IBV_EVENT_DEVICE_FATAL and new
- * calls must fail. Prints "gone: ok" and exits 0 when all went right.
+ * error, the asynchronous event must be IBV_EVENT_DEVICE_FATAL (the
+ * last: then ibv_get_async_event fails with EIO) and new calls must fail. Prints "gone: ok" and exits 0 when all went right.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -47,6 +47,8 @@ int main(void)
 	if (ev.event_type != IBV_EVENT_DEVICE_FATAL)
 		fail("the asynchronous event is not IBV_EVENT_DEVICE_FATAL", EINVAL);
 	ibv_ack_async_event(&ev);
+	if (ibv_get_async_event(ctx, &ev) == 0 || errno != EIO)
+		fail("ibv_get_async_event after IBV_EVENT_DEVICE_FATAL: want EIO", errno);
 	errno = 0;
 	if (ibv_alloc_pd(ctx) || errno != ECONNRESET)
 		fail("ibv_alloc_pd after the service's end: want ECONNRESET", errno);
