@@ -30,9 +30,13 @@ const copyBelow = 32 << 10
 // The busy-polling read loop yields the CPU (sched_yield) every
 // busyYieldEvery reads and reads the clock every busyClockEvery reads (a
 // read that finds nothing takes about 0.2 µs, a sched_yield as long).
+// A sched_yield that takes longer than busyYieldLong makes the loop yield
+// only after busyYieldPatience without a frame.
 const (
-	busyYieldEvery = 4
-	busyClockEvery = 8
+	busyYieldEvery    = 4
+	busyClockEvery    = 8
+	busyYieldLong     = 100 * time.Microsecond
+	busyYieldPatience = 30 * time.Microsecond
 )
 
 // smallFrame: frames up to this long (with the virtio header) are copied
@@ -277,6 +281,9 @@ func (d *Device) readLoopOffload() {
 	rc := d.pollConn()
 	pfds := []unix.PollFd{{Fd: int32(d.fd), Events: unix.POLLIN}, {Fd: int32(d.evfd), Events: unix.POLLIN}}
 	var last time.Time // the last frame's arrival (busy polling)
+	// patient > 0: the busy poll yields the CPU only after that long
+	// without a frame (see below).
+	var patient time.Duration
 	for !d.closing.Load() {
 		var iovs [2]unix.Iovec
 		iovs[0] = unix.Iovec{Base: &hdrBuf[0]}
@@ -294,7 +301,7 @@ func (d *Device) readLoopOffload() {
 				// the stack's goroutines runnable, and they should not
 				// wait for another read of the TAP.
 				runtime.Gosched()
-				if i%busyYieldEvery == busyYieldEvery-1 {
+				if i%busyYieldEvery == busyYieldEvery-1 && (patient == 0 || time.Since(last) >= patient) {
 					// And the CPU now and then: a thread that waits
 					// for this CPU — the peer's process when two
 					// endpoints share a core — runs now rather than
@@ -302,7 +309,22 @@ func (d *Device) readLoopOffload() {
 					// millisecond or more), which would make every
 					// message wait out a peer's BusyPoll. With the
 					// CPU to itself, sched_yield returns at once.
+					//
+					// A yield that comes back late went to a thread
+					// that keeps the CPU for its time slice (another
+					// program's work, not a peer that answers and
+					// yields back): from then on the loop yields only
+					// after busyYieldPatience without a frame, longer
+					// than a small message's round trip, until a
+					// yield comes back soon again. Else every message
+					// would pay that thread a slice.
+					t0 := time.Now()
 					unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+					if time.Since(t0) > busyYieldLong {
+						patient = busyYieldPatience
+					} else {
+						patient = 0
+					}
 				}
 				// A raw system call: the fd is non-blocking, and the
 				// runtime's bookkeeping around a system call costs as

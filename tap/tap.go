@@ -31,7 +31,9 @@ type Config struct {
 	// loop yields its P to the rest of the process, and every few reads
 	// the CPU (sched_yield), so that two busy-polling endpoints that
 	// share a core take turns rather than spin out each other's BusyPoll
-	// on every message. Offload TAPs only
+	// on every message; once a yield has handed the core to another
+	// program for its time slice, it yields only after a round trip's
+	// time without a frame. Offload TAPs only
 	// (refused with NoOffload); at most MaxBusyPoll.
 	BusyPoll time.Duration
 }
