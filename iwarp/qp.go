@@ -1176,7 +1176,7 @@ func (qp *QP) WaitProgress(ctx context.Context) error {
 	}
 	if seg := qp.seg; seg != nil && seg.fedWake != nil {
 		if ws, ok := s.(readableWaiter); ok {
-			return qp.waitProgressFed(ctx, s, ws, seg.fedWake)
+			return qp.waitProgressFed(ctx, s, ws, seg)
 		}
 	}
 	// Closing the QP closes the stream first, which ends the read, so
@@ -1207,8 +1207,14 @@ type readableWaiter interface {
 // the caller waits for, and it returns as soon as the tap has: the message
 // completes without TCP's processor goroutine and a wake-up in between.
 // It may return without progress; the caller checks its condition again.
-func (qp *QP) waitProgressFed(ctx context.Context, s Stream, ws readableWaiter, fed <-chan struct{}) error {
+// Woken by the tap, it returns without reading the stream: what was fed is
+// placed and delivered, and what TCP holds of it is read on the next call.
+func (qp *QP) waitProgressFed(ctx context.Context, s Stream, ws readableWaiter, seg *segPlacer) error {
+	fed := seg.fedN.Load()
 	for waited := false; ; waited = true {
+		if waited && seg.fedN.Load() != fed {
+			return nil
+		}
 		qp.rxMu.Lock()
 		n, err := s.TryReadTo(qp.rx.in, 0)
 		qp.rx.afterRead()
@@ -1220,7 +1226,7 @@ func (qp *QP) waitProgressFed(ctx context.Context, s Stream, ws readableWaiter, 
 		if n > 0 || waited {
 			return nil
 		}
-		if err := ws.WaitReadableOr(ctx, fed); err != nil {
+		if err := ws.WaitReadableOr(ctx, seg.fedWake); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

@@ -219,6 +219,9 @@ type segPlacer struct {
 	// fedWake (ManualProgress QPs) wakes a WaitProgress caller once the
 	// tap has fed the receiver: what was fed may be what it waits for.
 	fedWake chan struct{}
+	// fedN counts the feeds that sent on fedWake: a WaitProgress caller
+	// woken by one returns at once, without reading the stream.
+	fedN atomic.Uint64
 
 	mu    sync.Mutex
 	front atomic.Uint64 // FPDUs starting before front belong to the in-order path (written by it)
@@ -1261,6 +1264,7 @@ func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, del
 	r.flushStats()
 	lattrace.Mark(lattrace.Fed)
 	if p.fedWake != nil {
+		p.fedN.Add(1)
 		select {
 		case p.fedWake <- struct{}{}:
 		default:

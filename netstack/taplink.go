@@ -85,14 +85,16 @@ func (l *tapLink) Attach(d stack.NetworkDispatcher) {
 func (l *tapLink) IsAttached() bool { return l.d.Load() != nil }
 
 // DeliverNetworkPacket implements stack.NetworkDispatcher.
+// The taps look first: a short message they place is on its way to its
+// receiver before the repair reads the acknowledgment the packet carries.
 func (l *tapLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) {
+	if t := l.taps.Load(); t != nil {
+		l.inspect(t, proto, pkt)
+	}
 	if l.rp.n.Load() > 0 {
 		l.views = gatherData(l.views[:0], pkt)
 		l.rp.inbound(proto, l.views)
 		clear(l.views)
-	}
-	if t := l.taps.Load(); t != nil {
-		l.inspect(t, proto, pkt)
 	}
 	if d := l.d.Load(); d != nil {
 		(*d).DeliverNetworkPacket(proto, pkt)

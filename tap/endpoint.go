@@ -27,6 +27,22 @@ const gsoMaxSize = 65536
 // ones keep the read buffer (at most 2x overhead).
 const copyBelow = 32 << 10
 
+// The busy-polling read loop yields the CPU (sched_yield) every
+// busyYieldEvery reads and reads the clock every busyClockEvery reads (a
+// read that finds nothing takes about 0.2 µs, a sched_yield as long).
+// A sched_yield that takes longer than busyYieldLong makes the loop yield
+// only after busyYieldPatience without a frame.
+const (
+	busyYieldEvery    = 4
+	busyClockEvery    = 8
+	busyYieldLong     = 100 * time.Microsecond
+	busyYieldPatience = 30 * time.Microsecond
+)
+
+// smallFrame: frames up to this long (with the virtio header) are copied
+// into one buffer for the TAP write.
+const smallFrame = 256
+
 // endpoint is the Ethernet stack.LinkEndpoint of a Device.
 type endpoint struct {
 	d    *Device
@@ -178,7 +194,17 @@ func (d *Device) writePacket(pkt *stack.PacketBuffer) tcpip.Error {
 		iovs = appendIov(iovs, b)
 		size += len(b)
 	}
-	if len(iovs) > 1024 { // UIO_MAXIOV: flatten (never seen in practice)
+	var small [smallFrame]byte
+	switch {
+	case len(iovs) > 1 && vnetHdrLen+size <= smallFrame:
+		// A small frame (an ACK, a short message) goes as one buffer:
+		// the kernel takes a single buffer faster than a list.
+		n := 0
+		for i := range iovs {
+			n += copy(small[n:], unsafe.Slice(iovs[i].Base, iovs[i].Len))
+		}
+		iovs = appendIov(iovs[:0], small[:n])
+	case len(iovs) > 1024: // UIO_MAXIOV: flatten (never seen in practice)
 		flat := make([]byte, 0, size)
 		for _, s := range pkt.AsSlices() {
 			flat = append(flat, s...)
@@ -255,6 +281,9 @@ func (d *Device) readLoopOffload() {
 	rc := d.pollConn()
 	pfds := []unix.PollFd{{Fd: int32(d.fd), Events: unix.POLLIN}, {Fd: int32(d.evfd), Events: unix.POLLIN}}
 	var last time.Time // the last frame's arrival (busy polling)
+	// patient > 0: the busy poll yields the CPU only after that long
+	// without a frame (see below).
+	var patient time.Duration
 	for !d.closing.Load() {
 		var iovs [2]unix.Iovec
 		iovs[0] = unix.Iovec{Base: &hdrBuf[0]}
@@ -265,15 +294,44 @@ func (d *Device) readLoopOffload() {
 		var n uintptr
 		errno := unix.EAGAIN
 		if d.busyPoll > 0 {
-			// Busy polling: read again, yielding the P in between, until
-			// a frame comes or BusyPoll has passed since the last one.
-			for {
-				// Yield first: the frame just delivered has made the
-				// stack's goroutines runnable, and they should not wait
-				// for another read of the TAP.
+			// Busy polling: read again, yielding in between, until a
+			// frame comes or BusyPoll has passed since the last one.
+			for i := 0; ; i++ {
+				// Yield the P first: the frame just delivered has made
+				// the stack's goroutines runnable, and they should not
+				// wait for another read of the TAP.
 				runtime.Gosched()
-				n, _, errno = unix.Syscall(unix.SYS_READV, uintptr(d.fd), uintptr(unsafe.Pointer(&iovs[0])), 2)
-				if errno != unix.EAGAIN || d.closing.Load() || time.Since(last) >= d.busyPoll {
+				if i%busyYieldEvery == busyYieldEvery-1 && (patient == 0 || time.Since(last) >= patient) {
+					// And the CPU now and then: a thread that waits
+					// for this CPU — the peer's process when two
+					// endpoints share a core — runs now rather than
+					// when the kernel preempts the spin (a
+					// millisecond or more), which would make every
+					// message wait out a peer's BusyPoll. With the
+					// CPU to itself, sched_yield returns at once.
+					//
+					// A yield that comes back late went to a thread
+					// that keeps the CPU for its time slice (another
+					// program's work, not a peer that answers and
+					// yields back): from then on the loop yields only
+					// after busyYieldPatience without a frame, longer
+					// than a small message's round trip, until a
+					// yield comes back soon again. Else every message
+					// would pay that thread a slice.
+					t0 := time.Now()
+					unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+					if time.Since(t0) > busyYieldLong {
+						patient = busyYieldPatience
+					} else {
+						patient = 0
+					}
+				}
+				// A raw system call: the fd is non-blocking, and the
+				// runtime's bookkeeping around a system call costs as
+				// much as the read itself.
+				n, _, errno = unix.RawSyscall(unix.SYS_READV, uintptr(d.fd), uintptr(unsafe.Pointer(&iovs[0])), 2)
+				if errno != unix.EAGAIN || d.closing.Load() ||
+					(i%busyClockEvery == busyClockEvery-1 && time.Since(last) >= d.busyPoll) {
 					break
 				}
 			}

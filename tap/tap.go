@@ -28,7 +28,12 @@ type Config struct {
 	// that comes within it is taken without a wake-up, which on a
 	// two-core machine halves a small message's one-way time, at the
 	// price of a CPU kept busy while traffic flows. Between two reads the
-	// loop yields its P to the rest of the process. Offload TAPs only
+	// loop yields its P to the rest of the process, and every few reads
+	// the CPU (sched_yield), so that two busy-polling endpoints that
+	// share a core take turns rather than spin out each other's BusyPoll
+	// on every message; once a yield has handed the core to another
+	// program for its time slice, it yields only after a round trip's
+	// time without a frame. Offload TAPs only
 	// (refused with NoOffload); at most MaxBusyPoll.
 	BusyPoll time.Duration
 }

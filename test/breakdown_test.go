@@ -22,7 +22,8 @@ import (
 // (internal/lattrace) stamp each message at every stage with the host's
 // monotonic clock, and lines up the sender's and the receiver's marks
 // message by message. It prints each step's median (and the whole way's
-// median and 99th percentile) in µs.
+// median and 99th percentile) in µs. RDMATAP_BENCH_PIN=1 pins the two
+// processes as in BenchmarkNetworkLatency.
 //
 //	sudo go test ./test/ -run XXX -bench LatencyBreakdown -benchtime 1x
 func BenchmarkLatencyBreakdown(b *testing.B) {
@@ -42,9 +43,10 @@ func BenchmarkLatencyBreakdown(b *testing.B) {
 	n := newNetns(b, 1500)
 	args := []string{"lat", "write", "-s", "2", "-n", strconv.Itoa(iters)}
 	srvTrace, clTrace := filepath.Join(dir, "server.trace"), filepath.Join(dir, "client.trace")
-	srv := n.startWith(b, "", []string{"RDMATAP_TRACE=" + srvTrace}, append(args, benchEndpointArgs(n, 0)...)...)
+	srvCPU, clCPU := latPin()
+	srv := n.startWith(b, srvCPU, []string{"RDMATAP_TRACE=" + srvTrace}, append(args, benchEndpointArgs(n, 0)...)...)
 	n.ready(b, 0)
-	cl := n.startWith(b, "", []string{"RDMATAP_TRACE=" + clTrace}, append(append([]string{args[0], args[1], n.ips[0]}, args[2:]...), benchEndpointArgs(n, 1)...)...)
+	cl := n.startWith(b, clCPU, []string{"RDMATAP_TRACE=" + clTrace}, append(append([]string{args[0], args[1], n.ips[0]}, args[2:]...), benchEndpointArgs(n, 1)...)...)
 	if out, err := cl.wait(b, 2*time.Minute); err != nil {
 		b.Fatalf("client: %v\n%s\nserver:\n%s", err, out, srv.out.String())
 	}

@@ -31,6 +31,11 @@ import (
 //
 // write_ratio is t_typical over the bridged busy-polling kernel's one-way
 // time (the target: at most 1.25).
+//
+// With RDMATAP_BENCH_PIN=1 every pair runs pinned, server on CPU 0 and
+// client on CPU 1 (taskset), rdmatap's and the kernel ping-pong's alike:
+// unpinned, a machine with other work on it may run both ends on one core
+// for a whole run.
 func BenchmarkNetworkLatency(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("skipping: the network benchmark needs root (TAPs, bridge, namespaces)")
@@ -72,9 +77,10 @@ func BenchmarkNetworkLatency(b *testing.B) {
 func rdmatapLat(b *testing.B, op string, iters int) (typical, p99 float64) {
 	n := newNetns(b, 1500)
 	args := []string{"lat", op, "-s", "2", "-n", strconv.Itoa(iters)}
-	srv := n.start(b, append(args, benchEndpointArgs(n, 0)...)...)
+	srvCPU, clCPU := latPin()
+	srv := n.startOn(b, srvCPU, append(args, benchEndpointArgs(n, 0)...)...)
 	n.ready(b, 0)
-	cl := n.start(b, append(append([]string{args[0], args[1], n.ips[0]}, args[2:]...), benchEndpointArgs(n, 1)...)...)
+	cl := n.startOn(b, clCPU, append(append([]string{args[0], args[1], n.ips[0]}, args[2:]...), benchEndpointArgs(n, 1)...)...)
 	out, err := cl.wait(b, 2*time.Minute)
 	if err != nil {
 		b.Fatalf("client: %v\n%s\nserver:\n%s", err, out, srv.out.String())
@@ -89,6 +95,15 @@ func rdmatapLat(b *testing.B, op string, iters int) (typical, p99 float64) {
 	typical, _ = strconv.ParseFloat(m[3], 64)
 	p99, _ = strconv.ParseFloat(m[6], 64)
 	return typical, p99
+}
+
+// latPin returns the CPUs (taskset -c lists) of a latency pair's server
+// and client: CPU 0 and CPU 1 with RDMATAP_BENCH_PIN=1, none otherwise.
+func latPin() (srv, cl string) {
+	if os.Getenv("RDMATAP_BENCH_PIN") == "1" {
+		return "0", "1"
+	}
+	return "", ""
 }
 
 // pingPong is a ping-pong's round trip in µs.
@@ -109,7 +124,8 @@ func kernelPingPong(b *testing.B, iters int, bridged, busy bool) pingPong {
 	if busy {
 		mode = "busy"
 	}
-	srv := exec.Command("ip", "netns", "exec", nsB, self, "-test.run", "^TestKernelPingPongHelper$")
+	srvCPU, clCPU := latPin()
+	srv := exec.Command("ip", append([]string{"netns", "exec", nsB}, append(pinned(srvCPU, self), "-test.run", "^TestKernelPingPongHelper$")...)...)
 	srv.Env = append(os.Environ(), "RDMATAP_PINGPONG=echo", "RDMATAP_PINGPONG_MODE="+mode)
 	srvOut, _ := srv.StdoutPipe()
 	if err := srv.Start(); err != nil {
@@ -120,7 +136,7 @@ func kernelPingPong(b *testing.B, iters int, bridged, busy bool) pingPong {
 	if n, _ := srvOut.Read(buf); n == 0 {
 		b.Fatal("ping-pong helper server did not start")
 	}
-	cl := exec.Command("ip", "netns", "exec", nsA, self, "-test.run", "^TestKernelPingPongHelper$", "-test.v")
+	cl := exec.Command("ip", append([]string{"netns", "exec", nsA}, append(pinned(clCPU, self), "-test.run", "^TestKernelPingPongHelper$", "-test.v")...)...)
 	cl.Env = append(os.Environ(), "RDMATAP_PINGPONG=ping", "RDMATAP_PINGPONG_MODE="+mode, "RDMATAP_PINGPONG_ITERS="+strconv.Itoa(iters))
 	out, err := cl.CombinedOutput()
 	if err != nil {
