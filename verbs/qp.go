@@ -93,6 +93,7 @@ type SendWR struct {
 	Access Access
 	mw     *iwarp.Window // BIND_MW: the window (BindWR)
 	bind   iwarp.MWBind  // BIND_MW: where and how
+	data   []byte        // the engine's inline Data (a service's ring entry; unused here)
 }
 
 // RecvWR is a receive work request.

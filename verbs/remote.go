@@ -122,6 +122,8 @@ type client struct {
 	// attr: the service device's limits for this client (QUERY_DEVICE),
 	// set by Connect; nil from a service that does not answer it.
 	attr *DeviceAttr
+	// features: those HELLO agreed on (svc.Feature* bits).
+	features uint64
 }
 
 type reply struct {
@@ -144,6 +146,7 @@ func Connect(ctx context.Context, path string) (*Device, error) {
 	dev := &Device{cfg: cfg, ops: cl, events: make(chan AsyncEvent, cfg.EventQueue), qps: map[uint32]*QP{},
 		listeners: map[*Listener]struct{}{}}
 	cl.dev = dev
+	cl.features = h.Features
 	cl.s.Start()
 	if h.Features&svc.FeatureQueryDevice != 0 {
 		r, err := cl.do(ctx, svc.TQueryDevice, nil)
@@ -1372,7 +1375,9 @@ func (qp *QP) remotePostSend(wrs []SendWR) error {
 			r.publishSQ()
 			return &PostError{Index: i, Err: ErrQueueFull}
 		}
-		svc.PutSend(r.sq.Entry(r.sqProd), engineWR(&wrs[i]), obj)
+		if e := r.sq.Entry(r.sqProd); !r.putInline(qp, e, &wrs[i]) {
+			svc.PutSend(e, engineWR(&wrs[i]), obj)
+		}
 		if obj != 0 {
 			r.posted(&wrs[i])
 		}
@@ -1381,6 +1386,34 @@ func (qp *QP) remotePostSend(wrs []SendWR) error {
 	}
 	r.publishSQ()
 	return nil
+}
+
+// putInline writes an inline Send or RDMA Write with its payload in the
+// entry (FeatureInlineData), gathered from this process's own mapping of
+// its MRs, and reports whether it did: a WR that is not inline, or whose
+// SGEs name no regular MR of the QP's PD within its bounds, goes with its
+// SGL, which the service checks (and copies) when it takes the entry.
+func (r *remoteQP) putInline(qp *QP, e []byte, wr *SendWR) bool {
+	if r.cl.features&svc.FeatureInlineData == 0 || wr.Flags&Inline == 0 || !svc.InlineDataOp(iwarp.WROp(wr.Op)) {
+		return false
+	}
+	room := e[svc.SendEntryBase:]
+	n := 0
+	for _, s := range wr.SGL {
+		r.cl.mu.Lock()
+		mr := r.cl.mrKeys[s.LKey]
+		r.cl.mu.Unlock()
+		if mr == nil || mr.pd != qp.pd {
+			return false
+		}
+		b, ok := mr.r.Slice(s.Addr, uint64(s.Length))
+		if !ok || len(b) > len(room)-n {
+			return false
+		}
+		n += copy(room[n:], b)
+	}
+	svc.PutSendData(e, engineWR(wr), room[:n])
+	return true
 }
 
 // publishSQ stores the producer index, unlocks and rings the doorbell.

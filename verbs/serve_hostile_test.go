@@ -2,6 +2,7 @@ package verbs_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"net"
 	"net/netip"
@@ -37,6 +38,17 @@ type rawClient struct {
 
 func dialRaw(t testing.TB, path string, version uint64) (*rawClient, svc.Msg) {
 	t.Helper()
+	return dialRawHello(t, path, version, 0)
+}
+
+// dialRawFeatures is dialRaw of this version asking for features.
+func dialRawFeatures(t testing.TB, path string, features uint64) (*rawClient, svc.Msg) {
+	t.Helper()
+	return dialRawHello(t, path, svc.Version, features)
+}
+
+func dialRawHello(t testing.TB, path string, version, features uint64) (*rawClient, svc.Msg) {
+	t.Helper()
 	c, err := net.Dial("unixpacket", path)
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +56,11 @@ func dialRaw(t testing.TB, path string, version uint64) (*rawClient, svc.Msg) {
 	r := &rawClient{t: t, conn: c.(*net.UnixConn), buf: make([]byte, svc.MaxMessage), oob: make([]byte, svc.OOBSpace)}
 	t.Cleanup(func() { r.conn.Close() })
 	var b svc.Builder
-	if err := svc.Write(r.conn, b.Reset(svc.THello, 0, 0).Args(svc.Magic, version).Msg()); err != nil {
+	b.Reset(svc.THello, 0, 0).Args(svc.Magic, version)
+	if features != 0 {
+		b.Args(features)
+	}
+	if err := svc.Write(r.conn, b.Msg()); err != nil {
 		t.Fatal(err)
 	}
 	m, fds := r.read()
@@ -500,6 +516,15 @@ func FuzzServiceRing(f *testing.F) {
 	} {
 		e := make([]byte, svc.SendEntrySize(1))
 		svc.PutSend(e, &wr, 1)
+		f.Add(e, []byte{}, uint32(1), uint32(0))
+	}
+	for _, n := range []int{0, 8, 16, 17} {
+		// Inline data in the entry (16 bytes of room beyond its header).
+		e := make([]byte, svc.SendEntrySize(1))
+		svc.PutSendData(e, &iwarp.SendWR{ID: 5, Op: iwarp.WRSend}, make([]byte, min(n, 16)))
+		if n > 16 {
+			binary.LittleEndian.PutUint32(e[12:], uint32(n))
+		}
 		f.Add(e, []byte{}, uint32(1), uint32(0))
 	}
 	f.Fuzz(func(t *testing.T, sqEntry, rqEntry []byte, sqProd, rqProd uint32) {

@@ -68,6 +68,7 @@ enum rt_msg_type {
 	RT_QUERY_MEM = 31,
 	RT_STATS = 32,
 	RT_QUERY_DEVICE = 33,
+	RT_QUERY_PORT = 34,
 };
 
 /* Reply statuses (protocol section 2.5). */

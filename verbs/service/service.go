@@ -674,6 +674,9 @@ type session struct {
 	id   uint64
 	cred svc.Cred
 	lim  Limits
+	// features are those HELLO agreed on (svc.Features bits); set
+	// before the session's first request.
+	features uint64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -844,6 +847,7 @@ func (x *session) hello(buf, oob []byte, fds []int) bool {
 	// The features both ends know (a client that lists none, as one
 	// from before features, gets none).
 	features := m.Arg(2) & svc.Features
+	x.features = features
 	err = svc.Write(x.conn, b.Reset(svc.THello, 0, 0).Args(svc.Version, flags, x.id, features).String(x.dev.Name()).Msg(), x.ctlFd, x.bell.Fd())
 	return err == nil
 }
@@ -1069,6 +1073,12 @@ func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []i
 	case svc.TQueryDevice:
 		a := x.queryDevice()
 		b.Args(encodeAttr(a)...).String(x.dev.Name())
+		return nil, nil
+	case svc.TQueryPort:
+		if m.Arg(0) != 1 {
+			return nil, fmt.Errorf("%w: port %d (the device has port 1)", verbs.ErrInvalidArgument, m.Arg(0))
+		}
+		encodePort(b, x.dev.Link())
 		return nil, nil
 	case svc.TStats:
 		st := x.dev.Stats()
@@ -2067,7 +2077,11 @@ func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
 		return nil, err
 	}
 	sqCap, rqCap := svc.RingCap(cfg.MaxSendWR), svc.RingCap(cfg.MaxRecvWR)
-	sqBytes := svc.RingBytes(sqCap, svc.SendEntrySize(cfg.MaxSendSGE))
+	sqEntry := svc.SendEntrySize(cfg.MaxSendSGE)
+	if x.features&svc.FeatureInlineData != 0 {
+		sqEntry = svc.SendEntrySizeInline(cfg.MaxSendSGE, cfg.MaxInline)
+	}
+	sqBytes := svc.RingBytes(sqCap, sqEntry)
 	total := sqBytes
 	if srq == nil {
 		total += svc.RingBytes(rqCap, svc.RecvEntrySize(cfg.MaxRecvSGE))
@@ -2080,7 +2094,7 @@ func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
 	}
 	q := &servedQP{qp: qp, iw: engine.EngineQP(qp), num: qp.Num(), mem: mem, sgl: make([]iwarp.SGE, cfg.MaxSendSGE), rsgl: make([]iwarp.SGE, cfg.MaxRecvSGE),
 		scq: scq, rcq: rcq, srq: srq, cost: cost}
-	q.sq, _ = svc.InitRing(mem[:sqBytes], sqCap, svc.SendEntrySize(cfg.MaxSendSGE))
+	q.sq, _ = svc.InitRing(mem[:sqBytes], sqCap, sqEntry)
 	if srq == nil {
 		q.rq, _ = svc.InitRing(mem[sqBytes:], rqCap, svc.RecvEntrySize(cfg.MaxRecvSGE))
 		q.iw.RecvQueue().SetRefill(func() { x.refillRQ(q) })
@@ -3045,6 +3059,21 @@ func encodeAttr(a verbs.DeviceAttr) []uint64 {
 	v[svc.QueryMaxInline], v[svc.QueryMaxPrivData], v[svc.QueryMaxMsgSize] = uint64(a.MaxInline), uint64(a.MaxPrivData), a.MaxMsgSize
 	v[svc.QueryAtomicCap] = uint64(slices.Index(atomicCapValues[:], a.AtomicCap))
 	v[svc.QueryPageSizeCap], v[svc.QueryMaxMW], v[svc.QueryMaxFRPages] = a.PageSizeCap, uint64(a.MaxMW), uint64(a.MaxFRPages)
-	v[svc.QueryVendorPartID] = uint64(a.VendorPartID)
+	v[svc.QueryVendorPartID], v[svc.QueryVendorID] = uint64(a.VendorPartID), uint64(a.VendorID)
 	return v
+}
+
+// encodePort lays l out as QUERY_PORT's reply.
+func encodePort(b *svc.Builder, l verbs.Link) {
+	v := make([]uint64, svc.PortArgs)
+	w, sp := l.WidthSpeed()
+	v[svc.PortState], v[svc.PortPhysState], v[svc.PortLinkMTU] = uint64(l.PortState()), uint64(l.PhysState()), uint64(l.MTU)
+	v[svc.PortActiveMTU], v[svc.PortActiveWidth], v[svc.PortActiveSpeed] = uint64(l.ActiveMTU()), uint64(w), uint64(sp)
+	var ip []byte
+	if l.Addr.Is4() {
+		a4 := l.Addr.As4()
+		ip = a4[:]
+	}
+	gid, guid := l.GID(), l.NodeGUID()
+	b.Args(v...).Bytes(ip).Bytes(l.MAC).Bytes(gid[:]).Bytes(guid[:])
 }

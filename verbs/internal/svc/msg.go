@@ -50,9 +50,16 @@ const (
 	// FeatureQueryDevice: QUERY_DEVICE answers with the device's
 	// limits as this client may use them.
 	FeatureQueryDevice uint64 = 1 << 0
+	// FeatureInlineData: a send entry may carry its payload itself
+	// (FlagInlineData), and the SQ entries of CREATE_QP's rings have room
+	// for the QP's max inline bytes (SendEntrySizeInline).
+	FeatureInlineData uint64 = 1 << 1
+	// FeatureLink: the QUERY_PORT request answers with the device's port
+	// (its link, addresses and GID).
+	FeatureLink uint64 = 1 << 2
 
 	// Features is every feature this implementation knows.
-	Features = FeatureQueryDevice
+	Features = FeatureQueryDevice | FeatureInlineData | FeatureLink
 )
 
 // Sizes and limits.
@@ -116,13 +123,16 @@ const (
 	// TQueryDevice (FeatureQueryDevice) → the device's limits for this
 	// client, in QueryArg order; the device's name.
 	TQueryDevice
+	// TQueryPort (FeatureLink) → the port's state and link, in
+	// PortArg order; its addresses and GID, in PortField order.
+	TQueryPort
 	tLast
 )
 
 var typeNames = [...]string{"", "HELLO", "ALLOC_PD", "DEALLOC_PD", "CREATE_CQ", "DESTROY_CQ", "REG_MR", "DEREG_MR",
 	"CREATE_SRQ", "DESTROY_SRQ", "SRQ_LIMIT", "CREATE_QP", "DESTROY_QP", "QUERY_QP", "DISCONNECT", "DIAL", "LISTEN",
 	"CLOSE_LISTENER", "GET_REQUEST", "ACCEPT", "REJECT", "CANCEL", "EVENT", "QP_DONE", "ERROR", "ALLOC_MR", "MAP_MR",
-	"SET_IOVA", "ALLOC_MW", "DEALLOC_MW", "BIND_MW", "QUERY_MEM", "STATS", "QUERY_DEVICE"}
+	"SET_IOVA", "ALLOC_MW", "DEALLOC_MW", "BIND_MW", "QUERY_MEM", "STATS", "QUERY_DEVICE", "QUERY_PORT"}
 
 func (t Type) String() string {
 	if t > 0 && t < tLast {
@@ -377,5 +387,29 @@ const (
 	QueryMaxMW
 	QueryMaxFRPages
 	QueryVendorPartID
-	QueryArgs // the number of arguments
+	QueryVendorID // siw's, 0x626d74
+	QueryArgs     // the number of arguments
+)
+
+// QUERY_PORT's reply arguments, by index (ibv_port_attr's values, as
+// verbs.Link gives them).
+const (
+	PortState       = iota // ibv_port_state: 1 DOWN, 4 ACTIVE
+	PortPhysState          // 5 LinkUp, 3 Disabled
+	PortLinkMTU            // the link's IP MTU in bytes
+	PortActiveMTU          // ibv_mtu: 1 (256) to 5 (4096)
+	PortActiveWidth        // active_width: 1 (1X)
+	PortActiveSpeed        // active_speed: 1 (SDR)
+	PortArgs               // the number of arguments
+)
+
+// QUERY_PORT's reply fields, by index: the device's IPv4 address (4
+// bytes, or empty), MAC (6 bytes), GID (16 bytes) and node GUID (8 bytes,
+// network order).
+const (
+	PortFieldIPv4 = iota
+	PortFieldMAC
+	PortFieldGID
+	PortFieldGUID
+	PortFields
 )

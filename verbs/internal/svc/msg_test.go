@@ -2,6 +2,7 @@ package svc
 
 import (
 	"bytes"
+	"encoding/binary"
 	"testing"
 
 	"github.com/rdmatap/rdmatap/iwarp"
@@ -77,6 +78,35 @@ func TestRingEntries(t *testing.T) {
 			t.Fatalf("%v: got %+v, %v", op, got, err)
 		}
 	}
+	// An inline Send carries its payload in the entry; a length past the
+	// entry, SGEs beside it or an opcode that sends no data are refused.
+	im := make([]byte, SendEntrySizeInline(1, 64))
+	send := iwarp.SendWR{ID: 11, Op: iwarp.WRSendImm, Flags: iwarp.FlagSignaled, Imm: 0xabcd}
+	payload := bytes.Repeat([]byte("0123456789abcdef"), 4)
+	PutSendData(im, &send, payload)
+	if _, err := GetSend(im, &got, make([]iwarp.SGE, 1)); err != nil || !bytes.Equal(got.Data, payload) ||
+		got.Flags != iwarp.FlagSignaled|iwarp.FlagInline || got.Imm != 0xabcd || len(got.SGL) != 0 || got.ID != 11 {
+		t.Fatalf("inline data: got %+v, %v", got, err)
+	}
+	for name, spoil := range map[string]func(e []byte){
+		"length past the entry": func(e []byte) { binary.LittleEndian.PutUint32(e[12:], uint32(len(e)-SendEntryBase+1)) },
+		"an SGE beside":         func(e []byte) { binary.LittleEndian.PutUint16(e[10:], 1) },
+		"an RDMA Read":          func(e []byte) { e[8] = byte(iwarp.WRRead) },
+		"a REG_MR":              func(e []byte) { e[8] = byte(iwarp.WRRegMR) },
+		"a length of 2^32-1":    func(e []byte) { binary.LittleEndian.PutUint32(e[12:], 1<<32-1) },
+	} {
+		e := bytes.Clone(im)
+		spoil(e)
+		if _, err := GetSend(e, &got, make([]iwarp.SGE, 1)); err == nil {
+			t.Errorf("inline data with %s accepted: %+v", name, got)
+		}
+	}
+	if n := SendEntrySizeInline(1, 100); n != SendEntryBase+112 {
+		t.Errorf("entry of 1 SGE and 100 inline bytes: %d", n)
+	}
+	if n := SendEntrySizeInline(8, 64); n != SendEntrySize(8) {
+		t.Errorf("entry of 8 SGEs and 64 inline bytes: %d", n)
+	}
 	// A producer index beyond the capacity is refused.
 	r.Prod.Store(5)
 	if _, err := r.Pending(0); err == nil {
@@ -141,6 +171,11 @@ func FuzzRingEntry(f *testing.F) {
 		PutSend(e, &wr, uint64(i))
 		f.Add(e)
 	}
+	for _, n := range []int{0, 1, 40, 48} {
+		e := make([]byte, SendEntrySizeInline(2, 48))
+		PutSendData(e, &iwarp.SendWR{ID: 6, Op: iwarp.WRWrite, RemoteAddr: 7, RKey: 8}, bytes.Repeat([]byte{9}, n))
+		f.Add(e)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		sgl := make([]iwarp.SGE, 2)
 		var wr iwarp.SendWR
@@ -148,6 +183,9 @@ func FuzzRingEntry(f *testing.F) {
 			t.Fatalf("%d SGEs", len(wr.SGL))
 		} else if err == nil && obj != 0 && wr.Op != iwarp.WRRegMR && wr.Op != iwarp.WRBindMW {
 			t.Fatalf("%v with an object handle", wr.Op)
+		} else if err == nil && wr.Data != nil && (len(wr.SGL) != 0 || len(wr.Data) > len(data)-SendEntryBase ||
+			wr.Flags&iwarp.FlagInline == 0 || wr.Flags&FlagInlineData != 0 || !InlineDataOp(wr.Op)) {
+			t.Fatalf("inline data of %d bytes in an entry of %d: %+v", len(wr.Data), len(data), wr)
 		}
 		if _, s, err := GetRecv(data, sgl); err == nil && len(s) > 2 {
 			t.Fatalf("%d SGEs", len(s))
