@@ -83,6 +83,9 @@ type Event struct {
 	QPNum uint32
 	Term  TermCode // for Terminate events
 	Err   error
+	// ByPeer (EventDisconnected without Err): the peer closed the
+	// connection gracefully first; else this end did (Disconnect).
+	ByPeer bool
 }
 
 // QPConfig configures a QP.
@@ -1038,7 +1041,10 @@ func (qp *QP) flush() {
 		})
 	}
 	qp.unbindWindows()
-	qp.event(Event{Type: EventDisconnected, Err: qp.Err()})
+	qp.mu.Lock()
+	err, byPeer := qp.err, !qp.closing
+	qp.mu.Unlock()
+	qp.event(Event{Type: EventDisconnected, Err: err, ByPeer: err == nil && byPeer})
 	qp.mu.Lock()
 	if qp.termTimer != nil {
 		// Done already: the timer would only keep the QP (and what it

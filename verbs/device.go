@@ -493,6 +493,10 @@ type AsyncEvent struct {
 	SRQ   *SRQ
 	Term  TermCode // the Terminate of EventTerminateSent, EventTerminateReceived
 	Err   error
+	// ByPeer (EventDisconnected without Err): the peer closed the
+	// connection gracefully first; else this end did (Disconnect). With
+	// Err an error ended it (a reset, a Terminate, a failure).
+	ByPeer bool
 }
 
 // Events returns the device's asynchronous events. Events that find the

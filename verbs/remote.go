@@ -294,6 +294,9 @@ func (cl *client) event(m svc.Msg) {
 	if n, _ := svc.Fields(m.Payload(), f[:]); n == 1 && len(f[0]) > 0 {
 		e.Err = errors.New(string(f[0]))
 	}
+	if e.Type == EventDisconnected && m.Arg(6) == svc.DisconnectPeer && e.Err == nil {
+		e.ByPeer = true
+	}
 	cl.dev.post(e)
 }
 
@@ -1609,10 +1612,20 @@ func (cl *client) dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p Conn
 	if qp == nil || qp.remote() == nil || qp.pd.dev != d {
 		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
 	}
+	local := ""
+	if p.LocalAddr.Port() != 0 {
+		if cl.features&svc.FeatureCM == 0 {
+			return nil, fmt.Errorf("%w: the service cannot connect from a chosen port (no CM feature)", ErrInvalidArgument)
+		}
+		local = svc.FormatLocalAddr(p.LocalAddr)
+	}
 	r, err := d.client().do(ctx, svc.TDial, func(b *svc.Builder) {
 		b.Args(uint64(qp.remote().num))
 		connArgs(b, p)
 		b.String(raddr.String()).Bytes(p.PrivateData)
+		if local != "" {
+			b.String(local)
+		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("verbs: connect %v: %w", raddr, err)
@@ -1761,3 +1774,18 @@ func (r *remoteQP) postSend(wrs []SendWR) error          { return r.qp.remotePos
 func (r *remoteQP) postRecv(wrs []RecvWR) error          { return r.qp.remotePostRecv(wrs) }
 func (r *remoteQP) disconnect(ctx context.Context) error { return r.qp.remoteDisconnect(ctx) }
 func (r *remoteQP) destroy() error                       { return r.qp.remoteClose() }
+
+// setError asks the service to move the QP to ERROR (QP_ERROR; a service
+// without the CM feature has only DESTROY_QP, which would free the QP).
+func (r *remoteQP) setError() error {
+	if r.cl.features&svc.FeatureCM == 0 {
+		return fmt.Errorf("%w: the service cannot move a QP to ERROR (no CM feature)", ErrInvalidArgument)
+	}
+	if _, err := r.cl.do(context.Background(), svc.TQPError, func(b *svc.Builder) { b.Args(uint64(r.num)) }); err != nil {
+		return err
+	}
+	// The QP is done: its QP_DONE follows the reply (or the session
+	// ends); from then on posting fails, as on an embedded QP.
+	<-r.done
+	return nil
+}

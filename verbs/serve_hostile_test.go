@@ -4,11 +4,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -135,7 +135,7 @@ func TestServiceVersionMismatch(t *testing.T) {
 	}
 	var f [1][]byte
 	svc.Fields(m.Payload(), f[:])
-	if !strings.Contains(string(f[0]), "version mismatch") || m.Arg(0) != svc.Version {
+	if want := fmt.Sprintf("protocol version mismatch: service speaks %d, client %d", svc.Version, svc.Version+1); string(f[0]) != want || m.Arg(0) != svc.Version {
 		t.Fatalf("refusal %q names version %d", f[0], m.Arg(0))
 	}
 	// The right version is welcome.
@@ -425,6 +425,10 @@ func FuzzServiceRequest(f *testing.F) {
 		b.Reset(svc.TQueryMem, 18, 0).Args(2).Msg(),
 		b.Reset(svc.TDeallocMW, 19, 0).Args(3).Msg(),
 		b.Reset(svc.TStats, 20, 0).Msg(),
+		b.Reset(svc.TQueryPort, 21, 0).Args(1).Msg(),
+		b.Reset(svc.TQPError, 22, 0).Args(17).Msg(),
+		b.Reset(svc.TDial, 23, 0).Args(17, 0, 0, 0, 0, 0, 0, 0).String("10.0.0.2:9").Bytes(nil).String(":31337").Msg(),
+		b.Reset(svc.TDial, 24, 0).Args(17, 0, 0, 0, 0, 0, 0, 0).String("10.0.0.2:9").Bytes(nil).String("[::1]:80").Msg(),
 	} {
 		f.Add([]byte(m))
 	}

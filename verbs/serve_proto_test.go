@@ -4,7 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -186,5 +191,287 @@ func TestServiceQueryPort(t *testing.T) {
 	if q.Arg(svc.PortState) != verbs.PortActive || q.Arg(svc.PortPhysState) != 5 || q.Arg(svc.PortActiveWidth) != 1 ||
 		q.Arg(svc.PortActiveSpeed) != 1 || q.Arg(svc.PortActiveMTU) != uint64(want.ActiveMTU()) || len(f[svc.PortFieldGID]) != 16 {
 		t.Fatalf("QUERY_PORT: args %v", []uint64{q.Arg(0), q.Arg(1), q.Arg(2), q.Arg(3), q.Arg(4), q.Arg(5)})
+	}
+}
+
+// protoConn connects a QP of the service's client d to one of the
+// embedded peer (the peer accepts); the QPs come with receives posted if
+// recvs > 0 (16-byte buffers, WR IDs from 1).
+func protoConn(t *testing.T, ctx context.Context, d, peer *verbs.Device, peerAddr netip.Addr, port uint16, p verbs.ConnParams, recvs int) (cq, pq *testQP, c *verbs.Conn, req *verbs.ConnRequest) {
+	t.Helper()
+	l, err := peer.Listen(netip.AddrPortFrom(netip.Addr{}, port), verbs.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if pq, err = openTestQP(peer); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pq.close)
+	if cq, err = openTestQP(d); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cq.close)
+	if recvs > 0 {
+		mem, err := zerocopy.AllocShared("recv", 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { mem.Close() })
+		mr, err := cq.pd.RegMR(mem.Bytes(), verbs.AccessLocalWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { mr.Dereg() })
+		for i := 0; i < recvs; i++ {
+			if err := cq.qp.PostRecv(verbs.RecvWR{ID: uint64(i + 1), SGL: []verbs.SGE{mr.SGE(16*i, 16)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	accepted := make(chan error, 1)
+	go func() {
+		var err error
+		req, err = l.GetRequest(ctx)
+		if err == nil {
+			_, err = req.Accept(ctx, pq.qp, verbs.ConnParams{})
+		}
+		accepted <- err
+	}()
+	if c, err = d.Dial(ctx, cq.qp, netip.AddrPortFrom(peerAddr, port), p); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-accepted; err != nil {
+		t.Fatal(err)
+	}
+	return cq, pq, c, req
+}
+
+// TestServiceDialFrom: a service's client connects from the port it
+// chose (rdma_bind_addr, then rdma_connect): its connection and the
+// peer's request show that port; the same port again while the first
+// connection lives is EADDRINUSE.
+func TestServiceDialFrom(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, service.Limits{})
+	d := connectService(t, path)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	peerAddr := p.nb.Addrs()[0].Addr()
+	local := netip.AddrPortFrom(netip.Addr{}, 31337)
+	_, _, c, req := protoConn(t, ctx, d, p.b, peerAddr, 18601, verbs.ConnParams{LocalAddr: local}, 0)
+	want := netip.AddrPortFrom(p.na.Addrs()[0].Addr(), 31337)
+	if c.LocalAddr() != want || req.RemoteAddr() != want {
+		t.Fatalf("connection from %v, the peer's request from %v, want %v", c.LocalAddr(), req.RemoteAddr(), want)
+	}
+	q, err := openTestQP(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.close()
+	l, err := p.b.Listen(netip.AddrPortFrom(netip.Addr{}, 18602), verbs.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := d.Dial(ctx, q.qp, netip.AddrPortFrom(peerAddr, 18602), verbs.ConnParams{LocalAddr: want}); !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("a second connection from %v: %v, want EADDRINUSE", want, err)
+	}
+}
+
+// TestServiceQPError: QP_ERROR (QP.SetError) flushes a QP's receives, in
+// IDLE and connected; the connected QP's peer sees its connection end in
+// an error, and what the client posts afterwards completes flushed.
+func TestServiceQPError(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, service.Limits{})
+	d := connectService(t, path)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	flushed := func(cq *verbs.CQ, n int, op verbs.WCOpcode) {
+		t.Helper()
+		for i := 0; i < n; i++ {
+			wc, err := waitWC(ctx, cq, op, -1)
+			if wc.Status != verbs.StatusWRFlush {
+				t.Fatalf("completion %d: %+v, %v; want flushed", i, wc, err)
+			}
+		}
+	}
+	// IDLE.
+	idle, err := openTestQP(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.close()
+	mem, err := zerocopy.AllocShared("recv", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	mr, err := idle.pd.RegMR(mem.Bytes(), verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := idle.qp.PostRecv(verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{mr.SGE(0, 16)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := idle.qp.SetError(); err != nil {
+		t.Fatal(err)
+	}
+	flushed(idle.rcq, 3, verbs.WCRecv)
+	if st := idle.qp.State(); st != verbs.QPError {
+		t.Fatalf("state %v after SetError", st)
+	}
+	// Connected: the peer's connection ends in error.
+	for len(p.b.Events()) > 0 {
+		<-p.b.Events()
+	}
+	cq, pq, _, _ := protoConn(t, ctx, d, p.b, p.nb.Addrs()[0].Addr(), 18603, verbs.ConnParams{}, 4)
+	if err := cq.qp.SetError(); err != nil {
+		t.Fatal(err)
+	}
+	flushed(cq.rcq, 4, verbs.WCRecv)
+	select {
+	case <-pq.qp.Done():
+	case <-ctx.Done():
+		t.Fatal("the peer's QP did not end")
+	}
+	if pq.qp.Err() == nil {
+		t.Fatal("the peer's connection ended without an error")
+	}
+	if err := cq.qp.PostSend(verbs.SendWR{ID: 9, Op: verbs.OpSend, Flags: verbs.Signaled}); !errors.Is(err, iwarp.ErrInvalidState) {
+		t.Fatalf("a Send posted in ERROR: %v, want ErrInvalidState", err)
+	}
+}
+
+// TestServiceDisconnectReason: a DISCONNECTED event of a service's client
+// says whether the peer or this end closed gracefully, or an error ended
+// the connection.
+func TestServiceDisconnectReason(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, service.Limits{})
+	d := connectService(t, path)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	peerAddr := p.nb.Addrs()[0].Addr()
+	disconnected := func(qp *verbs.QP) verbs.AsyncEvent {
+		t.Helper()
+		for {
+			select {
+			case e := <-d.Events():
+				if e.Type == verbs.EventDisconnected && e.QPNum == qp.Num() {
+					return e
+				}
+			case <-ctx.Done():
+				t.Fatal("no DISCONNECTED event")
+			}
+		}
+	}
+	// The peer closes (peer-to-peer mode: the responder may send, its
+	// FIN too, before the initiator's first FPDU).
+	yes := true
+	cq, pq, _, _ := protoConn(t, ctx, d, p.b, peerAddr, 18604, verbs.ConnParams{PeerToPeer: &yes}, 0)
+	if err := pq.qp.Disconnect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e := disconnected(cq.qp); !e.ByPeer || e.Err != nil {
+		t.Fatalf("the peer's graceful close: %+v", e)
+	}
+	// This end closes.
+	cq, _, _, _ = protoConn(t, ctx, d, p.b, peerAddr, 18605, verbs.ConnParams{}, 0)
+	if err := cq.qp.Disconnect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e := disconnected(cq.qp); e.ByPeer || e.Err != nil {
+		t.Fatalf("this end's graceful close: %+v", e)
+	}
+	// The peer resets.
+	cq, pq, _, _ = protoConn(t, ctx, d, p.b, peerAddr, 18606, verbs.ConnParams{}, 0)
+	if err := pq.qp.SetError(); err != nil {
+		t.Fatal(err)
+	}
+	if e := disconnected(cq.qp); e.ByPeer || e.Err == nil {
+		t.Fatalf("the peer's reset: %+v", e)
+	}
+}
+
+// TestServiceFeatureInterop: a client that names no features (one older
+// than them) gets the send entries it knows, without room for inline
+// data; one that names INLINE_DATA gets entries with room for its max
+// inline bytes. Each is offered exactly what both know.
+func TestServiceFeatureInterop(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, service.Limits{})
+	for _, c := range []struct {
+		features, esize uint64
+	}{
+		{0, uint64(svc.SendEntrySize(1))},
+		{svc.FeatureQueryDevice, uint64(svc.SendEntrySize(1))},
+		{svc.Features | 1<<40, uint64(svc.SendEntrySizeInline(1, 256))},
+	} {
+		r, m := dialRawFeatures(t, path, c.features)
+		if m.Status() != svc.StatusOK || m.Arg(3) != c.features&svc.Features {
+			t.Fatalf("HELLO with features %#x: status %d, offered %#x", c.features, m.Status(), m.Arg(3))
+		}
+		pd := r.alive()
+		m, fds := r.call(svc.TCreateCQ, []uint64{16}, nil)
+		closeAll(fds)
+		cq := m.Arg(0)
+		m, fds = r.call(svc.TCreateQP, []uint64{pd, cq, cq, 0, 4, 4, 1, 1, 256, 0}, nil)
+		if m.Status() != svc.StatusOK || len(fds) != 1 {
+			t.Fatalf("CREATE_QP: status %d", m.Status())
+		}
+		mem, err := svc.MapRing(fds[0])
+		closeAll(fds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sq, err := svc.OpenRing(mem[:m.Arg(1)])
+		if err != nil || uint64(sq.EntrySize()) != c.esize {
+			t.Errorf("features %#x: SQ entries of %d bytes (%v), want %d", c.features, sq.EntrySize(), err, c.esize)
+		}
+		svc.Unmap(mem)
+	}
+}
+
+// TestConnectVersionMismatch: a service of another protocol version
+// refuses the Go client's HELLO, and Connect's error names both versions
+// (the service's text) and matches svc.ErrVersion.
+func TestConnectVersionMismatch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf, oob := make([]byte, svc.MaxMessage), make([]byte, svc.OOBSpace)
+		m, _, err := svc.Read(c, buf, oob, nil)
+		if err != nil || m.Check() != nil {
+			return
+		}
+		var b svc.Builder
+		text := fmt.Sprintf("protocol version mismatch: service speaks %d, client %d", svc.Version+1, m.Arg(1))
+		svc.Write(c, b.Reset(svc.THello, 0, svc.StatusVersion).Args(svc.Version+1).String(text).Msg())
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = verbs.Connect(ctx, path)
+	want := fmt.Sprintf("service speaks %d, client %d", svc.Version+1, svc.Version)
+	if !errors.Is(err, svc.ErrVersion) || err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Connect to a service of version %d: %v; want ErrVersion naming %q", svc.Version+1, err, want)
+	}
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		syscall.Close(fd)
 	}
 }

@@ -15,7 +15,8 @@
 #define RT_FEATURE_QUERY_DEVICE 1ULL
 #define RT_FEATURE_INLINE_DATA 2ULL
 #define RT_FEATURE_LINK 4ULL
-#define RT_FEATURES (RT_FEATURE_QUERY_DEVICE | RT_FEATURE_INLINE_DATA | RT_FEATURE_LINK)
+#define RT_FEATURE_CM 8ULL
+#define RT_FEATURES (RT_FEATURE_QUERY_DEVICE | RT_FEATURE_INLINE_DATA | RT_FEATURE_LINK | RT_FEATURE_CM)
 #define RT_QD_ARGS 23
 
 /* The session's control page and doorbell (8.1, 8.4). */
@@ -25,8 +26,6 @@ int rt_session_doorbell(struct rt_session *s);
 const uint64_t *rt_session_limits(struct rt_session *s);
 /* HELLO's flags (bit 0: extensions off). */
 uint64_t rt_session_flags(struct rt_session *s);
-/* The features HELLO agreed on (RT_FEATURE_*). */
-uint64_t rt_session_features(struct rt_session *s);
 
 /* rt_ring_doorbell wakes the service's ring poller if it sleeps. */
 void rt_ring_doorbell(struct rt_session *s);

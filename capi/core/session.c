@@ -542,7 +542,7 @@ uint32_t *rt_session_ctl(struct rt_session *s) { return s->ctl; }
 int rt_session_doorbell(struct rt_session *s) { return s->doorbell; }
 const uint64_t *rt_session_limits(struct rt_session *s) { return s->have_limits ? s->limits : NULL; }
 uint64_t rt_session_flags(struct rt_session *s) { return s->flags; }
-uint64_t rt_session_features(struct rt_session *s) { return s->features; }
+RT_VISIBLE uint64_t rt_session_features(struct rt_session *s) { return s->features; }
 
 void rt_ring_doorbell(struct rt_session *s)
 {

@@ -1405,9 +1405,17 @@ RT_VISIBLE int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int ma
 		return connected ? 0 : EINVAL;
 	case IBV_QPS_ERR:
 		if (connected) {
+			/* As siw: the connection closes (the peer sees it end),
+			 * and every WR completes flushed once it has. */
 			uint64_t h = qp->qp_num;
 			struct rt_request req = {.type = RT_DISCONNECT, .nargs = 1, .args = &h};
 			rt_call_async(sess(qp->context), &req, disconnect_done, NULL);
+		} else if (cur != IBV_QPS_ERR && (rt_session_features(sess(qp->context)) & RT_FEATURE_CM)) {
+			/* Not connected: QP_ERROR flushes what is posted now. */
+			uint64_t h = qp->qp_num;
+			int e = call_noreply(sess(qp->context), RT_QP_ERROR, &h, 1);
+			if (e)
+				return e;
 		}
 		rt_qp_set_state(qp, IBV_QPS_ERR);
 		return 0;

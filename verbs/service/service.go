@@ -923,7 +923,7 @@ var errNoHandle = fmt.Errorf("%w: no such handle", verbs.ErrInvalidArgument)
 // blocking reports whether a request may wait on the network or a peer.
 func blocking(t svc.Type) bool {
 	switch t {
-	case svc.TDial, svc.TGetRequest, svc.TAccept, svc.TReject, svc.TDisconnect, svc.TDestroyQP:
+	case svc.TDial, svc.TGetRequest, svc.TAccept, svc.TReject, svc.TDisconnect, svc.TDestroyQP, svc.TQPError:
 		return true
 	}
 	return false
@@ -1040,6 +1040,12 @@ func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []i
 			return nil, err
 		}
 		return nil, q.qp.Disconnect(ctx)
+	case svc.TQPError:
+		q, err := x.qp(m.Arg(0))
+		if err != nil {
+			return nil, err
+		}
+		return nil, q.qp.SetError()
 	case svc.TDial:
 		return nil, x.dial(ctx, b, m)
 	case svc.TListen:
@@ -2639,6 +2645,20 @@ func (x *session) sendEvent(e verbs.AsyncEvent) {
 	}
 }
 
+// disconnectReason is EVENT's argument 6: why a DISCONNECTED event's
+// connection ended (0 for other events).
+func disconnectReason(e verbs.AsyncEvent) uint64 {
+	switch {
+	case e.Type != verbs.EventDisconnected:
+		return 0
+	case e.Err != nil:
+		return svc.DisconnectError
+	case e.ByPeer:
+		return svc.DisconnectPeer
+	}
+	return svc.DisconnectLocal
+}
+
 // eventWriter writes queued events to the client (one per client).
 func (x *session) eventWriter() {
 	defer x.calls.Done()
@@ -2657,6 +2677,9 @@ func (x *session) eventWriter() {
 				x.mu.Unlock()
 			}
 			b.Reset(svc.TEvent, 0, 0).Args(uint64(e.Type), uint64(e.QPNum), srqH, uint64(e.Term.Layer), uint64(e.Term.EType), uint64(e.Term.Code))
+			if x.features&svc.FeatureCM != 0 {
+				b.Args(disconnectReason(e))
+			}
 			if e.Err != nil {
 				b.String(e.Err.Error())
 			}
@@ -2722,19 +2745,30 @@ func (x *session) dial(ctx context.Context, b *svc.Builder, m svc.Msg) error {
 	if err != nil {
 		return err
 	}
-	var f [2][]byte
-	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 2 {
+	var f [3][]byte
+	n, err := svc.Fields(m.Payload(), f[:])
+	if err != nil || n < 2 {
 		return fmt.Errorf("%w: DIAL needs an address and private data", verbs.ErrInvalidArgument)
 	}
 	raddr, err := netip.ParseAddrPort(string(f[0]))
 	if err != nil {
 		return fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, err)
 	}
+	p := connParamsFrom(m, 1, f[1])
+	if n == 3 {
+		// The local address to connect from (rdma_bind_addr).
+		if p.LocalAddr, err = svc.ParseLocalAddr(string(f[2])); err != nil {
+			return fmt.Errorf("%w: local address: %v", verbs.ErrInvalidArgument, err)
+		}
+		if port := p.LocalAddr.Port(); port != 0 && port < privilegedPorts && x.cred.UID != 0 {
+			return fmt.Errorf("%w: connecting from port %d needs root (ports below %d are privileged)", os.ErrPermission, port, privilegedPorts)
+		}
+	}
 	cost := x.srv.connMemory()
 	if err := x.takeConn(cost, "a connection"); err != nil {
 		return err
 	}
-	c, err := x.dev.Dial(ctx, q.qp, raddr, connParamsFrom(m, 1, f[1]))
+	c, err := x.dev.Dial(ctx, q.qp, raddr, p)
 	if err != nil {
 		x.dropConn(cost)
 		return err
@@ -2766,18 +2800,10 @@ func (x *session) listen(b *svc.Builder, m svc.Msg) error {
 	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 1 {
 		return fmt.Errorf("%w: LISTEN needs an address", verbs.ErrInvalidArgument)
 	}
-	var laddr netip.AddrPort // empty: any address, any port; ":PORT": any address, that port
-	if a := string(f[0]); strings.HasPrefix(a, ":") {
-		port, err := strconv.ParseUint(a[1:], 10, 16)
-		if err != nil {
-			return fmt.Errorf("%w: listen port %q", verbs.ErrInvalidArgument, a[1:])
-		}
-		laddr = netip.AddrPortFrom(netip.Addr{}, uint16(port))
-	} else if len(a) > 0 {
-		var err error
-		if laddr, err = netip.ParseAddrPort(a); err != nil {
-			return fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, err)
-		}
+	// Empty: any address, any port; ":PORT": any address, that port.
+	laddr, err := svc.ParseLocalAddr(string(f[0]))
+	if err != nil {
+		return fmt.Errorf("%w: listen address: %v", verbs.ErrInvalidArgument, err)
 	}
 	if p := laddr.Port(); p != 0 && p < privilegedPorts && x.cred.UID != 0 {
 		// The service listens as root, on the address of the device:

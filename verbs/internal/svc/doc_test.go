@@ -618,7 +618,9 @@ var docConstants = map[string]func(name string) (uint64, bool){
 	"layers": named(map[string]uint64{"RDMAP": uint64(iwarp.LayerRDMAP), "DDP": uint64(iwarp.LayerDDP),
 		"LLP": uint64(iwarp.LayerLLP)}),
 	"features": named(map[string]uint64{"QUERY_DEVICE": uint64(bits.TrailingZeros64(FeatureQueryDevice)),
-		"INLINE_DATA": uint64(bits.TrailingZeros64(FeatureInlineData)), "LINK": uint64(bits.TrailingZeros64(FeatureLink))}),
+		"INLINE_DATA": uint64(bits.TrailingZeros64(FeatureInlineData)), "LINK": uint64(bits.TrailingZeros64(FeatureLink)),
+		"CM": uint64(bits.TrailingZeros64(FeatureCM))}),
+	"disconnect-reasons": named(map[string]uint64{"LOCAL": DisconnectLocal, "PEER": DisconnectPeer, "ERROR": DisconnectError}),
 	"query-device": named(map[string]uint64{"max_qp": QueryMaxQP, "max_qp_wr": QueryMaxQPWR, "max_sge": QueryMaxSGE,
 		"max_sge_rd": QueryMaxSGERd, "max_cq": QueryMaxCQ, "max_cqe": QueryMaxCQE, "max_mr": QueryMaxMR,
 		"max_mr_size": QueryMaxMRSize, "max_pd": QueryMaxPD, "max_qp_rd_atom": QueryMaxQPRdAtom,
@@ -646,18 +648,19 @@ func named(m map[string]uint64) func(string) (uint64, bool) {
 
 // tableComplete lists the tables that must name every value they check.
 var tableComplete = map[string]int{
-	"message-types": int(tLast) - 1,
-	"statuses":      len(statusByName),
-	"ring-header":   9,
-	"send-entry":    12,
-	"header":        7,
-	"wr-opcodes":    12,
-	"wc-opcodes":    10,
-	"wc-status":     int(iwarp.StatusGeneral) + 1,
-	"events":        int(iwarp.EventFatal) + 3, // then SRQ_LIMIT_REACHED, SRQ_ERR
-	"features":      bits.OnesCount64(Features),
-	"query-device":  QueryArgs,
-	"query-port":    PortArgs,
+	"message-types":      int(tLast) - 1,
+	"statuses":           len(statusByName),
+	"ring-header":        9,
+	"send-entry":         12,
+	"header":             7,
+	"wr-opcodes":         12,
+	"wc-opcodes":         10,
+	"wc-status":          int(iwarp.StatusGeneral) + 1,
+	"events":             int(iwarp.EventFatal) + 3, // then SRQ_LIMIT_REACHED, SRQ_ERR
+	"features":           bits.OnesCount64(Features),
+	"query-device":       QueryArgs,
+	"query-port":         PortArgs,
+	"disconnect-reasons": 3,
 }
 
 func TestProtocolDocTables(t *testing.T) {

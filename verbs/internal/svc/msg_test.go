@@ -3,6 +3,7 @@ package svc
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"testing"
 
 	"github.com/rdmatap/rdmatap/iwarp"
@@ -193,6 +194,28 @@ func FuzzRingEntry(f *testing.F) {
 		if len(data) >= CQEntrySize {
 			var c iwarp.Completion
 			GetCompletion(data, &c)
+		}
+	})
+}
+
+// FuzzLocalAddr: LISTEN's and DIAL's local address decodes or is refused
+// with ErrAddr, never panics, and what decodes formats back to an
+// address that decodes the same.
+func FuzzLocalAddr(f *testing.F) {
+	for _, s := range []string{"", ":0", ":31337", ":65536", ":-1", "10.0.0.1:80", "[::1]:5", "[fe80::1%eth0]:1", "1.2.3.4", ":", "a:b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		a, err := ParseLocalAddr(s)
+		if err != nil {
+			if !errors.Is(err, ErrAddr) {
+				t.Fatalf("%q: %v is not ErrAddr", s, err)
+			}
+			return
+		}
+		b, err := ParseLocalAddr(FormatLocalAddr(a))
+		if err != nil || b != a {
+			t.Fatalf("%q: %v formats as %q, which reads %v, %v", s, a, FormatLocalAddr(a), b, err)
 		}
 	})
 }
