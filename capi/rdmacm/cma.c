@@ -956,20 +956,18 @@ static void connected(struct cm_id *c, const struct rt_msg *rep)
 
 /* The event a failed DIAL or ACCEPT makes, as the kernel's iWARP CM: a
  * refused or rejected connection is REJECTED, one that timed out
- * UNREACHABLE, anything else CONNECT_ERROR; status is -errno, with the
- * iWARP CM's reasons for REJECTED: -ECONNREFUSED when the peer's
- * application rejected (rdma_reject; its private data comes along),
- * -ECONNRESET when the peer's host reset the connection (no listener on
- * the port). */
+ * UNREACHABLE, anything else CONNECT_ERROR; status is -errno, but for a
+ * connection the peer rejected (an MPA Reply with the Reject bit:
+ * rdma_reject, whose private data comes along), whose status is
+ * IB_CM_REJ_CONSUMER_DEFINED (28), as librdmacm reports a consumer's
+ * reject on InfiniBand: a port nobody listens on (-ECONNREFUSED) and a
+ * consumer's reject can be told apart. */
+#define REJ_CONSUMER_DEFINED 28
 static void failed(struct cm_id *c, const struct rt_msg *rep, int active)
 {
 	int err = rt_msg_errno(rep);
 	if (!err)
 		err = EIO;
-	if (rep->status == RT_REJECTED)
-		err = ECONNREFUSED;
-	else if (rep->status == RT_ERRNO && err == ECONNREFUSED)
-		err = ECONNRESET; /* TCP's refusal: a reset, no application */
 	enum rdma_cm_event_type t = RDMA_CM_EVENT_CONNECT_ERROR;
 	if (rep->status == RT_CLOSED)
 		t = RDMA_CM_EVENT_CONNECT_ERROR; /* the session ended, not the peer */
@@ -979,7 +977,8 @@ static void failed(struct cm_id *c, const struct rt_msg *rep, int active)
 		t = RDMA_CM_EVENT_UNREACHABLE;
 	c->state = ST_FAILED;
 	c->early_disc = 0;
-	struct cm_event *e = push_event(to_ch(c->id.channel), c, c, t, -err);
+	struct cm_event *e =
+		push_event(to_ch(c->id.channel), c, c, t, active && rep->status == RT_REJECTED ? REJ_CONSUMER_DEFINED : -err);
 	const uint8_t *d;
 	uint16_t n;
 	if (e && rep->status == RT_REJECTED && rt_msg_field(rep, 0, &d, &n) == 0)
