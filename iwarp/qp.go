@@ -1100,6 +1100,7 @@ func (qp *QP) Disconnect(ctx context.Context) error {
 	switch qp.state {
 	case StateIdle:
 		qp.state = StateError
+		qp.closing = true // this end's doing (Event.ByPeer)
 		qp.mu.Unlock()
 		go qp.flush()
 		<-qp.done

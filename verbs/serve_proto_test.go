@@ -387,6 +387,18 @@ func TestServiceDisconnectReason(t *testing.T) {
 	if e := disconnected(cq.qp); e.ByPeer || e.Err != nil {
 		t.Fatalf("this end's graceful close: %+v", e)
 	}
+	// A QP that never connected, moved to ERROR: this end's doing.
+	idle, err := openTestQP(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.close()
+	if err := idle.qp.SetError(); err != nil {
+		t.Fatal(err)
+	}
+	if e := disconnected(idle.qp); e.ByPeer || e.Err != nil {
+		t.Fatalf("an IDLE QP moved to ERROR: %+v", e)
+	}
 	// The peer resets.
 	cq, pq, _, _ = protoConn(t, ctx, d, p.b, peerAddr, 18606, verbs.ConnParams{}, 0)
 	if err := pq.qp.SetError(); err != nil {
