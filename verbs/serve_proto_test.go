@@ -3,6 +3,7 @@ package verbs_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -485,5 +486,74 @@ func TestConnectVersionMismatch(t *testing.T) {
 func closeAll(fds []int) {
 	for _, fd := range fds {
 		syscall.Close(fd)
+	}
+}
+
+// TestServiceHostileInlineData: send entries whose inline data the
+// service must refuse complete in error with their WR IDs, and the session
+// goes on: a length over the QP's max inline bytes (within the entry), a
+// length past the entry, an RDMA Read with inline data, SGEs beside it.
+func TestServiceHostileInlineData(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, service.Limits{})
+	r, m := dialRawFeatures(t, path, svc.Features)
+	if m.Status() != svc.StatusOK {
+		t.Fatalf("HELLO: status %d", m.Status())
+	}
+	pd := r.alive()
+	m, fds := r.call(svc.TCreateCQ, []uint64{16}, nil)
+	if m.Status() != svc.StatusOK || len(fds) != 2 {
+		t.Fatalf("CREATE_CQ: status %d", m.Status())
+	}
+	cqh := m.Arg(0)
+	cqMem, err := svc.MapRing(fds[0])
+	closeAll(fds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Unmap(cqMem)
+	cq, err := svc.OpenRing(cqMem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 4 send SGEs (64 bytes of room in an entry), 16 inline bytes.
+	m, fds = r.call(svc.TCreateQP, []uint64{pd, cqh, cqh, 0, 8, 8, 4, 1, 16, 0}, nil)
+	if m.Status() != svc.StatusOK || len(fds) != 1 {
+		t.Fatalf("CREATE_QP: status %d", m.Status())
+	}
+	qpMem, err := svc.MapRing(fds[0])
+	closeAll(fds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Unmap(qpMem)
+	sq, err := svc.OpenRing(qpMem[:m.Arg(1)])
+	if err != nil || sq.EntrySize() != svc.SendEntrySize(4) {
+		t.Fatalf("SQ: %v, entries of %d bytes", err, sq.EntrySize())
+	}
+	put := func(i uint32, wr iwarp.SendWR, n int, spoil func(e []byte)) {
+		e := sq.Entry(i)
+		svc.PutSendData(e, &wr, make([]byte, n))
+		if spoil != nil {
+			spoil(e)
+		}
+	}
+	put(0, iwarp.SendWR{ID: 1, Op: iwarp.WRSend}, 40, nil)
+	put(1, iwarp.SendWR{ID: 2, Op: iwarp.WRSend}, 8, func(e []byte) { binary.LittleEndian.PutUint32(e[12:], 65) })
+	put(2, iwarp.SendWR{ID: 3, Op: iwarp.WRRead}, 8, nil)
+	put(3, iwarp.SendWR{ID: 4, Op: iwarp.WRWrite}, 8, func(e []byte) { binary.LittleEndian.PutUint16(e[10:], 1) })
+	sq.Prod.Store(4)
+	r.alive() // a call: the service takes the rings first
+	want := map[uint64]iwarp.CompletionOp{1: iwarp.CompSend, 2: iwarp.CompSend, 3: iwarp.CompRead, 4: iwarp.CompWrite}
+	for i := uint32(0); i < cq.Prod.Load(); i++ {
+		var c iwarp.Completion
+		svc.GetCompletion(cq.Entry(i), &c)
+		if op, ok := want[c.ID]; !ok || c.Op != op || c.Status != iwarp.StatusLocalQPOp {
+			t.Errorf("completion %+v, want %v in error", c, op)
+		}
+		delete(want, c.ID)
+	}
+	if len(want) != 0 {
+		t.Errorf("no completion of WRs %v", want)
 	}
 }
