@@ -20,15 +20,15 @@ const VendorID = 0x626d74
 // ibv_query_gid), with the values Linux siw reports for its netdev.
 type Link struct {
 	// Addr is the device's IPv4 address (the zero Addr: none).
-	Addr netip.Addr `json:"address"`
+	Addr netip.Addr
 	// MAC is the link's Ethernet address; a link without one (an
 	// in-memory link) reports 02:00 followed by the IPv4 address, a
 	// locally administered address of its own.
-	MAC net.HardwareAddr `json:"mac"`
+	MAC net.HardwareAddr
 	// MTU is the link's IP MTU in bytes.
-	MTU int `json:"mtu"`
+	MTU int
 	// Up is whether the link is up (PORT_ACTIVE; else PORT_DOWN).
-	Up bool `json:"up"`
+	Up bool
 }
 
 // Port states, IB MTUs, widths and speeds in libibverbs' numbering
