@@ -198,7 +198,7 @@ func TestServiceQueryPort(t *testing.T) {
 // protoConn connects a QP of the service's client d to one of the
 // embedded peer (the peer accepts); the QPs come with receives posted if
 // recvs > 0 (16-byte buffers, WR IDs from 1).
-func protoConn(t *testing.T, ctx context.Context, d, peer *verbs.Device, peerAddr netip.Addr, port uint16, p verbs.ConnParams, recvs int) (cq, pq *testQP, c *verbs.Conn, req *verbs.ConnRequest) {
+func protoConn(t testing.TB, ctx context.Context, d, peer *verbs.Device, peerAddr netip.Addr, port uint16, p verbs.ConnParams, recvs int) (cq, pq *testQP, c *verbs.Conn, req *verbs.ConnRequest) {
 	t.Helper()
 	l, err := peer.Listen(netip.AddrPortFrom(netip.Addr{}, port), verbs.ListenConfig{})
 	if err != nil {
