@@ -79,6 +79,7 @@ func world(t testing.TB) string {
 type testService struct {
 	sock     string
 	srv      *service.Server
+	dev      *verbs.Device // the device served
 	peer     *verbs.Device // the other end of the link, used from Go
 	addr     string        // the service device's IP address
 	peerAddr string
@@ -125,7 +126,7 @@ func startServiceConfig(t testing.TB, cfg service.Config) *testService {
 		na.Close()
 		nb.Close()
 	})
-	return &testService{sock: sock, srv: srv, peer: b, addr: "192.0.2.1", peerAddr: "192.0.2.2"}
+	return &testService{sock: sock, srv: srv, dev: a, peer: b, addr: "192.0.2.1", peerAddr: "192.0.2.2"}
 }
 
 // command runs a program with the libraries and the service, as the
@@ -174,7 +175,16 @@ func TestDevinfo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ibv_devinfo -v: %v\n%s", err, out)
 	}
-	for _, want := range []string{"hca_id:\trt0", "transport:\t\t\tiWARP (1)", "PORT_ACTIVE", "link_layer:\t\tEthernet", "max_qp:\t\t\t\t1024"} {
+	// The port and the IDs are the service device's, as siw makes them
+	// from its netdev: the node GUID is the MAC's EUI-64.
+	link := s.dev.Link()
+	g := link.NodeGUID()
+	guid := fmt.Sprintf("%02x%02x:%02x%02x:%02x%02x:%02x%02x", g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7])
+	mtu := fmt.Sprintf("%d (%d)", 128<<link.ActiveMTU(), link.ActiveMTU())
+	for _, want := range []string{"hca_id:\trt0", "transport:\t\t\tiWARP (1)", "PORT_ACTIVE (4)", "link_layer:\t\tEthernet",
+		"max_qp:\t\t\t\t1024", "node_guid:\t\t\t" + guid, "sys_image_guid:\t\t\t" + guid, "vendor_id:\t\t\t0x626d74",
+		"active_mtu:\t\t" + mtu, "max_mtu:\t\t" + mtu, "active_width:\t\t1X (1)", "active_speed:\t\t2.5 Gbps (1)",
+		"atomic_cap:\t\t\tATOMIC_GLOB (2)", "max_qp_rd_atom:\t\t\t128"} {
 		if !bytes.Contains(out, []byte(want)) {
 			t.Errorf("ibv_devinfo -v: no %q in\n%s", want, out)
 		}
@@ -188,6 +198,15 @@ func TestDevinfo(t *testing.T) {
 	c.Env = append(c.Env, "LD_PRELOAD="+asan, "ASAN_OPTIONS=detect_leaks=0")
 	if out, err := c.CombinedOutput(); err != nil || !bytes.Contains(out, []byte("hca_id:\trt0")) {
 		t.Errorf("ibv_devinfo -v on the sanitized library: %v\n%s", err, out)
+	}
+	// ibv_query_gid gives siw's GID: the MAC, then zeros (ibv_devinfo
+	// prints no GID of that form, as for siw).
+	out, err = command(t, dir, s.sock, compile(t, dir, "testdata/query.c", false)).CombinedOutput()
+	gid := append(append([]byte{}, link.MAC...), make([]byte, 10)...)
+	wantQ := fmt.Sprintf("vendor_id=0x626d74 part_id=0 guid=%x device_guid=%x gid=%x state=4 phys_state=5 active_mtu=%d max_mtu=%d width=1 speed=1 atomic_cap=2 max_qp_rd_atom=128\n",
+		g, g, gid, link.ActiveMTU(), link.ActiveMTU())
+	if err != nil || string(out) != wantQ {
+		t.Errorf("query: %v\n%s\nwant\n%s", err, out, wantQ)
 	}
 	// Without a service the device list is empty, not an error.
 	out, _ = command(t, dir, filepath.Join(world(t), "none.sock"), "ibv_devices").CombinedOutput()

@@ -83,6 +83,9 @@ type Event struct {
 	QPNum uint32
 	Term  TermCode // for Terminate events
 	Err   error
+	// ByPeer (EventDisconnected without Err): the peer closed the
+	// connection gracefully first; else this end did (Disconnect).
+	ByPeer bool
 }
 
 // QPConfig configures a QP.
@@ -669,7 +672,10 @@ func (qp *QP) PostSend(wrs ...SendWR) (int, error) {
 		e.sgl = append(e.sgl[:0], wr.SGL...)
 		e.signaled = qp.cfg.SignalAll || wr.Flags&FlagSignaled != 0
 		e.inlined = false
-		if wr.Flags&FlagInline != 0 && !wr.Op.usesORQ() {
+		if wr.Data != nil {
+			e.inline = append(e.inline[:0], wr.Data...)
+			e.inlined = true
+		} else if wr.Flags&FlagInline != 0 && !wr.Op.usesORQ() {
 			n, err := qp.gatherInline(e)
 			if err != nil {
 				qp.mu.Unlock()
@@ -699,6 +705,16 @@ func (qp *QP) checkSendWR(wr *SendWR) error {
 	if wr.Op.extension() && qp.cfg.NoExtensions {
 		return fmt.Errorf("%w: %v needs the RFC 7306 extensions, which are off", ErrInvalidWR, wr.Op)
 	}
+	if wr.Data != nil {
+		if wr.Flags&FlagInline == 0 || len(wr.SGL) != 0 {
+			return fmt.Errorf("%w: inline data takes FlagInline and no SGEs", ErrInvalidWR)
+		}
+		switch wr.Op {
+		case WRSend, WRSendInvalidate, WRWrite, WRWriteImm, WRSendImm:
+		default:
+			return fmt.Errorf("%w: %v cannot carry inline data", ErrInvalidWR, wr.Op)
+		}
+	}
 	switch wr.Op {
 	case WRSend, WRSendInvalidate, WRWrite, WRWriteImm, WRSendImm:
 	case WRAtomicCmpSwap, WRAtomicFetchAdd:
@@ -723,7 +739,7 @@ func (qp *QP) checkSendWR(wr *SendWR) error {
 	default:
 		return fmt.Errorf("%w: opcode %v", ErrInvalidWR, wr.Op)
 	}
-	var total uint64
+	total := uint64(len(wr.Data))
 	for _, s := range wr.SGL {
 		total += uint64(s.Length)
 	}
@@ -1025,7 +1041,10 @@ func (qp *QP) flush() {
 		})
 	}
 	qp.unbindWindows()
-	qp.event(Event{Type: EventDisconnected, Err: qp.Err()})
+	qp.mu.Lock()
+	err, byPeer := qp.err, !qp.closing
+	qp.mu.Unlock()
+	qp.event(Event{Type: EventDisconnected, Err: err, ByPeer: err == nil && byPeer})
 	qp.mu.Lock()
 	if qp.termTimer != nil {
 		// Done already: the timer would only keep the QP (and what it
@@ -1081,6 +1100,7 @@ func (qp *QP) Disconnect(ctx context.Context) error {
 	switch qp.state {
 	case StateIdle:
 		qp.state = StateError
+		qp.closing = true // this end's doing (Event.ByPeer)
 		qp.mu.Unlock()
 		go qp.flush()
 		<-qp.done

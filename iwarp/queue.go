@@ -131,6 +131,11 @@ type SendWR struct {
 	// BIND_MW: the window (bound under RKey) and where and how.
 	MW   *Window
 	Bind MWBind
+	// Data is an inline WR's payload given as bytes instead of an SGL
+	// (with FlagInline and no SGEs, for Send and RDMA Write opcodes), at
+	// most the QP's MaxInline: PostSend copies it once, so the caller may
+	// reuse it (or have it in memory another process may change) at once.
+	Data []byte
 }
 
 // Status is a work completion status; the values and strings are

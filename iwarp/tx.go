@@ -250,7 +250,7 @@ func (qp *QP) directOK(wr *SendWR) bool {
 		qp.needsORQ(wr.Op) || wr.Flags&FlagFence != 0 && qp.orqN > 0 {
 		return false
 	}
-	n := 0
+	n := len(wr.Data)
 	for _, s := range wr.SGL {
 		n += int(s.Length)
 	}
@@ -276,7 +276,12 @@ func (qp *QP) postDirect(wr *SendWR) (int, error) {
 	w.sgl = append(w.sgl[:0], wr.SGL...)
 	w.signaled = qp.cfg.SignalAll || wr.Flags&FlagSignaled != 0
 	w.inlined = false
-	if wr.Flags&FlagInline != 0 {
+	if wr.Data != nil {
+		// Copied once: the bytes may be in memory another process
+		// changes (a service client's ring).
+		w.inline = append(t.inlineBuf[:0], wr.Data...)
+		w.inlined = true
+	} else if wr.Flags&FlagInline != 0 {
 		// An inline WR's SGEs are checked at post time (an error
 		// here, not a completion), as gatherInline does.
 		for _, s := range w.sgl {

@@ -364,6 +364,16 @@ func (s *Stack) setPeerTimeout(ep tcpip.Endpoint) {
 // are for a peer that holds an earlier connection with the same ports in
 // TIME-WAIT, see localPort and dialNewPortTries.
 func (s *Stack) Dial(ctx context.Context, raddr netip.AddrPort) (*Conn, error) {
+	return s.DialFrom(ctx, netip.AddrPort{}, raddr)
+}
+
+// DialFrom is Dial from a local address: with laddr's port nonzero, the
+// connection is made from that port (and from laddr's address, when it is
+// valid and not unspecified), once: a port in use is an *OpError matching
+// syscall.EADDRINUSE, an address not the stack's one matching
+// syscall.EADDRNOTAVAIL, and an unanswered SYN is retransmitted from the
+// same port. A zero laddr is Dial.
+func (s *Stack) DialFrom(ctx context.Context, laddr, raddr netip.AddrPort) (*Conn, error) {
 	addr := raddr.Addr().Unmap()
 	if !addr.IsValid() || addr.IsUnspecified() || raddr.Port() == 0 || addr.Zone() != "" {
 		return nil, &OpError{Op: "dial", Addr: raddr.String(), Err: errConfig("invalid remote address")}
@@ -372,13 +382,21 @@ func (s *Stack) Dial(ctx context.Context, raddr netip.AddrPort) (*Conn, error) {
 		return nil, err
 	}
 	raddr = netip.AddrPortFrom(addr, raddr.Port())
+	if laddr.Port() != 0 {
+		la := laddr.Addr().Unmap()
+		if la.IsValid() && !la.IsUnspecified() && la.Is4() != addr.Is4() {
+			return nil, &OpError{Op: "dial", Addr: raddr.String(), Err: errConfig("local and remote address of different families")}
+		}
+		c, _, err := s.dialOnce(ctx, netip.AddrPortFrom(la, laddr.Port()), raddr, 0)
+		return c, err
+	}
 	var ports []uint16 // local ports whose SYN went unanswered
 	wait := dialFirstSYNWait
 	for try := 0; ; try++ {
 		if try == dialNewPortTries {
 			wait = 0 // the last try leaves the retransmissions to gVisor
 		}
-		c, port, err := s.dialOnce(ctx, raddr, wait)
+		c, port, err := s.dialOnce(ctx, netip.AddrPort{}, raddr, wait)
 		if err == errSYNUnanswered {
 			ports = append(ports, port)
 			wait *= 2
@@ -426,11 +444,11 @@ func (e *synUnansweredError) Unwrap() error { return e.err }
 
 func (e *synUnansweredError) Timeout() bool { return errors.Is(e.err, context.DeadlineExceeded) }
 
-// dialOnce makes one connection attempt from a local port it picks. With
-// wait > 0 an attempt whose SYN is still unanswered after wait is aborted
-// and returns errSYNUnanswered. port is the local port used (0 if none was
-// bound).
-func (s *Stack) dialOnce(ctx context.Context, raddr netip.AddrPort, wait time.Duration) (_ *Conn, port uint16, _ error) {
+// dialOnce makes one connection attempt from a local port it picks, or
+// from laddr when its port is nonzero. With wait > 0 an attempt whose SYN
+// is still unanswered after wait is aborted and returns errSYNUnanswered.
+// port is the local port used (0 if none was bound).
+func (s *Stack) dialOnce(ctx context.Context, laddr, raddr netip.AddrPort, wait time.Duration) (_ *Conn, port uint16, _ error) {
 	addr := raddr.Addr()
 	proto := ipv4.ProtocolNumber
 	if addr.Is6() {
@@ -449,7 +467,11 @@ func (s *Stack) dialOnce(ctx context.Context, raddr netip.AddrPort, wait time.Du
 		ep.Close()
 		return nil, 0, closedError("dial")
 	}
-	port, terr = s.bindLocalPort(ep, proto, raddr)
+	if laddr.Port() != 0 {
+		port, terr = laddr.Port(), s.bindPort(ep, proto, laddr, raddr)
+	} else {
+		port, terr = s.bindLocalPort(ep, proto, raddr)
+	}
 	if terr != nil {
 		c.Abort()
 		return nil, 0, opError("dial", raddr.String(), terr)
@@ -539,6 +561,24 @@ func (s *Stack) bindLocalPort(ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumb
 		}
 	}
 	return 0, &tcpip.ErrNoPortAvailable{}
+}
+
+// bindPort binds ep to laddr, whose address may be left unspecified for
+// the one the route to raddr gives (bindLocalPort says why a port is not
+// bound to the unspecified address).
+func (s *Stack) bindPort(ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumber, laddr, raddr netip.AddrPort) tcpip.Error {
+	var la tcpip.Address
+	if a := laddr.Addr(); a.IsValid() && !a.IsUnspecified() {
+		la = toTCPIPAddr(a)
+	} else {
+		r, terr := s.s.FindRoute(nicID, tcpip.Address{}, toTCPIPAddr(raddr.Addr()), proto, false)
+		if terr != nil {
+			return terr
+		}
+		la = r.LocalAddress()
+		r.Release()
+	}
+	return ep.Bind(tcpip.FullAddress{Addr: la, Port: laddr.Port()})
 }
 
 // Listener is a listening TCP endpoint.

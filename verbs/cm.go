@@ -48,6 +48,11 @@ type ConnParams struct {
 	// that asks: Dial then fails with an error matching both ErrRejected
 	// and ErrMarkers.
 	Markers *bool
+	// LocalAddr (Dial only): connect from this port, and from this
+	// address when it is valid (rdma_bind_addr before rdma_connect); a
+	// zero port lets the device pick. A port in use fails with an error
+	// matching syscall.EADDRINUSE.
+	LocalAddr netip.AddrPort
 }
 
 // Negotiated are what both ends agreed on.
@@ -155,7 +160,7 @@ func (e *engineDevice) dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p
 		return nil, fmt.Errorf("%w: QP is %v, not IDLE", ErrInvalidState, qp.State())
 	}
 	cfg := d.mpaConfig(p)
-	s, err := d.ns.Dial(ctx, raddr)
+	s, err := d.ns.DialFrom(ctx, p.LocalAddr, raddr)
 	if err != nil {
 		return nil, fmt.Errorf("verbs: connect %v: %w", raddr, err)
 	}

@@ -235,6 +235,7 @@ type DeviceAttr struct {
 	MaxMW        int    `json:"max_mw"`                     // windows share the STag space with MRs
 	MaxFRPages   int    `json:"max_fast_reg_page_list_len"` // pages a fast-register MR maps
 	VendorPartID uint32 `json:"vendor_part_id"`
+	VendorID     uint32 `json:"vendor_id"` // siw's (VendorID)
 }
 
 // Atomic capabilities (ibv_atomic_cap).
@@ -266,7 +267,7 @@ func defaultAttr(cfg DeviceConfig) DeviceAttr {
 		MaxQPRdAtom: iwarp.MaxIRDORD, MaxQPInitRd: iwarp.MaxIRDORD, MaxSRQ: 1 << 16, MaxSRQWR: 1 << 20,
 		MaxSRQSGE: 64, MaxInline: 4096, MaxPrivData: iwarp.MPAMaxPrivateData - iwarp.MPAv2PrefixSize,
 		MaxMsgSize: 1<<32 - 1, AtomicCap: atomicCap, PageSizeCap: 4096,
-		MaxMW: iwarp.MaxRegions, MaxFRPages: iwarp.MaxFastRegPages,
+		MaxMW: iwarp.MaxRegions, MaxFRPages: iwarp.MaxFastRegPages, VendorID: VendorID,
 	}
 }
 
@@ -492,6 +493,10 @@ type AsyncEvent struct {
 	SRQ   *SRQ
 	Term  TermCode // the Terminate of EventTerminateSent, EventTerminateReceived
 	Err   error
+	// ByPeer (EventDisconnected without Err): the peer closed the
+	// connection gracefully first; else this end did (Disconnect). With
+	// Err an error ended it (a reset, a Terminate, a failure).
+	ByPeer bool
 }
 
 // Events returns the device's asynchronous events. Events that find the
@@ -566,5 +571,6 @@ func decodeAttr(m svc.Msg) DeviceAttr {
 		MaxInline: n(svc.QueryMaxInline), MaxPrivData: n(svc.QueryMaxPrivData), MaxMsgSize: m.Arg(svc.QueryMaxMsgSize),
 		AtomicCap: capName, PageSizeCap: m.Arg(svc.QueryPageSizeCap), MaxMW: n(svc.QueryMaxMW),
 		MaxFRPages: n(svc.QueryMaxFRPages), VendorPartID: uint32(m.Arg(svc.QueryVendorPartID)),
+		VendorID: uint32(m.Arg(svc.QueryVendorID)),
 	}
 }

@@ -93,6 +93,7 @@ type SendWR struct {
 	Access Access
 	mw     *iwarp.Window // BIND_MW: the window (BindWR)
 	bind   iwarp.MWBind  // BIND_MW: where and how
+	data   []byte        // the engine's inline Data (a service's ring entry; unused here)
 }
 
 // RecvWR is a receive work request.
@@ -232,7 +233,7 @@ func qpEvent(e iwarp.Event) AsyncEvent {
 		iwarp.EventTerminateSent: EventTerminateSent, iwarp.EventTerminateReceived: EventTerminateReceived,
 		iwarp.EventFatal: EventQPFatal,
 	}[e.Type]
-	return AsyncEvent{Type: t, QPNum: e.QPNum, Term: verbsTermCode(e.Term), Err: engineErr(e.Err)}
+	return AsyncEvent{Type: t, QPNum: e.QPNum, Term: verbsTermCode(e.Term), Err: engineErr(e.Err), ByPeer: e.ByPeer}
 }
 
 // Num returns the QP number.
@@ -319,6 +320,12 @@ func (qp *QP) Disconnect(ctx context.Context) error { return qp.ops.disconnect(c
 // complete with StatusWRFlush.
 func (qp *QP) Close() error { return qp.ops.destroy() }
 
+// SetError moves the QP to ERROR (ibv_modify_qp to IBV_QPS_ERR), in any
+// state: a connection is reset (the peer sees it end), and every
+// outstanding WR completes with StatusWRFlush; it returns once they have.
+// The QP stays until Close; posting to it fails with ErrInvalidState.
+func (qp *QP) SetError() error { return qp.ops.setError() }
+
 // qpOps is what a QP does, one implementation per kind of device: the
 // protocol engine's QP of an embedded device (engineQP), or a QP of a
 // service, reached through its rings and socket (remoteQP, remote.go).
@@ -333,6 +340,7 @@ type qpOps interface {
 	postSend(wrs []SendWR) error
 	postRecv(wrs []RecvWR) error
 	disconnect(ctx context.Context) error
+	setError() error
 	destroy() error
 	bindMW(mw *MW, id uint64, flags SendFlags, b BindInfo) (STag, error)
 }
@@ -351,6 +359,7 @@ func (e engineQP) waitProgress(ctx context.Context) error {
 func (e engineQP) openTXGate()                          { e.qp.iw.OpenTXGate() }
 func (e engineQP) disconnect(ctx context.Context) error { return engineErr(e.qp.iw.Disconnect(ctx)) }
 func (e engineQP) destroy() error                       { return e.qp.close(e.qp.iw.Close) }
+func (e engineQP) setError() error                      { return engineErr(e.qp.iw.Close()) }
 
 func (e engineQP) postSend(wrs []SendWR) error {
 	if i, err := e.qp.iw.PostSend(engineWRs(wrs)...); err != nil {

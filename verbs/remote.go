@@ -122,6 +122,8 @@ type client struct {
 	// attr: the service device's limits for this client (QUERY_DEVICE),
 	// set by Connect; nil from a service that does not answer it.
 	attr *DeviceAttr
+	// features: those HELLO agreed on (svc.Feature* bits).
+	features uint64
 }
 
 type reply struct {
@@ -144,6 +146,7 @@ func Connect(ctx context.Context, path string) (*Device, error) {
 	dev := &Device{cfg: cfg, ops: cl, events: make(chan AsyncEvent, cfg.EventQueue), qps: map[uint32]*QP{},
 		listeners: map[*Listener]struct{}{}}
 	cl.dev = dev
+	cl.features = h.Features
 	cl.s.Start()
 	if h.Features&svc.FeatureQueryDevice != 0 {
 		r, err := cl.do(ctx, svc.TQueryDevice, nil)
@@ -290,6 +293,9 @@ func (cl *client) event(m svc.Msg) {
 	var f [1][]byte
 	if n, _ := svc.Fields(m.Payload(), f[:]); n == 1 && len(f[0]) > 0 {
 		e.Err = errors.New(string(f[0]))
+	}
+	if e.Type == EventDisconnected && m.Arg(6) == svc.DisconnectPeer && e.Err == nil {
+		e.ByPeer = true
 	}
 	cl.dev.post(e)
 }
@@ -1372,7 +1378,9 @@ func (qp *QP) remotePostSend(wrs []SendWR) error {
 			r.publishSQ()
 			return &PostError{Index: i, Err: ErrQueueFull}
 		}
-		svc.PutSend(r.sq.Entry(r.sqProd), engineWR(&wrs[i]), obj)
+		if e := r.sq.Entry(r.sqProd); !r.putInline(qp, e, &wrs[i]) {
+			svc.PutSend(e, engineWR(&wrs[i]), obj)
+		}
 		if obj != 0 {
 			r.posted(&wrs[i])
 		}
@@ -1381,6 +1389,34 @@ func (qp *QP) remotePostSend(wrs []SendWR) error {
 	}
 	r.publishSQ()
 	return nil
+}
+
+// putInline writes an inline Send or RDMA Write with its payload in the
+// entry (FeatureInlineData), gathered from this process's own mapping of
+// its MRs, and reports whether it did: a WR that is not inline, or whose
+// SGEs name no regular MR of the QP's PD within its bounds, goes with its
+// SGL, which the service checks (and copies) when it takes the entry.
+func (r *remoteQP) putInline(qp *QP, e []byte, wr *SendWR) bool {
+	if r.cl.features&svc.FeatureInlineData == 0 || wr.Flags&Inline == 0 || !svc.InlineDataOp(iwarp.WROp(wr.Op)) {
+		return false
+	}
+	room := e[svc.SendEntryBase:]
+	n := 0
+	for _, s := range wr.SGL {
+		r.cl.mu.Lock()
+		mr := r.cl.mrKeys[s.LKey]
+		r.cl.mu.Unlock()
+		if mr == nil || mr.pd != qp.pd {
+			return false
+		}
+		b, ok := mr.r.Slice(s.Addr, uint64(s.Length))
+		if !ok || len(b) > len(room)-n {
+			return false
+		}
+		n += copy(room[n:], b)
+	}
+	svc.PutSendData(e, engineWR(wr), room[:n])
+	return true
 }
 
 // publishSQ stores the producer index, unlocks and rings the doorbell.
@@ -1576,10 +1612,20 @@ func (cl *client) dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p Conn
 	if qp == nil || qp.remote() == nil || qp.pd.dev != d {
 		return nil, fmt.Errorf("%w: QP of another device", ErrInvalidArgument)
 	}
+	local := ""
+	if p.LocalAddr.Port() != 0 {
+		if cl.features&svc.FeatureCM == 0 {
+			return nil, fmt.Errorf("%w: the service cannot connect from a chosen port (no CM feature)", ErrInvalidArgument)
+		}
+		local = svc.FormatLocalAddr(p.LocalAddr)
+	}
 	r, err := d.client().do(ctx, svc.TDial, func(b *svc.Builder) {
 		b.Args(uint64(qp.remote().num))
 		connArgs(b, p)
 		b.String(raddr.String()).Bytes(p.PrivateData)
+		if local != "" {
+			b.String(local)
+		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("verbs: connect %v: %w", raddr, err)
@@ -1728,3 +1774,18 @@ func (r *remoteQP) postSend(wrs []SendWR) error          { return r.qp.remotePos
 func (r *remoteQP) postRecv(wrs []RecvWR) error          { return r.qp.remotePostRecv(wrs) }
 func (r *remoteQP) disconnect(ctx context.Context) error { return r.qp.remoteDisconnect(ctx) }
 func (r *remoteQP) destroy() error                       { return r.qp.remoteClose() }
+
+// setError asks the service to move the QP to ERROR (QP_ERROR; a service
+// without the CM feature has only DESTROY_QP, which would free the QP).
+func (r *remoteQP) setError() error {
+	if r.cl.features&svc.FeatureCM == 0 {
+		return fmt.Errorf("%w: the service cannot move a QP to ERROR (no CM feature)", ErrInvalidArgument)
+	}
+	if _, err := r.cl.do(context.Background(), svc.TQPError, func(b *svc.Builder) { b.Args(uint64(r.num)) }); err != nil {
+		return err
+	}
+	// The QP is done: its QP_DONE follows the reply (or the session
+	// ends); from then on posting fails, as on an embedded QP.
+	<-r.done
+	return nil
+}

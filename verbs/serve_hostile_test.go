@@ -2,12 +2,13 @@ package verbs_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -37,6 +38,17 @@ type rawClient struct {
 
 func dialRaw(t testing.TB, path string, version uint64) (*rawClient, svc.Msg) {
 	t.Helper()
+	return dialRawHello(t, path, version, 0)
+}
+
+// dialRawFeatures is dialRaw of this version asking for features.
+func dialRawFeatures(t testing.TB, path string, features uint64) (*rawClient, svc.Msg) {
+	t.Helper()
+	return dialRawHello(t, path, svc.Version, features)
+}
+
+func dialRawHello(t testing.TB, path string, version, features uint64) (*rawClient, svc.Msg) {
+	t.Helper()
 	c, err := net.Dial("unixpacket", path)
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +56,11 @@ func dialRaw(t testing.TB, path string, version uint64) (*rawClient, svc.Msg) {
 	r := &rawClient{t: t, conn: c.(*net.UnixConn), buf: make([]byte, svc.MaxMessage), oob: make([]byte, svc.OOBSpace)}
 	t.Cleanup(func() { r.conn.Close() })
 	var b svc.Builder
-	if err := svc.Write(r.conn, b.Reset(svc.THello, 0, 0).Args(svc.Magic, version).Msg()); err != nil {
+	b.Reset(svc.THello, 0, 0).Args(svc.Magic, version)
+	if features != 0 {
+		b.Args(features)
+	}
+	if err := svc.Write(r.conn, b.Msg()); err != nil {
 		t.Fatal(err)
 	}
 	m, fds := r.read()
@@ -119,7 +135,7 @@ func TestServiceVersionMismatch(t *testing.T) {
 	}
 	var f [1][]byte
 	svc.Fields(m.Payload(), f[:])
-	if !strings.Contains(string(f[0]), "version mismatch") || m.Arg(0) != svc.Version {
+	if want := fmt.Sprintf("protocol version mismatch: service speaks %d, client %d", svc.Version, svc.Version+1); string(f[0]) != want || m.Arg(0) != svc.Version {
 		t.Fatalf("refusal %q names version %d", f[0], m.Arg(0))
 	}
 	// The right version is welcome.
@@ -409,6 +425,10 @@ func FuzzServiceRequest(f *testing.F) {
 		b.Reset(svc.TQueryMem, 18, 0).Args(2).Msg(),
 		b.Reset(svc.TDeallocMW, 19, 0).Args(3).Msg(),
 		b.Reset(svc.TStats, 20, 0).Msg(),
+		b.Reset(svc.TQueryPort, 21, 0).Args(1).Msg(),
+		b.Reset(svc.TQPError, 22, 0).Args(17).Msg(),
+		b.Reset(svc.TDial, 23, 0).Args(17, 0, 0, 0, 0, 0, 0, 0).String("10.0.0.2:9").Bytes(nil).String(":31337").Msg(),
+		b.Reset(svc.TDial, 24, 0).Args(17, 0, 0, 0, 0, 0, 0, 0).String("10.0.0.2:9").Bytes(nil).String("[::1]:80").Msg(),
 	} {
 		f.Add([]byte(m))
 	}
@@ -500,6 +520,15 @@ func FuzzServiceRing(f *testing.F) {
 	} {
 		e := make([]byte, svc.SendEntrySize(1))
 		svc.PutSend(e, &wr, 1)
+		f.Add(e, []byte{}, uint32(1), uint32(0))
+	}
+	for _, n := range []int{0, 8, 16, 17} {
+		// Inline data in the entry (16 bytes of room beyond its header).
+		e := make([]byte, svc.SendEntrySize(1))
+		svc.PutSendData(e, &iwarp.SendWR{ID: 5, Op: iwarp.WRSend}, make([]byte, min(n, 16)))
+		if n > 16 {
+			binary.LittleEndian.PutUint32(e[12:], uint32(n))
+		}
 		f.Add(e, []byte{}, uint32(1), uint32(0))
 	}
 	f.Fuzz(func(t *testing.T, sqEntry, rqEntry []byte, sqProd, rqProd uint32) {

@@ -347,9 +347,9 @@ func TestListenSocketDir(t *testing.T) {
 // unprivEnv names the service socket for TestServiceUnprivilegedChild.
 const unprivEnv = "RDMATAP_SVC_UNPRIV"
 
-// TestServicePrivilegedPort: a client that is not root cannot listen on a
-// port below 1024 of the service's address (os.ErrPermission); root can,
-// and anyone can above.
+// TestServicePrivilegedPort: a client that is not root cannot listen on,
+// or connect from, a port below 1024 of the service's address
+// (os.ErrPermission); root can, and anyone can above.
 func TestServicePrivilegedPort(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: needs root to run a client as another user")
@@ -420,6 +420,16 @@ func TestServiceUnprivilegedChild(t *testing.T) {
 		t.Fatalf("listening on port 18522: %v", err)
 	}
 	l.Close()
+	// Nor may it connect from such a port.
+	q, err := openTestQP(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.close()
+	_, err = d.Dial(ctx, q.qp, netip.MustParseAddrPort("192.0.2.2:1"), verbs.ConnParams{LocalAddr: netip.AddrPortFrom(netip.Addr{}, 22)})
+	if !errors.Is(err, os.ErrPermission) {
+		t.Fatalf("uid %d connecting from port 22: %v, want os.ErrPermission", os.Getuid(), err)
+	}
 }
 
 // TestServiceMappings: the MRs and rings of one uid's clients, each a

@@ -130,6 +130,7 @@ const (
 	pNone sessPay = iota
 	pListen
 	pDial
+	pDialLocal // pDial's fields and a local address
 	pPData
 	pMap
 )
@@ -171,6 +172,10 @@ var sessReqs = []sessReq{
 	{svc.TBindMW, []sessArg{aQP, aMW, aByte, aByte, aStag, aVA, aLen, aAccess}, pNone},
 	{svc.TQueryMem, []sessArg{aMRAny}, pNone},
 	{svc.TStats, nil, pNone},
+	{svc.TQueryPort, []sessArg{aByte}, pNone},
+	{svc.TQPError, []sessArg{aQP}, pNone},
+	{svc.TQueryDevice, nil, pNone},
+	{svc.TDial, []sessArg{aQP, aByte, aByte, aTri, aByte, aTri, aByte, aTri}, pDialLocal},
 }
 
 // Indexes into sessReqs, for the seeds.
@@ -203,6 +208,10 @@ const (
 	rBindMW
 	rQueryMem
 	rStats
+	rQueryPort
+	rQPError
+	rQueryDevice
+	rDialLocal
 )
 
 // Descriptor kinds a request may carry (REG_MR's one descriptor, or
@@ -777,7 +786,7 @@ func (s *sessRun) step() {
 
 func blockingType(t svc.Type) bool {
 	switch t {
-	case svc.TDial, svc.TGetRequest, svc.TAccept, svc.TReject, svc.TDisconnect, svc.TDestroyQP:
+	case svc.TDial, svc.TGetRequest, svc.TAccept, svc.TReject, svc.TDisconnect, svc.TDestroyQP, svc.TQPError:
 		return true
 	}
 	return false
@@ -806,6 +815,8 @@ func (s *sessRun) request() {
 		s.b.String(s.listenAddr())
 	case pDial:
 		s.b.String(s.dialAddr()).Bytes(s.pdata())
+	case pDialLocal:
+		s.b.String(s.dialAddr()).Bytes(s.pdata()).String(s.localAddr())
 	case pPData:
 		s.b.Bytes(s.pdata())
 	case pMap:
@@ -1101,6 +1112,25 @@ func (s *sessRun) listenAddr() string {
 		return netip.AddrPortFrom(s.env.svcAddr, 0).String()
 	case 4:
 		return netip.AddrPortFrom(s.env.peerAddr, 0).String()
+	}
+	return string(s.bytes(int(s.byte() % 32)))
+}
+
+// localAddr is DIAL's local address: a port of its own, one in use (a
+// listener's), privileged, the service's address, or bytes.
+func (s *sessRun) localAddr() string {
+	switch s.byte() % 6 {
+	case 0:
+		return ""
+	case 1:
+		return ":" + strconv.Itoa(30000+int(s.byte()))
+	case 2:
+		ln, _ := pick(s.lns, s.byte())
+		return ":" + strconv.Itoa(int(s.lnPorts[ln]))
+	case 3:
+		return ":" + strconv.Itoa(int(s.byte()))
+	case 4:
+		return netip.AddrPortFrom(s.env.svcAddr, 30000+uint16(s.byte())).String()
 	}
 	return string(s.bytes(int(s.byte() % 32)))
 }
@@ -1529,6 +1559,22 @@ func sessSeeds() [][]byte {
 		raw(stRaw, 2, 0xc8, 0, 0, 0).
 		req(rStats, 0).
 		raw(stRaw, 0)
+	seeds = append(seeds, p)
+	// The CM feature's requests: a QP with a receive dials from a port of
+	// its own, then goes to ERROR; another moves to ERROR in IDLE; the
+	// port and the device are queried.
+	p = nil
+	p.req(rAllocPD, 0).
+		req(rCreateCQ, 15, 0).
+		req(rCreateQP, 0, 0, 0, 0, 7, 7, 1, 1, 1, 0, 0).
+		req(rRegMR, 0, 0, 2, rw, 0, 0, 0, fdShared).
+		rq(2, 1, 1).
+		req(rDialLocal, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 7).
+		req(rQPError, 0, 0).
+		req(rCreateQP, 0, 0, 0, 0, 7, 7, 1, 1, 1, 0, 0).
+		req(rQPError, 0, 1).
+		req(rQueryPort, 0, 1).
+		req(rQueryDevice, 0)
 	seeds = append(seeds, p)
 	return seeds
 }

@@ -13,7 +13,11 @@
 #define RT_MAGIC 0x72646d6174617000ULL
 #define RT_VERSION_NUM 2
 #define RT_FEATURE_QUERY_DEVICE 1ULL
-#define RT_QD_ARGS 22
+#define RT_FEATURE_INLINE_DATA 2ULL
+#define RT_FEATURE_LINK 4ULL
+#define RT_FEATURE_CM 8ULL
+#define RT_FEATURES (RT_FEATURE_QUERY_DEVICE | RT_FEATURE_INLINE_DATA | RT_FEATURE_LINK | RT_FEATURE_CM)
+#define RT_QD_ARGS 23
 
 /* The session's control page and doorbell (8.1, 8.4). */
 uint32_t *rt_session_ctl(struct rt_session *s);

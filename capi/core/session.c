@@ -398,7 +398,7 @@ static void child_after_fork(void)
 
 static int hello(struct rt_session *s)
 {
-	uint64_t args[3] = {RT_MAGIC, RT_VERSION_NUM, RT_FEATURE_QUERY_DEVICE};
+	uint64_t args[3] = {RT_MAGIC, RT_VERSION_NUM, RT_FEATURES};
 	struct rt_request req = {.type = RT_HELLO, .nargs = 3, .args = args};
 	if (send_msg(s->sock, &req, 0) < 0 && errno != EPIPE && errno != ECONNRESET)
 		return -1;
@@ -422,7 +422,7 @@ static int hello(struct rt_session *s)
 	}
 	s->flags = m->args[1];
 	s->id = m->args[2];
-	s->features = m->args[3];
+	s->features = m->args[3] & RT_FEATURES;
 	if (rt_msg_field(m, 0, &name, &nlen) == 0) {
 		if (nlen >= sizeof(s->devname))
 			nlen = sizeof(s->devname) - 1;
@@ -542,6 +542,7 @@ uint32_t *rt_session_ctl(struct rt_session *s) { return s->ctl; }
 int rt_session_doorbell(struct rt_session *s) { return s->doorbell; }
 const uint64_t *rt_session_limits(struct rt_session *s) { return s->have_limits ? s->limits : NULL; }
 uint64_t rt_session_flags(struct rt_session *s) { return s->flags; }
+RT_VISIBLE uint64_t rt_session_features(struct rt_session *s) { return s->features; }
 
 void rt_ring_doorbell(struct rt_session *s)
 {

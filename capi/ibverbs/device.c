@@ -21,7 +21,7 @@ static struct ibv_device *the_device;
 /* Defaults of the service's limits (protocol 6.1) for a service that does
  * not offer QUERY_DEVICE. */
 static const uint64_t default_limits[RT_QD_ARGS] = {
-	1024, 16384, 64, 64, 1024, 65536, 4096, 1ULL << 30, 1024, 16, 16, 1024, 16384, 64, 4096, 508, 1ULL << 31, 1, 0xfffff000, 4096, 1 << 20, 0,
+	1024, 16384, 64, 64, 1024, 65536, 4096, 1ULL << 30, 1024, 16, 16, 1024, 16384, 64, 4096, 508, 1ULL << 31, 1, 0xfffff000, 4096, 1 << 20, 0, 0,
 };
 
 static const uint64_t *limits(struct rt_session *s)
@@ -30,33 +30,78 @@ static const uint64_t *limits(struct rt_session *s)
 	return l ? l : default_limits;
 }
 
-/* The device's made-up Ethernet address: the protocol does not carry the
- * TAP device's, so it is derived from the device's name (locally
- * administered). */
-static void fake_mac(const char *name, uint8_t mac[6])
+/* The port as QUERY_PORT gives it (protocol 5.7), or, from a service that
+ * does not offer it, a made-up one: up, MTU 1500, and a locally
+ * administered Ethernet address derived from the device's name. */
+struct port_info {
+	uint64_t state, phys_state, mtu, active_mtu, width, speed;
+	int has_ip;
+	uint8_t ip[4];
+	uint8_t mac[6];
+	uint8_t gid[16];
+	uint8_t guid[8]; /* network order */
+};
+
+static void port_made_up(const char *name, struct port_info *p)
 {
+	memset(p, 0, sizeof(*p));
 	uint64_t h = 1469598103934665603ULL;
-	for (const char *p = name; *p; p++)
-		h = (h ^ (uint8_t)*p) * 1099511628211ULL;
+	for (const char *c = name; *c; c++)
+		h = (h ^ (uint8_t)*c) * 1099511628211ULL;
 	for (int i = 0; i < 6; i++)
-		mac[i] = (uint8_t)(h >> (8 * i));
-	mac[0] = (uint8_t)((mac[0] & 0xfe) | 0x02);
+		p->mac[i] = (uint8_t)(h >> (8 * i));
+	p->mac[0] = (uint8_t)((p->mac[0] & 0xfe) | 0x02);
+	p->state = IBV_PORT_ACTIVE;
+	p->phys_state = 5; /* LinkUp */
+	p->mtu = 1500;
+	p->active_mtu = IBV_MTU_1024;
+	p->width = 1; /* 1X */
+	p->speed = 1; /* SDR */
+	memcpy(p->gid, p->mac, 6);
+	const uint8_t g[8] = {p->mac[0] ^ 2, p->mac[1], p->mac[2], 0xff, 0xfe, p->mac[3], p->mac[4], p->mac[5]};
+	memcpy(p->guid, g, 8);
 }
 
-static uint64_t guid_of(const char *name)
+/* port_of fills *p for the session's device; a reply field of the wrong
+ * length, or a value out of range, makes the port the made-up one. */
+static void port_of(struct rt_session *s, const char *name, struct port_info *p)
 {
-	uint8_t mac[6], g[8];
-	fake_mac(name, mac);
-	g[0] = mac[0];
-	g[1] = mac[1];
-	g[2] = mac[2];
-	g[3] = 0xff;
-	g[4] = 0xfe;
-	g[5] = mac[3];
-	g[6] = mac[4];
-	g[7] = mac[5];
+	port_made_up(name, p);
+	if (!s || !(rt_session_features(s) & RT_FEATURE_LINK))
+		return;
+	struct rt_msg *m = malloc(sizeof(*m));
+	if (!m)
+		return;
+	uint64_t port = 1;
+	struct rt_request req = {.type = RT_QUERY_PORT, .nargs = 1, .args = &port};
+	const uint8_t *f[4];
+	uint16_t n[4];
+	int ok = rt_call(s, &req, m) == 0 && m->args[0] >= 1 && m->args[0] <= 5 && m->args[3] >= 1 && m->args[3] <= 5;
+	for (unsigned i = 0; ok && i < 4; i++)
+		ok = rt_msg_field(m, i, &f[i], &n[i]) == 0;
+	if (ok && (n[0] == 0 || n[0] == 4) && n[1] == 6 && n[2] == 16 && n[3] == 8) {
+		p->state = m->args[0];
+		p->phys_state = m->args[1];
+		p->mtu = m->args[2];
+		p->active_mtu = m->args[3];
+		p->width = m->args[4];
+		p->speed = m->args[5];
+		p->has_ip = n[0] == 4;
+		if (p->has_ip)
+			memcpy(p->ip, f[0], 4);
+		memcpy(p->mac, f[1], 6);
+		memcpy(p->gid, f[2], 16);
+		memcpy(p->guid, f[3], 8);
+	}
+	free(m);
+}
+
+static uint64_t guid_of(struct rt_session *s, const char *name)
+{
+	struct port_info p;
+	port_of(s, name, &p);
 	uint64_t v;
-	memcpy(&v, g, 8); /* network order in memory, as __be64 */
+	memcpy(&v, p.guid, 8); /* network order in memory, as __be64 */
 	return v;
 }
 
@@ -99,7 +144,7 @@ RT_VISIBLE void ibv_free_device_list(struct ibv_device **list) { free(list); }
 
 RT_VISIBLE const char *ibv_get_device_name(struct ibv_device *d) { return d ? d->name : NULL; }
 
-RT_VISIBLE __be64 ibv_get_device_guid(struct ibv_device *d) { return d ? guid_of(d->name) : 0; }
+RT_VISIBLE __be64 ibv_get_device_guid(struct ibv_device *d) { return d ? guid_of(rt_session_get(), d->name) : 0; }
 
 RT_VISIBLE int ibv_get_device_index(struct ibv_device *d) { return d && d == the_device ? 0 : -1; }
 
@@ -185,11 +230,11 @@ RT_VISIBLE int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr 
 	const uint64_t *l = limits(to_ctx(ctx)->s);
 	memset(a, 0, sizeof(*a));
 	snprintf(a->fw_ver, sizeof(a->fw_ver), "rdmatap");
-	a->node_guid = guid_of(ctx->device->name);
+	a->node_guid = guid_of(to_ctx(ctx)->s, ctx->device->name);
 	a->sys_image_guid = a->node_guid;
 	a->max_mr_size = l[7];
 	a->page_size_cap = l[18];
-	a->vendor_id = 0;
+	a->vendor_id = (uint32_t)l[22];
 	a->vendor_part_id = (uint32_t)l[21];
 	a->hw_ver = 0;
 	a->max_qp = (int)l[0];
@@ -236,18 +281,20 @@ static int query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_att
 	if (port != 1)
 		return EINVAL;
 	const uint64_t *l = limits(to_ctx(ctx)->s);
+	struct port_info pi;
+	port_of(to_ctx(ctx)->s, ctx->device->name, &pi);
 	struct ibv_port_attr p;
 	memset(&p, 0, sizeof(p));
-	p.state = IBV_PORT_ACTIVE;
-	p.max_mtu = IBV_MTU_4096;
-	p.active_mtu = IBV_MTU_1024;
+	p.state = (enum ibv_port_state)pi.state;
+	p.max_mtu = (enum ibv_mtu)pi.active_mtu; /* as siw: the link's */
+	p.active_mtu = (enum ibv_mtu)pi.active_mtu;
 	p.gid_tbl_len = 1;
 	p.port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_DEVICE_MGMT_SUP;
 	p.max_msg_sz = (uint32_t)(l[16] > 0xffffffffULL ? 0xffffffffULL : l[16]);
 	p.pkey_tbl_len = 1;
-	p.active_width = 1;  /* 1X */
-	p.active_speed = 1;  /* SDR: the TAP link has no speed to report */
-	p.phys_state = 5;    /* LinkUp */
+	p.active_width = (uint8_t)pi.width;
+	p.active_speed = (uint8_t)pi.speed;
+	p.phys_state = (uint8_t)pi.phys_state;
 	p.link_layer = IBV_LINK_LAYER_ETHERNET;
 	memcpy(a, &p, size < sizeof(p) ? size : sizeof(p));
 	return 0;
@@ -265,8 +312,9 @@ RT_VISIBLE int ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, u
 		errno = EINVAL;
 		return -1;
 	}
-	memset(gid, 0, sizeof(*gid));
-	fake_mac(ctx->device->name, gid->raw);
+	struct port_info p;
+	port_of(to_ctx(ctx)->s, ctx->device->name, &p);
+	memcpy(gid->raw, p.gid, 16);
 	return 0;
 }
 
@@ -289,7 +337,9 @@ RT_VISIBLE int _ibv_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_
 	if (port != 1 || index != 0)
 		return ENODATA;
 	memset(e, 0, sizeof(*e));
-	fake_mac(ctx->device->name, e->gid.raw);
+	struct port_info p;
+	port_of(to_ctx(ctx)->s, ctx->device->name, &p);
+	memcpy(e->gid.raw, p.gid, 16);
 	e->gid_index = 0;
 	e->port_num = 1;
 	e->gid_type = IBV_GID_TYPE_IB;

@@ -104,7 +104,7 @@ struct rt_send_entry {
 	uint8_t opcode;
 	uint8_t flags;
 	uint16_t nsge;
-	uint32_t unused0;
+	uint32_t data_len; /* with RT_SF_INLINE_DATA: the payload's length, from offset 64 */
 	uint64_t remote_addr;
 	uint32_t rkey;
 	uint32_t inv_rkey;
@@ -118,6 +118,7 @@ struct rt_send_entry {
 _Static_assert(sizeof(struct rt_sge) == 16, "SGE");
 _Static_assert(offsetof(struct rt_send_entry, opcode) == 8, "send opcode");
 _Static_assert(offsetof(struct rt_send_entry, nsge) == 10, "send nsge");
+_Static_assert(offsetof(struct rt_send_entry, data_len) == 12, "send data length");
 _Static_assert(offsetof(struct rt_send_entry, remote_addr) == 16, "send remote");
 _Static_assert(offsetof(struct rt_send_entry, rkey) == 24, "send rkey");
 _Static_assert(offsetof(struct rt_send_entry, inv_rkey) == 28, "send inv");
@@ -167,6 +168,7 @@ enum {
 	RT_SF_INLINE = 2,
 	RT_SF_SOLICITED = 4,
 	RT_SF_FENCE = 8,
+	RT_SF_INLINE_DATA = 0x80,
 	RT_WCF_WITH_INV = 1,
 	RT_WCF_SOLICITED = 2,
 	RT_WCF_WITH_IMM = 4,
@@ -260,7 +262,7 @@ struct rt_qp {
 	uint32_t max_send_sge, max_recv_sge, max_inline;
 	struct ibv_qp_cap cap;
 	int sig_all;
-	uint8_t *bounce; /* inline data: max_inline bytes per SQ entry */
+	uint8_t *bounce; /* inline data without RT_FEATURE_INLINE_DATA: max_inline bytes per SQ entry */
 	size_t bounce_len;
 	struct ibv_mr *bounce_mr;
 	struct rt_qp *next; /* live QPs */

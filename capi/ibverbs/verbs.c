@@ -1276,19 +1276,28 @@ RT_VISIBLE struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_at
 	q->max_recv_sge = cap.max_recv_sge;
 	q->max_inline = cap.max_inline_data;
 	q->sig_all = a->sq_sig_all;
-	/* The bounce buffer of inline sends: one slot per SQ entry, free again
-	 * once the service took the entry (it copies inline data then). */
-	q->bounce_len = ((size_t)q->sq.cap * q->max_inline + 4095) & ~(size_t)4095;
-	q->bounce = mmap(NULL, q->bounce_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (q->bounce == MAP_FAILED) {
-		q->bounce = NULL;
-		e = errno;
-		goto undo;
-	}
-	q->bounce_mr = ibv_reg_mr(pd, q->bounce, q->bounce_len, IBV_ACCESS_LOCAL_WRITE);
-	if (!q->bounce_mr) {
-		e = errno;
-		goto undo;
+	if (rt_session_features(sess(ctx)) & RT_FEATURE_INLINE_DATA) {
+		/* Inline data goes in the SQ entry itself (protocol 8.3). */
+		if (q->sq.esize < sizeof(struct rt_send_entry) + (size_t)q->max_inline) {
+			e = EPROTO;
+			goto undo;
+		}
+	} else {
+		/* The bounce buffer of inline sends: one slot per SQ entry, free
+		 * again once the service took the entry (it copies inline data
+		 * then). */
+		q->bounce_len = ((size_t)q->sq.cap * q->max_inline + 4095) & ~(size_t)4095;
+		q->bounce = mmap(NULL, q->bounce_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (q->bounce == MAP_FAILED) {
+			q->bounce = NULL;
+			e = errno;
+			goto undo;
+		}
+		q->bounce_mr = ibv_reg_mr(pd, q->bounce, q->bounce_len, IBV_ACCESS_LOCAL_WRITE);
+		if (!q->bounce_mr) {
+			e = errno;
+			goto undo;
+		}
 	}
 	pthread_spin_init(&q->slock, PTHREAD_PROCESS_PRIVATE);
 	pthread_spin_init(&q->rlock, PTHREAD_PROCESS_PRIVATE);
@@ -1396,9 +1405,17 @@ RT_VISIBLE int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int ma
 		return connected ? 0 : EINVAL;
 	case IBV_QPS_ERR:
 		if (connected) {
+			/* As siw: the connection closes (the peer sees it end),
+			 * and every WR completes flushed once it has. */
 			uint64_t h = qp->qp_num;
 			struct rt_request req = {.type = RT_DISCONNECT, .nargs = 1, .args = &h};
 			rt_call_async(sess(qp->context), &req, disconnect_done, NULL);
+		} else if (cur != IBV_QPS_ERR && (rt_session_features(sess(qp->context)) & RT_FEATURE_CM)) {
+			/* Not connected: QP_ERROR flushes what is posted now. */
+			uint64_t h = qp->qp_num;
+			int e = call_noreply(sess(qp->context), RT_QP_ERROR, &h, 1);
+			if (e)
+				return e;
 		}
 		rt_qp_set_state(qp, IBV_QPS_ERR);
 		return 0;
@@ -1573,6 +1590,19 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
 			if (total > q->max_inline) {
 				err = EINVAL;
 				break;
+			}
+			if (!q->bounce) {
+				/* The payload travels in the entry. */
+				uint8_t *d = (uint8_t *)e + sizeof(*e);
+				size_t off = 0;
+				for (int i = 0; i < wr->num_sge; i++) {
+					memcpy(d + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+					off += wr->sg_list[i].length;
+				}
+				e->data_len = (uint32_t)total;
+				e->flags = fl | RT_SF_INLINE | RT_SF_INLINE_DATA;
+				prod++;
+				continue;
 			}
 			uint8_t *slot = q->bounce + (size_t)(prod & (q->sq.cap - 1)) * q->max_inline;
 			size_t off = 0;

@@ -68,6 +68,8 @@ enum rt_msg_type {
 	RT_QUERY_MEM = 31,
 	RT_STATS = 32,
 	RT_QUERY_DEVICE = 33,
+	RT_QUERY_PORT = 34,
+	RT_QP_ERROR = 35,
 };
 
 /* Reply statuses (protocol section 2.5). */
@@ -104,6 +106,13 @@ enum rt_event_type {
 	RT_EV_SRQ_ERR = 6,
 };
 
+/* DISCONNECTED events' reasons: EVENT's argument 6 (feature CM). */
+enum rt_disconnect_reason {
+	RT_DISC_LOCAL = 1, /* this end closed gracefully first */
+	RT_DISC_PEER = 2,  /* the peer closed gracefully first */
+	RT_DISC_ERROR = 3, /* an error ended the connection */
+};
+
 /* Tri (protocol section 7.10). */
 enum rt_tri { RT_TRI_UNSET = 0, RT_TRI_FALSE = 1, RT_TRI_TRUE = 2 };
 
@@ -124,6 +133,11 @@ const char *rt_session_device_name(struct rt_session *s);
 
 /* Whether the session has ended (end of file from the service). */
 int rt_session_dead(struct rt_session *s);
+
+/* The features HELLO agreed on (protocol 3.1: bit 0 QUERY_DEVICE, 1
+ * INLINE_DATA, 2 LINK, 3 CM). */
+uint64_t rt_session_features(struct rt_session *s);
+#define RT_FEATURE_CM_BIT (1ULL << 3)
 
 /* One payload field (protocol section 2.4). */
 struct rt_field {

@@ -101,6 +101,7 @@ struct cm_id {
 	uint8_t req_resp, req_init; /* a request's: what its initiator may read and answers */
 	uint8_t tos, ack_timeout;
 	int reuseaddr, afonly;
+	int bound; /* rdma_bind_addr gave the source address: connect from it */
 };
 
 struct cm_event {
@@ -448,6 +449,8 @@ int rdma_destroy_id(struct rdma_cm_id *id)
 
 static int event_errno(const struct rdma_cm_event *e)
 {
+	if (e->event == RDMA_CM_EVENT_REJECTED)
+		return ECONNREFUSED; /* as librdmacm's, whatever the reason */
 	if (e->status < 0)
 		return -e->status;
 	switch (e->event) {
@@ -626,6 +629,7 @@ int rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
 	}
 	pthread_mutex_lock(&mu);
 	c->state = ST_BOUND;
+	c->bound = 1;
 	pthread_mutex_unlock(&mu);
 	return 0;
 }
@@ -952,7 +956,13 @@ static void connected(struct cm_id *c, const struct rt_msg *rep)
 
 /* The event a failed DIAL or ACCEPT makes, as the kernel's iWARP CM: a
  * refused or rejected connection is REJECTED, one that timed out
- * UNREACHABLE, anything else CONNECT_ERROR; status is -errno. */
+ * UNREACHABLE, anything else CONNECT_ERROR; status is -errno, but for a
+ * connection the peer rejected (an MPA Reply with the Reject bit:
+ * rdma_reject, whose private data comes along), whose status is
+ * IB_CM_REJ_CONSUMER_DEFINED (28), as librdmacm reports a consumer's
+ * reject on InfiniBand: a port nobody listens on (-ECONNREFUSED) and a
+ * consumer's reject can be told apart. */
+#define REJ_CONSUMER_DEFINED 28
 static void failed(struct cm_id *c, const struct rt_msg *rep, int active)
 {
 	int err = rt_msg_errno(rep);
@@ -967,7 +977,8 @@ static void failed(struct cm_id *c, const struct rt_msg *rep, int active)
 		t = RDMA_CM_EVENT_UNREACHABLE;
 	c->state = ST_FAILED;
 	c->early_disc = 0;
-	struct cm_event *e = push_event(to_ch(c->id.channel), c, c, t, -err);
+	struct cm_event *e =
+		push_event(to_ch(c->id.channel), c, c, t, active && rep->status == RT_REJECTED ? REJ_CONSUMER_DEFINED : -err);
 	const uint8_t *d;
 	uint16_t n;
 	if (e && rep->status == RT_REJECTED && rt_msg_field(rep, 0, &d, &n) == 0)
@@ -1069,10 +1080,22 @@ int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 	qp_connecting(qpn);
 	uint64_t a[8] = {qpn};
 	conn_args(a + 1, conn_param, NULL);
-	struct rt_field f[2] = {{addr, (uint16_t)strlen(addr)},
+	struct rt_field f[3] = {{addr, (uint16_t)strlen(addr)},
 				{conn_param ? conn_param->private_data : NULL,
-				 conn_param && conn_param->private_data ? conn_param->private_data_len : 0}};
+				 conn_param && conn_param->private_data ? conn_param->private_data_len : 0},
+				{NULL, 0}};
 	struct rt_request req = {.type = RT_DIAL, .nargs = 8, .args = a, .nfields = 2, .fields = f};
+	/* A bound ID connects from its address and port (protocol 5.6: DIAL's
+	 * third field; the CM feature). */
+	char local[INET6_ADDRSTRLEN + 16];
+	struct rt_session *s = session();
+	if (c->bound && rdma_get_src_port(id) != 0 && s && (rt_session_features(s) & RT_FEATURE_CM_BIT)) {
+		int n = cm_format_addr(&id->route.addr.src_addr, 1, local, sizeof(local));
+		if (n > 0) {
+			f[2] = (struct rt_field){local, (uint16_t)n};
+			req.nfields = 3;
+		}
+	}
 	return start_conn(c, &req, dial_done, back);
 }
 
@@ -1574,7 +1597,10 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 				struct ibv_qp *qp = rt_qp_lookup(qpn);
 				if (qp)
 					rt_qp_set_state(qp, IBV_QPS_ERR);
-				push_event(to_ch(c->id.channel), c, c, RDMA_CM_EVENT_DISCONNECTED, 0);
+				/* status: 0 for a graceful close by either end,
+				 * -ECONNRESET when an error ended it (argument 6). */
+				push_event(to_ch(c->id.channel), c, c, RDMA_CM_EVENT_DISCONNECTED,
+					   m->args[6] == RT_DISC_ERROR ? -ECONNRESET : 0);
 				break;
 			}
 			if (c->state == ST_CONNECTING || c->state == ST_ACCEPTING) {

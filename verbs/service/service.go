@@ -674,6 +674,9 @@ type session struct {
 	id   uint64
 	cred svc.Cred
 	lim  Limits
+	// features are those HELLO agreed on (svc.Features bits); set
+	// before the session's first request.
+	features uint64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -844,6 +847,7 @@ func (x *session) hello(buf, oob []byte, fds []int) bool {
 	// The features both ends know (a client that lists none, as one
 	// from before features, gets none).
 	features := m.Arg(2) & svc.Features
+	x.features = features
 	err = svc.Write(x.conn, b.Reset(svc.THello, 0, 0).Args(svc.Version, flags, x.id, features).String(x.dev.Name()).Msg(), x.ctlFd, x.bell.Fd())
 	return err == nil
 }
@@ -919,7 +923,7 @@ var errNoHandle = fmt.Errorf("%w: no such handle", verbs.ErrInvalidArgument)
 // blocking reports whether a request may wait on the network or a peer.
 func blocking(t svc.Type) bool {
 	switch t {
-	case svc.TDial, svc.TGetRequest, svc.TAccept, svc.TReject, svc.TDisconnect, svc.TDestroyQP:
+	case svc.TDial, svc.TGetRequest, svc.TAccept, svc.TReject, svc.TDisconnect, svc.TDestroyQP, svc.TQPError:
 		return true
 	}
 	return false
@@ -1036,6 +1040,12 @@ func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []i
 			return nil, err
 		}
 		return nil, q.qp.Disconnect(ctx)
+	case svc.TQPError:
+		q, err := x.qp(m.Arg(0))
+		if err != nil {
+			return nil, err
+		}
+		return nil, q.qp.SetError()
 	case svc.TDial:
 		return nil, x.dial(ctx, b, m)
 	case svc.TListen:
@@ -1069,6 +1079,12 @@ func (x *session) handle(ctx context.Context, b *svc.Builder, m svc.Msg, fds []i
 	case svc.TQueryDevice:
 		a := x.queryDevice()
 		b.Args(encodeAttr(a)...).String(x.dev.Name())
+		return nil, nil
+	case svc.TQueryPort:
+		if m.Arg(0) != 1 {
+			return nil, fmt.Errorf("%w: port %d (the device has port 1)", verbs.ErrInvalidArgument, m.Arg(0))
+		}
+		encodePort(b, x.dev.Link())
 		return nil, nil
 	case svc.TStats:
 		st := x.dev.Stats()
@@ -2067,7 +2083,11 @@ func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
 		return nil, err
 	}
 	sqCap, rqCap := svc.RingCap(cfg.MaxSendWR), svc.RingCap(cfg.MaxRecvWR)
-	sqBytes := svc.RingBytes(sqCap, svc.SendEntrySize(cfg.MaxSendSGE))
+	sqEntry := svc.SendEntrySize(cfg.MaxSendSGE)
+	if x.features&svc.FeatureInlineData != 0 {
+		sqEntry = svc.SendEntrySizeInline(cfg.MaxSendSGE, cfg.MaxInline)
+	}
+	sqBytes := svc.RingBytes(sqCap, sqEntry)
 	total := sqBytes
 	if srq == nil {
 		total += svc.RingBytes(rqCap, svc.RecvEntrySize(cfg.MaxRecvSGE))
@@ -2080,7 +2100,7 @@ func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {
 	}
 	q := &servedQP{qp: qp, iw: engine.EngineQP(qp), num: qp.Num(), mem: mem, sgl: make([]iwarp.SGE, cfg.MaxSendSGE), rsgl: make([]iwarp.SGE, cfg.MaxRecvSGE),
 		scq: scq, rcq: rcq, srq: srq, cost: cost}
-	q.sq, _ = svc.InitRing(mem[:sqBytes], sqCap, svc.SendEntrySize(cfg.MaxSendSGE))
+	q.sq, _ = svc.InitRing(mem[:sqBytes], sqCap, sqEntry)
 	if srq == nil {
 		q.rq, _ = svc.InitRing(mem[sqBytes:], rqCap, svc.RecvEntrySize(cfg.MaxRecvSGE))
 		q.iw.RecvQueue().SetRefill(func() { x.refillRQ(q) })
@@ -2625,6 +2645,20 @@ func (x *session) sendEvent(e verbs.AsyncEvent) {
 	}
 }
 
+// disconnectReason is EVENT's argument 6: why a DISCONNECTED event's
+// connection ended (0 for other events).
+func disconnectReason(e verbs.AsyncEvent) uint64 {
+	switch {
+	case e.Type != verbs.EventDisconnected:
+		return 0
+	case e.Err != nil:
+		return svc.DisconnectError
+	case e.ByPeer:
+		return svc.DisconnectPeer
+	}
+	return svc.DisconnectLocal
+}
+
 // eventWriter writes queued events to the client (one per client).
 func (x *session) eventWriter() {
 	defer x.calls.Done()
@@ -2643,6 +2677,9 @@ func (x *session) eventWriter() {
 				x.mu.Unlock()
 			}
 			b.Reset(svc.TEvent, 0, 0).Args(uint64(e.Type), uint64(e.QPNum), srqH, uint64(e.Term.Layer), uint64(e.Term.EType), uint64(e.Term.Code))
+			if x.features&svc.FeatureCM != 0 {
+				b.Args(disconnectReason(e))
+			}
 			if e.Err != nil {
 				b.String(e.Err.Error())
 			}
@@ -2708,19 +2745,30 @@ func (x *session) dial(ctx context.Context, b *svc.Builder, m svc.Msg) error {
 	if err != nil {
 		return err
 	}
-	var f [2][]byte
-	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 2 {
+	var f [3][]byte
+	n, err := svc.Fields(m.Payload(), f[:])
+	if err != nil || n < 2 {
 		return fmt.Errorf("%w: DIAL needs an address and private data", verbs.ErrInvalidArgument)
 	}
 	raddr, err := netip.ParseAddrPort(string(f[0]))
 	if err != nil {
 		return fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, err)
 	}
+	p := connParamsFrom(m, 1, f[1])
+	if n == 3 {
+		// The local address to connect from (rdma_bind_addr).
+		if p.LocalAddr, err = svc.ParseLocalAddr(string(f[2])); err != nil {
+			return fmt.Errorf("%w: local address: %v", verbs.ErrInvalidArgument, err)
+		}
+		if port := p.LocalAddr.Port(); port != 0 && port < privilegedPorts && x.cred.UID != 0 {
+			return fmt.Errorf("%w: connecting from port %d needs root (ports below %d are privileged)", os.ErrPermission, port, privilegedPorts)
+		}
+	}
 	cost := x.srv.connMemory()
 	if err := x.takeConn(cost, "a connection"); err != nil {
 		return err
 	}
-	c, err := x.dev.Dial(ctx, q.qp, raddr, connParamsFrom(m, 1, f[1]))
+	c, err := x.dev.Dial(ctx, q.qp, raddr, p)
 	if err != nil {
 		x.dropConn(cost)
 		return err
@@ -2752,18 +2800,10 @@ func (x *session) listen(b *svc.Builder, m svc.Msg) error {
 	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 1 {
 		return fmt.Errorf("%w: LISTEN needs an address", verbs.ErrInvalidArgument)
 	}
-	var laddr netip.AddrPort // empty: any address, any port; ":PORT": any address, that port
-	if a := string(f[0]); strings.HasPrefix(a, ":") {
-		port, err := strconv.ParseUint(a[1:], 10, 16)
-		if err != nil {
-			return fmt.Errorf("%w: listen port %q", verbs.ErrInvalidArgument, a[1:])
-		}
-		laddr = netip.AddrPortFrom(netip.Addr{}, uint16(port))
-	} else if len(a) > 0 {
-		var err error
-		if laddr, err = netip.ParseAddrPort(a); err != nil {
-			return fmt.Errorf("%w: %v", verbs.ErrInvalidArgument, err)
-		}
+	// Empty: any address, any port; ":PORT": any address, that port.
+	laddr, err := svc.ParseLocalAddr(string(f[0]))
+	if err != nil {
+		return fmt.Errorf("%w: listen address: %v", verbs.ErrInvalidArgument, err)
 	}
 	if p := laddr.Port(); p != 0 && p < privilegedPorts && x.cred.UID != 0 {
 		// The service listens as root, on the address of the device:
@@ -3045,6 +3085,21 @@ func encodeAttr(a verbs.DeviceAttr) []uint64 {
 	v[svc.QueryMaxInline], v[svc.QueryMaxPrivData], v[svc.QueryMaxMsgSize] = uint64(a.MaxInline), uint64(a.MaxPrivData), a.MaxMsgSize
 	v[svc.QueryAtomicCap] = uint64(slices.Index(atomicCapValues[:], a.AtomicCap))
 	v[svc.QueryPageSizeCap], v[svc.QueryMaxMW], v[svc.QueryMaxFRPages] = a.PageSizeCap, uint64(a.MaxMW), uint64(a.MaxFRPages)
-	v[svc.QueryVendorPartID] = uint64(a.VendorPartID)
+	v[svc.QueryVendorPartID], v[svc.QueryVendorID] = uint64(a.VendorPartID), uint64(a.VendorID)
 	return v
+}
+
+// encodePort lays l out as QUERY_PORT's reply.
+func encodePort(b *svc.Builder, l verbs.Link) {
+	v := make([]uint64, svc.PortArgs)
+	w, sp := l.WidthSpeed()
+	v[svc.PortState], v[svc.PortPhysState], v[svc.PortLinkMTU] = uint64(l.PortState()), uint64(l.PhysState()), uint64(l.MTU)
+	v[svc.PortActiveMTU], v[svc.PortActiveWidth], v[svc.PortActiveSpeed] = uint64(l.ActiveMTU()), uint64(w), uint64(sp)
+	var ip []byte
+	if l.Addr.Is4() {
+		a4 := l.Addr.As4()
+		ip = a4[:]
+	}
+	gid, guid := l.GID(), l.NodeGUID()
+	b.Args(v...).Bytes(ip).Bytes(l.MAC).Bytes(gid[:]).Bytes(guid[:])
 }

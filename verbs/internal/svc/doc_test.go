@@ -311,12 +311,17 @@ func checkMsgBlock(words []string, kvs []titleKV, data []byte) error {
 // to the same bytes.
 func checkSendBlock(kvs []titleKV, data []byte) error {
 	var wr iwarp.SendWR
-	var obj, maxSGE uint64
+	var obj, maxSGE, maxInline uint64
 	haveOp := false
 	for _, kv := range kvs {
 		var v uint64
 		var err error
 		switch kv.k {
+		case "data":
+			if wr.Data, err = hex.DecodeString(kv.v); err != nil {
+				return fmt.Errorf("data=%s: %v", kv.v, err)
+			}
+			continue
 		case "op":
 			op, ok := wrOpByName(kv.v)
 			if !ok {
@@ -338,6 +343,8 @@ func checkSendBlock(kvs []titleKV, data []byte) error {
 		switch kv.k {
 		case "maxsge":
 			maxSGE = v
+		case "maxinline":
+			maxInline = v
 		case "id":
 			wr.ID = v
 		case "flags":
@@ -373,8 +380,12 @@ func checkSendBlock(kvs []titleKV, data []byte) error {
 	if !haveOp || maxSGE == 0 {
 		return fmt.Errorf("the title needs op= and maxsge=")
 	}
-	if len(data) != SendEntrySize(int(maxSGE)) {
-		return fmt.Errorf("%d bytes, an SQ entry with room for %d SGEs has %d", len(data), maxSGE, SendEntrySize(int(maxSGE)))
+	size := SendEntrySize(int(maxSGE))
+	if maxInline != 0 {
+		size = SendEntrySizeInline(int(maxSGE), int(maxInline))
+	}
+	if len(data) != size {
+		return fmt.Errorf("%d bytes, an SQ entry with room for %d SGEs and %d inline bytes has %d", len(data), maxSGE, maxInline, size)
 	}
 	var got iwarp.SendWR
 	gobj, err := GetSend(data, &got, make([]iwarp.SGE, 0, maxSGE))
@@ -388,7 +399,11 @@ func checkSendBlock(kvs []titleKV, data []byte) error {
 		return fmt.Errorf("GetSend decodes\n%+v\nthe title says\n%+v", got, wr)
 	}
 	want := make([]byte, len(data))
-	PutSend(want, &wr, obj)
+	if wr.Data != nil {
+		PutSendData(want, &wr, wr.Data)
+	} else {
+		PutSend(want, &wr, obj)
+	}
 	if !bytes.Equal(want, data) {
 		return fmt.Errorf("PutSend encodes the title's WR as\n%x\nthe block holds\n%x", want, data)
 	}
@@ -550,7 +565,7 @@ var docConstants = map[string]func(name string) (uint64, bool){
 		"Status": offStatus, "PayloadLen": offPayloadLen, "args": HeaderSize}),
 	"ring-header": named(map[string]uint64{"Prod": ringProd, "Cons": ringCons, "Waiting": ringWaiting, "Arm": ringArm,
 		"Events": ringEvents, "Overflow": ringOverflow, "Capacity": ringCap, "EntrySize": ringEntrySize, "entries": RingHeader}),
-	"send-entry": named(map[string]uint64{"ID": seID, "Opcode": seOp, "Flags": seFlags, "NSGE": seNSGE,
+	"send-entry": named(map[string]uint64{"ID": seID, "Opcode": seOp, "Flags": seFlags, "NSGE": seNSGE, "DataLen": seDataLen,
 		"RemoteAddr": seRemoteAddr, "RKey": seRKey, "InvRKey": seInvRKey, "Imm": seImm, "CompareAdd": seCompareAdd,
 		"Swap": seSwap, "SGEs": SendEntryBase}),
 	"arm":       named(map[string]uint64{"NONE": ArmNone, "ANY": ArmAny, "SOLICITED": ArmSolicited}),
@@ -559,7 +574,7 @@ var docConstants = map[string]func(name string) (uint64, bool){
 		"REMOTE_READ": uint64(iwarp.AccessRemoteRead), "REMOTE_ATOMIC": uint64(iwarp.AccessRemoteAtomic),
 		"MW_BIND": uint64(iwarp.AccessMWBind), "ZERO_BASED": uint64(iwarp.AccessZeroBased)}),
 	"send-flags": named(map[string]uint64{"SIGNALED": uint64(iwarp.FlagSignaled), "INLINE": uint64(iwarp.FlagInline),
-		"SOLICITED": uint64(iwarp.FlagSolicited), "FENCE": uint64(iwarp.FlagFence)}),
+		"SOLICITED": uint64(iwarp.FlagSolicited), "FENCE": uint64(iwarp.FlagFence), "INLINE_DATA": FlagInlineData}),
 	"wc-flags": named(map[string]uint64{"WITH_INV": uint64(iwarp.CompWithInvalidate), "SOLICITED": uint64(iwarp.CompSolicited),
 		"WITH_IMM": uint64(iwarp.CompWithImm)}),
 	"qp-states": func(s string) (uint64, bool) {
@@ -602,14 +617,20 @@ var docConstants = map[string]func(name string) (uint64, bool){
 	"rtr":      named(map[string]uint64{"SEND": uint64(iwarp.RTRSend), "WRITE": uint64(iwarp.RTRWrite), "READ": uint64(iwarp.RTRRead)}),
 	"layers": named(map[string]uint64{"RDMAP": uint64(iwarp.LayerRDMAP), "DDP": uint64(iwarp.LayerDDP),
 		"LLP": uint64(iwarp.LayerLLP)}),
-	"features": named(map[string]uint64{"QUERY_DEVICE": uint64(bits.TrailingZeros64(FeatureQueryDevice))}),
+	"features": named(map[string]uint64{"QUERY_DEVICE": uint64(bits.TrailingZeros64(FeatureQueryDevice)),
+		"INLINE_DATA": uint64(bits.TrailingZeros64(FeatureInlineData)), "LINK": uint64(bits.TrailingZeros64(FeatureLink)),
+		"CM": uint64(bits.TrailingZeros64(FeatureCM))}),
+	"disconnect-reasons": named(map[string]uint64{"LOCAL": DisconnectLocal, "PEER": DisconnectPeer, "ERROR": DisconnectError}),
 	"query-device": named(map[string]uint64{"max_qp": QueryMaxQP, "max_qp_wr": QueryMaxQPWR, "max_sge": QueryMaxSGE,
 		"max_sge_rd": QueryMaxSGERd, "max_cq": QueryMaxCQ, "max_cqe": QueryMaxCQE, "max_mr": QueryMaxMR,
 		"max_mr_size": QueryMaxMRSize, "max_pd": QueryMaxPD, "max_qp_rd_atom": QueryMaxQPRdAtom,
 		"max_qp_init_rd_atom": QueryMaxQPInitRd, "max_srq": QueryMaxSRQ, "max_srq_wr": QueryMaxSRQWR,
 		"max_srq_sge": QueryMaxSRQSGE, "max_inline_data": QueryMaxInline, "max_private_data": QueryMaxPrivData,
 		"max_msg_sz": QueryMaxMsgSize, "atomic_cap": QueryAtomicCap, "page_size_cap": QueryPageSizeCap,
-		"max_mw": QueryMaxMW, "max_fast_reg_page_list_len": QueryMaxFRPages, "vendor_part_id": QueryVendorPartID}),
+		"max_mw": QueryMaxMW, "max_fast_reg_page_list_len": QueryMaxFRPages, "vendor_part_id": QueryVendorPartID,
+		"vendor_id": QueryVendorID}),
+	"query-port": named(map[string]uint64{"state": PortState, "phys_state": PortPhysState, "link MTU": PortLinkMTU,
+		"active_mtu": PortActiveMTU, "active_width": PortActiveWidth, "active_speed": PortActiveSpeed}),
 	"tri": func(s string) (uint64, bool) {
 		for _, v := range []uint64{0, 1, 2} {
 			b := Untri(v)
@@ -627,17 +648,19 @@ func named(m map[string]uint64) func(string) (uint64, bool) {
 
 // tableComplete lists the tables that must name every value they check.
 var tableComplete = map[string]int{
-	"message-types": int(tLast) - 1,
-	"statuses":      len(statusByName),
-	"ring-header":   9,
-	"send-entry":    11,
-	"header":        7,
-	"wr-opcodes":    12,
-	"wc-opcodes":    10,
-	"wc-status":     int(iwarp.StatusGeneral) + 1,
-	"events":        int(iwarp.EventFatal) + 3, // then SRQ_LIMIT_REACHED, SRQ_ERR
-	"features":      bits.OnesCount64(Features),
-	"query-device":  QueryArgs,
+	"message-types":      int(tLast) - 1,
+	"statuses":           len(statusByName),
+	"ring-header":        9,
+	"send-entry":         12,
+	"header":             7,
+	"wr-opcodes":         12,
+	"wc-opcodes":         10,
+	"wc-status":          int(iwarp.StatusGeneral) + 1,
+	"events":             int(iwarp.EventFatal) + 3, // then SRQ_LIMIT_REACHED, SRQ_ERR
+	"features":           bits.OnesCount64(Features),
+	"query-device":       QueryArgs,
+	"query-port":         PortArgs,
+	"disconnect-reasons": 3,
 }
 
 func TestProtocolDocTables(t *testing.T) {

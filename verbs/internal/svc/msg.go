@@ -31,6 +31,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
 )
 
 // Protocol identification (Hello's first two arguments).
@@ -50,9 +53,21 @@ const (
 	// FeatureQueryDevice: QUERY_DEVICE answers with the device's
 	// limits as this client may use them.
 	FeatureQueryDevice uint64 = 1 << 0
+	// FeatureInlineData: a send entry may carry its payload itself
+	// (FlagInlineData), and the SQ entries of CREATE_QP's rings have room
+	// for the QP's max inline bytes (SendEntrySizeInline).
+	FeatureInlineData uint64 = 1 << 1
+	// FeatureLink: the QUERY_PORT request answers with the device's port
+	// (its link, addresses and GID).
+	FeatureLink uint64 = 1 << 2
+
+	// FeatureCM: what the CM adds: DIAL from a chosen local address
+	// (its third field), QP_ERROR, and the reason of a DISCONNECTED
+	// event (EVENT's argument 6).
+	FeatureCM uint64 = 1 << 3
 
 	// Features is every feature this implementation knows.
-	Features = FeatureQueryDevice
+	Features = FeatureQueryDevice | FeatureInlineData | FeatureLink | FeatureCM
 )
 
 // Sizes and limits.
@@ -116,13 +131,20 @@ const (
 	// TQueryDevice (FeatureQueryDevice) → the device's limits for this
 	// client, in QueryArg order; the device's name.
 	TQueryDevice
+	// TQueryPort (FeatureLink) → the port's state and link, in
+	// PortArg order; its addresses and GID, in PortField order.
+	TQueryPort
+	// TQPError (FeatureCM): QP → — once the QP is in ERROR, its
+	// connection reset and every outstanding WR flushed
+	// (ibv_modify_qp to IBV_QPS_ERR). Blocking.
+	TQPError
 	tLast
 )
 
 var typeNames = [...]string{"", "HELLO", "ALLOC_PD", "DEALLOC_PD", "CREATE_CQ", "DESTROY_CQ", "REG_MR", "DEREG_MR",
 	"CREATE_SRQ", "DESTROY_SRQ", "SRQ_LIMIT", "CREATE_QP", "DESTROY_QP", "QUERY_QP", "DISCONNECT", "DIAL", "LISTEN",
 	"CLOSE_LISTENER", "GET_REQUEST", "ACCEPT", "REJECT", "CANCEL", "EVENT", "QP_DONE", "ERROR", "ALLOC_MR", "MAP_MR",
-	"SET_IOVA", "ALLOC_MW", "DEALLOC_MW", "BIND_MW", "QUERY_MEM", "STATS", "QUERY_DEVICE"}
+	"SET_IOVA", "ALLOC_MW", "DEALLOC_MW", "BIND_MW", "QUERY_MEM", "STATS", "QUERY_DEVICE", "QUERY_PORT", "QP_ERROR"}
 
 func (t Type) String() string {
 	if t > 0 && t < tLast {
@@ -181,6 +203,7 @@ var (
 	ErrArgs     = errors.New("svc: too many arguments")
 	ErrVersion  = errors.New("svc: protocol version mismatch")
 	ErrReserved = errors.New("svc: reserved header byte set")
+	ErrAddr     = errors.New("svc: malformed address")
 )
 
 // Msg is a view of one message.
@@ -326,6 +349,44 @@ func Fields(p []byte, dst [][]byte) (int, error) {
 	return n, nil
 }
 
+// DISCONNECTED events' reasons (EVENT's argument 6, FeatureCM).
+const (
+	DisconnectLocal = 1 // this end closed gracefully first (DISCONNECT)
+	DisconnectPeer  = 2 // the peer closed gracefully first
+	DisconnectError = 3 // an error ended it: a reset, a Terminate, a failure (the text says which)
+)
+
+// ParseLocalAddr reads a local address as LISTEN and DIAL carry it: empty
+// (any address, port 0), ":PORT" (any address, that port) or "IP:PORT".
+func ParseLocalAddr(s string) (netip.AddrPort, error) {
+	switch {
+	case s == "":
+		return netip.AddrPort{}, nil
+	case strings.HasPrefix(s, ":"):
+		port, err := strconv.ParseUint(s[1:], 10, 16)
+		if err != nil {
+			return netip.AddrPort{}, fmt.Errorf("port %q: %w", s[1:], ErrAddr)
+		}
+		return netip.AddrPortFrom(netip.Addr{}, uint16(port)), nil
+	}
+	a, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("%q: %w", s, ErrAddr)
+	}
+	return a, nil
+}
+
+// FormatLocalAddr writes a local address as ParseLocalAddr reads it.
+func FormatLocalAddr(a netip.AddrPort) string {
+	switch {
+	case a.Addr().IsValid():
+		return a.String()
+	case a.Port() != 0:
+		return ":" + strconv.Itoa(int(a.Port()))
+	}
+	return ""
+}
+
 // Tri encodes an optional bool (a *bool of ConnParams): 0 unset, 1 false,
 // 2 true.
 func Tri(b *bool) uint64 {
@@ -377,5 +438,29 @@ const (
 	QueryMaxMW
 	QueryMaxFRPages
 	QueryVendorPartID
-	QueryArgs // the number of arguments
+	QueryVendorID // siw's, 0x626d74
+	QueryArgs     // the number of arguments
+)
+
+// QUERY_PORT's reply arguments, by index (ibv_port_attr's values, as
+// verbs.Link gives them).
+const (
+	PortState       = iota // ibv_port_state: 1 DOWN, 4 ACTIVE
+	PortPhysState          // 5 LinkUp, 3 Disabled
+	PortLinkMTU            // the link's IP MTU in bytes
+	PortActiveMTU          // ibv_mtu: 1 (256) to 5 (4096)
+	PortActiveWidth        // active_width: 1 (1X)
+	PortActiveSpeed        // active_speed: 1 (SDR)
+	PortArgs               // the number of arguments
+)
+
+// QUERY_PORT's reply fields, by index: the device's IPv4 address (4
+// bytes, or empty), MAC (6 bytes), GID (16 bytes) and node GUID (8 bytes,
+// network order).
+const (
+	PortFieldIPv4 = iota
+	PortFieldMAC
+	PortFieldGID
+	PortFieldGUID
+	PortFields
 )

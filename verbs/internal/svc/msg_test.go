@@ -2,6 +2,8 @@ package svc
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
 	"testing"
 
 	"github.com/rdmatap/rdmatap/iwarp"
@@ -77,6 +79,35 @@ func TestRingEntries(t *testing.T) {
 			t.Fatalf("%v: got %+v, %v", op, got, err)
 		}
 	}
+	// An inline Send carries its payload in the entry; a length past the
+	// entry, SGEs beside it or an opcode that sends no data are refused.
+	im := make([]byte, SendEntrySizeInline(1, 64))
+	send := iwarp.SendWR{ID: 11, Op: iwarp.WRSendImm, Flags: iwarp.FlagSignaled, Imm: 0xabcd}
+	payload := bytes.Repeat([]byte("0123456789abcdef"), 4)
+	PutSendData(im, &send, payload)
+	if _, err := GetSend(im, &got, make([]iwarp.SGE, 1)); err != nil || !bytes.Equal(got.Data, payload) ||
+		got.Flags != iwarp.FlagSignaled|iwarp.FlagInline || got.Imm != 0xabcd || len(got.SGL) != 0 || got.ID != 11 {
+		t.Fatalf("inline data: got %+v, %v", got, err)
+	}
+	for name, spoil := range map[string]func(e []byte){
+		"length past the entry": func(e []byte) { binary.LittleEndian.PutUint32(e[12:], uint32(len(e)-SendEntryBase+1)) },
+		"an SGE beside":         func(e []byte) { binary.LittleEndian.PutUint16(e[10:], 1) },
+		"an RDMA Read":          func(e []byte) { e[8] = byte(iwarp.WRRead) },
+		"a REG_MR":              func(e []byte) { e[8] = byte(iwarp.WRRegMR) },
+		"a length of 2^32-1":    func(e []byte) { binary.LittleEndian.PutUint32(e[12:], 1<<32-1) },
+	} {
+		e := bytes.Clone(im)
+		spoil(e)
+		if _, err := GetSend(e, &got, make([]iwarp.SGE, 1)); err == nil {
+			t.Errorf("inline data with %s accepted: %+v", name, got)
+		}
+	}
+	if n := SendEntrySizeInline(1, 100); n != SendEntryBase+112 {
+		t.Errorf("entry of 1 SGE and 100 inline bytes: %d", n)
+	}
+	if n := SendEntrySizeInline(8, 64); n != SendEntrySize(8) {
+		t.Errorf("entry of 8 SGEs and 64 inline bytes: %d", n)
+	}
 	// A producer index beyond the capacity is refused.
 	r.Prod.Store(5)
 	if _, err := r.Pending(0); err == nil {
@@ -141,6 +172,11 @@ func FuzzRingEntry(f *testing.F) {
 		PutSend(e, &wr, uint64(i))
 		f.Add(e)
 	}
+	for _, n := range []int{0, 1, 40, 48} {
+		e := make([]byte, SendEntrySizeInline(2, 48))
+		PutSendData(e, &iwarp.SendWR{ID: 6, Op: iwarp.WRWrite, RemoteAddr: 7, RKey: 8}, bytes.Repeat([]byte{9}, n))
+		f.Add(e)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		sgl := make([]iwarp.SGE, 2)
 		var wr iwarp.SendWR
@@ -148,6 +184,9 @@ func FuzzRingEntry(f *testing.F) {
 			t.Fatalf("%d SGEs", len(wr.SGL))
 		} else if err == nil && obj != 0 && wr.Op != iwarp.WRRegMR && wr.Op != iwarp.WRBindMW {
 			t.Fatalf("%v with an object handle", wr.Op)
+		} else if err == nil && wr.Data != nil && (len(wr.SGL) != 0 || len(wr.Data) > len(data)-SendEntryBase ||
+			wr.Flags&iwarp.FlagInline == 0 || wr.Flags&FlagInlineData != 0 || !InlineDataOp(wr.Op)) {
+			t.Fatalf("inline data of %d bytes in an entry of %d: %+v", len(wr.Data), len(data), wr)
 		}
 		if _, s, err := GetRecv(data, sgl); err == nil && len(s) > 2 {
 			t.Fatalf("%d SGEs", len(s))
@@ -155,6 +194,28 @@ func FuzzRingEntry(f *testing.F) {
 		if len(data) >= CQEntrySize {
 			var c iwarp.Completion
 			GetCompletion(data, &c)
+		}
+	})
+}
+
+// FuzzLocalAddr: LISTEN's and DIAL's local address decodes or is refused
+// with ErrAddr, never panics, and what decodes formats back to an
+// address that decodes the same.
+func FuzzLocalAddr(f *testing.F) {
+	for _, s := range []string{"", ":0", ":31337", ":65536", ":-1", "10.0.0.1:80", "[::1]:5", "[fe80::1%eth0]:1", "1.2.3.4", ":", "a:b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		a, err := ParseLocalAddr(s)
+		if err != nil {
+			if !errors.Is(err, ErrAddr) {
+				t.Fatalf("%q: %v is not ErrAddr", s, err)
+			}
+			return
+		}
+		b, err := ParseLocalAddr(FormatLocalAddr(a))
+		if err != nil || b != a {
+			t.Fatalf("%q: %v formats as %q, which reads %v, %v", s, a, FormatLocalAddr(a), b, err)
 		}
 	})
 }

@@ -77,6 +77,18 @@ const (
 // SendEntrySize is the size of an SQ entry with room for maxSGE SGEs.
 func SendEntrySize(maxSGE int) int { return SendEntryBase + SGESize*maxSGE }
 
+// SendEntrySizeInline is the size of an SQ entry of a session with
+// FeatureInlineData: room for maxSGE SGEs or maxInline bytes of data
+// (rounded up to 16), whichever is more.
+func SendEntrySizeInline(maxSGE, maxInline int) int {
+	return SendEntryBase + max(SGESize*maxSGE, (maxInline+SGESize-1)/SGESize*SGESize)
+}
+
+// FlagInlineData is the send entry flag (beside the engine's send flags
+// in the Flags byte) of an entry that carries its payload itself: its
+// length in bytes 12-15, the bytes from SendEntryBase, no SGEs.
+const FlagInlineData = 0x80
+
 // RecvEntrySize is the size of an RQ entry with room for maxSGE SGEs.
 func RecvEntrySize(maxSGE int) int { return RecvEntryBase + SGESize*maxSGE }
 
@@ -192,6 +204,7 @@ const (
 	seOp         = 8
 	seFlags      = 9
 	seNSGE       = 10
+	seDataLen    = 12
 	seRemoteAddr = 16
 	seRKey       = 24
 	seInvRKey    = 28
@@ -248,6 +261,34 @@ func PutSend(e []byte, wr *iwarp.SendWR, obj uint64) {
 	putSGL(e[SendEntryBase:], wr.SGL)
 }
 
+// PutSendData encodes an inline Send or RDMA Write whose payload is data
+// into an SQ entry (FlagInlineData): wr's SGL is not used. The caller has
+// checked that data fits the entry (len(e) - SendEntryBase bytes).
+func PutSendData(e []byte, wr *iwarp.SendWR, data []byte) {
+	binary.LittleEndian.PutUint64(e[seID:], wr.ID)
+	e[seOp] = byte(wr.Op)
+	e[seFlags] = byte(wr.Flags|iwarp.FlagInline) | FlagInlineData
+	binary.LittleEndian.PutUint16(e[seNSGE:], 0)
+	binary.LittleEndian.PutUint32(e[seDataLen:], uint32(len(data)))
+	binary.LittleEndian.PutUint64(e[seRemoteAddr:], wr.RemoteAddr)
+	binary.LittleEndian.PutUint32(e[seRKey:], wr.RKey)
+	binary.LittleEndian.PutUint32(e[seInvRKey:], wr.InvalidateRKey)
+	binary.LittleEndian.PutUint32(e[seImm:], wr.Imm)
+	binary.LittleEndian.PutUint64(e[seCompareAdd:], 0)
+	binary.LittleEndian.PutUint64(e[seSwap:], 0)
+	copy(e[SendEntryBase:], data)
+}
+
+// InlineDataOp reports whether op may carry its payload in its entry
+// (FlagInlineData): the Sends and RDMA Writes.
+func InlineDataOp(op iwarp.WROp) bool {
+	switch op {
+	case iwarp.WRSend, iwarp.WRSendInvalidate, iwarp.WRWrite, iwarp.WRWriteImm, iwarp.WRSendImm:
+		return true
+	}
+	return false
+}
+
 // SendOpAllowed reports whether a client may post op through a ring: the
 // data operations, Local Invalidate, RDMA Read with Invalidate, REG_MR
 // and BIND_MW (whose MR or window the entry names by the service's
@@ -280,6 +321,17 @@ func GetSend(e []byte, wr *iwarp.SendWR, sgl []iwarp.SGE) (uint64, error) {
 		RemoteAddr: binary.LittleEndian.Uint64(e[seRemoteAddr:]), RKey: binary.LittleEndian.Uint32(e[seRKey:]),
 		InvalidateRKey: binary.LittleEndian.Uint32(e[seInvRKey:]), Imm: binary.LittleEndian.Uint32(e[seImm:]),
 		CompareAdd: binary.LittleEndian.Uint64(e[seCompareAdd:]), Swap: binary.LittleEndian.Uint64(e[seSwap:]),
+	}
+	if wr.Flags&FlagInlineData != 0 {
+		// The payload is in the entry: no SGEs, a length within the
+		// entry, an opcode that sends data. wr.Data points into e (the
+		// engine copies it once, at post time).
+		l := binary.LittleEndian.Uint32(e[seDataLen:])
+		if n != 0 || uint64(l) > uint64(len(e)-SendEntryBase) || !InlineDataOp(op) {
+			return 0, ErrRingEntry
+		}
+		wr.Flags = wr.Flags&^FlagInlineData | iwarp.FlagInline
+		wr.Data = e[SendEntryBase : SendEntryBase+int(l) : SendEntryBase+int(l)]
 	}
 	if wr.Flags&^(iwarp.FlagSignaled|iwarp.FlagInline|iwarp.FlagSolicited|iwarp.FlagFence) != 0 {
 		return 0, ErrRingEntry

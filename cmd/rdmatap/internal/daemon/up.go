@@ -667,7 +667,7 @@ func nodeGUID(mac net.HardwareAddr) string {
 
 func getDevInfo(e *cli.Endpoint) devInfo {
 	var mac net.HardwareAddr
-	d := devInfo{HCAID: e.Dev.Name(), Transport: "iWARP (1)", FWVer: "0.0.0", VendorID: "0x0", HWVer: "0x0",
+	d := devInfo{HCAID: e.Dev.Name(), Transport: "iWARP (1)", FWVer: "0.0.0", VendorID: fmt.Sprintf("%#x", verbs.VendorID), HWVer: "0x0",
 		PhysPortCnt: 1, Attr: e.Dev.Query()}
 	p := portInfo{State: "PORT_ACTIVE (4)", LinkLayer: "Ethernet", Address: e.Addr.String()}
 	if e.Tap != nil {
