@@ -793,3 +793,34 @@ func TestReadFullAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per ReadFull", allocs)
 	}
 }
+
+// TestListenBacklogOne: a listener of backlog 1 takes one connection at a
+// time by a full handshake, window scaling included, not by a SYN cookie
+// (whose connection has none: a receive window of 64 KiB).
+func TestListenBacklogOne(t *testing.T) {
+	a, b := newTestPair(t, PairConfig{})
+	ln, err := b.Listen(netip.AddrPort{}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	raddr := netip.AddrPortFrom(b.Addrs()[0].Addr(), ln.Addr().Port())
+	for i := 0; i < 3; i++ {
+		c, err := a.Dial(ctx, raddr)
+		if err != nil {
+			t.Fatalf("Dial %d: %v", i, err)
+		}
+		s, err := ln.Accept(ctx)
+		if err != nil {
+			t.Fatalf("Accept %d: %v", i, err)
+		}
+		c.Abort()
+		s.Abort()
+	}
+	st := b.Stack().Stats().TCP
+	if n := st.ListenOverflowSynCookieSent.Value(); n != 0 {
+		t.Errorf("%d SYN cookies sent for 3 connections one after the other", n)
+	}
+}

@@ -596,7 +596,8 @@ type Listener struct {
 // Listen listens on laddr. An invalid or unspecified laddr address listens on
 // all addresses (dual-stack when the NIC has an IPv6 address); port 0 picks an
 // ephemeral port (see Listener.Addr). A port in use yields an *OpError
-// matching syscall.EADDRINUSE. backlog <= 0 selects a default of 128.
+// matching syscall.EADDRINUSE. backlog is listen(2)'s: handshakes beyond it
+// pending at once get SYN cookies; backlog <= 0 selects a default of 128.
 func (s *Stack) Listen(laddr netip.AddrPort, backlog int) (*Listener, error) {
 	if backlog <= 0 {
 		backlog = 128
@@ -659,7 +660,13 @@ func (s *Stack) Listen(laddr netip.AddrPort, backlog int) (*Listener, error) {
 		l.closeEndpoint()
 		return nil, opError("listen", laddr.String(), terr)
 	}
-	if terr := ep.Listen(backlog); terr != nil {
+	// One more than backlog, as gVisor's listen(2) passes for Linux's
+	// queue: gVisor answers a SYN with a cookie while capacity-1
+	// handshakes are pending, and a cookie's connection has no window
+	// scaling (a receive window of 64 KiB). With a capacity of backlog, a
+	// listener of backlog 1 (perftest's rdma_listen) would answer every
+	// SYN with one.
+	if terr := ep.Listen(backlog + 1); terr != nil {
 		l.closeEndpoint()
 		return nil, opError("listen", laddr.String(), terr)
 	}

@@ -728,19 +728,20 @@ RT_VISIBLE uint64_t rt_cq_handle(struct ibv_cq *cq) { return cq ? ((struct rt_cq
 /*
  * Idle polling. Programs such as perftest's poll a CQ in a loop however
  * long its next completion takes (a bandwidth test of 1 MiB Writes waits
- * about a millisecond for each; its server polls for the closing message
- * for the whole test). The service's engine runs on the same processors,
- * so a thread that has polled only empty CQs for longer than its spin
- * sleeps in ibv_poll_cq on the CQ's eventfd until a completion arrives or
- * 1 ms has passed (protocol 8.4: Waiting), then looks again. The spin is
- * RDMATAP_POLL_SPIN microseconds (default 200: longer than a round trip
- * through two services on a loaded machine, so that latency tests keep
- * spinning) while completions come within it, and adapts as the
- * service's poller's does: halved (down to a sixteenth) after each longer
- * wait, so that a bandwidth test spins little of each gap. A thread that
- * gets completions from any CQ at least once per spin never sleeps, nor
- * does one polling a CQ of a completion channel (its eventfd is the
- * channel's).
+ * 0.2 to 1 ms for each; its server polls for the closing message for the
+ * whole test). The service's engine runs on the same processors, so a
+ * thread that has polled only empty CQs for longer than its spin sleeps in
+ * ibv_poll_cq on the CQ's eventfd until a completion arrives or 1 ms has
+ * passed (protocol 8.4: Waiting), then looks again. The spin is
+ * RDMATAP_POLL_SPIN microseconds (default 50, as the service's poller's:
+ * longer than a small message's round trip through two services, shorter
+ * than the gaps between 1 MiB completions, through which a spin would take
+ * a processor from the engine) while completions come within it, and
+ * adapts as the service's poller's does: halved (down to a sixteenth)
+ * after each longer wait, so that a bandwidth test spins little of each
+ * gap. A thread that gets completions from any CQ at least once per spin
+ * never sleeps, nor does one polling a CQ of a completion channel (its
+ * eventfd is the channel's).
  */
 static __thread uint64_t idle_since; /* this thread's polls have found nothing since (ns); 0: they found some */
 static __thread uint64_t spin_now;   /* this thread's current spin (ns); 0: not yet set */
@@ -752,6 +753,8 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+#define POLL_SPIN_US 50 /* RDMATAP_POLL_SPIN's default */
+
 static uint64_t poll_spin_ns(void)
 {
 	static uint64_t v; /* +1: set */
@@ -759,9 +762,9 @@ static uint64_t poll_spin_ns(void)
 	if (!x) {
 		const char *e = getenv("RDMATAP_POLL_SPIN");
 		char *end;
-		unsigned long long us = e && *e ? strtoull(e, &end, 10) : 200;
+		unsigned long long us = e && *e ? strtoull(e, &end, 10) : POLL_SPIN_US;
 		if (e && *e && *end)
-			us = 200;
+			us = POLL_SPIN_US;
 		x = (us > UINT64_MAX / 2000 ? UINT64_MAX / 2 : (uint64_t)us * 1000) + 1;
 		__atomic_store_n(&v, x, __ATOMIC_RELAXED);
 	}
