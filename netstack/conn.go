@@ -240,6 +240,34 @@ func (c *Conn) WaitReadableOr(ctx context.Context, wake <-chan struct{}) error {
 	}
 }
 
+// WaitUnreadOr is WaitReadableOr for a reader that has had the first have
+// bytes TCP holds by another way (a connection tap): it returns, with
+// nil, once TCP holds more than have unread bytes, the connection is no
+// longer established (the peer's FIN, a reset, an error), or wake
+// delivers. Reading those bytes can wait: such a reader drains them now
+// and then rather than after every message.
+func (c *Conn) WaitUnreadOr(ctx context.Context, wake <-chan struct{}, have int) error {
+	for {
+		if c.closed.Load() {
+			return closedError("read")
+		}
+		if tcp.EndpointState(c.ep.State()) != tcp.StateEstablished {
+			return nil
+		}
+		if n, err := c.ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption); err != nil || n > have {
+			return nil
+		}
+		select {
+		case <-c.readCh:
+		case <-c.closedCh:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wake:
+			return nil
+		}
+	}
+}
+
 func (c *Conn) readTo(ctx context.Context, w io.Writer, max int, block bool) (int, error) {
 	if w == nil {
 		return 0, &OpError{Op: "read", Err: errConfig("nil writer")}

@@ -824,3 +824,62 @@ func TestListenBacklogOne(t *testing.T) {
 		t.Errorf("%d SYN cookies sent for 3 connections one after the other", n)
 	}
 }
+
+// TestWaitUnreadOr: WaitUnreadOr treats the first have bytes TCP holds as
+// not there: it blocks while TCP holds no more, returns once a byte more
+// arrives, when wake delivers, and on the peer's FIN; the bytes are all
+// still there for the read that follows.
+func TestWaitUnreadOr(t *testing.T) {
+	a, b := newTestPair(t, PairConfig{})
+	c1, c2 := connect(t, a, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c1.Write(ctx, []byte("0123456789")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.WaitUnreadOr(ctx, nil, 9); err != nil {
+		t.Fatalf("waiting for 10 bytes: %v", err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	err := c2.WaitUnreadOr(short, nil, 10)
+	cancelShort()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("with the 10 bytes TCP holds had: %v, want it to wait until the deadline", err)
+	}
+	wake := make(chan struct{}, 1)
+	wake <- struct{}{}
+	if err := c2.WaitUnreadOr(ctx, wake, 10); err != nil {
+		t.Fatalf("woken: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c2.WaitUnreadOr(ctx, nil, 10) }()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("returned (%v) before a byte more came", err)
+	default:
+	}
+	if _, err := c1.Write(ctx, []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("after a byte more: %v", err)
+	}
+	buf := make([]byte, 11)
+	if err := c2.ReadFull(ctx, buf); err != nil || string(buf) != "0123456789a" {
+		t.Fatalf("read %q, %v", buf, err)
+	}
+	go func() { done <- c2.WaitUnreadOr(ctx, nil, 0) }()
+	time.Sleep(20 * time.Millisecond)
+	c1.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("after the peer's FIN: %v", err)
+	}
+	if _, err := c2.ReadTo(ctx, io.Discard, 0); !errors.Is(err, io.EOF) {
+		t.Fatalf("read after the FIN: %v, want io.EOF", err)
+	}
+	c2.Close()
+	if err := c2.WaitUnreadOr(ctx, nil, 0); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("after Close: %v, want net.ErrClosed", err)
+	}
+}

@@ -189,3 +189,90 @@ func TestWritePollLastWord(t *testing.T) {
 		}
 	}
 }
+
+// TestManualProgressDeferredDrain: with segment placement, a WaitProgress
+// caller that the tap has fed leaves the bytes TCP holds of those messages
+// unread for a while (it reads them now and then, not after every
+// message). It must still wake for what the tap does not feed — a Write
+// too long for the quick feed, arriving in several segments — and for the
+// peer's disconnect while TCP holds such bytes.
+func TestManualProgressDeferredDrain(t *testing.T) {
+	dc := verbs.DeviceConfig{Placement: verbs.PlacementSegment}
+	p := newPair(t, dc, dc)
+	cl := newEndCfg(t, p.a, 8192, verbs.QPConfig{ManualProgress: true})
+	sv := newEndCfg(t, p.b, 8192, verbs.QPConfig{ManualProgress: true})
+	connectEnds(t, p, cl, sv, verbs.ConnParams{})
+	write := func(e *end, off, n int) error {
+		return e.qp.PostSend(verbs.SendWR{Op: verbs.OpWrite, SGL: []verbs.SGE{e.mr.SGE(off, n)},
+			RemoteAddr: e.remote.Addr + uint64(off), RKey: e.remote.RKey})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	waitFlag := func(qp *verbs.QP, p *uint32, v uint32) error {
+		for atomic.LoadUint32(p) != v {
+			if err := qp.WaitProgress(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	const rounds = 300
+	for i := uint32(1); i <= rounds; i++ {
+		*flag(cl.buf, 124) = i
+		if err := write(cl, 64, 64); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitFlag(sv.qp, flag(sv.buf, 124), i); err != nil {
+			t.Fatal(err)
+		}
+		*flag(sv.buf, 60) = i
+		if err := write(sv, 0, 64); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitFlag(cl.qp, flag(cl.buf, 60), i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 4 KiB: longer than the quick feed, so TCP hands it over.
+	fill(cl.buf[4096:8188], 7)
+	*flag(cl.buf, 8188) = 1
+	if err := write(cl, 4096, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFlag(sv.qp, flag(sv.buf, 8188), 1); err != nil {
+		t.Fatalf("waiting for the 4 KiB Write: %v", err)
+	}
+	if string(sv.buf[4096:8188]) != string(cl.buf[4096:8188]) {
+		t.Fatal("the 4 KiB Write's payload differs")
+	}
+	// One more short Write, fed by the tap, then the client goes: the
+	// server, waiting with those bytes unread in TCP, sees it go.
+	*flag(cl.buf, 124) = rounds + 1
+	if err := write(cl, 64, 64); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFlag(sv.qp, flag(sv.buf, 124), rounds+1); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			if err := sv.qp.WaitProgress(ctx); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if err := cl.qp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; ctx.Err() != nil {
+		t.Fatalf("the server's WaitProgress did not see the client go: %v", err)
+	}
+	for _, d := range []*verbs.Device{p.a, p.b} {
+		if g := d.Stats().Segment; g.QuickFed < rounds/2 || g.Mismatches != 0 {
+			t.Errorf("%s: quick-fed %d of %d Writes, mismatches %d", d.Name(), g.QuickFed, rounds, g.Mismatches)
+		}
+	}
+}
