@@ -560,6 +560,9 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 		} else {
 			untap, err = src.TapSegments(seg.place, &seg.stats.ConnTapStats)
 		}
+		if uw, ok := s.(unreadWaiter); ok && !seg.observe && err == nil {
+			qp.rx.waitUnread, qp.rx.heldFn = uw.WaitUnreadOr, qp.rx.fedHeld
+		}
 		if err != nil {
 			qp.rx.seg, qp.rx.waitOr = nil, nil
 			qp.state = StateIdle
@@ -1221,16 +1224,11 @@ type readableWaiter interface {
 	WaitReadableOr(ctx context.Context, wake <-chan struct{}) error
 }
 
-// unreadWaiter is a readableWaiter that can leave bytes the reader has had
-// another way out of readability (netstack.Conn).
+// unreadWaiter is a Stream that can wait leaving the bytes the reader has
+// had another way out of readability (netstack.Conn).
 type unreadWaiter interface {
-	WaitUnreadOr(ctx context.Context, wake <-chan struct{}, have int) error
+	WaitUnreadOr(ctx context.Context, wake <-chan struct{}, had func() int) error
 }
-
-// drainAfter is how many bytes of the stream the tap has fed a
-// ManualProgress receiver TCP may hold before WaitProgress reads them
-// (some 40 small messages).
-const drainAfter = 1024
 
 // waitProgressFed is WaitProgress with segment placement: it waits without
 // holding rxMu, so that the connection tap can feed the receiver, on the
@@ -1242,33 +1240,22 @@ const drainAfter = 1024
 // placed and delivered, and what TCP holds of it is read on the next call.
 func (qp *QP) waitProgressFed(ctx context.Context, s Stream, ws readableWaiter, seg *segPlacer) error {
 	fed := seg.fedN.Load()
-	if uw, ok := ws.(unreadWaiter); ok {
+	if qp.rx.waitUnread != nil {
 		// What TCP holds of the stream the tap has fed already (TCP's
-		// processor takes a segment after the tap): reading it only
-		// drains TCP's queue, a system of locks and a wake-up a message
-		// (0.7 µs of a TAP ping-pong's 7), so it waits until TCP holds
-		// more than that, or drainAfter of it.
-		qp.rxMu.Lock()
-		_, at := qp.rx.fedTo()
-		held := int64(-1)
-		if qp.rx.in == &qp.rx.tcp && at >= qp.rx.tcp.off {
-			held = int64(at - qp.rx.tcp.off)
-		}
-		qp.rxMu.Unlock()
-		if held >= 0 && held < drainAfter {
-			if err := uw.WaitUnreadOr(ctx, seg.fedWake, int(held)); err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				qp.rx.streamErr(err)
-				return qp.doneErr()
+		// processor takes a segment after the tap) is read only when
+		// TCP holds more, or drainAfter of it (see receiver.fedHeld).
+		if err := qp.rx.waitUnread(ctx, seg.fedWake, qp.rx.heldFn); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			if seg.fedN.Load() != fed {
-				return nil
-			}
-			// TCP holds more than the tap fed, or the connection is
-			// ending: read it.
+			qp.rx.streamErr(err)
+			return qp.doneErr()
 		}
+		if seg.fedN.Load() != fed {
+			return nil
+		}
+		// TCP holds more than the tap fed, or the connection is
+		// ending: read it.
 	}
 	for waited := false; ; waited = true {
 		if waited && seg.fedN.Load() != fed {

@@ -240,13 +240,15 @@ func (c *Conn) WaitReadableOr(ctx context.Context, wake <-chan struct{}) error {
 	}
 }
 
-// WaitUnreadOr is WaitReadableOr for a reader that has had the first have
-// bytes TCP holds by another way (a connection tap): it returns, with
-// nil, once TCP holds more than have unread bytes, the connection is no
-// longer established (the peer's FIN, a reset, an error), or wake
-// delivers. Reading those bytes can wait: such a reader drains them now
-// and then rather than after every message.
-func (c *Conn) WaitUnreadOr(ctx context.Context, wake <-chan struct{}, have int) error {
+// WaitUnreadOr is WaitReadableOr for a reader that has had some of the
+// bytes TCP holds by another way (a connection tap): had reports how many
+// of the first bytes TCP holds it has had, or a negative number when it
+// means to read them now. WaitUnreadOr returns, with nil, once TCP holds
+// more than had says, had is negative, the connection is no longer
+// established (the peer's FIN, a reset, an error), or wake delivers; it
+// calls had again at each wake-up. Reading the bytes had can wait: such a
+// reader drains them now and then rather than after every message.
+func (c *Conn) WaitUnreadOr(ctx context.Context, wake <-chan struct{}, had func() int) error {
 	for {
 		if c.closed.Load() {
 			return closedError("read")
@@ -254,7 +256,11 @@ func (c *Conn) WaitUnreadOr(ctx context.Context, wake <-chan struct{}, have int)
 		if tcp.EndpointState(c.ep.State()) != tcp.StateEstablished {
 			return nil
 		}
-		if n, err := c.ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption); err != nil || n > have {
+		h := had()
+		if h < 0 {
+			return nil
+		}
+		if n, err := c.ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption); err != nil || n > h {
 			return nil
 		}
 		select {

@@ -825,34 +825,39 @@ func TestListenBacklogOne(t *testing.T) {
 	}
 }
 
-// TestWaitUnreadOr: WaitUnreadOr treats the first have bytes TCP holds as
-// not there: it blocks while TCP holds no more, returns once a byte more
-// arrives, when wake delivers, and on the peer's FIN; the bytes are all
-// still there for the read that follows.
+// TestWaitUnreadOr: WaitUnreadOr treats the first bytes TCP holds that
+// had reports as not there: it blocks while TCP holds no more, returns
+// once a byte more arrives, when had turns negative, when wake delivers,
+// and on the peer's FIN; the bytes are all still there for the read that
+// follows.
 func TestWaitUnreadOr(t *testing.T) {
 	a, b := newTestPair(t, PairConfig{})
 	c1, c2 := connect(t, a, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	had := func(n int) func() int { return func() int { return n } }
 	if _, err := c1.Write(ctx, []byte("0123456789")); err != nil {
 		t.Fatal(err)
 	}
-	if err := c2.WaitUnreadOr(ctx, nil, 9); err != nil {
+	if err := c2.WaitUnreadOr(ctx, nil, had(9)); err != nil {
 		t.Fatalf("waiting for 10 bytes: %v", err)
 	}
 	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
-	err := c2.WaitUnreadOr(short, nil, 10)
+	err := c2.WaitUnreadOr(short, nil, had(10))
 	cancelShort()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("with the 10 bytes TCP holds had: %v, want it to wait until the deadline", err)
 	}
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{}
-	if err := c2.WaitUnreadOr(ctx, wake, 10); err != nil {
+	if err := c2.WaitUnreadOr(ctx, wake, had(10)); err != nil {
 		t.Fatalf("woken: %v", err)
 	}
+	if err := c2.WaitUnreadOr(ctx, nil, had(-1)); err != nil {
+		t.Fatalf("had -1: %v", err)
+	}
 	done := make(chan error, 1)
-	go func() { done <- c2.WaitUnreadOr(ctx, nil, 10) }()
+	go func() { done <- c2.WaitUnreadOr(ctx, nil, had(10)) }()
 	time.Sleep(20 * time.Millisecond)
 	select {
 	case err := <-done:
@@ -869,7 +874,7 @@ func TestWaitUnreadOr(t *testing.T) {
 	if err := c2.ReadFull(ctx, buf); err != nil || string(buf) != "0123456789a" {
 		t.Fatalf("read %q, %v", buf, err)
 	}
-	go func() { done <- c2.WaitUnreadOr(ctx, nil, 0) }()
+	go func() { done <- c2.WaitUnreadOr(ctx, nil, had(0)) }()
 	time.Sleep(20 * time.Millisecond)
 	c1.Close()
 	if err := <-done; err != nil {
@@ -879,7 +884,7 @@ func TestWaitUnreadOr(t *testing.T) {
 		t.Fatalf("read after the FIN: %v, want io.EOF", err)
 	}
 	c2.Close()
-	if err := c2.WaitUnreadOr(ctx, nil, 0); !errors.Is(err, net.ErrClosed) {
+	if err := c2.WaitUnreadOr(ctx, nil, had(0)); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("after Close: %v, want net.ErrClosed", err)
 	}
 }
