@@ -120,6 +120,11 @@ type receiver struct {
 	// waitOr waits for the stream or the placer's queue (segment
 	// placement with a retaining source).
 	waitOr func(ctx context.Context, wake <-chan struct{}) error
+	// tapFeed is set while the tap feeds the receiver a short segment on
+	// the link's goroutine (segPlacer.feed); a response queued meanwhile
+	// sets respondDue, and the feeder sends it (transmitter.respondInline).
+	tapFeed    bool
+	respondDue atomic.Bool
 	// waitUnread (segment placement, a stream that has it) waits like
 	// waitOr but leaves what the tap has fed out (see fedHeld); heldFn is
 	// fedHeld, made once.
@@ -1450,7 +1455,18 @@ func (r *receiver) endReadRequest(h DDPHeader) {
 		srcPaged: paged, srcTO: rr.SourceTO(), srcLen: uint64(rr.Size())}
 	qp.irqN++
 	qp.mu.Unlock()
-	qp.wake()
+	r.wakeTX()
+}
+
+// wakeTX has a queued response sent: by the TX goroutine, or, when the tap
+// is feeding the receiver on the link's goroutine, by that goroutine once
+// the feed is done (transmitter.respondInline). rxMu is held.
+func (r *receiver) wakeTX() {
+	if r.tapFeed {
+		r.respondDue.Store(true)
+		return
+	}
+	r.qp.wake()
 }
 
 // endImmediate delivers an Immediate Data message: with the receive it
@@ -1510,7 +1526,7 @@ func (r *receiver) endAtomicRequest(h DDPHeader) {
 	*e = irqEntry{atomic: true, reqID: ar.RequestID(), original: orig}
 	qp.irqN++
 	qp.mu.Unlock()
-	qp.wake()
+	r.wakeTX()
 }
 
 // executeAtomic runs the request's operation on *p and returns the value

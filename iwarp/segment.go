@@ -413,6 +413,11 @@ func (p *segPlacer) placeRetain(off uint64, payload [][]byte, retain func() nets
 			ok, delivered := p.feed(v, off, n, true)
 			p.wv = nil
 			clear(p.dv)
+			if p.rx.respondDue.Swap(false) {
+				// A short Read (or atomic) Request was fed: its
+				// response goes out now, from this goroutine.
+				p.qp.tx.respondInline()
+			}
 			p.mu.Lock()
 			p.busy--
 			p.mu.Unlock()
@@ -1240,6 +1245,7 @@ func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, del
 	}
 	skip := int(at - off)
 	placed, fpdus := r.n.placed, r.n.fpdus
+	r.tapFeed = quick
 	for _, b := range v {
 		if skip >= len(b) {
 			skip -= len(b)
@@ -1248,6 +1254,7 @@ func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, del
 		w.Write(b[skip:])
 		skip = 0
 	}
+	r.tapFeed = false
 	fed := r.n.placed - placed
 	if !quick {
 		p.stats.FillsFed.Add(1)

@@ -174,37 +174,7 @@ func (t *transmitter) drain(inline bool) bool {
 				return true
 			}
 		case jobReadResp:
-			e := &t.irq
-			if e.atomic {
-				// The atomic was executed when its request arrived.
-				AtomicResponse(t.arsp[:]).Encode(e.reqID, e.original)
-				f := DDPFields{Opcode: OpAtomicResp, QN: QNAtomicResp, MSN: t.nextMSN(QNAtomicResp)}
-				if !t.send(&f, nil, nil, 0, t.arsp[:]) {
-					return true
-				}
-				continue
-			}
-			f := DDPFields{Opcode: OpReadResponse, STag: e.sinkSTag, TO: e.sinkTO}
-			n := len(e.src)
-			t.src = append(t.src[:0], e.src)
-			t.regs = append(t.regs[:0], e.srcReg)
-			if e.srcPaged {
-				// Checked when the request arrived.
-				t.src, _ = e.srcReg.Pieces(t.src[:0], e.srcTO, e.srcLen)
-				n = int(e.srcLen)
-			}
-			if n == 0 {
-				t.src, t.regs = t.src[:0], t.regs[:0]
-			}
-			ok := t.send(&f, t.src, t.regs, n, nil)
-			if !ok && t.fw.cut {
-				// The source was deregistered under the Read
-				// Response: the peer's Read fails (RFC 5040
-				// would have refused its STag from the start).
-				t.cutOff(TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag})
-			}
-			e.src, e.srcReg, e.srcPaged = nil, nil, false
-			if !ok {
+			if !t.sendReadResp() {
 				return true
 			}
 		case jobRTR:
@@ -217,6 +187,89 @@ func (t *transmitter) drain(inline bool) bool {
 			}
 		}
 	}
+}
+
+// sendReadResp sends the Read or atomic Response pick took (t.irq); false
+// means the TX path must end.
+func (t *transmitter) sendReadResp() bool {
+	e := &t.irq
+	if e.atomic {
+		// The atomic was executed when its request arrived.
+		AtomicResponse(t.arsp[:]).Encode(e.reqID, e.original)
+		f := DDPFields{Opcode: OpAtomicResp, QN: QNAtomicResp, MSN: t.nextMSN(QNAtomicResp)}
+		return t.send(&f, nil, nil, 0, t.arsp[:])
+	}
+	f := DDPFields{Opcode: OpReadResponse, STag: e.sinkSTag, TO: e.sinkTO}
+	n := len(e.src)
+	t.src = append(t.src[:0], e.src)
+	t.regs = append(t.regs[:0], e.srcReg)
+	if e.srcPaged {
+		// Checked when the request arrived.
+		t.src, _ = e.srcReg.Pieces(t.src[:0], e.srcTO, e.srcLen)
+		n = int(e.srcLen)
+	}
+	if n == 0 {
+		t.src, t.regs = t.src[:0], t.regs[:0]
+	}
+	ok := t.send(&f, t.src, t.regs, n, nil)
+	if !ok && t.fw.cut {
+		// The source was deregistered under the Read
+		// Response: the peer's Read fails (RFC 5040
+		// would have refused its STag from the start).
+		t.cutOff(TermCode{LayerRDMAP, ETypeRemoteProtection, CodeInvalidSTag})
+	}
+	e.src, e.srcReg, e.srcPaged = nil, nil, false
+	return ok
+}
+
+// respondInlineMax is the longest Read Response respondInline sends.
+const respondInlineMax = 4096
+
+// respondInline sends the Read and atomic Responses just queued in the
+// caller's goroutine — the link's, whose connection tap fed the short
+// requests to the receiver — when the TX goroutine is idle and nothing
+// else is queued: a short Read is then answered without a goroutine
+// hand-off, as postDirect posts a short Send. Long responses, and
+// responses behind queued sends, stay with the TX goroutine.
+func (t *transmitter) respondInline() {
+	qp := t.qp
+	if !qp.txMu.TryLock() {
+		qp.wake()
+		return
+	}
+	for {
+		qp.mu.Lock()
+		if !t.respondOK() {
+			qp.mu.Unlock()
+			break
+		}
+		job := t.pick(false) // a Read Response: respondOK left nothing else
+		qp.mu.Unlock()
+		if job != jobReadResp || !t.sendReadResp() {
+			break
+		}
+	}
+	qp.txMu.Unlock() // +checklocksignore: taken by TryLock
+	qp.mu.Lock()
+	more := qp.sqN > 0 || qp.irqN > 0 || qp.term != nil || qp.closing
+	qp.mu.Unlock()
+	if more {
+		qp.wake()
+	}
+}
+
+// respondOK reports whether pick would take a short response off the head
+// of the inbound request queue and nothing else: the QP is transmitting,
+// the send queue is empty, and the response is short and in one piece.
+// +checklocks:t.qp.mu
+func (t *transmitter) respondOK() bool {
+	qp := t.qp
+	if qp.term != nil || qp.state >= StateTerminate || t.finSent || qp.txHeld() || qp.rtrDue ||
+		qp.irqN == 0 || qp.sqN > 0 || qp.closing {
+		return false
+	}
+	e := &qp.irq[qp.irqHead]
+	return e.atomic || !e.srcPaged && e.srcLen <= respondInlineMax
 }
 
 // inlineTXMax is the largest send WR a poster transmits itself.

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/rdmatap/rdmatap/netstack"
 	"github.com/rdmatap/rdmatap/verbs"
@@ -287,7 +289,7 @@ func TestSegmentQuickFeed(t *testing.T) {
 					t.Fatal(err)
 				}
 				if err := sv.qp.PostSend(verbs.SendWR{ID: uint64(i), Op: verbs.OpWriteImm, Imm: uint32(i),
-					SGL: []verbs.SGE{sv.mr.SGE(4096, size)}, RemoteAddr: sv.remote.Addr + 8192, RKey: sv.remote.RKey}); err != nil {
+					SGL: []verbs.SGE{sv.mr.SGE(4096, size)}, RemoteAddr: cl.remote.Addr + 8192, RKey: cl.remote.RKey}); err != nil {
 					t.Fatal(err)
 				}
 				if err := waitOne(cl.rcq, wc[:], verbs.WCRecvRDMAWithImm); err != nil {
@@ -325,4 +327,55 @@ func waitOne(cq *verbs.CQ, wc []verbs.WC, op verbs.WCOpcode) error {
 		return &verbs.CompletionError{WC: wc[0]}
 	}
 	return nil
+}
+
+// TestSegmentQuickFeedReads: with segment placement on a clean link, short
+// Read Requests and atomic requests reach the responder's receiver from
+// the tap (QuickFed counts them), which then sends the responses from the
+// link's goroutine. Every Read returns the source's bytes, every FetchAdd
+// the word's previous value, and a long Read (beyond what the link's
+// goroutine sends) goes through the TX goroutine as before.
+func TestSegmentQuickFeedReads(t *testing.T) {
+	dc := verbs.DeviceConfig{Placement: verbs.PlacementSegment}
+	p := impairedPair(t, netstack.ImpairConfig{}, netstack.LinkConfig{MTU: 1500, NoGSO: true}, dc, dc)
+	cl, sv := connect(t, p, 1<<16, verbs.ConnParams{})
+	target := atomicTarget(t, sv.pd, 64)
+	w := word(target.Bytes(), 8)
+	var wc [1]verbs.WC
+	const rounds = 300
+	for i := 0; i < rounds; i++ {
+		size := 1 + i%200
+		if i%50 == 49 {
+			size = 20000 // longer than respondInlineMax
+		}
+		for k := 0; k < size; k++ {
+			sv.buf[8192+k] = byte(i*7 + k)
+		}
+		if err := cl.qp.PostSend(verbs.SendWR{ID: uint64(i), Op: verbs.OpRead, Flags: verbs.Signaled,
+			SGL: []verbs.SGE{cl.mr.SGE(8192, size)}, RemoteAddr: cl.remote.Addr + 8192, RKey: cl.remote.RKey}); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitOne(cl.scq, wc[:], verbs.WCRead); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if !bytes.Equal(cl.buf[8192:8192+size], sv.buf[8192:8192+size]) {
+			t.Fatalf("round %d: the %d-byte Read returned other bytes", i, size)
+		}
+		if err := cl.qp.PostSend(verbs.SendWR{ID: uint64(i), Op: verbs.OpAtomicFetchAdd, Flags: verbs.Signaled,
+			SGL: []verbs.SGE{cl.mr.SGE(0, 8)}, RemoteAddr: target.Addr() + 8, RKey: target.RKey(), CompareAdd: 3}); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitOne(cl.scq, wc[:], verbs.WCFetchAdd); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if got := *(*uint64)(unsafe.Pointer(&cl.buf[0])); got != uint64(3*i) {
+			t.Fatalf("round %d: FetchAdd returned %d, want %d", i, got, 3*i)
+		}
+	}
+	if v := atomic.LoadUint64(w); v != 3*rounds {
+		t.Fatalf("target %d after %d adds of 3", v, rounds)
+	}
+	if g := p.b.Stats().Segment; g.QuickFed < rounds || g.Mismatches != 0 {
+		t.Errorf("responder: quick-fed %d of %d requests, mismatches %d", g.QuickFed, 2*rounds, g.Mismatches)
+	}
 }
