@@ -171,57 +171,74 @@ func (e *endpoint) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 }
 
 func (d *Device) writePacket(pkt *stack.PacketBuffer) tcpip.Error {
-	var hdrBuf [vnetHdrLen]byte
-	var iovArr [16]unix.Iovec
-	iovs := iovArr[:0]
+	var h vnetHdr
 	gso := false
+	hlen := 0
 	if d.offload {
-		var h vnetHdr
 		h, gso = txVnetHdr(pkt)
-		h.encode(&hdrBuf)
-		iovs = appendIov(iovs, hdrBuf[:])
+		hlen = vnetHdrLen
 	}
 	views, off := pkt.AsViewList()
-	size := 0
-	for v := views.Front(); v != nil; v = v.Next() {
-		b := v.AsSlice()
-		if off >= len(b) {
-			off -= len(b)
-			continue
-		}
-		b = b[off:]
-		off = 0
-		iovs = appendIov(iovs, b)
-		size += len(b)
-	}
-	var small [smallFrame]byte
-	switch {
-	case len(iovs) > 1 && vnetHdrLen+size <= smallFrame:
-		// A small frame (an ACK, a short message) goes as one buffer:
-		// the kernel takes a single buffer faster than a list.
-		n := 0
-		for i := range iovs {
-			n += copy(small[n:], unsafe.Slice(iovs[i].Base, iovs[i].Len))
-		}
-		iovs = appendIov(iovs[:0], small[:n])
-	case len(iovs) > 1024: // UIO_MAXIOV: flatten (never seen in practice)
-		flat := make([]byte, 0, size)
-		for _, s := range pkt.AsSlices() {
-			flat = append(flat, s...)
-		}
-		iovs = append(iovs[:0], iovs[0])
-		if !d.offload {
-			iovs = iovs[:0]
-		}
-		iovs = appendIov(iovs, flat)
-	}
-	// Plain path: d.fd is water's fd; Close takes txMu before closing it,
-	// so it cannot be closed (and reused) under us.
+	size := pkt.Size()
 	traced := lattrace.Enabled && pkt.TransportProtocolNumber == header.TCPProtocolNumber && pkt.Data().Size() > 0
-	if traced {
-		lattrace.Mark(lattrace.LinkWrite)
+	var errno unix.Errno
+	if hlen+size <= smallFrame {
+		// A small frame (an ACK, a short message) goes as one buffer:
+		// the kernel takes a single buffer faster than a list. The
+		// buffer stays on the stack (no iovec points into it).
+		var small [smallFrame]byte
+		if hlen > 0 {
+			h.encode((*[vnetHdrLen]byte)(small[:vnetHdrLen]))
+		}
+		n := hlen
+		for v := views.Front(); v != nil; v = v.Next() {
+			b := v.AsSlice()
+			if off >= len(b) {
+				off -= len(b)
+				continue
+			}
+			n += copy(small[n:], b[off:])
+			off = 0
+		}
+		if traced {
+			lattrace.Mark(lattrace.LinkWrite)
+		}
+		errno = write1(d.fd, small[:n])
+	} else {
+		hdrBuf := new([vnetHdrLen]byte)
+		var iovArr [16]unix.Iovec
+		iovs := iovArr[:0]
+		if hlen > 0 {
+			h.encode(hdrBuf)
+			iovs = appendIov(iovs, hdrBuf[:])
+		}
+		for v := views.Front(); v != nil; v = v.Next() {
+			b := v.AsSlice()
+			if off >= len(b) {
+				off -= len(b)
+				continue
+			}
+			iovs = appendIov(iovs, b[off:])
+			off = 0
+		}
+		if len(iovs) > 1024 { // UIO_MAXIOV: flatten (never seen in practice)
+			flat := make([]byte, 0, size)
+			for _, s := range pkt.AsSlices() {
+				flat = append(flat, s...)
+			}
+			iovs = iovs[:0]
+			if hlen > 0 {
+				iovs = appendIov(iovs, hdrBuf[:])
+			}
+			iovs = appendIov(iovs, flat)
+		}
+		if traced {
+			lattrace.Mark(lattrace.LinkWrite)
+		}
+		// Plain path: d.fd is water's fd; Close takes txMu before
+		// closing it, so it cannot be closed (and reused) under us.
+		errno = writev(d.fd, iovs)
 	}
-	errno := writev(d.fd, iovs)
 	if traced {
 		lattrace.Mark(lattrace.TAPWritten)
 	}
@@ -234,6 +251,16 @@ func (d *Device) writePacket(pkt *stack.PacketBuffer) tcpip.Error {
 		d.st.txGSO.Add(1)
 	}
 	return nil
+}
+
+// write1 writes b to fd in one write(2), retrying on EINTR.
+func write1(fd int, b []byte) unix.Errno {
+	for {
+		_, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		if e != unix.EINTR {
+			return e
+		}
+	}
 }
 
 func appendIov(iovs []unix.Iovec, b []byte) []unix.Iovec {
