@@ -289,7 +289,7 @@ func TestSegmentQuickFeed(t *testing.T) {
 					t.Fatal(err)
 				}
 				if err := sv.qp.PostSend(verbs.SendWR{ID: uint64(i), Op: verbs.OpWriteImm, Imm: uint32(i),
-					SGL: []verbs.SGE{sv.mr.SGE(4096, size)}, RemoteAddr: cl.remote.Addr + 8192, RKey: cl.remote.RKey}); err != nil {
+					SGL: []verbs.SGE{sv.mr.SGE(4096, size)}, RemoteAddr: sv.remote.Addr + 8192, RKey: sv.remote.RKey}); err != nil {
 					t.Fatal(err)
 				}
 				if err := waitOne(cl.rcq, wc[:], verbs.WCRecvRDMAWithImm); err != nil {
