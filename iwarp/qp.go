@@ -121,6 +121,10 @@ type QPConfig struct {
 	// progress). Incoming data, completions, Terminates and the peer's close
 	// are seen only when it does.
 	ManualProgress bool
+	// WaitSpin (ManualProgress, segment placement): WaitProgress checks
+	// for the tap's feed this long before it sleeps, yielding between
+	// checks (see netstack.Conn.WaitUnreadOr); 0 to MaxWaitSpin.
+	WaitSpin time.Duration
 	// OnEvent receives asynchronous events; it must not block.
 	OnEvent func(Event)
 	// Counters, shared by the QPs of a device; nil for none.
@@ -414,6 +418,9 @@ func NewQP(cfg QPConfig) (*QP, error) {
 	}
 	if cfg.MaxSendSGE <= 0 {
 		cfg.MaxSendSGE = 4
+	}
+	if cfg.WaitSpin < 0 || cfg.WaitSpin > MaxWaitSpin {
+		return nil, fmt.Errorf("%w: WaitSpin %v: want 0..%v", ErrInvalidWR, cfg.WaitSpin, MaxWaitSpin)
 	}
 	if cfg.MaxSendWR > 1<<20 || cfg.MaxSendSGE > 64 || cfg.MaxInline < 0 || cfg.MaxInline > 4096 {
 		return nil, fmt.Errorf("%w: send queue %d WRs, %d SGEs, %d inline", ErrInvalidWR, cfg.MaxSendWR, cfg.MaxSendSGE, cfg.MaxInline)
@@ -1227,8 +1234,11 @@ type readableWaiter interface {
 // unreadWaiter is a Stream that can wait leaving the bytes the reader has
 // had another way out of readability (netstack.Conn).
 type unreadWaiter interface {
-	WaitUnreadOr(ctx context.Context, wake <-chan struct{}, had func() int) error
+	WaitUnreadOr(ctx context.Context, wake <-chan struct{}, had func() int, spin time.Duration) error
 }
+
+// MaxWaitSpin bounds QPConfig.WaitSpin.
+const MaxWaitSpin = 10 * time.Millisecond
 
 // waitProgressFed is WaitProgress with segment placement: it waits without
 // holding rxMu, so that the connection tap can feed the receiver, on the
@@ -1244,7 +1254,7 @@ func (qp *QP) waitProgressFed(ctx context.Context, s Stream, ws readableWaiter, 
 		// What TCP holds of the stream the tap has fed already (TCP's
 		// processor takes a segment after the tap) is read only when
 		// TCP holds more, or drainAfter of it (see receiver.fedHeld).
-		if err := qp.rx.waitUnread(ctx, seg.fedWake, qp.rx.heldFn); err != nil {
+		if err := qp.rx.waitUnread(ctx, seg.fedWake, qp.rx.heldFn, qp.cfg.WaitSpin); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

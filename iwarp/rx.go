@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/rdmatap/rdmatap/zerocopy"
@@ -128,7 +129,7 @@ type receiver struct {
 	// waitUnread (segment placement, a stream that has it) waits like
 	// waitOr but leaves what the tap has fed out (see fedHeld); heldFn is
 	// fedHeld, made once.
-	waitUnread func(ctx context.Context, wake <-chan struct{}, had func() int) error
+	waitUnread func(ctx context.Context, wake <-chan struct{}, had func() int, spin time.Duration) error
 	heldFn     func() int
 	// The Send state last told the placer (publishSends).
 	pubActive bool
@@ -234,7 +235,7 @@ func (r *receiver) run() {
 			// of the stream the tap has fed already is read only when
 			// TCP holds more, or drainAfter of it.
 			if r.waitUnread != nil {
-				err = r.waitUnread(qp.ctx, r.seg.wake, r.heldFn)
+				err = r.waitUnread(qp.ctx, r.seg.wake, r.heldFn, 0)
 			} else {
 				err = r.waitOr(qp.ctx, r.seg.wake)
 			}

@@ -8,8 +8,10 @@ import (
 	"io"
 	"net/netip"
 	"reflect"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
@@ -248,7 +250,17 @@ func (c *Conn) WaitReadableOr(ctx context.Context, wake <-chan struct{}) error {
 // established (the peer's FIN, a reset, an error), or wake delivers; it
 // calls had again at each wake-up. Reading the bytes had can wait: such a
 // reader drains them now and then rather than after every message.
-func (c *Conn) WaitUnreadOr(ctx context.Context, wake <-chan struct{}, had func() int) error {
+//
+// With spin > 0 it first checks for this long without sleeping, yielding
+// its P between checks (runtime.Gosched): for a reader beside a link that
+// busy-polls, whose goroutine then runs in turn with it, and whose wake-up
+// would cost more than the wait.
+func (c *Conn) WaitUnreadOr(ctx context.Context, wake <-chan struct{}, had func() int, spin time.Duration) error {
+	if spin > 0 {
+		if done, err := c.spinUnread(ctx, wake, had, spin); done {
+			return err
+		}
+	}
 	for {
 		if c.closed.Load() {
 			return closedError("read")
@@ -277,6 +289,60 @@ func (c *Conn) WaitUnreadOr(ctx context.Context, wake <-chan struct{}, had func(
 		case <-wake:
 			return nil
 		}
+	}
+}
+
+// spinUnread is WaitUnreadOr's spin; done is false when spin passed
+// without a reason to return. The checks that take locks run only when
+// TCP has posted a wake-up.
+func (c *Conn) spinUnread(ctx context.Context, wake <-chan struct{}, had func() int, spin time.Duration) (done bool, err error) {
+	start := time.Now()
+	// Once in full (a wake-up TCP posted before may be gone), then on
+	// TCP's wake-ups.
+	check := func() (bool, error) {
+		if c.closed.Load() {
+			return true, closedError("read")
+		}
+		if tcp.EndpointState(c.ep.State()) != tcp.StateEstablished {
+			return true, nil
+		}
+		h := had()
+		if h < 0 {
+			return true, nil
+		}
+		if n, err := c.ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption); err != nil || n > h {
+			return true, nil
+		}
+		return false, nil
+	}
+	if done, err := check(); done {
+		return true, err
+	}
+	for i := 1; ; i++ {
+		select {
+		case <-wake:
+			return true, nil
+		default:
+		}
+		select {
+		case <-c.readCh:
+			if done, err := check(); done {
+				return true, err
+			}
+		default:
+		}
+		if i%16 == 0 {
+			if c.closed.Load() {
+				return true, closedError("read")
+			}
+			if err := ctx.Err(); err != nil {
+				return true, err
+			}
+			if time.Since(start) >= spin {
+				return false, nil
+			}
+		}
+		runtime.Gosched()
 	}
 }
 

@@ -831,6 +831,12 @@ func TestListenBacklogOne(t *testing.T) {
 // and on the peer's FIN; the bytes are all still there for the read that
 // follows.
 func TestWaitUnreadOr(t *testing.T) {
+	for _, spin := range []time.Duration{0, 200 * time.Millisecond} { // 200 ms: every event comes while it spins
+		t.Run(fmt.Sprintf("spin=%v", spin), func(t *testing.T) { testWaitUnreadOr(t, spin) })
+	}
+}
+
+func testWaitUnreadOr(t *testing.T, spin time.Duration) {
 	a, b := newTestPair(t, PairConfig{})
 	c1, c2 := connect(t, a, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -839,25 +845,25 @@ func TestWaitUnreadOr(t *testing.T) {
 	if _, err := c1.Write(ctx, []byte("0123456789")); err != nil {
 		t.Fatal(err)
 	}
-	if err := c2.WaitUnreadOr(ctx, nil, had(9)); err != nil {
+	if err := c2.WaitUnreadOr(ctx, nil, had(9), spin); err != nil {
 		t.Fatalf("waiting for 10 bytes: %v", err)
 	}
 	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
-	err := c2.WaitUnreadOr(short, nil, had(10))
+	err := c2.WaitUnreadOr(short, nil, had(10), spin)
 	cancelShort()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("with the 10 bytes TCP holds had: %v, want it to wait until the deadline", err)
 	}
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{}
-	if err := c2.WaitUnreadOr(ctx, wake, had(10)); err != nil {
+	if err := c2.WaitUnreadOr(ctx, wake, had(10), spin); err != nil {
 		t.Fatalf("woken: %v", err)
 	}
-	if err := c2.WaitUnreadOr(ctx, nil, had(-1)); err != nil {
+	if err := c2.WaitUnreadOr(ctx, nil, had(-1), spin); err != nil {
 		t.Fatalf("had -1: %v", err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- c2.WaitUnreadOr(ctx, nil, had(10)) }()
+	go func() { done <- c2.WaitUnreadOr(ctx, nil, had(10), spin) }()
 	time.Sleep(20 * time.Millisecond)
 	select {
 	case err := <-done:
@@ -874,7 +880,7 @@ func TestWaitUnreadOr(t *testing.T) {
 	if err := c2.ReadFull(ctx, buf); err != nil || string(buf) != "0123456789a" {
 		t.Fatalf("read %q, %v", buf, err)
 	}
-	go func() { done <- c2.WaitUnreadOr(ctx, nil, had(0)) }()
+	go func() { done <- c2.WaitUnreadOr(ctx, nil, had(0), spin) }()
 	time.Sleep(20 * time.Millisecond)
 	c1.Close()
 	if err := <-done; err != nil {
@@ -884,7 +890,7 @@ func TestWaitUnreadOr(t *testing.T) {
 		t.Fatalf("read after the FIN: %v, want io.EOF", err)
 	}
 	c2.Close()
-	if err := c2.WaitUnreadOr(ctx, nil, had(0)); !errors.Is(err, net.ErrClosed) {
+	if err := c2.WaitUnreadOr(ctx, nil, had(0), spin); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("after Close: %v, want net.ErrClosed", err)
 	}
 }

@@ -196,11 +196,19 @@ func TestWritePollLastWord(t *testing.T) {
 // message). It must still wake for what the tap does not feed — a Write
 // too long for the quick feed, arriving in several segments — and for the
 // peer's disconnect while TCP holds such bytes.
+//
+// With WaitSpin, WaitProgress spins before it sleeps: the same holds.
 func TestManualProgressDeferredDrain(t *testing.T) {
+	for _, spin := range []time.Duration{0, 50 * time.Microsecond} {
+		t.Run(fmt.Sprintf("spin=%v", spin), func(t *testing.T) { testManualProgressDeferredDrain(t, spin) })
+	}
+}
+
+func testManualProgressDeferredDrain(t *testing.T, spin time.Duration) {
 	dc := verbs.DeviceConfig{Placement: verbs.PlacementSegment}
 	p := newPair(t, dc, dc)
-	cl := newEndCfg(t, p.a, 8192, verbs.QPConfig{ManualProgress: true})
-	sv := newEndCfg(t, p.b, 8192, verbs.QPConfig{ManualProgress: true})
+	cl := newEndCfg(t, p.a, 8192, verbs.QPConfig{ManualProgress: true, WaitSpin: spin})
+	sv := newEndCfg(t, p.b, 8192, verbs.QPConfig{ManualProgress: true, WaitSpin: spin})
 	connectEnds(t, p, cl, sv, verbs.ConnParams{})
 	write := func(e *end, off, n int) error {
 		return e.qp.PostSend(verbs.SendWR{Op: verbs.OpWrite, SGL: []verbs.SGE{e.mr.SGE(off, n)},
@@ -275,4 +283,29 @@ func TestManualProgressDeferredDrain(t *testing.T) {
 			t.Errorf("%s: quick-fed %d of %d Writes, mismatches %d", d.Name(), g.QuickFed, rounds, g.Mismatches)
 		}
 	}
+}
+
+// TestWaitSpinBounds: a WaitSpin below 0 or above MaxWaitSpin is refused
+// with ErrInvalidArgument.
+func TestWaitSpinBounds(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	pd, err := p.a.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := p.a.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, spin := range []time.Duration{-1, verbs.MaxWaitSpin + 1} {
+		_, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, ManualProgress: true, WaitSpin: spin})
+		if !errors.Is(err, verbs.ErrInvalidArgument) {
+			t.Errorf("WaitSpin %v: %v, want ErrInvalidArgument", spin, err)
+		}
+	}
+	qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, ManualProgress: true, WaitSpin: verbs.MaxWaitSpin})
+	if err != nil {
+		t.Fatalf("WaitSpin MaxWaitSpin: %v", err)
+	}
+	qp.Close()
 }

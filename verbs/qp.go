@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rdmatap/rdmatap/iwarp"
 )
@@ -131,7 +132,18 @@ type QPConfig struct {
 	// FI_PROGRESS_MANUAL). For polling applications: one goroutine hand-off
 	// less per message.
 	ManualProgress bool
+	// WaitSpin: with ManualProgress on a device with segment placement,
+	// WaitProgress keeps checking for a short message's arrival this long
+	// before it sleeps, yielding its P in between (runtime.Gosched), as a
+	// polling RDMA application spins on its CQ. Meant for a device whose
+	// TAP link busy-polls (endpoint.Config.BusyPoll), whose read loop then
+	// takes turns with it; 0 (the default): sleep at once. At most
+	// MaxWaitSpin; a service's QPs ignore it.
+	WaitSpin time.Duration
 }
+
+// MaxWaitSpin bounds QPConfig.WaitSpin.
+const MaxWaitSpin = iwarp.MaxWaitSpin
 
 // QP is a reliable-connected queue pair.
 //
@@ -154,6 +166,9 @@ type QP struct {
 func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	if cfg.SendCQ == nil || cfg.RecvCQ == nil {
 		return nil, fmt.Errorf("%w: QP needs a send and a receive CQ", ErrInvalidArgument)
+	}
+	if cfg.WaitSpin < 0 || cfg.WaitSpin > MaxWaitSpin {
+		return nil, fmt.Errorf("%w: WaitSpin %v: want 0..%v", ErrInvalidArgument, cfg.WaitSpin, MaxWaitSpin)
 	}
 	if cfg.MaxSendWR == 0 {
 		cfg.MaxSendWR = 128
@@ -197,7 +212,7 @@ func (e *enginePD) createQP(cfg QPConfig) (*QP, error) {
 	iw, err := iwarp.NewQP(iwarp.QPConfig{
 		Num: num, PD: pd.id, Mem: d.mem, SendCQ: cfg.SendCQ.engineSink(), RecvCQ: cfg.RecvCQ.engineSink(),
 		RQ: qp.rq, SharedRQ: cfg.SRQ != nil, MaxSendWR: cfg.MaxSendWR, MaxSendSGE: cfg.MaxSendSGE,
-		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU, ManualProgress: cfg.ManualProgress, FirstFPDUDelay: d.cfg.FirstFPDUDelay,
+		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU, ManualProgress: cfg.ManualProgress, WaitSpin: cfg.WaitSpin, FirstFPDUDelay: d.cfg.FirstFPDUDelay,
 		Stats: &d.stats, OnEvent: func(e iwarp.Event) { d.post(qpEvent(e)) },
 		Placement: iwarp.Placement(d.cfg.Placement), SegStats: &d.seg, TimeHoleFills: d.cfg.TimeHoleFills, NoExtensions: d.cfg.NoExtensions,
 	})

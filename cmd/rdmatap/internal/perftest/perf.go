@@ -131,6 +131,9 @@ type perfOpts struct {
 	devName string
 	Timeout time.Duration
 	plot    string // --plot: the client draws the -a sweep into this SVG file
+	// waitSpin is the latency tests' QPConfig.WaitSpin: the TAP's busy
+	// poll, so that the waiting poster spins beside the read loop.
+	waitSpin time.Duration
 
 	// progress receives the terminal progress line (nil: none).
 	progress io.Writer
@@ -289,6 +292,9 @@ func ParsePerfFlags(test PerfTestKind, args []string, stderr io.Writer) (perfOpt
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	if test == PerfLat && !given["busy-poll"] && ef.Via == "" && !ef.NoOffload {
 		ef.BusyPoll = cli.LatBusyPoll
+	}
+	if test == PerfLat && ef.Via == "" {
+		o.waitSpin = min(ef.BusyPoll, verbs.MaxWaitSpin)
 	}
 	if test == PerfLat && !given["placement"] && ef.Via == "" {
 		// The connection tap feeds a short message to the poster that

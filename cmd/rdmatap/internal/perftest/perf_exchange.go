@@ -491,6 +491,9 @@ func (s *perfSession) connectQPs(ctx context.Context, raddr netip.AddrPort) erro
 		}
 		cfg := verbs.QPConfig{SendCQ: s.scq, RecvCQ: s.rcq, MaxSendWR: max(o.txDepth, 16) + 8, MaxRecvWR: o.rxDepth + 8,
 			MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: max(o.inline, 64), ManualProgress: s.manual}
+		if s.manual {
+			cfg.WaitSpin = o.waitSpin
+		}
 		if q.qp, err = s.pd.CreateQP(cfg); err != nil {
 			return err
 		}
