@@ -186,6 +186,10 @@ func (a *ackDelay) writePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 	// reference of its own to each packet, which Reset drops.
 	out := pktLists.Get().(*stack.PacketBufferList)
 	var sendHeld []*stack.PacketBuffer // taken over slots' held ACKs: sent first, then released
+	// Held ACKs a segment now carries, released after the write (as is
+	// the timer's disarming): the segment goes out first.
+	var dropBuf [4]*stack.PacketBuffer
+	dropped := dropBuf[:0]
 	coalesced := false
 	for _, pkt := range pkts.AsSlice() {
 		k, th, ok := tcpOf(pkt)
@@ -222,7 +226,9 @@ func (a *ackDelay) writePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 		if s.held != nil {
 			if seqGE(ack, s.heldAck) {
 				since = s.since
-				a.dropHeld(s)
+				dropped = append(dropped, s.held)
+				s.held = nil
+				a.nheld.Add(-1)
 				a.coalesced.Add(1)
 				coalesced = true
 			} else {
@@ -254,17 +260,20 @@ func (a *ackDelay) writePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 		mu.Unlock()
 		out.PushBack(pkt.IncRef())
 	}
-	if coalesced && a.nheld.Load() == 0 {
-		a.disarm()
-	}
 	n := 0
 	var err tcpip.Error
 	if out.Len() > 0 {
 		n, err = a.next.WritePackets(*out)
 	}
+	if coalesced && a.nheld.Load() == 0 {
+		a.disarm()
+	}
 	out.Reset()
 	pktLists.Put(out)
 	for _, p := range sendHeld {
+		p.DecRef()
+	}
+	for _, p := range dropped {
 		p.DecRef()
 	}
 	if n == 0 && err != nil {
