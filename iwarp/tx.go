@@ -250,6 +250,12 @@ func (t *transmitter) respondInline() {
 		}
 	}
 	qp.txMu.Unlock() // +checklocksignore: taken by TryLock
+	qp.wakeIfMore()
+}
+
+// wakeIfMore wakes the TX goroutine when work is left for it: after a
+// poster or the link's goroutine has transmitted what it may.
+func (qp *QP) wakeIfMore() {
 	qp.mu.Lock()
 	more := qp.sqN > 0 || qp.irqN > 0 || qp.term != nil || qp.closing
 	qp.mu.Unlock()
@@ -286,12 +292,7 @@ func (qp *QP) postInline() {
 	}
 	qp.tx.drain(true)
 	qp.txMu.Unlock() // +checklocksignore: taken by TryLock
-	qp.mu.Lock()
-	more := qp.sqN > 0 || qp.irqN > 0 || qp.term != nil || qp.closing
-	qp.mu.Unlock()
-	if more {
-		qp.wake()
-	}
+	qp.wakeIfMore()
 }
 
 // directOK reports whether wr may skip the send queue: the QP is up and

@@ -231,15 +231,24 @@ func (c *Conn) WaitReadableOr(ctx context.Context, wake <-chan struct{}) error {
 		if c.ep.Readiness(waiter.ReadableEvents|waiter.EventHUp|waiter.EventErr) != 0 {
 			return nil
 		}
-		select {
-		case <-c.readCh:
-		case <-c.closedCh:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-wake:
-			return nil
+		if woke, err := c.waitOnce(ctx, wake); woke || err != nil {
+			return err
 		}
 	}
+}
+
+// waitOnce blocks until TCP posts a wake-up, the Conn is closed, ctx ends
+// (its error) or wake delivers (woke).
+func (c *Conn) waitOnce(ctx context.Context, wake <-chan struct{}) (woke bool, err error) {
+	select {
+	case <-c.readCh:
+	case <-c.closedCh:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-wake:
+		return true, nil
+	}
+	return false, nil
 }
 
 // WaitUnreadOr is WaitReadableOr for a reader that has had some of the
@@ -262,33 +271,32 @@ func (c *Conn) WaitUnreadOr(ctx context.Context, wake <-chan struct{}, had func(
 		}
 	}
 	for {
-		if c.closed.Load() {
-			return closedError("read")
+		if done, err := c.unreadDone(had); done {
+			return err
 		}
-		if tcp.EndpointState(c.ep.State()) != tcp.StateEstablished {
-			return nil
+		if woke, err := c.waitOnce(ctx, wake); woke || err != nil {
+			return err
 		}
-		switch h := had(); {
-		case h < 0:
-			return nil
-		case h == 0:
-			// Nothing had: plain readability, which takes fewer locks.
-			if c.ep.Readiness(waiter.ReadableEvents|waiter.EventHUp|waiter.EventErr) != 0 {
-				return nil
-			}
-		default:
-			if n, err := c.ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption); err != nil || n > h {
-				return nil
-			}
-		}
-		select {
-		case <-c.readCh:
-		case <-c.closedCh:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-wake:
-			return nil
-		}
+	}
+}
+
+// unreadDone reports whether WaitUnreadOr is done, and with which error.
+func (c *Conn) unreadDone(had func() int) (bool, error) {
+	if c.closed.Load() {
+		return true, closedError("read")
+	}
+	if tcp.EndpointState(c.ep.State()) != tcp.StateEstablished {
+		return true, nil
+	}
+	switch h := had(); {
+	case h < 0:
+		return true, nil
+	case h == 0:
+		// Nothing had: plain readability, which takes fewer locks.
+		return c.ep.Readiness(waiter.ReadableEvents|waiter.EventHUp|waiter.EventErr) != 0, nil
+	default:
+		n, err := c.ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption)
+		return err != nil || n > h, nil
 	}
 }
 
@@ -299,23 +307,7 @@ func (c *Conn) spinUnread(ctx context.Context, wake <-chan struct{}, had func() 
 	start := time.Now()
 	// Once in full (a wake-up TCP posted before may be gone), then on
 	// TCP's wake-ups.
-	check := func() (bool, error) {
-		if c.closed.Load() {
-			return true, closedError("read")
-		}
-		if tcp.EndpointState(c.ep.State()) != tcp.StateEstablished {
-			return true, nil
-		}
-		h := had()
-		if h < 0 {
-			return true, nil
-		}
-		if n, err := c.ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption); err != nil || n > h {
-			return true, nil
-		}
-		return false, nil
-	}
-	if done, err := check(); done {
+	if done, err := c.unreadDone(had); done {
 		return true, err
 	}
 	for i := 1; ; i++ {
@@ -326,7 +318,7 @@ func (c *Conn) spinUnread(ctx context.Context, wake <-chan struct{}, had func() 
 		}
 		select {
 		case <-c.readCh:
-			if done, err := check(); done {
+			if done, err := c.unreadDone(had); done {
 				return true, err
 			}
 		default:
