@@ -167,7 +167,7 @@ func feedPaged(t *testing.T, data []byte, crc, flat bool) (rxOutcome, [][]byte) 
 	qp, s, rcq := startFuzzQP(t, mem, rq, crc)
 	for p := data; len(p) > 0; {
 		k := min(len(p), 1+int(p[0])%97)
-		if n, err := qp.rx.Write(p[:k]); n != k || err != nil {
+		if n, err := fuzzWrite(qp, p[:k]); n != k || err != nil {
 			t.Fatalf("Write took %d of %d: %v", n, k, err)
 		}
 		p = p[k:]

@@ -1407,6 +1407,7 @@ func (r *receiver) endReadResponse(h DDPHeader) {
 	o.inv = nil
 	qp.orqHead = (qp.orqHead + 1) % len(qp.orq)
 	qp.orqN--
+	more := qp.moreTXLocked()
 	qp.mu.Unlock()
 	if inv != nil && !r.readInvalidate(inv) {
 		c.Status = StatusMWBind
@@ -1417,7 +1418,9 @@ func (r *receiver) endReadResponse(h DDPHeader) {
 	if report {
 		qp.complete(qp.cfg.SendCQ, c)
 	}
-	qp.wake() // an ORQ slot is free again
+	if more {
+		qp.wake() // an ORQ slot is free again, and work may wait for it
+	}
 }
 
 func (r *receiver) endReadRequest(h DDPHeader) {
@@ -1584,6 +1587,7 @@ func (r *receiver) endAtomicResponse(h DDPHeader) {
 	qp.orq[qp.orqHead] = orqEntry{}
 	qp.orqHead = (qp.orqHead + 1) % len(qp.orq)
 	qp.orqN--
+	more := qp.moreTXLocked()
 	qp.mu.Unlock()
 	c := Completion{ID: o.id, Op: wrCompOp(o.op), ByteLen: AtomicTargetSize}
 	if !r.held.hold(o.sinkReg) {
@@ -1603,7 +1607,9 @@ func (r *receiver) endAtomicResponse(h DDPHeader) {
 	if o.signaled {
 		qp.complete(qp.cfg.SendCQ, c)
 	}
-	qp.wake() // an ORQ slot is free again
+	if more {
+		qp.wake() // an ORQ slot is free again, and work may wait for it
+	}
 }
 
 // aligned8 reports whether b starts at an 8-byte aligned address.

@@ -98,7 +98,7 @@ func FuzzReceiver(f *testing.F) {
 		// Feed in a few uneven pieces, as packet views arrive.
 		for len(data) > 0 {
 			k := min(len(data), 1+int(data[0])%97)
-			if n, err := qp.rx.Write(data[:k]); n != k || err != nil {
+			if n, err := fuzzWrite(qp, data[:k]); n != k || err != nil {
 				t.Fatalf("Write took %d of %d: %v", n, k, err)
 			}
 			data = data[k:]
@@ -145,7 +145,7 @@ func feedReceiver(t *testing.T, data []byte, crc bool, piece int) rxOutcome {
 		if piece > 0 {
 			k = min(k, piece)
 		}
-		if n, err := qp.rx.Write(p[:k]); n != k || err != nil {
+		if n, err := fuzzWrite(qp, p[:k]); n != k || err != nil {
 			t.Fatalf("Write took %d of %d: %v", n, k, err)
 		}
 		p = p[k:]
@@ -250,4 +250,12 @@ func extensionStream(crc bool) []byte {
 		s = append(s, b...)
 	}
 	return s
+}
+
+// fuzzWrite feeds the receiver with rxMu held, as the receive paths do (a
+// Terminate's flush marks the receiver dead under it).
+func fuzzWrite(qp *QP, b []byte) (int, error) {
+	qp.rxMu.Lock()
+	defer qp.rxMu.Unlock()
+	return qp.rx.Write(b)
 }

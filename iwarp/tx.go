@@ -257,11 +257,18 @@ func (t *transmitter) respondInline() {
 // poster or the link's goroutine has transmitted what it may.
 func (qp *QP) wakeIfMore() {
 	qp.mu.Lock()
-	more := qp.sqN > 0 || qp.irqN > 0 || qp.term != nil || qp.closing
+	more := qp.moreTXLocked()
 	qp.mu.Unlock()
 	if more {
 		qp.wake()
 	}
+}
+
+// moreTXLocked reports whether the TX goroutine has work: queued WRs or
+// responses, a Terminate, or the close. qp.mu is held.
+// +checklocks:qp.mu
+func (qp *QP) moreTXLocked() bool {
+	return qp.sqN > 0 || qp.irqN > 0 || qp.term != nil || qp.closing
 }
 
 // respondOK reports whether pick would take a short response off the head
