@@ -137,7 +137,9 @@ type QPConfig struct {
 	// before it sleeps, yielding its P in between (runtime.Gosched), as a
 	// polling RDMA application spins on its CQ. Meant for a device whose
 	// TAP link busy-polls (endpoint.Config.BusyPoll), whose read loop then
-	// takes turns with it; 0 (the default): sleep at once. At most
+	// takes turns with it. A TAP that waits in Go's netpoller instead gets
+	// no turn while the spin lasts on a process of one P, so its frames
+	// wait out the spin. 0 (the default): sleep at once. At most
 	// MaxWaitSpin; a service's QPs ignore it.
 	WaitSpin time.Duration
 }
