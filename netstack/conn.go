@@ -49,7 +49,10 @@ type Conn struct {
 	doneOnce  sync.Once
 	closeOnce sync.Once
 
-	laddr, raddr netip.AddrPort
+	// addrs are the connection's addresses, set once it is connected;
+	// Stack.Close and Stack.TCPStats read them from other goroutines,
+	// a Dial's connection before it is.
+	addrs atomic.Pointer[connAddrs]
 
 	// gsoSeg > 0 is the most payload gVisor puts in one segment on this
 	// GSO link; writes of records are cut to fit it (see writePayload).
@@ -110,13 +113,23 @@ func finishedState(st tcp.EndpointState) bool {
 	return false
 }
 
-func (c *Conn) initAddrs() {
+// connAddrs are a connection's local and remote addresses.
+type connAddrs struct{ local, remote netip.AddrPort }
+
+// epAddrs reads the endpoint's addresses.
+func (c *Conn) epAddrs() *connAddrs {
+	var a connAddrs
 	if fa, err := c.ep.GetLocalAddress(); err == nil {
-		c.laddr = netip.AddrPortFrom(fromTCPIPAddr(fa.Addr), fa.Port)
+		a.local = netip.AddrPortFrom(fromTCPIPAddr(fa.Addr), fa.Port)
 	}
 	if fa, err := c.ep.GetRemoteAddress(); err == nil {
-		c.raddr = netip.AddrPortFrom(fromTCPIPAddr(fa.Addr), fa.Port)
+		a.remote = netip.AddrPortFrom(fromTCPIPAddr(fa.Addr), fa.Port)
 	}
+	return &a
+}
+
+func (c *Conn) initAddrs() {
+	c.addrs.Store(c.epAddrs())
 	if finishedState(tcp.EndpointState(c.ep.State())) {
 		c.markDone()
 	}
@@ -135,10 +148,18 @@ func (c *Conn) markDone() { c.doneOnce.Do(func() { close(c.done) }) }
 func (c *Conn) Endpoint() tcpip.Endpoint { return c.ep }
 
 // LocalAddr returns the local address of the connection.
-func (c *Conn) LocalAddr() netip.AddrPort { return c.laddr }
+func (c *Conn) LocalAddr() netip.AddrPort { return c.addrsOrZero().local }
 
 // RemoteAddr returns the peer's address.
-func (c *Conn) RemoteAddr() netip.AddrPort { return c.raddr }
+func (c *Conn) RemoteAddr() netip.AddrPort { return c.addrsOrZero().remote }
+
+// addrsOrZero is the connection's addresses, zero until it is connected.
+func (c *Conn) addrsOrZero() connAddrs {
+	if a := c.addrs.Load(); a != nil {
+		return *a
+	}
+	return connAddrs{}
+}
 
 // Done returns a channel that is closed when the connection is finished:
 // after Close or Abort, or once gVisor reports the endpoint closed, reset,
@@ -394,7 +415,7 @@ func (c *Conn) readTo(ctx context.Context, w io.Writer, max int, block bool) (in
 			if c.closed.Load() {
 				return 0, closedError("read")
 			}
-			return 0, opError("read", c.raddr.String(), terr)
+			return 0, opError("read", c.RemoteAddr().String(), terr)
 		}
 		if !block {
 			return 0, nil
@@ -630,12 +651,12 @@ func (c *Conn) writePayload(ctx context.Context, pl tcpip.Payloader, g *payloadG
 			if g != nil && g.err != nil {
 				return total, &OpError{Op: "write", Err: g.err}
 			}
-			return total, opError("write", c.raddr.String(), terr)
+			return total, opError("write", c.RemoteAddr().String(), terr)
 		default:
 			if c.closed.Load() {
 				return total, closedError("write")
 			}
-			return total, opError("write", c.raddr.String(), terr)
+			return total, opError("write", c.RemoteAddr().String(), terr)
 		}
 		select {
 		case <-c.writeCh:
@@ -663,7 +684,7 @@ func (c *Conn) CloseWrite() error {
 		return closedError("shutdown")
 	}
 	if terr := c.ep.Shutdown(tcpip.ShutdownWrite); terr != nil {
-		return opError("shutdown", c.raddr.String(), terr)
+		return opError("shutdown", c.RemoteAddr().String(), terr)
 	}
 	return nil
 }
@@ -687,8 +708,12 @@ func (c *Conn) finish(abort bool) {
 		close(c.closedCh)
 		c.release()
 		if abort {
+			a := c.addrs.Load()
+			if a == nil { // a Dial under way: what the endpoint has
+				a = c.epAddrs()
+			}
 			c.ep.Abort()
-			c.s.nic.rp.forget(ackKey{src: toTCPIPAddr(c.laddr.Addr()), dst: toTCPIPAddr(c.raddr.Addr()), sport: c.laddr.Port(), dport: c.raddr.Port()})
+			c.s.nic.rp.forget(ackKey{src: toTCPIPAddr(a.local.Addr()), dst: toTCPIPAddr(a.remote.Addr()), sport: a.local.Port(), dport: a.remote.Port()})
 		} else {
 			c.ep.Close()
 		}
@@ -776,7 +801,7 @@ func (c *Conn) MaxPayload() int {
 func (c *Conn) maxPayloadEstimate(tep *tcp.Endpoint) int {
 	mtu := int(c.s.link.MTU())
 	ipHdr := header.IPv4MinimumSize
-	if c.laddr.Addr().Is6() {
+	if c.LocalAddr().Addr().Is6() {
 		ipHdr = header.IPv6MinimumSize
 	}
 	ts, sack := true, true

@@ -249,7 +249,7 @@ func (c *Conn) TapSegmentsRetain(fn func(off uint64, payload [][]byte, retain fu
 	if t == nil {
 		return nil, errConfig("connection taps are not enabled on this stack (EnableConnTaps)")
 	}
-	k := connKey{local: c.laddr, remote: c.raddr}
+	k := connKey{local: c.LocalAddr(), remote: c.RemoteAddr()}
 	t.mu.Lock()
 	isn, ok := t.isn[k]
 	delete(t.isn, k)

@@ -718,12 +718,12 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 			nep.SocketOptions().SetDelayOption(false)
 			l.s.setPeerTimeout(nep)
 			c := newConn(l.s, nep, nwq)
+			c.initAddrs()
 			if !l.s.trackConn(c) {
 				c.release()
 				nep.Abort()
 				return nil, closedError("accept")
 			}
-			c.initAddrs()
 			// Pass the notification on: more connections may be queued for
 			// another Accept caller.
 			select {

@@ -30,7 +30,7 @@ func BenchmarkTapInspect(b *testing.B) {
 	l := newTapLink(la, 0, true)
 	src, dst := c1.LocalAddr(), c2.LocalAddr()
 	// The next byte the application reads: in order.
-	v, ok := sb.ctaps.taps.Load(connKey{local: c2.laddr, remote: c2.raddr})
+	v, ok := sb.ctaps.taps.Load(connKey{local: c2.LocalAddr(), remote: c2.RemoteAddr()})
 	if !ok {
 		b.Fatal("no tap")
 	}

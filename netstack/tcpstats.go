@@ -66,7 +66,7 @@ type ConnTCP struct {
 
 // TCP returns the connection's TCP state.
 func (c *Conn) TCP() ConnTCP {
-	out := ConnTCP{Local: c.laddr, Remote: c.raddr}
+	out := ConnTCP{Local: c.LocalAddr(), Remote: c.RemoteAddr()}
 	if st, ok := c.ep.Stats().(*tcp.Stats); ok {
 		out.SegmentsSent = st.SegmentsSent.Value()
 		out.SegmentsReceived = st.SegmentsReceived.Value()

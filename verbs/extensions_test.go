@@ -621,9 +621,14 @@ func TestTerminateBlamesItsMessage(t *testing.T) {
 		t.Run(op.String(), func(t *testing.T) {
 			p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{NoExtensions: true})
 			cl, sv := connect(t, p, 1<<20, verbs.ConnParams{})
+			// The Read and the refused WR touch separate bytes on both
+			// sides: the Write part of a Write with Immediate is placed
+			// before its Immediate Data message is refused, and would
+			// race with the Read Response's copy of the same bytes.
+			const readLen = 1<<20 - 4096
 			if err := cl.qp.PostSend(
-				verbs.SendWR{ID: 1, Op: verbs.OpRead, Flags: verbs.Signaled, SGL: []verbs.SGE{cl.mr.SGE(0, 1<<20)}, RemoteAddr: sv.mr.Addr(), RKey: sv.mr.RKey()},
-				verbs.SendWR{ID: 2, Op: op, Flags: verbs.Signaled, SGL: []verbs.SGE{cl.mr.SGE(0, 8)}, RemoteAddr: sv.mr.Addr(), RKey: sv.mr.RKey(), CompareAdd: 1},
+				verbs.SendWR{ID: 1, Op: verbs.OpRead, Flags: verbs.Signaled, SGL: []verbs.SGE{cl.mr.SGE(0, readLen)}, RemoteAddr: sv.mr.Addr(), RKey: sv.mr.RKey()},
+				verbs.SendWR{ID: 2, Op: op, Flags: verbs.Signaled, SGL: []verbs.SGE{cl.mr.SGE(1<<20-8, 8)}, RemoteAddr: sv.mr.Addr() + 1<<20 - 8, RKey: sv.mr.RKey(), CompareAdd: 1},
 			); err != nil {
 				t.Fatal(err)
 			}
