@@ -181,21 +181,27 @@ type program struct {
 	cmd         *exec.Cmd
 	out, errOut syncBuf
 	done        chan error
+	exited      chan struct{} // closed once Wait has returned
 }
 
 func startProgram(t *testing.T, c *exec.Cmd) *program {
 	t.Helper()
-	p := &program{cmd: c, done: make(chan error, 1)}
+	p := &program{cmd: c, done: make(chan error, 1), exited: make(chan struct{})}
 	c.Stdout = &p.out
 	c.Stderr = &p.errOut
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.done <- c.Wait() }()
+	go func() {
+		p.done <- c.Wait()
+		close(p.exited)
+	}()
 	t.Cleanup(func() {
-		if c.ProcessState == nil {
+		select {
+		case <-p.exited:
+		default:
 			c.Process.Kill()
-			<-p.done
+			<-p.exited
 		}
 	})
 	return p
