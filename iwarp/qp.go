@@ -380,6 +380,9 @@ type QP struct {
 	holdTimer *time.Timer
 	// +checklocks:mu
 	rtrDue bool // a peer-to-peer initiator's RTR is still to go, before anything else
+	// termSent: term has gone out (sendTerminate sends it once).
+	// +checklocks:mu
+	termSent bool
 	// +checklocks:mu
 	term    *TerminateFields
 	termErr *TerminateError // written once under mu; see above for its reads

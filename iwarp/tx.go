@@ -268,7 +268,7 @@ func (qp *QP) wakeIfMore() {
 // responses, a Terminate, or the close. qp.mu is held.
 // +checklocks:qp.mu
 func (qp *QP) moreTXLocked() bool {
-	return qp.sqN > 0 || qp.irqN > 0 || qp.term != nil || qp.closing
+	return qp.sqN > 0 || qp.irqN > 0 || qp.term != nil && !qp.termSent || qp.closing
 }
 
 // respondOK reports whether pick would take a short response off the head
@@ -363,7 +363,7 @@ func (qp *QP) postDirect(wr *SendWR) (int, error) {
 // +checklocks:t.qp.mu
 func (t *transmitter) pick(inline bool) txJob {
 	qp := t.qp
-	if qp.term != nil {
+	if qp.term != nil && !qp.termSent {
 		if inline {
 			return jobNone
 		}
@@ -782,12 +782,16 @@ func (t *transmitter) cutOff(code TermCode) {
 }
 
 // sendTerminate writes the queued Terminate and takes the QP to ERROR.
+// The Terminate goes out once: a later call (the TX goroutine's last look
+// when the QP's context ends, after a poster sent it) finds it sent.
 func (t *transmitter) sendTerminate() {
 	qp := t.qp
 	qp.mu.Lock()
 	tf := qp.term
+	sent := qp.termSent
+	qp.termSent = true
 	qp.mu.Unlock()
-	if tf == nil {
+	if tf == nil || sent {
 		return
 	}
 	var body [TerminateMaxSize]byte
