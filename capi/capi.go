@@ -126,7 +126,9 @@ func hash(sanitize bool) (string, error) {
 // Build compiles the libraries with the system's cc into a directory under
 // dir named by the hash of the sources and flags, and returns that
 // directory (for LD_LIBRARY_PATH; it also holds NAME.so links for linking
-// and the headers of include). A directory built before is reused. With
+// and the headers of include). A directory built before is reused; a
+// build on a machine without cc or rdma-core's headers fails with a
+// *MissingError naming the packages to install (CheckTools). With
 // sanitize the libraries carry AddressSanitizer and UBSan: a program that
 // is not itself built with them needs libasan preloaded (see Preload).
 func Build(dir string, sanitize bool) (string, error) {
@@ -145,6 +147,9 @@ func Build(dir string, sanitize bool) (string, error) {
 	out := filepath.Join(dir, kind+"-"+sum)
 	if _, err := os.Stat(filepath.Join(out, ".built")); err == nil {
 		return out, nil
+	}
+	if err := CheckTools(); err != nil {
+		return "", err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err

@@ -3,7 +3,6 @@
 package progexec
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -66,9 +65,6 @@ func (o *execOpts) environment() ([]string, error) {
 			return nil, fmt.Errorf("no cache directory (set XDG_CACHE_HOME or --cache): %w", err)
 		}
 		cache = filepath.Join(d, "rdmatap", "capi")
-	}
-	if _, err := exec.LookPath("cc"); err != nil {
-		return nil, errors.New("building rdmatap's libibverbs and librdmacm needs a C compiler (cc; Debian package gcc) and libibverbs-dev, librdmacm-dev")
 	}
 	dir, err := capi.Build(cache, o.sanitize)
 	if err != nil {
