@@ -312,7 +312,7 @@ func (r *MPARequest) AcceptMarkers(ctx context.Context, s Stream, cfg MPAConfig)
 	dirs := MarkerDirs{Tx: r.Markers, Rx: cfg.Markers}
 	rep := MPAFrameFields{Reply: true, Revision: r.Revision, CRC: cfg.CRC || r.CRC, Markers: cfg.Markers, PrivateData: cfg.PrivateData,
 		EarlyFPDUOK: r.EarlyFPDUQuery}
-	p := ConnParams{Revision: r.Revision, CRC: rep.CRC, IRD: cfg.IRD, ORD: cfg.ORD}
+	p := ConnParams{Revision: r.Revision, CRC: rep.CRC, IRD: cfg.IRD, ORD: cfg.ORD, EarlyFPDUOK: r.EarlyFPDUQuery}
 	var v2 MPAv2Params
 	if r.Enhanced {
 		// Relaxed IRD/ORD negotiation, as siw: lower our ORD to the

@@ -116,6 +116,15 @@ type QPConfig struct {
 	// It is skipped when the responder answered the early-FPDU query
 	// (ConnParams.EarlyFPDUOK). 0: none.
 	FirstFPDUDelay time.Duration
+	// MPAStrict keeps RFC 5044's startup rule on a responder: it
+	// transmits nothing before the initiator's first FPDU has arrived
+	// (OpenTXGate lifts the rule for one QP). Without it a responder
+	// transmits whenever its application posts, as Linux siw's does:
+	// siw's initiator sends nothing before its application does (without
+	// peer-to-peer mode), so a server that speaks first (ib_write_lat,
+	// ucmatose) would wait for it forever. In peer-to-peer mode (RFC 6581)
+	// a responder always waits for the initiator's RTR.
+	MPAStrict bool
 	// ManualProgress starts no receive goroutine: the application drives
 	// the receive path with Progress or WaitProgress (libfabric's manual
 	// progress). Incoming data, completions, Terminates and the peer's close
@@ -157,9 +166,11 @@ type ConnParams struct {
 	// asks the other to insert them): this end inserts them in what it
 	// sends (MarkersTx) or strips them from what it receives (MarkersRx).
 	MarkersTx, MarkersRx bool
-	// EarlyFPDUOK: the responder answered the initiator's query
-	// (MPAFlagEarlyFPDUQuery): it takes FPDUs right behind its Reply, so
-	// the initiator does not hold its first FPDU (FirstFPDUDelay).
+	// EarlyFPDUOK: the peer takes FPDUs right behind the MPA Reply, so
+	// this end does not hold its first FPDU (FirstFPDUDelay). On an
+	// initiator: the responder answered its query (MPAFlagEarlyFPDUQuery);
+	// on a responder: the initiator asked it, which rdmatap's initiator
+	// does and siw's never does.
 	EarlyFPDUOK bool
 }
 
@@ -372,8 +383,9 @@ type QP struct {
 	irqN int
 	// +checklocks:mu
 	txGate bool // responder: TX waits for the first inbound FPDU
-	// held: an initiator's TX waits out FirstFPDUDelay after the MPA
-	// Reply (holdTimer ends it); posts meanwhile queue, nothing is sent.
+	// held: TX waits out FirstFPDUDelay after the MPA Reply (holdTimer
+	// ends it, or on a responder the initiator's first FPDU); posts
+	// meanwhile queue, nothing is sent.
 	// +checklocks:mu
 	held bool
 	// +checklocks:mu
@@ -526,10 +538,11 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	qp.immOK = false
 	qp.termOp, qp.termOpKnown = 0, false
 	qp.irq = make([]irqEntry, max(p.IRD, 1))
-	// The responder stays silent until the initiator's first FPDU: siw
-	// resets a connection whose reply is followed by early bytes, and
-	// RFC 6581 makes the initiator speak first.
-	qp.txGate = !p.Initiator
+	// A strict responder (and any in peer-to-peer mode, whose initiator
+	// speaks first with its RTR) stays silent until the initiator's first
+	// FPDU; otherwise it transmits as soon as its application posts, as
+	// Linux siw's responder does (MPAStrict).
+	qp.txGate = !p.Initiator && (qp.cfg.MPAStrict || p.PeerToPeer)
 	qp.txDone = make(chan struct{})
 	qp.rxDone = make(chan struct{})
 	qp.rx.init(p)
@@ -587,11 +600,16 @@ func (qp *QP) Start(s Stream, p ConnParams) error {
 	// transmitter sends it before anything else (pick), and no poster
 	// transmits past it (directOK).
 	qp.rtrDue = qp.tx.rtr != 0
-	if p.Initiator && qp.cfg.FirstFPDUDelay > 0 && !p.EarlyFPDUOK {
+	if qp.cfg.FirstFPDUDelay > 0 && !p.EarlyFPDUOK && (p.Initiator || !qp.txGate) {
 		// The siw accept-race guard: hold the first FPDU without
 		// blocking anyone. Posts queue meanwhile; the timer opens the
 		// gate and wakes the TX goroutine, which sends the RTR (if any)
-		// and then the queue in order.
+		// and then the queue in order. An initiator's FPDU may reach
+		// unpatched siw while it is still switching its socket over to
+		// the QP; a responder's may reach siw's initiator before it has
+		// read the Reply, which it then refuses: a responder that does
+		// not wait for the initiator's first FPDU waits for it or for
+		// the timer, whichever comes first.
 		qp.held = true
 		qp.holdTimer = time.AfterFunc(qp.cfg.FirstFPDUDelay, qp.endHold)
 	}
@@ -621,16 +639,17 @@ func (qp *QP) endHold() {
 	qp.wake()
 }
 
-// OpenTXGate lets a responder transmit before the initiator's first FPDU
-// has arrived, as Linux siw's responder does whenever its application
-// posts. RFC 5044 has the initiator speak first (RFC 6581's RTR exists for
-// applications whose responder speaks first), and siw as an initiator
-// resets a connection whose MPA Reply is followed by bytes before it has
-// read the Reply; so an application calls this only once it knows the
-// initiator has finished connecting, for instance after the initiator has
-// spoken on another connection since its connect returned (perftest's
-// ib_write_lat server, whose first Write opens the test, after the
-// handshakes). It does nothing on an initiator or an open gate.
+// OpenTXGate lets a responder that waits for the initiator's first FPDU
+// (QPConfig.MPAStrict, or peer-to-peer mode) transmit before it has
+// arrived, as Linux siw's responder does whenever its application posts.
+// RFC 5044 has the initiator speak first (RFC 6581's RTR exists for
+// applications whose responder speaks first), and unpatched siw as an
+// initiator resets a connection whose MPA Reply is followed by bytes
+// before it has read the Reply; so an application calls this only once it
+// knows the initiator has finished connecting, for instance after the
+// initiator has spoken on another connection since its connect returned
+// (perftest's ib_write_lat server, whose first Write opens the test, after
+// the handshakes). It does nothing on an initiator or an open gate.
 func (qp *QP) OpenTXGate() { qp.openGate() }
 
 // txHeld reports whether the QP may not transmit yet: a responder waiting

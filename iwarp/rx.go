@@ -568,7 +568,7 @@ func (r *receiver) onHeader() {
 	}
 	if !r.gateOpen {
 		r.gateOpen = true
-		r.qp.openGate()
+		r.qp.firstFPDU()
 	}
 	if r.payLen == 0 {
 		r.state = rxTrailer
@@ -1617,14 +1617,30 @@ func aligned8(b []byte) bool {
 	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))&7 == 0
 }
 
-// openGate lets a responder's TX start: the initiator has spoken first.
-func (qp *QP) openGate() {
+// openGate lets a responder's TX start (the gate of MPAStrict or
+// peer-to-peer mode, and the first-FPDU hold): the initiator has spoken
+// first, or the application knows it is past the MPA Reply. It reports
+// whether the QP is the responder.
+func (qp *QP) openGate() (responder bool) {
 	qp.mu.Lock()
+	responder = !qp.params.Initiator
 	opened := qp.txGate
 	qp.txGate = false
+	if responder && qp.held {
+		qp.held, opened = false, true
+	}
 	qp.mu.Unlock()
 	if opened {
-		qp.event(Event{Type: EventEstablished})
 		qp.wake()
+	}
+	return responder
+}
+
+// firstFPDU is the receiver's news of the peer's first FPDU: a responder's
+// TX may start, and its QP is established (IBV_EVENT_COMM_EST: the first
+// message has arrived; an initiator's is established at Start).
+func (qp *QP) firstFPDU() {
+	if qp.openGate() {
+		qp.event(Event{Type: EventEstablished})
 	}
 }

@@ -411,8 +411,11 @@ func (r *ConnRequest) claim() error {
 }
 
 // Accept sends the MPA Reply and brings qp to RTS (rdma_accept). The QP
-// sends nothing until the initiator's first message arrives (iWARP's
-// "active side sends first"; peer-to-peer mode makes that automatic).
+// transmits what its application posts, as Linux siw's does, its first
+// FPDU once the initiator has spoken or FirstFPDUDelay has passed; with
+// DeviceConfig.MPAStrict, and in peer-to-peer mode, it sends nothing until
+// the initiator's first message arrives (RFC 5044's "the initiator speaks
+// first"; peer-to-peer mode's RTR makes that automatic).
 func (r *ConnRequest) Accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error) {
 	if err := checkPrivateData(p.PrivateData); err != nil {
 		return nil, err

@@ -49,6 +49,19 @@ type DeviceConfig struct {
 	// MPA Request asks (reserved bit 0x01) and an rdmatap responder
 	// answers (0x02), which siw never does.
 	FirstFPDUDelay time.Duration
+	// MPAStrict keeps RFC 5044's startup rule on the connections the
+	// device accepts: the responder transmits nothing before the
+	// initiator's first FPDU has arrived (QP.OpenTXGate lifts it for one
+	// QP). By default a responder transmits whenever its application
+	// posts, as Linux siw's does, so that a server that speaks first
+	// (ib_write_lat, ucmatose) works with siw's initiator, which sends
+	// nothing before its application does; only its first FPDU waits,
+	// for the initiator's first or for FirstFPDUDelay after the MPA
+	// Reply, whichever comes first (none when the initiator is
+	// rdmatap's, which says it takes FPDUs right behind the Reply). In
+	// peer-to-peer mode (RFC 6581) a responder always waits for the
+	// initiator's RTR.
+	MPAStrict bool
 	// EventQueue is the depth of the async event channel (default 256).
 	EventQueue int
 	// TimeHoleFills times, in either placement mode, how long a message

@@ -214,7 +214,7 @@ func (e *enginePD) createQP(cfg QPConfig) (*QP, error) {
 	iw, err := iwarp.NewQP(iwarp.QPConfig{
 		Num: num, PD: pd.id, Mem: d.mem, SendCQ: cfg.SendCQ.engineSink(), RecvCQ: cfg.RecvCQ.engineSink(),
 		RQ: qp.rq, SharedRQ: cfg.SRQ != nil, MaxSendWR: cfg.MaxSendWR, MaxSendSGE: cfg.MaxSendSGE,
-		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU, ManualProgress: cfg.ManualProgress, WaitSpin: cfg.WaitSpin, FirstFPDUDelay: d.cfg.FirstFPDUDelay,
+		MaxInline: cfg.MaxInline, SignalAll: cfg.SignalAll, MaxFPDU: d.cfg.MaxFPDU, ManualProgress: cfg.ManualProgress, WaitSpin: cfg.WaitSpin, FirstFPDUDelay: d.cfg.FirstFPDUDelay, MPAStrict: d.cfg.MPAStrict,
 		Stats: &d.stats, OnEvent: func(e iwarp.Event) { d.post(qpEvent(e)) },
 		Placement: iwarp.Placement(d.cfg.Placement), SegStats: &d.seg, TimeHoleFills: d.cfg.TimeHoleFills, NoExtensions: d.cfg.NoExtensions,
 	})
@@ -290,13 +290,14 @@ func (qp *QP) Progress() { qp.ops.progress() }
 // yields once and returns (or returns the QP's end).
 func (qp *QP) WaitProgress(ctx context.Context) error { return qp.ops.waitProgress(ctx) }
 
-// OpenTXGate lets an accepted (responder) QP transmit before the
-// initiator's first message has arrived, as Linux siw allows (see
-// Accept). Call it only once the initiator is known to have finished
-// connecting, e.g. it has spoken on another connection since: an
-// initiator that is still reading the MPA Reply (siw) resets a connection
-// whose Reply is followed by early bytes. It does nothing on an initiator,
-// nor on a device of a service.
+// OpenTXGate lets an accepted (responder) QP that waits for the
+// initiator's first message (DeviceConfig.MPAStrict, or peer-to-peer
+// mode; and the first-FPDU hold of FirstFPDUDelay) transmit before it has
+// arrived, as Linux siw allows. Call it only once the initiator is known
+// to have finished connecting, e.g. it has spoken on another connection
+// since: an initiator that is still reading the MPA Reply (siw) resets a
+// connection whose Reply is followed by early bytes. It does nothing on
+// an initiator, nor on a device of a service.
 func (qp *QP) OpenTXGate() { qp.ops.openTXGate() }
 
 // Config returns the QP's attributes.

@@ -11,12 +11,45 @@ import (
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
-// TestOpenTXGate: an accepted QP sends nothing before the initiator's
-// first message, unless its application opens the gate (as perftest's
-// ib_write_lat server, which Writes first, needs against Linux siw);
-// OpenTXGate on the initiator does nothing.
-func TestOpenTXGate(t *testing.T) {
+// TestResponderSpeaksFirst: by default an accepted QP transmits what its
+// application posts before the initiator has sent anything, as Linux
+// siw's responder does (ib_write_lat's and ucmatose's servers speak
+// first), and the initiator's QP is established at once while the
+// responder's waits for the initiator's first message (COMM_EST).
+func TestResponderSpeaksFirst(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	cl, sv := connect(t, p, 4096, verbs.ConnParams{})
+	fill(sv.buf[:256], 5)
+	if err := sv.qp.PostSend(verbs.SendWR{ID: 1, Op: verbs.OpWrite, Flags: verbs.Signaled,
+		SGL: []verbs.SGE{sv.mr.SGE(0, 256)}, RemoteAddr: sv.remote.Addr, RKey: sv.remote.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, wait1(t, sv.scq), verbs.WCWrite, 256)
+	deadline := time.Now().Add(5 * time.Second)
+	last := (*uint32)(unsafe.Pointer(&cl.buf[252])) // placed last, atomically
+	want := binary.NativeEndian.Uint32(sv.buf[252:256])
+	for atomic.LoadUint32(last) != want && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	checkPlaced(t, "a responder's first Write", cl.buf, 0, sv.buf[:256])
+	// The initiator answers; the responder's QP is then established.
+	fill(cl.buf[1024:1280], 6)
+	if err := cl.qp.PostSend(verbs.SendWR{ID: 2, Op: verbs.OpWrite, Flags: verbs.Signaled,
+		SGL: []verbs.SGE{cl.mr.SGE(1024, 256)}, RemoteAddr: cl.remote.Addr + 1024, RKey: cl.remote.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, wait1(t, cl.scq), verbs.WCWrite, 256)
+	if e := waitEvent(t, p.b, verbs.EventEstablished); e.QPNum != sv.qp.Num() {
+		t.Fatalf("ESTABLISHED for QP %d, want the responder's %d", e.QPNum, sv.qp.Num())
+	}
+}
+
+// TestOpenTXGate: with MPAStrict, an accepted QP sends nothing before the
+// initiator's first message, unless its application opens the gate (as
+// perftest's ib_write_lat server, which Writes first, does); OpenTXGate on
+// the initiator does nothing.
+func TestOpenTXGate(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{MPAStrict: true})
 	cl, sv := connect(t, p, 4096, verbs.ConnParams{})
 	cl.qp.OpenTXGate()
 	fill(sv.buf[:256], 9)
@@ -64,14 +97,14 @@ func TestOpenTXGate(t *testing.T) {
 	mustOK(t, wait1(t, cl.scq), verbs.WCWrite, 256)
 }
 
-// TestGatedResponderDisconnects: an accepted QP whose initiator never
-// spoke (Linux siw's initiator without peer-to-peer mode, whose
-// application waits for the responder's first message) still closes when
-// its application disconnects: its FIN goes out, the initiator closes
-// too, and the Write it had queued behind the gate is flushed, never
-// sent.
+// TestGatedResponderDisconnects: a strict (MPAStrict) accepted QP whose
+// initiator never spoke (Linux siw's initiator without peer-to-peer mode,
+// whose application waits for the responder's first message) still
+// closes when its application disconnects: its FIN goes out, the
+// initiator closes too, and the Write it had queued behind the gate is
+// flushed, never sent.
 func TestGatedResponderDisconnects(t *testing.T) {
-	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{MPAStrict: true})
 	cl, sv := connect(t, p, 4096, verbs.ConnParams{})
 	fill(sv.buf[:256], 7)
 	if err := sv.qp.PostSend(verbs.SendWR{ID: 1, Op: verbs.OpWrite, Flags: verbs.Signaled,

@@ -25,6 +25,7 @@ type EndpointFlags struct {
 	MTU       int
 	crc       bool
 	Markers   bool
+	mpaStrict bool
 	mpaRev    int
 	p2p       string
 	pcap      string
@@ -49,6 +50,7 @@ func (f *EndpointFlags) Register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.crc, "crc", false, "ask for MPA CRC32c")
 	fs.BoolVar(&f.Markers, "markers", false, "ask for MPA markers and accept requests for them (Linux siw rejects them)")
 	fs.IntVar(&f.mpaRev, "mpa-rev", 2, "MPA revision, 1 or 2")
+	fs.BoolVar(&f.mpaStrict, "mpa-strict", false, "an accepted connection sends nothing before the initiator's first FPDU (RFC 5044; Linux siw's initiator, without --p2p on its side, then never hears a server that speaks first)")
 	fs.StringVar(&f.p2p, "p2p", "", "RFC 6581 peer-to-peer mode with this RTR: write, read or send")
 	fs.StringVar(&f.pcap, "pcap", "", "capture the endpoint's frames to this pcap file")
 	fs.BoolVar(&f.NoOffload, "no-offload", false, "plain TAP: no virtio-net header, no TSO/checksum offload")
@@ -66,8 +68,8 @@ func (f *EndpointFlags) Register(fs *flag.FlagSet) {
 func (f *EndpointFlags) Check() (netip.Prefix, netip.Addr, verbs.RTR, error) {
 	var none netip.Prefix
 	if f.Via != "" {
-		if f.Tap != "" || f.Addr != "" || f.gw != "" || f.pcap != "" || f.BusyPoll > 0 || f.Lab.Impaired() {
-			return none, netip.Addr{}, 0, fmt.Errorf("%w: --via uses the service's endpoint: --tap, --addr, --gw, --pcap, --busy-poll and impairments belong to `rdmatap up`", ErrUsage)
+		if f.Tap != "" || f.Addr != "" || f.gw != "" || f.pcap != "" || f.BusyPoll > 0 || f.mpaStrict || f.Lab.Impaired() {
+			return none, netip.Addr{}, 0, fmt.Errorf("%w: --via uses the service's endpoint: --tap, --addr, --gw, --pcap, --busy-poll, --mpa-strict and impairments belong to `rdmatap up`", ErrUsage)
 		}
 		return none, netip.Addr{}, 0, nil
 	}
@@ -155,7 +157,7 @@ func (f *EndpointFlags) Config(pfx netip.Prefix, gw netip.Addr, rtr verbs.RTR) e
 		Impair: f.Lab.ImpairConfig(),
 		Stack:  netstack.Config{CongestionControl: f.cc, AckDelay: ackDelayConfig(f.ackDelay), NoLinkRepair: f.noRepair, MinRTO: f.minRTO},
 		Device: verbs.DeviceConfig{Name: f.Name, CRC: f.crc, Markers: f.Markers, MPARevision: uint8(f.mpaRev),
-			PeerToPeer: rtr != 0, RTR: rtr, Placement: f.Lab.Mode}}
+			MPAStrict: f.mpaStrict, PeerToPeer: rtr != 0, RTR: rtr, Placement: f.Lab.Mode}}
 }
 
 // Open brings the endpoint up.

@@ -28,7 +28,7 @@ func parseEndpointFlags(t *testing.T, args ...string) (*EndpointFlags, error) {
 // endpoint.Config the network commands open, which endpoint accepts.
 func TestEndpointFlagsMakeConfig(t *testing.T) {
 	f, err := parseEndpointFlags(t, "--tap", "rtflags0", "--addr", "10.77.0.3/24", "--gw", "10.77.0.1", "--mtu", "9000",
-		"--crc", "--markers", "--p2p", "read", "--no-link-repair", "--congestion-control", "reno", "--min-rto", "20ms",
+		"--crc", "--markers", "--mpa-strict", "--p2p", "read", "--no-link-repair", "--congestion-control", "reno", "--min-rto", "20ms",
 		"--name", "rt9", "--ack-delay", "0", "--busy-poll", "100us", "--placement", "segment", "--loss", "0.01", "--seed", "5")
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +48,7 @@ func TestEndpointFlagsMakeConfig(t *testing.T) {
 	if s := c.Stack; s.CongestionControl != "reno" || s.MinRTO != 20*time.Millisecond || !s.NoLinkRepair || s.AckDelay >= 0 {
 		t.Errorf("stack %+v", s)
 	}
-	if d := c.Device; d.Name != "rt9" || !d.CRC || !d.Markers || d.MPARevision != 2 || !d.PeerToPeer || d.RTR != verbs.RTRRead || d.Placement != verbs.PlacementSegment {
+	if d := c.Device; d.Name != "rt9" || !d.CRC || !d.Markers || !d.MPAStrict || d.MPARevision != 2 || !d.PeerToPeer || d.RTR != verbs.RTRRead || d.Placement != verbs.PlacementSegment {
 		t.Errorf("device %+v", d)
 	}
 
@@ -57,7 +57,7 @@ func TestEndpointFlagsMakeConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	pfx, gw, rtr, _ = f.Check()
-	if c := f.Config(pfx, gw, rtr); c.Impair != nil || c.Gateway.IsValid() || c.Stack.CongestionControl != "auto" || c.Device.PeerToPeer {
+	if c := f.Config(pfx, gw, rtr); c.Impair != nil || c.Gateway.IsValid() || c.Stack.CongestionControl != "auto" || c.Device.PeerToPeer || c.Device.MPAStrict {
 		t.Errorf("defaults %+v", c)
 	}
 }
@@ -81,6 +81,7 @@ func TestEndpointFlagsErrors(t *testing.T) {
 		{"--tap", "rtflags0", "--addr", "10.77.0.3/24", "--dup", "2"},
 		{"--via", "/x.sock", "--tap", "rtflags0"},
 		{"--via", "/x.sock", "--loss", "0.1"},
+		{"--via", "/x.sock", "--mpa-strict"},
 	} {
 		if _, err := parseEndpointFlags(t, args...); !errors.Is(err, ErrUsage) {
 			t.Errorf("%q: %v, want a usage error", args, err)
