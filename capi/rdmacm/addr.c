@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,97 @@ int cm_parse_addr(const uint8_t *s, size_t n, struct sockaddr_storage *ss)
 		return -1;
 	in6->sin6_family = AF_INET6;
 	in6->sin6_port = htons((uint16_t)port);
+	return 0;
+}
+
+/*
+ * The address map. A program that learns its peer's address over the
+ * kernel's network (qperf's control connection, a launcher's exchange)
+ * holds the peer host's kernel address, where no rdmatap endpoint
+ * listens; RDMATAP_ADDR_MAP ("FROM=TO,...", set by `rdmatap exec --map`)
+ * names the endpoint address each such address stands for, and every
+ * address a program passes to rdma_bind_addr or rdma_resolve_addr is
+ * looked up in it. Read once; a malformed map fails every lookup.
+ */
+#define CM_MAP_MAX 64
+
+struct cm_map_entry {
+	struct sockaddr_storage from, to;
+};
+
+static struct cm_map_entry cm_map[CM_MAP_MAX];
+static int cm_map_n = -1; /* -1: malformed */
+static pthread_once_t cm_map_once = PTHREAD_ONCE_INIT;
+
+static int cm_map_ip(const char *s, size_t n, struct sockaddr_storage *ss)
+{
+	char buf[INET6_ADDRSTRLEN];
+	if (n == 0 || n >= sizeof(buf))
+		return -1;
+	memcpy(buf, s, n);
+	buf[n] = 0;
+	memset(ss, 0, sizeof(*ss));
+	struct sockaddr_in *in = (struct sockaddr_in *)ss;
+	if (inet_pton(AF_INET, buf, &in->sin_addr) == 1) {
+		in->sin_family = AF_INET;
+		return 0;
+	}
+	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+	if (inet_pton(AF_INET6, buf, &in6->sin6_addr) == 1) {
+		in6->sin6_family = AF_INET6;
+		return 0;
+	}
+	return -1;
+}
+
+static int cm_same_ip(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	if (a->ss_family != b->ss_family)
+		return 0;
+	if (a->ss_family == AF_INET)
+		return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+	return !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+		       sizeof(struct in6_addr));
+}
+
+static void cm_map_load(void)
+{
+	const char *env = getenv("RDMATAP_ADDR_MAP");
+	int n = 0;
+	const char *p = env;
+	while (p && *p) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		const char *eq = memchr(p, '=', len);
+		struct cm_map_entry e;
+		if (n == CM_MAP_MAX || !eq || cm_map_ip(p, (size_t)(eq - p), &e.from) ||
+		    cm_map_ip(eq + 1, len - (size_t)(eq - p) - 1, &e.to) || e.from.ss_family != e.to.ss_family) {
+			fprintf(stderr, "rdmatap: RDMATAP_ADDR_MAP: entry %.*s is not FROM=TO of two IP addresses of one family"
+					" (at most %d entries); no address is mapped and binding or resolving fails\n",
+				(int)len, p, CM_MAP_MAX);
+			cm_map_n = -1;
+			return;
+		}
+		cm_map[n++] = e;
+		p = end ? end + 1 : NULL;
+	}
+	cm_map_n = n;
+}
+
+int cm_map_addr(struct sockaddr_storage *ss)
+{
+	pthread_once(&cm_map_once, cm_map_load);
+	if (cm_map_n < 0)
+		return cm_set_errno(EINVAL);
+	for (int i = 0; i < cm_map_n; i++) {
+		if (!cm_same_ip(ss, &cm_map[i].from))
+			continue;
+		if (ss->ss_family == AF_INET)
+			((struct sockaddr_in *)ss)->sin_addr = ((const struct sockaddr_in *)&cm_map[i].to)->sin_addr;
+		else
+			((struct sockaddr_in6 *)ss)->sin6_addr = ((const struct sockaddr_in6 *)&cm_map[i].to)->sin6_addr;
+		break;
+	}
 	return 0;
 }
 

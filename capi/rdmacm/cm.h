@@ -24,4 +24,10 @@ int cm_parse_addr(const uint8_t *s, size_t n, struct sockaddr_storage *ss);
 /* cm_addr_len is the size of the sockaddr of sa's family (0: unknown). */
 socklen_t cm_addr_len(const struct sockaddr *sa);
 
+/* cm_map_addr applies the address map (RDMATAP_ADDR_MAP, "FROM=TO,..."
+ * of IP addresses) to an address a program passes in: an IP that is a
+ * FROM becomes its TO, the port kept. 0, or -1 with errno EINVAL when the
+ * map is malformed (said once on standard error). */
+int cm_map_addr(struct sockaddr_storage *ss);
+
 #endif

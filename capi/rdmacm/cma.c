@@ -500,7 +500,7 @@ static int copy_addr(struct sockaddr_storage *dst, const struct sockaddr *src)
 		return cm_set_errno(src && src->sa_family == AF_IB ? EAFNOSUPPORT : EINVAL);
 	memset(dst, 0, sizeof(*dst));
 	memcpy(dst, src, len);
-	return 0;
+	return cm_map_addr(dst);
 }
 
 static int set_verbs(struct cm_id *c)

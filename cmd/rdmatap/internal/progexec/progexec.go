@@ -3,9 +3,11 @@
 package progexec
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,10 +37,38 @@ type execOpts struct {
 	via      string
 	sanitize bool
 	cache    string
+	maps     addrMap
 }
+
+// addrMap is the repeatable --map FROM=TO: kernel addresses a program
+// learns out of band and the endpoint addresses they stand for
+// (RDMATAP_ADDR_MAP for the libraries).
+type addrMap []string
+
+func (m *addrMap) String() string { return strings.Join(*m, ",") }
+
+func (m *addrMap) Set(v string) error {
+	for _, e := range strings.Split(v, ",") {
+		from, to, ok := strings.Cut(e, "=")
+		f, ferr := netip.ParseAddr(from)
+		d, derr := netip.ParseAddr(to)
+		if !ok || ferr != nil || derr != nil || f.Is4() != d.Is4() || f.Zone() != "" || d.Zone() != "" {
+			return fmt.Errorf("%q is not FROM=TO of two IP addresses of one family (e.g. 192.168.1.20=10.77.0.3)", e)
+		}
+		*m = append(*m, f.String()+"="+d.String())
+	}
+	if len(*m) > maxMapEntries {
+		return fmt.Errorf("more than %d entries", maxMapEntries)
+	}
+	return nil
+}
+
+// maxMapEntries is what the C library takes (CM_MAP_MAX in capi/rdmacm/addr.c).
+const maxMapEntries = 64
 
 func (o *execOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.via, "via", "", "the socket of a running `rdmatap up --socket SOCKET` (required)")
+	fs.Var(&o.maps, "map", "FROM=TO: the program's rdma_cm addresses FROM (a peer host's kernel address it learns out of band) mean the endpoint address TO (repeatable, or comma-separated): docs/librdmacm.md")
 	fs.BoolVar(&o.sanitize, "sanitize", false, "use libraries built with AddressSanitizer and UBSan (preloads the compiler's libasan)")
 	fs.StringVar(&o.cache, "cache", "", "directory for the built libraries (default: the user's cache directory, rdmatap/capi)")
 }
@@ -75,6 +105,9 @@ func (o *execOpts) environment() ([]string, error) {
 		lp += ":" + old
 	}
 	env := []string{"LD_LIBRARY_PATH=" + lp, "RDMATAP_SOCKET=" + sock}
+	if len(o.maps) > 0 {
+		env = append(env, "RDMATAP_ADDR_MAP="+o.maps.String())
+	}
 	if o.sanitize {
 		asan, err := capi.Preload()
 		if err != nil {
@@ -95,11 +128,14 @@ func execCmd(args []string, stdout, stderr io.Writer) error {
 	var o execOpts
 	o.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: rdmatap exec --via SOCKET [--sanitize] -- PROGRAM [ARGS...]")
+		fmt.Fprintln(stderr, "usage: rdmatap exec --via SOCKET [--sanitize] [--map FROM=TO]... -- PROGRAM [ARGS...]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
 	if fs.NArg() == 0 {
 		return fmt.Errorf("%w: no program to run", cli.ErrUsage)
@@ -121,7 +157,10 @@ func envCmd(args []string, stdout, stderr io.Writer) error {
 	var o execOpts
 	o.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 	}
 	if fs.NArg() != 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", cli.ErrUsage, fs.Args())
