@@ -618,6 +618,21 @@ func (s *perfSession) watchdog(ctx context.Context) (context.Context, context.Ca
 
 func (s *perfSession) tick() { s.lastTick.Store(time.Now().UnixNano()) }
 
+// untilPeerDone returns a context that ends with ctx or when the peer's
+// next exchange message arrives: the handshake that ends its timed run.
+func (s *perfSession) untilPeerDone(ctx context.Context) (context.Context, context.CancelFunc) {
+	stop := s.x.watch(ctx)
+	wctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	return wctx, cancel
+}
+
 // stallErr turns a watchdog cancel into its cause.
 func stallErr(ctx context.Context, err error) error {
 	if c := context.Cause(ctx); c != nil && ctx.Err() != nil && !errors.Is(c, context.Canceled) {

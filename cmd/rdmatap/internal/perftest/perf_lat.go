@@ -132,243 +132,354 @@ func latCheck(b []byte, i int, what string) error {
 	return nil
 }
 
+// latRun is one size of a latency test: its buffers, its work request and
+// the post stamps.
+type latRun struct {
+	s      *perfSession
+	o      *perfOpts
+	q      *perfQP
+	size   int
+	client bool
+	// rctx ends with the watchdog; wctx, that of the waits for the peer,
+	// ends too when a timed run is over (see latWaitCtx).
+	rctx, wctx context.Context
+	deadline   time.Time // -D: when the client and the write sides stop
+	src, dst   []byte
+	wc         []verbs.WC
+	wr         verbs.SendWR
+	stamps     []int64
+	rcnt       int // send: receives completed
+	n          int // iterations completed
+}
+
 // latSize runs one size and returns the post stamps (ns).
 func (s *perfSession) latSize(ctx context.Context, size int) ([]int64, error) {
 	o := s.o
-	q := s.qps[0]
-	client := o.client()
 	if o.trace != nil {
 		o.trace("lat")
 	}
-	rctx, cancel := s.watchdog(ctx)
+	l, cancel := s.newLatRun(ctx, size)
 	defer cancel()
-	var deadline time.Time
+	var err error
+	switch {
+	case o.oneSided():
+		err = l.readLat()
+	case o.verb == perfWrite:
+		// ib_write_lat's server Writes first: run_iter_lat_write skips
+		// its first wait.
+		err = l.pingPong(!l.client)
+	default:
+		// ib_send_lat's client Sends first: run_iter_lat_send skips its
+		// first receive.
+		err = l.pingPong(l.client)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return l.result()
+}
+
+// newLatRun prepares one size; the returned cancel ends its contexts.
+func (s *perfSession) newLatRun(ctx context.Context, size int) (*latRun, context.CancelFunc) {
+	o := s.o
+	q := s.qps[0]
+	l := &latRun{s: s, o: o, q: q, size: size, client: o.client()}
+	rctx, cancel := s.watchdog(ctx)
 	if o.dur > 0 {
-		deadline = time.Now().Add(o.dur)
+		l.deadline = time.Now().Add(o.dur)
 	}
-	// The server of a timed send run stops when the client's closing
-	// handshake arrives; a timed write run has none, and each side stops
-	// at its own deadline, as ib_write_lat's alarm ends its loop.
-	wctx := rctx
-	if o.dur > 0 && o.verb == perfWrite {
-		var c context.CancelFunc
-		wctx, c = context.WithDeadline(rctx, deadline)
-		defer c()
-	} else if o.dur > 0 && !client {
-		stop := s.x.watch(rctx)
-		var c context.CancelFunc
-		wctx, c = context.WithCancel(rctx)
-		defer c()
-		go func() {
-			select {
-			case <-stop:
-				c()
-			case <-wctx.Done():
-			}
-		}()
-	}
-	src := q.buf[:size]
+	wctx, wcancel := s.latWaitCtx(rctx, l.deadline)
+	l.rctx, l.wctx = rctx, wctx
+	l.src = q.buf[:size]
 	// dst is not cleared between sizes: the peer's first Write of this
 	// size may already have landed (ib_write_lat starts the next size
 	// without a handshake), and the byte each size polls, at size-1, lies
 	// beyond every earlier (smaller) message, so it is still zero.
-	dst := q.buf[s.bufSize : s.bufSize+size]
-	wc := make([]verbs.WC, 16)
-	iters := o.iters
-	var stamps []int64
+	l.dst = q.buf[s.bufSize : s.bufSize+size]
+	l.wc = make([]verbs.WC, 16)
 	if o.dur == 0 {
-		stamps = make([]int64, 0, iters)
+		l.stamps = make([]int64, 0, o.iters)
 	}
+	l.wr = o.latWR(q, size)
+	return l, func() { wcancel(); cancel() }
+}
+
+// latWaitCtx is the context of the waits for the peer. The server of a
+// timed send run stops when the client's closing handshake arrives; a
+// timed write run has none, and each side stops at its own deadline, as
+// ib_write_lat's alarm ends its loop.
+func (s *perfSession) latWaitCtx(rctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
+	switch {
+	case s.o.dur > 0 && s.o.verb == perfWrite:
+		return context.WithDeadline(rctx, deadline)
+	case s.o.dur > 0 && !s.o.client():
+		return s.untilPeerDone(rctx)
+	}
+	return rctx, func() {}
+}
+
+// latWR is the work request every post of a latency test posts.
+func (o *perfOpts) latWR(q *perfQP, size int) verbs.SendWR {
 	flags := verbs.Signaled
 	if size <= o.inline && !o.oneSided() {
 		flags |= verbs.Inline
 	}
-	var wr verbs.SendWR
+	sgl := []verbs.SGE{q.mr.SGE(0, size)}
 	switch o.verb {
 	case perfWrite:
-		wr = verbs.SendWR{Op: verbs.OpWrite, Flags: flags, SGL: []verbs.SGE{q.mr.SGE(0, size)}, RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey}
+		return verbs.SendWR{Op: verbs.OpWrite, Flags: flags, SGL: sgl, RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey}
 	case perfSend:
-		wr = verbs.SendWR{Op: verbs.OpSend, Flags: flags, SGL: []verbs.SGE{q.mr.SGE(0, size)}}
+		return verbs.SendWR{Op: verbs.OpSend, Flags: flags, SGL: sgl}
 	case perfRead:
-		wr = verbs.SendWR{Op: verbs.OpRead, Flags: flags, SGL: []verbs.SGE{q.mr.SGE(0, size)}, RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey}
-	case perfAtomic:
-		wr = o.atomicWR(q)
-		wr.Flags = flags
+		return verbs.SendWR{Op: verbs.OpRead, Flags: flags, SGL: sgl, RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey}
 	}
-	rcnt := 0
-	// wait receives iteration i from the peer.
-	wait := func(i int) error {
-		switch o.verb {
-		case perfWrite:
-			for dst[size-1] != byte(i) {
-				if err := q.qp.WaitProgress(wctx); err != nil {
-					return err
-				}
-			}
-			lattrace.Mark(lattrace.AppSaw)
-			if o.verify {
-				return latCheck(dst, i, "write")
-			}
-		case perfSend:
-			for {
-				if k := s.rcq.Poll(wc[:1]); k > 0 {
-					lattrace.Mark(lattrace.AppSaw)
-					if err := wc[0].Err(); err != nil {
-						return err
-					}
-					break
-				}
-				if err := q.qp.WaitProgress(wctx); err != nil {
-					return err
-				}
-			}
-			rcnt++
-			if o.dur > 0 || rcnt+o.rxDepth <= iters {
-				if err := q.qp.PostRecv(verbs.RecvWR{ID: 1, SGL: []verbs.SGE{q.mr.SGE(s.bufSize, size)}}); err != nil {
-					return err
-				}
-			}
-			if o.verify {
-				if int(wc[0].ByteLen) != size {
-					return fmt.Errorf("--verify: send %d: received %d bytes, want %d", i, wc[0].ByteLen, size)
-				}
-				if err := latCheck(dst, i, "send"); err != nil {
-					return err
-				}
-				if dst[size-1] != byte(i) {
-					return fmt.Errorf("--verify: send %d: last byte %#02x", i, dst[size-1])
-				}
+	wr := o.atomicWR(q)
+	wr.Flags = flags
+	return wr
+}
+
+// pingPong is the loop of the write and send tests (run_iter_lat_write,
+// run_iter_lat_send). The side that posts first posts i and then waits
+// for the peer's i; the other waits for i and answers it.
+func (l *latRun) pingPong(postsFirst bool) error {
+	for i := 1; l.more(i); i++ {
+		if !postsFirst {
+			if err := l.wait(i); err != nil {
+				return l.waitEnd(err)
 			}
 		}
-		return nil
-	}
-	// post sends iteration i's message and reaps send completions (a Read
-	// is waited for: its completion is the end of the iteration).
-	post := func(i int) error {
-		if !o.oneSided() {
-			latFill(src, i, o.verify)
-		} else if o.verify {
-			clear(src)
-		}
-		for {
-			err := q.qp.PostSend(wr)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, verbs.ErrQueueFull) {
-				return err
-			}
-			if _, err := s.scq.Wait(rctx, wc); err != nil {
-				return err
-			}
-		}
-		if o.oneSided() {
-			for {
-				if k := s.scq.Poll(wc[:1]); k > 0 {
-					if err := wc[0].Err(); err != nil {
-						return err
-					}
-					break
-				}
-				if err := q.qp.WaitProgress(rctx); err != nil {
-					return err
-				}
-			}
-			if o.verify && o.verb == perfAtomic {
-				// FetchAdd 1 from 0: iteration i sees i-1; CmpSwap 0 for 0: 0.
-				want := uint64(0)
-				if o.atomic == perfFetchAdd {
-					want = uint64(i - 1)
-				}
-				if got := binary.NativeEndian.Uint64(src); got != want {
-					return fmt.Errorf("--verify: atomic %d returned %d, want %d", i, got, want)
-				}
-				return nil
-			}
-			if o.verify {
-				return checkPattern(src, 0, fmt.Sprintf("read %d", i))
-			}
-			return nil
-		}
-		for {
-			k := s.scq.Poll(wc)
-			for _, c := range wc[:k] {
-				if err := c.Err(); err != nil {
-					return err
-				}
-			}
-			if k < len(wc) {
-				return nil
-			}
-		}
-	}
-	// Who posts first: ib_write_lat's server (run_iter_lat_write skips
-	// its first wait), ib_send_lat's client (run_iter_lat_send skips its
-	// first receive). The first poster posts i and then waits for the
-	// peer's i; the other waits for i and answers it.
-	postsFirst := !o.oneSided() && (o.verb == perfSend) == client
-	waitFirst := !o.oneSided() && !postsFirst
-	// waitErr: whether a failed wait ends a timed run normally (its time
-	// is up, or the peer's is and it closed) rather than the test.
-	timedEnd := func(err error, n int) bool {
-		if o.dur == 0 || rctx.Err() != nil {
-			return false
-		}
-		if wctx.Err() != nil {
-			return true
-		}
-		return o.verb == perfWrite && n >= 2 && errors.Is(err, iwarp.ErrClosed)
-	}
-	var n int
-	for i := 1; o.dur > 0 || i <= iters; i++ {
-		if o.dur > 0 && (client || o.verb == perfWrite) && time.Now().After(deadline) {
-			break
-		}
-		if waitFirst {
-			if err := wait(i); err != nil {
-				if timedEnd(err, n) {
-					break
-				}
-				return nil, stallErr(rctx, err)
-			}
-		}
-		t := time.Now().UnixNano()
-		if o.dur == 0 {
-			stamps = append(stamps, t)
-		} else if len(stamps) < 2 {
-			stamps = append(stamps, t)
-		} else {
-			stamps[1] = t
-		}
-		if err := post(i); err != nil {
-			return nil, stallErr(rctx, err)
+		t := l.stamp()
+		if err := l.postTwoSided(i); err != nil {
+			return stallErr(l.rctx, err)
 		}
 		if postsFirst {
-			if err := wait(i); err != nil {
-				if timedEnd(err, n) {
-					break
-				}
-				return nil, stallErr(rctx, err)
+			if err := l.wait(i); err != nil {
+				return l.waitEnd(err)
 			}
 		}
-		n = i
-		s.lastTick.Store(t) // progress for the watchdog (large messages are slow)
-		if i&255 == 0 {
-			if o.dur > 0 {
-				s.progress.show(" %s latency %d bytes: %d iterations", perfVerbStr[o.verb], size, i)
-			} else if o.all {
-				s.progress.show(" %s latency %d bytes: %d/%d", perfVerbStr[o.verb], size, i, iters)
+		l.next(i, t)
+	}
+	return nil
+}
+
+// readLat is the client's loop of the read and atomic tests
+// (run_iter_lat): one request at a time, each waited for.
+func (l *latRun) readLat() error {
+	for i := 1; l.more(i); i++ {
+		t := l.stamp()
+		if err := l.postOneSided(i); err != nil {
+			return stallErr(l.rctx, err)
+		}
+		l.next(i, t)
+	}
+	return nil
+}
+
+// more reports whether iteration i runs: -n counts the iterations; with
+// -D the client and both sides of write stop at the deadline, the send
+// server when the client's closing handshake ends its waits.
+func (l *latRun) more(i int) bool {
+	if l.o.dur == 0 {
+		return i <= l.o.iters
+	}
+	return !(l.client || l.o.verb == perfWrite) || !time.Now().After(l.deadline)
+}
+
+// stamp records the time of a post (ns): every post's with -n, the first
+// and the latest with -D.
+func (l *latRun) stamp() int64 {
+	t := time.Now().UnixNano()
+	if l.o.dur == 0 || len(l.stamps) < 2 {
+		l.stamps = append(l.stamps, t)
+	} else {
+		l.stamps[1] = t
+	}
+	return t
+}
+
+// next counts iteration i, posted at t, as done.
+func (l *latRun) next(i int, t int64) {
+	l.n = i
+	l.s.lastTick.Store(t) // progress for the watchdog (large messages are slow)
+	if i&255 == 0 {
+		if l.o.dur > 0 {
+			l.s.progress.show(" %s latency %d bytes: %d iterations", perfVerbStr[l.o.verb], l.size, i)
+		} else if l.o.all {
+			l.s.progress.show(" %s latency %d bytes: %d/%d", perfVerbStr[l.o.verb], l.size, i, l.o.iters)
+		}
+	}
+}
+
+// waitEnd is what a failed wait means: the normal end of a timed run
+// whose time is up (or the peer's is and it closed), else the test's
+// failure.
+func (l *latRun) waitEnd(err error) error {
+	switch {
+	case l.o.dur == 0 || l.rctx.Err() != nil:
+	case l.wctx.Err() != nil:
+		return nil
+	case l.o.verb == perfWrite && l.n >= 2 && errors.Is(err, iwarp.ErrClosed):
+		return nil
+	}
+	return stallErr(l.rctx, err)
+}
+
+// result returns the stamps for latReport: every post's with -n; with -D
+// the first and the last post's and the iterations between them
+// (print_report_lat_duration: first to last post over the count).
+func (l *latRun) result() ([]int64, error) {
+	if l.o.dur == 0 {
+		return l.stamps, nil
+	}
+	if len(l.stamps) < 2 || l.n < 2 {
+		return nil, errors.New("timed latency run ended before two iterations")
+	}
+	return []int64{l.stamps[0], l.stamps[1], int64(l.n - 1)}, nil
+}
+
+// wait receives iteration i from the peer: its Write or its Send.
+func (l *latRun) wait(i int) error {
+	if l.o.verb == perfWrite {
+		return l.waitWrite(i)
+	}
+	return l.waitSend(i)
+}
+
+// waitWrite spins until the peer's Write i sets the last byte of dst.
+func (l *latRun) waitWrite(i int) error {
+	for l.dst[l.size-1] != byte(i) {
+		if err := l.q.qp.WaitProgress(l.wctx); err != nil {
+			return err
+		}
+	}
+	lattrace.Mark(lattrace.AppSaw)
+	if l.o.verify {
+		return latCheck(l.dst, i, "write")
+	}
+	return nil
+}
+
+// waitSend waits for the peer's Send i and posts a receive in place of
+// its own while more Sends are to come.
+func (l *latRun) waitSend(i int) error {
+	o, q := l.o, l.q
+	if err := l.pollOne(l.wctx, l.s.rcq); err != nil {
+		return err
+	}
+	lattrace.Mark(lattrace.AppSaw)
+	if err := l.wc[0].Err(); err != nil {
+		return err
+	}
+	l.rcnt++
+	if o.dur > 0 || l.rcnt+o.rxDepth <= o.iters {
+		if err := q.qp.PostRecv(verbs.RecvWR{ID: 1, SGL: []verbs.SGE{q.mr.SGE(l.s.bufSize, l.size)}}); err != nil {
+			return err
+		}
+	}
+	if o.verify {
+		return l.checkSend(i)
+	}
+	return nil
+}
+
+// checkSend checks Send i's message (--verify).
+func (l *latRun) checkSend(i int) error {
+	if int(l.wc[0].ByteLen) != l.size {
+		return fmt.Errorf("--verify: send %d: received %d bytes, want %d", i, l.wc[0].ByteLen, l.size)
+	}
+	if err := latCheck(l.dst, i, "send"); err != nil {
+		return err
+	}
+	if last := l.dst[l.size-1]; last != byte(i) {
+		return fmt.Errorf("--verify: send %d: last byte %#02x", i, last)
+	}
+	return nil
+}
+
+// postTwoSided sends iteration i's Write or Send and reaps the send
+// completions.
+func (l *latRun) postTwoSided(i int) error {
+	latFill(l.src, i, l.o.verify)
+	if err := l.postWR(); err != nil {
+		return err
+	}
+	wc := l.wc
+	for {
+		k := l.s.scq.Poll(wc)
+		for _, c := range wc[:k] {
+			if err := c.Err(); err != nil {
+				return err
 			}
 		}
-	}
-	if o.dur > 0 {
-		// print_report_lat_duration: first to last post over the count.
-		if len(stamps) < 2 || n < 2 {
-			return nil, errors.New("timed latency run ended before two iterations")
+		if k < len(wc) {
+			return nil
 		}
-		return []int64{stamps[0], stamps[1], int64(n - 1)}, nil
 	}
-	return stamps, nil
+}
+
+// postOneSided posts Read or atomic i and waits for its completion, the
+// end of the iteration.
+func (l *latRun) postOneSided(i int) error {
+	if l.o.verify {
+		clear(l.src)
+	}
+	if err := l.postWR(); err != nil {
+		return err
+	}
+	if err := l.pollOne(l.rctx, l.s.scq); err != nil {
+		return err
+	}
+	if err := l.wc[0].Err(); err != nil {
+		return err
+	}
+	if l.o.verify {
+		return l.checkOneSided(i)
+	}
+	return nil
+}
+
+// checkOneSided checks what Read or atomic i returned (--verify).
+func (l *latRun) checkOneSided(i int) error {
+	if l.o.verb != perfAtomic {
+		return checkPattern(l.src, 0, fmt.Sprintf("read %d", i))
+	}
+	// FetchAdd 1 from 0: iteration i sees i-1; CmpSwap 0 for 0: 0.
+	want := uint64(0)
+	if l.o.atomic == perfFetchAdd {
+		want = uint64(i - 1)
+	}
+	if got := binary.NativeEndian.Uint64(l.src); got != want {
+		return fmt.Errorf("--verify: atomic %d returned %d, want %d", i, got, want)
+	}
+	return nil
+}
+
+// postWR posts the work request, reaping send completions while the send
+// queue is full.
+func (l *latRun) postWR() error {
+	for {
+		err := l.q.qp.PostSend(l.wr)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, verbs.ErrQueueFull) {
+			return err
+		}
+		if _, err := l.s.scq.Wait(l.rctx, l.wc); err != nil {
+			return err
+		}
+	}
+}
+
+// pollOne drives the QP until cq has a completion, which it takes into
+// wc[0].
+func (l *latRun) pollOne(ctx context.Context, cq *verbs.CQ) error {
+	for cq.Poll(l.wc[:1]) == 0 {
+		if err := l.q.qp.WaitProgress(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // latReport is print_report_lat (and _duration) on post stamps in ns.
