@@ -231,17 +231,10 @@ func (s *perfSession) waitOne(ctx context.Context, cq *verbs.CQ) error {
 	}
 }
 
-// bwClientSize runs one message size on every QP (run_iter_bw).
+// bwClientSize runs one message size of write, read or atomic on every QP
+// (run_iter_bw).
 func (s *perfSession) bwClientSize(ctx context.Context, size int) (*bwRun, error) {
 	o := s.o
-	nq := len(s.qps)
-	r := &bwRun{size: size, cqMod: o.cqMod, qps: nq, gbits: o.gbits, noPeak: o.noPeak, durationMode: o.dur > 0}
-	iters := uint64(o.iters)
-	total := iters * uint64(nq)
-	if !r.noPeak {
-		r.posted = make([]int64, total)
-		r.completed = make([]int64, total)
-	}
 	if o.verify {
 		for qi, q := range s.qps {
 			if o.verb == perfWrite {
@@ -251,109 +244,194 @@ func (s *perfSession) bwClientSize(ctx context.Context, size int) (*bwRun, error
 			}
 		}
 	}
-	op := verbs.OpWrite
-	if o.verb == perfRead {
-		op = verbs.OpRead
-	}
 	flags := verbs.SendFlags(0)
 	if o.verb == perfWrite && size <= o.inline {
 		flags |= verbs.Inline
 	}
-	wrs := make([]verbs.SendWR, nq)
+	wrs := make([]verbs.SendWR, len(s.qps))
 	for qi, q := range s.qps {
-		wrs[qi] = verbs.SendWR{Op: op, SGL: []verbs.SGE{q.mr.SGE(0, size)}, RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey}
-		if o.verb == perfAtomic {
+		wrs[qi] = verbs.SendWR{Op: verbs.OpWrite, SGL: []verbs.SGE{q.mr.SGE(0, size)}, RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey}
+		switch o.verb {
+		case perfRead:
+			wrs[qi].Op = verbs.OpRead
+		case perfAtomic:
 			wrs[qi] = o.atomicWR(q)
-			op = wrs[qi].Op
 		}
 	}
-	scnt := make([]uint64, nq)
+	p := s.newBWPoster(size, wrs, flags, wrs[0].Op.String())
 	defer func() {
 		if o.verb == perfAtomic {
-			s.atomicPosts = append(s.atomicPosts[:0], scnt...)
+			s.atomicPosts = append(s.atomicPosts[:0], p.scnt...)
 		}
 	}()
-	ccnt := make([]uint64, nq)
-	var totS, totC uint64
-	wc := make([]verbs.WC, 64)
-	rctx, cancel := s.watchdog(ctx)
+	rctx, cancel := p.start(ctx)
 	defer cancel()
-
-	now := func() int64 { return time.Now().UnixNano() }
-	r.start = now()
-	win := newDurWindow(r.start, o.dur, o.margin)
-	stopPosting := false
-	pendingSignaled := 0
 	for {
-		t := now()
-		if r.durationMode {
-			if win.tick(r, t, totC) {
-				stopPosting = true
-			}
-			s.progress.show(" %s %d bytes: %.0f/%.0f s", perfVerbStr[o.verb], size, float64(t-r.start+int64(o.margin))/1e9, o.dur.Seconds())
-		} else if o.all || total > 100000 {
-			s.progress.show(" %s %d bytes: %d/%d", perfVerbStr[o.verb], size, totC, total)
-		}
-		posted := false
-		for qi := range s.qps {
-			for !stopPosting && (r.durationMode || scnt[qi] < iters) && scnt[qi]-ccnt[qi] < uint64(o.txDepth) {
-				wr := &wrs[qi]
-				idx := scnt[qi]
-				wr.ID = uint64(qi)<<40 | idx
-				wr.Flags = flags
-				if o.cqMod == 1 || idx%uint64(o.cqMod) == uint64(o.cqMod-1) || (!r.durationMode && idx == iters-1) {
-					wr.Flags |= verbs.Signaled
-				}
-				if r.posted != nil {
-					r.posted[totS] = t
-				}
-				if err := s.qps[qi].qp.PostSend(*wr); err != nil {
-					return nil, fmt.Errorf("post %v on QP %d: %w", op, qi, err)
-				}
-				if wr.Flags&verbs.Signaled != 0 {
-					pendingSignaled++
-				}
-				scnt[qi]++
-				totS++
-				posted = true
-			}
-		}
-		if totC == totS && !r.durationMode && totC == total {
-			break
-		}
-		if stopPosting && pendingSignaled == 0 {
-			break // an unsignaled tail completes with nothing to count
+		posted, done, err := p.step(false)
+		if done || err != nil {
+			return p.end(err)
 		}
 		var n int
 		if posted {
-			n = s.scq.Poll(wc)
+			n = s.scq.Poll(p.wc)
 		}
 		if n == 0 {
-			var err error
-			if r.durationMode {
-				wctx, c := context.WithDeadline(rctx, time.Unix(0, max(win.deadline, now()+int64(time.Millisecond))))
-				n, err = s.scq.Wait(wctx, wc)
-				c()
-				if err != nil && rctx.Err() == nil && wctx.Err() != nil {
-					stopPosting = now() >= win.deadline
-					continue
-				}
-			} else {
-				n, err = s.scq.Wait(rctx, wc)
-			}
-			if err != nil {
-				return nil, stallErr(rctx, err)
+			var more bool
+			if n, more, err = p.waitBW(rctx); err != nil {
+				return nil, err
+			} else if !more {
+				continue
 			}
 		}
-		t = now()
-		s.tick()
-		pendingSignaled -= n
-		if err := r.account(wc[:n], ccnt, &totC, t); err != nil {
+		if err := p.reap(n); err != nil {
 			return nil, err
 		}
 	}
-	r.finish(now(), total, totC, &win)
-	return r, nil
+}
+
+// bwPoster is a bw client's run of one size: the work requests of each
+// QP, what they have posted and what has completed.
+type bwPoster struct {
+	s               *perfSession
+	o               *perfOpts
+	r               *bwRun
+	wrs             []verbs.SendWR // one a QP
+	flags           verbs.SendFlags
+	opName          string // the operation, for a failed post's error
+	iters, total    uint64 // per QP, all QPs'
+	scnt, ccnt      []uint64
+	totS, totC      uint64
+	wc              []verbs.WC
+	win             durWindow
+	stopPosting     bool
+	pendingSignaled int
+}
+
+func (s *perfSession) newBWPoster(size int, wrs []verbs.SendWR, flags verbs.SendFlags, opName string) *bwPoster {
+	o := s.o
+	nq := len(s.qps)
+	p := &bwPoster{s: s, o: o, wrs: wrs, flags: flags, opName: opName, iters: uint64(o.iters),
+		scnt: make([]uint64, nq), ccnt: make([]uint64, nq), wc: make([]verbs.WC, 64)}
+	p.r = &bwRun{size: size, cqMod: o.cqMod, qps: nq, gbits: o.gbits, noPeak: o.noPeak, durationMode: o.dur > 0}
+	p.total = p.iters * uint64(nq)
+	if !p.r.noPeak {
+		p.r.posted = make([]int64, p.total)
+		p.r.completed = make([]int64, p.total)
+	}
+	return p
+}
+
+// start starts the watchdog and the clock.
+func (p *bwPoster) start(ctx context.Context) (context.Context, context.CancelFunc) {
+	rctx, cancel := p.s.watchdog(ctx)
+	p.r.start = nowNS()
+	p.win = newDurWindow(p.r.start, p.o.dur, p.o.margin)
+	return rctx, cancel
+}
+
+// nowNS is the time in ns, as the measurement takes it.
+func nowNS() int64 { return time.Now().UnixNano() }
+
+// step posts on every QP what its TX depth (and with credit, the peer's
+// credits) allows, and reports whether the run is over.
+func (p *bwPoster) step(credit bool) (posted, done bool, err error) {
+	t := nowNS()
+	p.clock(t)
+	for qi := range p.wrs {
+		for p.mayPost(qi, credit) {
+			if err := p.post(qi, t); err != nil {
+				return posted, false, err
+			}
+			posted = true
+		}
+	}
+	// An unsignaled tail after the deadline completes with nothing to count.
+	done = p.totC == p.totS && !p.r.durationMode && p.totC == p.total || p.stopPosting && p.pendingSignaled == 0
+	return posted, done, nil
+}
+
+// clock moves the duration window to t and shows the progress line.
+func (p *bwPoster) clock(t int64) {
+	o, r := p.o, p.r
+	if r.durationMode {
+		if p.win.tick(r, t, p.totC) {
+			p.stopPosting = true
+		}
+		p.s.progress.show(" %s %d bytes: %.0f/%.0f s", perfVerbStr[o.verb], r.size, float64(t-r.start+int64(o.margin))/1e9, o.dur.Seconds())
+	} else if o.all || p.total > 100000 {
+		p.s.progress.show(" %s %d bytes: %d/%d", perfVerbStr[o.verb], r.size, p.totC, p.total)
+	}
+}
+
+// mayPost reports whether QP qi may post its next work request.
+func (p *bwPoster) mayPost(qi int, credit bool) bool {
+	if p.stopPosting || !(p.r.durationMode || p.scnt[qi] < p.iters) || p.scnt[qi]-p.ccnt[qi] >= uint64(p.o.txDepth) {
+		return false
+	}
+	// Without a credit the peer may not have a receive posted.
+	return !credit || uint32(p.scnt[qi])+1-atomic.LoadUint32(p.s.qps[qi].credit()) < uint32(p.o.rxDepth)
+}
+
+// post posts QP qi's next work request at time t, signaled every CQ
+// moderation and at the last.
+func (p *bwPoster) post(qi int, t int64) error {
+	o, r := p.o, p.r
+	wr := &p.wrs[qi]
+	idx := p.scnt[qi]
+	wr.ID = uint64(qi)<<40 | idx
+	wr.Flags = p.flags
+	if o.cqMod == 1 || idx%uint64(o.cqMod) == uint64(o.cqMod-1) || (!r.durationMode && idx == p.iters-1) {
+		wr.Flags |= verbs.Signaled
+	}
+	if r.posted != nil {
+		r.posted[p.totS] = t
+	}
+	if err := p.s.qps[qi].qp.PostSend(*wr); err != nil {
+		return fmt.Errorf("post %s on QP %d: %w", p.opName, qi, err)
+	}
+	if wr.Flags&verbs.Signaled != 0 {
+		p.pendingSignaled++
+	}
+	p.scnt[qi]++
+	p.totS++
+	return nil
+}
+
+// waitBW blocks for send completions, in duration mode until the
+// deadline at the most: more is false when that time passed with none.
+func (p *bwPoster) waitBW(rctx context.Context) (n int, more bool, err error) {
+	if p.r.durationMode {
+		wctx, c := context.WithDeadline(rctx, time.Unix(0, max(p.win.deadline, nowNS()+int64(time.Millisecond))))
+		n, err = p.s.scq.Wait(wctx, p.wc)
+		c()
+		if err != nil && rctx.Err() == nil && wctx.Err() != nil {
+			p.stopPosting = nowNS() >= p.win.deadline
+			return 0, false, nil
+		}
+	} else {
+		n, err = p.s.scq.Wait(rctx, p.wc)
+	}
+	if err != nil {
+		return 0, false, stallErr(rctx, err)
+	}
+	return n, true, nil
+}
+
+// reap counts the n completions in wc.
+func (p *bwPoster) reap(n int) error {
+	t := nowNS()
+	p.s.tick()
+	p.pendingSignaled -= n
+	return p.r.account(p.wc[:n], p.ccnt, &p.totC, t)
+}
+
+// end ends the run: its measurement, or err.
+func (p *bwPoster) end(err error) (*bwRun, error) {
+	if err != nil {
+		return nil, err
+	}
+	p.r.finish(nowNS(), p.total, p.totC, &p.win)
+	return p.r, nil
 }
 
 // runBWServer is the write/read server: it waits for the client and
@@ -441,240 +519,101 @@ func (s *perfSession) runSendBW(ctx context.Context, stdout io.Writer) error {
 
 // sendClientSize is run_iter_bw with send credits.
 func (s *perfSession) sendClientSize(ctx context.Context, size int) (*bwRun, error) {
-	o := s.o
-	nq := len(s.qps)
-	r := &bwRun{size: size, cqMod: o.cqMod, qps: nq, gbits: o.gbits, noPeak: o.noPeak, durationMode: o.dur > 0}
-	iters := uint64(o.iters)
-	total := iters * uint64(nq)
-	if !r.noPeak {
-		r.posted = make([]int64, total)
-		r.completed = make([]int64, total)
-	}
 	flags := verbs.SendFlags(0)
-	if size <= o.inline {
+	if size <= s.o.inline {
 		flags |= verbs.Inline
 	}
-	wrs := make([]verbs.SendWR, nq)
+	wrs := make([]verbs.SendWR, len(s.qps))
 	for qi, q := range s.qps {
 		wrs[qi] = verbs.SendWR{Op: verbs.OpSend, SGL: []verbs.SGE{q.mr.SGE(0, size)}}
 	}
-	scnt := make([]uint64, nq)
-	ccnt := make([]uint64, nq)
-	var totS, totC uint64
-	wc := make([]verbs.WC, 64)
-	rctx, cancel := s.watchdog(ctx)
+	p := s.newBWPoster(size, wrs, flags, "Send")
+	rctx, cancel := p.start(ctx)
 	defer cancel()
-	now := func() int64 { return time.Now().UnixNano() }
-	r.start = now()
-	win := newDurWindow(r.start, o.dur, o.margin)
-	stopPosting := false
 	spins := 0
-	pendingSignaled := 0
 	for {
-		t := now()
-		if r.durationMode {
-			if win.tick(r, t, totC) {
-				stopPosting = true
+		posted, done, err := p.step(true)
+		if done || err != nil {
+			return p.end(err)
+		}
+		n := s.scq.Poll(p.wc)
+		if n == 0 && p.pendingSignaled > 0 {
+			// Completions come: block for them.
+			if n, err = s.scq.Wait(rctx, p.wc); err != nil {
+				return nil, stallErr(rctx, err)
 			}
-			s.progress.show(" Send %d bytes: %.0f/%.0f s", size, float64(t-r.start+int64(o.margin))/1e9, o.dur.Seconds())
-		} else if o.all || total > 100000 {
-			s.progress.show(" Send %d bytes: %d/%d", size, totC, total)
-		}
-		posted := false
-		for qi, q := range s.qps {
-			for !stopPosting && (r.durationMode || scnt[qi] < iters) && scnt[qi]-ccnt[qi] < uint64(o.txDepth) {
-				if uint32(scnt[qi])+1-atomic.LoadUint32(q.credit()) >= uint32(o.rxDepth) {
-					break // no credit: the peer may not have a receive posted
-				}
-				wr := &wrs[qi]
-				idx := scnt[qi]
-				wr.ID = uint64(qi)<<40 | idx
-				wr.Flags = flags
-				if o.cqMod == 1 || idx%uint64(o.cqMod) == uint64(o.cqMod-1) || (!r.durationMode && idx == iters-1) {
-					wr.Flags |= verbs.Signaled
-				}
-				if r.posted != nil {
-					r.posted[totS] = t
-				}
-				if err := q.qp.PostSend(*wr); err != nil {
-					return nil, fmt.Errorf("post Send on QP %d: %w", qi, err)
-				}
-				if wr.Flags&verbs.Signaled != 0 {
-					pendingSignaled++
-				}
-				scnt[qi]++
-				totS++
-				posted = true
+		} else if n == 0 {
+			// Waiting for a credit, which is an RDMA Write into our
+			// memory: poll it, as perftest spins.
+			if rctx.Err() != nil {
+				return nil, stallErr(rctx, rctx.Err())
 			}
-		}
-		if totC == totS && !r.durationMode && totC == total {
-			break
-		}
-		if stopPosting && pendingSignaled == 0 {
-			break
-		}
-		n := s.scq.Poll(wc)
-		if n == 0 {
-			if pendingSignaled > 0 {
-				// Completions come: block for them.
-				var err error
-				if n, err = s.scq.Wait(rctx, wc); err != nil {
-					return nil, stallErr(rctx, err)
+			if !posted {
+				spins++
+				if spins > 64 {
+					time.Sleep(20 * time.Microsecond)
+				} else {
+					runtime.Gosched()
 				}
-			} else {
-				// Waiting for a credit, which is an RDMA Write into our
-				// memory: poll it, as perftest spins.
-				if rctx.Err() != nil {
-					return nil, stallErr(rctx, rctx.Err())
-				}
-				if !posted {
-					spins++
-					if spins > 64 {
-						time.Sleep(20 * time.Microsecond)
-					} else {
-						runtime.Gosched()
-					}
-				}
-				continue
 			}
+			continue
 		}
 		spins = 0
-		pendingSignaled -= n
-		t = now()
-		s.tick()
-		if err := r.account(wc[:n], ccnt, &totC, t); err != nil {
+		if err := p.reap(n); err != nil {
 			return nil, err
 		}
 	}
-	r.finish(now(), total, totC, &win)
-	return r, nil
 }
 
 // sendServerSize is run_iter_bw_server: post rx_depth receives per QP,
 // handshake, then receive, repost and grant credits.
 func (s *perfSession) sendServerSize(ctx context.Context, size int) (*bwRun, error) {
 	o := s.o
-	nq := len(s.qps)
-	r := &bwRun{size: size, qps: nq, gbits: o.gbits, noPeak: true, durationMode: o.dur > 0, cqMod: 1}
-	// A receive's ID is its QP and slot; without --verify all the
-	// receives of a QP share slot 0, as perftest's do.
-	slot := func(q *perfQP, k int) []byte {
-		off := (1 + k) * s.bufSize
-		return q.buf[off : off+size]
-	}
-	post := func(qi, k int) error {
-		q := s.qps[qi]
-		return q.qp.PostRecv(verbs.RecvWR{ID: uint64(qi)<<32 | uint64(k), SGL: []verbs.SGE{q.mr.SGE((1+k)*s.bufSize, size)}})
-	}
-	for qi, q := range s.qps {
-		for k := 0; k < o.rxDepth; k++ {
-			if o.verify {
-				clear(slot(q, k%s.rxSlots))
-			}
-			if err := post(qi, k%s.rxSlots); err != nil {
-				return nil, err
-			}
-		}
-		binary32(q.ctrl[:4], 0)
+	r := &bwRun{size: size, qps: len(s.qps), gbits: o.gbits, noPeak: true, durationMode: o.dur > 0, cqMod: 1}
+	v := &sendServer{s: s, o: o, size: size}
+	if err := v.postRecvs(); err != nil {
+		return nil, err
 	}
 	if _, err := s.x.handShake(ctx, s.qps[0].my, 0); err != nil {
 		return nil, err
 	}
-	creditCnt := uint64(max(1, o.rxDepth/3))
-	rcnt := make([]uint64, nq)
-	sinceCredit := make([]uint64, nq)
-	iters := uint64(o.iters)
-	total := iters * uint64(nq)
-	var tot uint64
-	wc := make([]verbs.WC, 64)
-	swc := make([]verbs.WC, 64)
+	v.creditCnt = uint64(max(1, o.rxDepth/3))
+	v.rcnt, v.sinceCredit = make([]uint64, len(s.qps)), make([]uint64, len(s.qps))
+	v.wc, v.swc = make([]verbs.WC, 64), make([]verbs.WC, 64)
+	total := uint64(o.iters) * uint64(len(s.qps))
 	rctx, cancel := s.watchdog(ctx)
 	defer cancel()
+	v.rctx = rctx
 	// In duration mode the client's handshake after its run ends ours.
-	var stop <-chan struct{}
+	wctx := rctx
 	if r.durationMode {
-		stop = s.x.watch(rctx)
+		var wcancel context.CancelFunc
+		wctx, wcancel = s.untilPeerDone(rctx)
+		defer wcancel()
 	}
-	wctx, wcancel := context.WithCancel(rctx)
-	defer wcancel()
-	if stop != nil {
-		go func() {
-			select {
-			case <-stop:
-				wcancel()
-			case <-wctx.Done():
-			}
-		}()
-	}
-	now := func() int64 { return time.Now().UnixNano() }
-	r.start = now()
+	r.start = nowNS()
 	win := newDurWindow(r.start, o.dur, o.margin)
-	outstandingCredits := 0
+	var tot uint64
 	for r.durationMode || tot < total {
-		n, err := s.rcq.Wait(wctx, wc)
+		n, err := s.rcq.Wait(wctx, v.wc)
 		if err != nil {
 			if r.durationMode && rctx.Err() == nil {
 				break // the client is done
 			}
 			return nil, stallErr(rctx, err)
 		}
-		t := now()
+		t := nowNS()
 		s.tick()
-		for _, c := range wc[:n] {
-			if err := c.Err(); err != nil {
+		for _, c := range v.wc[:n] {
+			if err := v.receive(c); err != nil {
 				return nil, err
 			}
-			qi, k := int(c.ID>>32), int(uint32(c.ID))
-			q := s.qps[qi]
-			if o.verify {
-				if int(c.ByteLen) != size {
-					return nil, fmt.Errorf("--verify: QP %d received %d bytes, want %d", qi, c.ByteLen, size)
-				}
-				// The slot is this receive's alone until it is
-				// reposted; clearing it makes a message that never
-				// lands fail the next check.
-				if err := checkPattern(slot(q, k), qi, "data received"); err != nil {
-					return nil, err
-				}
-				clear(slot(q, k))
-			}
-			tot++
-			rcnt[qi]++
-			if r.durationMode || rcnt[qi]+uint64(o.rxDepth) <= iters {
-				if err := post(qi, k); err != nil {
-					return nil, err
-				}
-			}
-			sinceCredit[qi]++
-			if sinceCredit[qi] == creditCnt {
-				sinceCredit[qi] = 0
-				for outstandingCredits >= o.txDepth {
-					k, err := s.scq.Wait(rctx, swc)
-					if err != nil {
-						return nil, stallErr(rctx, err)
-					}
-					for _, c := range swc[:k] {
-						if err := c.Err(); err != nil {
-							return nil, err
-						}
-					}
-					outstandingCredits -= k
-				}
-				binary32(q.ctrl[:4], uint32(rcnt[qi]))
-				if err := q.qp.PostSend(verbs.SendWR{ID: uint64(qi), Op: verbs.OpWrite, Flags: verbs.Signaled | verbs.Inline,
-					SGL: []verbs.SGE{q.ctrlMR.SGE(0, 4)}, RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey}); err != nil {
-					return nil, fmt.Errorf("post credit on QP %d: %w", qi, err)
-				}
-				outstandingCredits++
-			}
 		}
-		if k := s.scq.Poll(swc); k > 0 {
-			for _, c := range swc[:k] {
-				if err := c.Err(); err != nil {
-					return nil, err
-				}
+		tot += uint64(n)
+		if k := s.scq.Poll(v.swc); k > 0 {
+			if err := v.credited(k); err != nil {
+				return nil, err
 			}
-			outstandingCredits -= k
 		}
 		if r.durationMode {
 			win.tick(r, t, tot)
@@ -683,34 +622,151 @@ func (s *perfSession) sendServerSize(ctx context.Context, size int) (*bwRun, err
 			s.progress.show(" Send %d bytes: %d/%d", size, tot, total)
 		}
 	}
-	// A last credit for the whole count (perftest's server ends on one),
-	// so that a sender of several sizes knows every credit has landed.
+	if err := v.finish(r.durationMode); err != nil {
+		return nil, err
+	}
 	if !r.durationMode {
-		for qi, q := range s.qps {
-			if sinceCredit[qi] != 0 {
-				binary32(q.ctrl[:4], uint32(rcnt[qi]))
-				if err := q.qp.PostSend(verbs.SendWR{ID: uint64(qi), Op: verbs.OpWrite, Flags: verbs.Signaled | verbs.Inline,
-					SGL: []verbs.SGE{q.ctrlMR.SGE(0, 4)}, RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey}); err != nil {
-					return nil, fmt.Errorf("post credit on QP %d: %w", qi, err)
-				}
-				outstandingCredits++
+		r.end, r.msgs = nowNS(), total
+	} else if r.end == 0 {
+		r.end, r.msgs = nowNS(), tot-win.atStart
+	}
+	return r, nil
+}
+
+// sendServer is the send bw server's run of one size.
+type sendServer struct {
+	s           *perfSession
+	o           *perfOpts
+	size        int
+	rctx        context.Context // the watchdog's
+	creditCnt   uint64          // receives a credit
+	rcnt        []uint64        // receives completed, per QP
+	sinceCredit []uint64        // receives since the last credit, per QP
+	wc, swc     []verbs.WC      // receive, send completions
+	outstanding int             // credit Writes not yet completed
+}
+
+// slot is receive slot k of q. A receive's ID is its QP and slot; without
+// --verify all the receives of a QP share slot 0, as perftest's do.
+func (v *sendServer) slot(q *perfQP, k int) []byte {
+	off := (1 + k) * v.s.bufSize
+	return q.buf[off : off+v.size]
+}
+
+func (v *sendServer) postRecv(qi, k int) error {
+	q := v.s.qps[qi]
+	return q.qp.PostRecv(verbs.RecvWR{ID: uint64(qi)<<32 | uint64(k), SGL: []verbs.SGE{q.mr.SGE((1+k)*v.s.bufSize, v.size)}})
+}
+
+// postRecvs posts rx_depth receives on every QP and clears its credit
+// counter.
+func (v *sendServer) postRecvs() error {
+	s := v.s
+	for qi, q := range s.qps {
+		for k := 0; k < v.o.rxDepth; k++ {
+			if v.o.verify {
+				clear(v.slot(q, k%s.rxSlots))
+			}
+			if err := v.postRecv(qi, k%s.rxSlots); err != nil {
+				return err
+			}
+		}
+		binary32(q.ctrl[:4], 0)
+	}
+	return nil
+}
+
+// receive takes one receive completion: it checks the message (--verify),
+// reposts the receive while more are to come and grants a credit every
+// creditCnt receives.
+func (v *sendServer) receive(c verbs.WC) error {
+	o := v.o
+	if err := c.Err(); err != nil {
+		return err
+	}
+	qi, k := int(c.ID>>32), int(uint32(c.ID))
+	q := v.s.qps[qi]
+	if o.verify {
+		if int(c.ByteLen) != v.size {
+			return fmt.Errorf("--verify: QP %d received %d bytes, want %d", qi, c.ByteLen, v.size)
+		}
+		// The slot is this receive's alone until it is reposted;
+		// clearing it makes a message that never lands fail the next
+		// check.
+		if err := checkPattern(v.slot(q, k), qi, "data received"); err != nil {
+			return err
+		}
+		clear(v.slot(q, k))
+	}
+	v.rcnt[qi]++
+	if o.dur > 0 || v.rcnt[qi]+uint64(o.rxDepth) <= uint64(o.iters) {
+		if err := v.postRecv(qi, k); err != nil {
+			return err
+		}
+	}
+	v.sinceCredit[qi]++
+	if v.sinceCredit[qi] != v.creditCnt {
+		return nil
+	}
+	v.sinceCredit[qi] = 0
+	for v.outstanding >= o.txDepth {
+		k, err := v.s.scq.Wait(v.rctx, v.swc)
+		if err != nil {
+			return stallErr(v.rctx, err)
+		}
+		if err := v.credited(k); err != nil {
+			return err
+		}
+	}
+	return v.postCredit(qi)
+}
+
+// credited takes k completions of credit Writes from swc.
+func (v *sendServer) credited(k int) error {
+	for _, c := range v.swc[:k] {
+		if err := c.Err(); err != nil {
+			return err
+		}
+	}
+	v.outstanding -= k
+	return nil
+}
+
+// postCredit RDMA-Writes QP qi's receive count into the peer's credit
+// word.
+func (v *sendServer) postCredit(qi int) error {
+	q := v.s.qps[qi]
+	binary32(q.ctrl[:4], uint32(v.rcnt[qi]))
+	if err := q.qp.PostSend(verbs.SendWR{ID: uint64(qi), Op: verbs.OpWrite, Flags: verbs.Signaled | verbs.Inline,
+		SGL: []verbs.SGE{q.ctrlMR.SGE(0, 4)}, RemoteAddr: q.rem.VAddr, RKey: q.rem.RKey}); err != nil {
+		return fmt.Errorf("post credit on QP %d: %w", qi, err)
+	}
+	v.outstanding++
+	return nil
+}
+
+// finish grants a last credit for the whole count (perftest's server ends
+// on one, so that a sender of several sizes knows every credit has
+// landed), then waits for the credit Writes to complete.
+func (v *sendServer) finish(durationMode bool) error {
+	if !durationMode {
+		for qi := range v.s.qps {
+			if v.sinceCredit[qi] == 0 {
+				continue
+			}
+			if err := v.postCredit(qi); err != nil {
+				return err
 			}
 		}
 	}
-	// Drain our credit writes.
-	for outstandingCredits > 0 {
-		k, err := s.scq.Wait(rctx, swc)
+	for v.outstanding > 0 {
+		k, err := v.s.scq.Wait(v.rctx, v.swc)
 		if err != nil {
-			return nil, stallErr(rctx, err)
+			return stallErr(v.rctx, err)
 		}
-		outstandingCredits -= k
+		v.outstanding -= k
 	}
-	if !r.durationMode {
-		r.end, r.msgs = now(), total
-	} else if r.end == 0 {
-		r.end, r.msgs = now(), tot-win.atStart
-	}
-	return r, nil
+	return nil
 }
 
 // binary32 stores v in host order, as perftest's ctrl_buf[i] = rcnt does.
