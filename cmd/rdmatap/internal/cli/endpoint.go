@@ -257,7 +257,7 @@ func RegMem(pd *verbs.PD, n int, acc verbs.Access) ([]byte, *verbs.MR, error) {
 // write took 19.5–26 µs one way without it and 10–12 µs with it.
 const LatBusyPoll = 200 * time.Microsecond
 
-// LatPlacement is lat's --placement unless given (see perftest.ParsePerfFlags).
+// LatPlacement is lat's --placement unless given (see perftest's latEndpoint).
 const LatPlacement = "segment"
 
 // ackDelayConfig maps --ack-delay to netstack.Config.AckDelay (0: off).

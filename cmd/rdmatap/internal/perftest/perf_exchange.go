@@ -368,13 +368,12 @@ func (s *perfSession) close() {
 
 func (s *perfSession) connParams() verbs.ConnParams {
 	if s.o.test == PerfLat && s.o.verb == perfWrite && s.o.client() {
-		// ib_write_lat's server Writes first. A responder waits for the
-		// initiator's first FPDU (RFC 5044) unless the initiator asks
-		// for peer-to-peer mode, whose RTR frees it: rdmatap's lat
-		// server opens its gate itself, but a program's QP in a service
-		// (ib_write_lat through rdmatap exec) waits, as does an iWARP
-		// RNIC's, and this client speaks only once it has been written
-		// to. librdmacm's rdma_connect asks for the same.
+		// ib_write_lat's server Writes first. A strict responder
+		// (--mpa-strict, an iWARP RNIC's) waits for the initiator's
+		// first FPDU (RFC 5044) unless the initiator asks for
+		// peer-to-peer mode, whose RTR frees it, and this client speaks
+		// only once it has been written to. librdmacm's rdma_connect
+		// asks for the same.
 		p2p := true
 		return verbs.ConnParams{IRD: -1, ORD: -1, PeerToPeer: &p2p}
 	}

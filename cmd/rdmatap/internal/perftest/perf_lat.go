@@ -51,9 +51,9 @@ func (s *perfSession) runLat(ctx context.Context, stdout io.Writer) error {
 	io.WriteString(stdout, perfResultLine+o.latHeader())
 	if o.verb == perfWrite && !o.client() {
 		// ib_write_lat's server speaks first, which siw's responder lets
-		// it do and an iWARP responder does not (without an RTR). The
-		// client has connected and spoken on the exchange connection
-		// since: it is past the MPA Reply.
+		// it do and a strict one (--mpa-strict, an RNIC's) does not
+		// without an RTR. The client has connected and spoken on the
+		// exchange connection since: it is past the MPA Reply.
 		for _, q := range s.qps {
 			q.qp.OpenTXGate()
 		}
