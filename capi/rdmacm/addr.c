@@ -208,15 +208,35 @@ void rdma_freeaddrinfo(struct rdma_addrinfo *res)
 	}
 }
 
+/* copy_hint duplicates a hint's address into *dst, *len when it is one
+ * (its length covers its family's sockaddr): 0, or -1 with errno. */
+static int copy_hint(struct sockaddr **dst, socklen_t *len, const struct sockaddr *sa, socklen_t salen)
+{
+	socklen_t l = cm_addr_len(sa);
+	if (!sa || !salen)
+		return 0;
+	if (!l || salen < l)
+		return cm_set_errno(EINVAL);
+	*dst = dup_addr(sa, l);
+	if (!*dst)
+		return cm_set_errno(ENOMEM);
+	*len = l;
+	return 0;
+}
+
 /*
  * rdma_getaddrinfo resolves node and service with getaddrinfo: the first
- * address is the destination, or with RAI_PASSIVE the source. It returns
- * 0, getaddrinfo's error code, or -1 with errno set.
+ * address is the destination, or with RAI_PASSIVE the source. Without
+ * node and service it resolves nothing and answers with the hints'
+ * flags, family and addresses; in both cases a source or destination the
+ * resolution left empty is taken from the hints (ai_src_addr,
+ * ai_dst_addr), as rdma-core's does. It returns 0, getaddrinfo's error
+ * code, or -1 with errno set.
  */
 int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_addrinfo *hints,
 		     struct rdma_addrinfo **res)
 {
-	if (!res || (!node && !service))
+	if (!res || (!node && !service && !hints))
 		return cm_set_errno(EINVAL);
 	struct rdma_addrinfo h;
 	memset(&h, 0, sizeof(h));
@@ -224,51 +244,57 @@ int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_ad
 		h = *hints;
 	if (h.ai_family != 0 && h.ai_family != AF_INET && h.ai_family != AF_INET6)
 		return cm_set_errno(EAFNOSUPPORT);
-	struct addrinfo gh, *gres = NULL;
-	memset(&gh, 0, sizeof(gh));
-	gh.ai_family = h.ai_family;
-	gh.ai_socktype = SOCK_STREAM;
-	if (h.ai_flags & RAI_PASSIVE)
-		gh.ai_flags |= AI_PASSIVE;
-	if (h.ai_flags & RAI_NUMERICHOST)
-		gh.ai_flags |= AI_NUMERICHOST;
-	int ret = getaddrinfo(node, service, &gh, &gres);
-	if (ret)
-		return ret;
+	struct addrinfo *gres = NULL;
+	if (node || service) {
+		struct addrinfo gh;
+		memset(&gh, 0, sizeof(gh));
+		gh.ai_family = h.ai_family;
+		gh.ai_socktype = SOCK_STREAM;
+		if (h.ai_flags & RAI_PASSIVE)
+			gh.ai_flags |= AI_PASSIVE;
+		if (h.ai_flags & RAI_NUMERICHOST)
+			gh.ai_flags |= AI_NUMERICHOST;
+		int ret = getaddrinfo(node, service, &gh, &gres);
+		if (ret)
+			return ret;
+	}
 	struct rdma_addrinfo *ai = calloc(1, sizeof(*ai));
 	if (!ai) {
-		freeaddrinfo(gres);
+		if (gres)
+			freeaddrinfo(gres);
 		return cm_set_errno(ENOMEM);
 	}
 	ai->ai_flags = h.ai_flags;
-	ai->ai_family = gres->ai_family;
+	ai->ai_family = gres ? gres->ai_family : h.ai_family;
 	ai->ai_qp_type = h.ai_qp_type ? h.ai_qp_type : IBV_QPT_RC;
 	ai->ai_port_space = h.ai_port_space ? h.ai_port_space : RDMA_PS_TCP;
-	if (h.ai_flags & RAI_PASSIVE) {
-		ai->ai_src_addr = dup_addr(gres->ai_addr, gres->ai_addrlen);
-		ai->ai_src_len = gres->ai_addrlen;
-		if (!ai->ai_src_addr)
-			goto nomem;
-	} else {
-		ai->ai_dst_addr = dup_addr(gres->ai_addr, gres->ai_addrlen);
-		ai->ai_dst_len = gres->ai_addrlen;
-		if (!ai->ai_dst_addr)
-			goto nomem;
-		socklen_t sl = cm_addr_len(h.ai_src_addr);
-		if (sl && h.ai_src_len >= sl) {
-			ai->ai_src_addr = dup_addr(h.ai_src_addr, sl);
-			ai->ai_src_len = sl;
-			if (!ai->ai_src_addr)
-				goto nomem;
-		}
+	int err = 0;
+	if (gres) {
+		struct sockaddr *a = dup_addr(gres->ai_addr, gres->ai_addrlen);
+		if (!a)
+			err = ENOMEM;
+		else if (h.ai_flags & RAI_PASSIVE)
+			ai->ai_src_addr = a, ai->ai_src_len = gres->ai_addrlen;
+		else
+			ai->ai_dst_addr = a, ai->ai_dst_len = gres->ai_addrlen;
+		freeaddrinfo(gres);
 	}
-	freeaddrinfo(gres);
+	if (!err && !ai->ai_src_addr && copy_hint(&ai->ai_src_addr, &ai->ai_src_len, h.ai_src_addr, h.ai_src_len))
+		err = errno;
+	if (!err && !ai->ai_dst_addr && copy_hint(&ai->ai_dst_addr, &ai->ai_dst_len, h.ai_dst_addr, h.ai_dst_len))
+		err = errno;
+	if (!err && !ai->ai_family)
+		ai->ai_family = ai->ai_src_addr ? ai->ai_src_addr->sa_family
+						: ai->ai_dst_addr ? ai->ai_dst_addr->sa_family : 0;
+	if (!err && ((ai->ai_src_addr && ai->ai_src_addr->sa_family != ai->ai_family) ||
+		     (ai->ai_dst_addr && ai->ai_dst_addr->sa_family != ai->ai_family)))
+		err = EINVAL;
+	if (err) {
+		rdma_freeaddrinfo(ai);
+		return cm_set_errno(err);
+	}
 	*res = ai;
 	return 0;
-nomem:
-	freeaddrinfo(gres);
-	rdma_freeaddrinfo(ai);
-	return cm_set_errno(ENOMEM);
 }
 
 const char *rdma_event_str(enum rdma_cm_event_type event)

@@ -109,6 +109,31 @@ int main(int argc, char **argv)
 	CHECK(res->ai_dst_addr && !res->ai_src_addr && res->ai_port_space == RDMA_PS_TCP);
 	rdma_freeaddrinfo(res);
 	CHECK(rdma_getaddrinfo("not an address", "1", &hints, &res) != 0);
+	/* Without node and service: the hints' addresses (libfabric's use). */
+	errno = 0;
+	CHECK(rdma_getaddrinfo(NULL, NULL, NULL, &res) == -1 && errno == EINVAL);
+	struct sockaddr_in hsrc = me;
+	hsrc.sin_port = htons(7002);
+	struct rdma_addrinfo h3 = {.ai_flags = RAI_PASSIVE, .ai_src_addr = (struct sockaddr *)&hsrc,
+				   .ai_src_len = sizeof(hsrc)};
+	CHECK(rdma_getaddrinfo(NULL, NULL, &h3, &res) == 0);
+	CHECK(res->ai_src_addr && !res->ai_dst_addr && res->ai_family == AF_INET && res->ai_src_len == sizeof(hsrc));
+	CHECK(res->ai_qp_type == IBV_QPT_RC && res->ai_port_space == RDMA_PS_TCP && (res->ai_flags & RAI_PASSIVE));
+	CHECK(memcmp(res->ai_src_addr, &hsrc, sizeof(hsrc)) == 0);
+	rdma_freeaddrinfo(res);
+	struct rdma_addrinfo h4 = {.ai_dst_addr = (struct sockaddr *)&hsrc, .ai_dst_len = sizeof(hsrc)};
+	CHECK(rdma_getaddrinfo(NULL, NULL, &h4, &res) == 0);
+	CHECK(res->ai_dst_addr && !res->ai_src_addr && res->ai_family == AF_INET);
+	rdma_freeaddrinfo(res);
+	h4.ai_dst_len = 2; /* shorter than a sockaddr_in */
+	errno = 0;
+	CHECK(rdma_getaddrinfo(NULL, NULL, &h4, &res) == -1 && errno == EINVAL);
+	/* A destination resolved, the source from the hints. */
+	struct rdma_addrinfo h5 = {.ai_flags = RAI_NUMERICHOST, .ai_src_addr = (struct sockaddr *)&hsrc,
+				   .ai_src_len = sizeof(hsrc)};
+	CHECK(rdma_getaddrinfo(argv[1], "7003", &h5, &res) == 0);
+	CHECK(res->ai_dst_addr && res->ai_src_addr && ((struct sockaddr_in *)res->ai_src_addr)->sin_port == htons(7002));
+	rdma_freeaddrinfo(res);
 
 	/* A non-blocking channel with nothing queued. */
 	ch = rdma_create_event_channel();
