@@ -151,7 +151,7 @@ func newCQ(d *Device, ring []WC) *CQ {
 
 // cqOps is what a CQ does, one implementation per kind of device: the
 // embedded CQ's ring (engineCQ), or a service's CQ, reached through its
-// shared ring and socket (remoteCQ, remote.go). Poll and Wait call theirs
+// shared ring and socket (remoteCQ, remote_cq.go). Poll and Wait call theirs
 // statically (see CQ.Poll).
 type cqOps interface {
 	poll(dst []WC) int

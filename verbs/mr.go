@@ -56,11 +56,11 @@ type PD struct {
 	qps int
 	// +checklocks:mu
 	srqs int
-	ops  pdOps // enginePD or remotePD (remote.go): what the PD does
+	ops  pdOps // enginePD or remotePD (remote_pd.go): what the PD does
 }
 
 // pdOps is what a PD does, one implementation per kind of device: an
-// embedded device's (enginePD) or a service's (remotePD, remote.go).
+// embedded device's (enginePD) or a service's (remotePD, remote_pd.go).
 type pdOps interface {
 	regMR(buf []byte, iova uint64, acc Access) (*MR, error)
 	allocMR(maxPages int) (*MR, error)
@@ -164,7 +164,7 @@ type MR struct {
 	freed bool
 
 	// ops is what the MR does, by kind of device: engineMR, or remoteMR
-	// (remote.go), for which r describes the client's own mapping of a
+	// (remote_mr.go), for which r describes the client's own mapping of a
 	// regular MR and fr is a token that stands for a fast-register MR in
 	// work requests.
 	ops mrOps
@@ -172,7 +172,7 @@ type MR struct {
 
 // mrOps is what an MR does, one implementation per kind of device: an
 // embedded device's registration in the engine's STag table (engineMR) or
-// a service's MR (remoteMR, remote.go).
+// a service's MR (remoteMR, remote_mr.go).
 type mrOps interface {
 	// view returns the registered bytes (nil when paged), the first
 	// byte's address, the length and the STag.

@@ -345,7 +345,7 @@ func (qp *QP) SetError() error { return qp.ops.setError() }
 
 // qpOps is what a QP does, one implementation per kind of device: the
 // protocol engine's QP of an embedded device (engineQP), or a QP of a
-// service, reached through its rings and socket (remoteQP, remote.go).
+// service, reached through its rings and socket (remoteQP, remote_qp.go).
 type qpOps interface {
 	qpNum() uint32
 	qpState() QPState
@@ -431,7 +431,7 @@ func (qp *QP) close(how func() error) error {
 // receive queue locks for itself.
 type SRQ struct {
 	pd  *PD
-	ops srqOps           // engineSRQ or remoteSRQ (remote.go): what the SRQ does
+	ops srqOps           // engineSRQ or remoteSRQ (remote_srq.go): what the SRQ does
 	rq  *iwarp.RecvQueue // an embedded SRQ's queue
 
 	mu sync.Mutex
@@ -511,7 +511,7 @@ func (e *enginePD) createSRQ(maxWR, maxSGE int) (*SRQ, error) {
 
 // srqOps is what an SRQ does, one implementation per kind of device: the
 // engine's receive queue (engineSRQ) or a service's SRQ, reached through
-// its ring and socket (remoteSRQ, remote.go). PostRecv calls its
+// its ring and socket (remoteSRQ, remote_srq.go). PostRecv calls its
 // implementation statically (see QP.PostSend).
 type srqOps interface {
 	postRecv(wrs []RecvWR) error
