@@ -12,9 +12,7 @@ import (
 // servedCQ is the service's side of a client's CQ ring: the engine's
 // QPs complete into cq, whose completions Push writes into the ring.
 //
-// mu serialises the producers (the engines' transmitters and receivers,
-// and failWR) and retire: it guards prod and dead. retire takes the
-// session's and the Server's locks under it (dropRing, uncharge).
+// Locks: see the package documentation.
 type servedCQ struct {
 	x    *session
 	h    uint64
@@ -27,7 +25,9 @@ type servedCQ struct {
 	ev   *svc.Eventfd
 	// +checklocks:mu
 	dead bool // the ring is gone
-	refs int  // QPs using it, under session.mu
+	// QPs using it.
+	// +checklocksignore: under session.mu, another object's lock.
+	refs int
 }
 
 func (x *session) createCQ(b *svc.Builder, cqe uint64) ([]int, error) {

@@ -15,7 +15,8 @@ import (
 // a registration of those pages may outlive the next MapPages, and the
 // pages must stay mapped while a peer may place into them.
 type servedFRMR struct {
-	mr   *verbs.MR
+	mr *verbs.MR
+	// +checklocksignore: under session.mu, another object's lock.
 	used map[*servedMR]struct{}
 	// A MAP_MR in several messages: the entries so far.
 	pend []byte

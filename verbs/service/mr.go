@@ -14,10 +14,12 @@ type servedMR struct {
 	mapping []byte
 	n       int64
 	va      uint64 // the client's address of the first byte
-	// Under session.mu: the fast-register MRs that mapped pages of it
-	// (they may place into them until they are freed), and whether it
-	// has been deregistered; the pages are unmapped when both are done.
+	// The fast-register MRs that mapped pages of it (they may place
+	// into them until they are freed), and whether it has been
+	// deregistered; the pages are unmapped when both are done.
+	// +checklocksignore: under session.mu, another object's lock.
 	refs int
+	// +checklocksignore: under session.mu, another object's lock.
 	gone bool
 }
 

@@ -13,34 +13,41 @@ import (
 
 // servedQP is a client's QP and the service's side of its rings.
 //
-// The send ring consumer's state (sqCons, sqSnap, wrs, sgl) is the
-// pass's, under session.pollMu; blocked too, except that releaseQP
-// clears it holding session.ringMu for writing (no pass runs then). The
-// receive ring's (rqCons, rsgl, rqGone) is under rqMu (see session).
-// conn and cost are under session.mu. The rest never changes.
+// Locks: see the package documentation.
 type servedQP struct {
-	qp     *verbs.QP
-	iw     *iwarp.QP // qp's, the engine's
-	num    uint32
-	mem    []byte
-	sq     *svc.Ring
-	rq     *svc.Ring
+	qp  *verbs.QP
+	iw  *iwarp.QP // qp's, the engine's
+	num uint32
+	mem []byte
+	sq  *svc.Ring
+	rq  *svc.Ring
+	// +checklocksignore: under session.pollMu, another object's lock.
 	sqCons uint32
-	sqSnap uint32 // SQ entries pollOnce saw before it took the receives
+	// SQ entries pollOnce saw before it took the receives.
+	// +checklocksignore: under session.pollMu, another object's lock.
+	sqSnap uint32
 	rqMu   sync.Mutex
 	// +checklocks:rqMu
 	rqCons uint32
 	// +checklocks:rqMu
 	rsgl []iwarp.SGE
 	// +checklocks:rqMu
-	rqGone   bool // the receive ring is unmapped
-	wrs      [1]iwarp.SendWR
-	sgl      []iwarp.SGE
-	scq, rcq *servedCQ
-	srq      *servedSRQ
-	blocked  bool  // an SQ or RQ entry waits for room (poller only)
-	conn     bool  // counted against Limits.Conns
-	cost     int64 // charged beside the rings, the connection's included
+	rqGone bool // the receive ring is unmapped
+	// +checklocksignore: under session.pollMu, another object's lock.
+	wrs [1]iwarp.SendWR
+	// +checklocksignore: under session.pollMu, another object's lock.
+	sgl []iwarp.SGE
+	scq *servedCQ
+	rcq *servedCQ
+	srq *servedSRQ
+	// An SQ or RQ entry waits for room (set by the pass; releaseQP
+	// clears it holding session.ringMu for writing).
+	// +checklocksignore: under session.pollMu, another object's lock.
+	blocked bool
+	// +checklocksignore: under session.mu, another object's lock.
+	conn bool // counted against Limits.Conns
+	// +checklocksignore: under session.mu, another object's lock.
+	cost int64 // charged beside the rings, the connection's included
 }
 
 func (x *session) createQP(b *svc.Builder, m svc.Msg) ([]int, error) {

@@ -90,15 +90,7 @@ type Config struct {
 
 // Server serves a device to clients on a unix socket.
 //
-// mu guards the sessions, the admission and mapping counts and the QP
-// owners (the fields marked +checklocks:mu). It is a leaf: no other lock
-// is taken while it is held (ClientStats releases it before it locks
-// each session). Sessions take it after their own locks are released or
-// inside them: inside session.ringMu and servedCQ.mu (dropRing's dropMap from
-// releaseQP, destroySRQ and a served CQ's retire), and from the engine's
-// event path (routeEvent, the device's hook, runs where the QP raises
-// the event, possibly with its txMu or rxMu held). refusing is an atomic;
-// the fields above mu and maxMaps are set by Serve and never change.
+// Locks: see the package documentation.
 type Server struct {
 	dev  *verbs.Device
 	ln   *net.UnixListener

@@ -28,41 +28,7 @@ import (
 // push into its CQ rings (servedCQ.push) and raise its events
 // (sendEvent), and Server.ClientStats reads its counts.
 //
-// Locks:
-//   - wmu: one writer on the socket at a time (replies, events, QP
-//     ends). A leaf, held only across svc.Write.
-//   - mu guards the handle tables, the limits' counts and the charges
-//     (the fields marked +checklocks:mu). A leaf: held for bookkeeping
-//     only, never across a call into the device or the engine.
-//   - pollMu: one pass over the rings at a time (pollOnce), by the poller
-//     or the reader (dispatch). The pass holds it across the engine's
-//     PostSend and PostRecv (QP.mu; QP.txMu, for a send the poster
-//     transmits itself; RecvQueue.mu), the CQs' locks (failWR, and the
-//     completions of those sends) and mu (resolve, stopPoller). It
-//     guards the served QPs' send ring consumer state (sqCons, sqSnap,
-//     and their scratch).
-//   - servedQP.rqMu and servedSRQ.mu: a receive ring's consumer state
-//     (its consumer index, scratch, and whether the ring is gone). The
-//     pass takes them, and so does the engine's receive path when an
-//     untagged message finds the queue empty (refillRQ, refillSRQ, with
-//     the receiving QP's rxMu held): both take entries under the same
-//     lock, so each entry is taken once. Inside them: the engine's
-//     PostRecv (QP.mu, RecvQueue.mu), the CQs' locks (failWR), and mu
-//     (stopPoller, when a ring's index is out of range).
-//   - ringMu: a pass holds it for reading while it touches the rings and
-//     pollQPs and pollSRQs; createQP, createSRQ, destroySRQ and releaseQP
-//     hold it for writing while they add or remove a ring (releaseQP
-//     also to clear servedQP.blocked, which the pass sets).
-//
-// Lock order: pollMu → ringMu → mu (createQP, createSRQ and destroySRQ
-// take mu inside ringMu); ringMu → Server.mu (dropRing); ringMu → SRQ.mu
-// → PD.mu (destroySRQ); pollMu → ringMu → the engine's QP and queue
-// locks → servedCQ.mu; pollMu → ringMu → rqMu or servedSRQ.mu → QP.mu,
-// RecvQueue.mu, servedCQ.mu and mu; QP.rxMu → rqMu or servedSRQ.mu (the
-// engine's refill); servedCQ.mu → Server.mu and servedCQ.mu → mu (a
-// served CQ's retire). Server.mu, mu and wmu are leaves. The fast path's ctl, ctlFd,
-// sleeping and bell are set by hello before the poller starts and never
-// change; blocked is an atomic; stop is closed once, under mu.
+// Locks: see the package documentation.
 type session struct {
 	srv  *Server
 	dev  *verbs.Device

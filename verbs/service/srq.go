@@ -10,9 +10,9 @@ import (
 	"github.com/rdmatap/rdmatap/verbs/internal/svc"
 )
 
-// servedSRQ is a client's SRQ and the service's side of its ring. cons,
-// sgl and gone are under mu (see session); refs is under session.mu; the
-// rest never changes.
+// servedSRQ is a client's SRQ and the service's side of its ring.
+//
+// Locks: see the package documentation.
 type servedSRQ struct {
 	h    uint64
 	srq  *verbs.SRQ
@@ -25,7 +25,8 @@ type servedSRQ struct {
 	// +checklocks:mu
 	sgl []iwarp.SGE
 	// +checklocks:mu
-	gone   bool // the ring is unmapped
+	gone bool // the ring is unmapped
+	// +checklocksignore: under session.mu, another object's lock.
 	refs   int
 	maxSGE int
 	cost   int64 // charged beside the ring
