@@ -346,11 +346,13 @@ func (e *engineListener) close() error {
 
 // ConnRequest is a connection request not yet accepted (a
 // CONNECT_REQUEST event).
+//
+// Locks: see the package documentation.
 type ConnRequest struct {
 	l      *Listener
 	stream *netstack.Conn
 	req    *iwarp.MPARequest
-	mu     sync.Mutex // a leaf: guards used (claim)
+	mu     sync.Mutex
 	// +checklocks:mu
 	used bool
 	// ops is what the request does, by kind of device: engineRequest

@@ -422,13 +422,7 @@ func (qp *QP) close(how func() error) error {
 
 // SRQ is a shared receive queue.
 //
-// mu guards the count of QPs and makes Close's check of it and its store
-// of closed one step against use. closed is written under mu and read
-// without it (PostRecv, Len, SetLimit: an atomic). Close holds mu across
-// the service's DESTROY_SRQ call (remoteSRQ.destroy, which takes the
-// session's lock and then the client's) and then takes the PD's: order
-// SRQ.mu → session.Session.mu, SRQ.mu → client.mu, SRQ.mu → PD.mu. The
-// receive queue locks for itself.
+// Locks: see the package documentation.
 type SRQ struct {
 	pd  *PD
 	ops srqOps           // engineSRQ or remoteSRQ (remote_srq.go): what the SRQ does

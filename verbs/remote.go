@@ -80,19 +80,9 @@ import (
 // client is a device's connection to a service: its session (package
 // verbs/internal/session: the socket, the control page and doorbell, the
 // calls in flight and the session's end) and the tables of what the
-// client made.
+// client made. s is set by Connect before the read loop starts.
 //
-// Locks: mu here and the session's mu (session.Session), neither ever
-// held while the other is taken: the session calls back (Config.Message,
-// Config.Failed) with its own mu released, and the client makes its calls
-// with mu released. mu guards the tables (the fields marked
-// +checklocks:mu). It is a leaf: held only to look up or update them,
-// never across a call or a write. It is taken by any caller's goroutine,
-// the read loop (an event's or QP_DONE's lookup, the session's end), and
-// inside remoteQP.sqMu (the checks and bookkeeping of a REG_MR or BIND_MW
-// posted), MR.mu (Dereg) and SRQ.mu (Close). The session's mu is taken
-// inside MR.mu, SRQ.mu and PD.mu (the service calls of Dereg and Close).
-// s is set by Connect before the read loop starts.
+// Locks: see the package documentation.
 type client struct {
 	dev *Device
 	s   session.Session

@@ -14,19 +14,21 @@ import (
 	"github.com/rdmatap/rdmatap/verbs/internal/svc"
 )
 
-// remoteCQ is the client's side of a CQ ring. Its consumer state, cons
-// and seen, is under the CQ's mu (Poll, Len, WaitEvent); the ring's
-// shared indexes are atomics; dead is stored once, by release (under the
-// CQ's mu from Close, or by the client's close).
+// remoteCQ is the client's side of a CQ ring.
+//
+// Locks: see the package documentation.
 type remoteCQ struct {
 	cq   *CQ
 	cl   *client
 	h    uint64
 	mem  []byte
 	ring *svc.Ring
-	cons uint32 // under CQ.mu
+	// +checklocksignore: under CQ.mu, another object's lock.
+	cons uint32
 	ev   *svc.Eventfd
-	seen uint32 // events consumed; under CQ.mu
+	// Events consumed.
+	// +checklocksignore: under CQ.mu, another object's lock.
+	seen uint32
 	// spin is how long Wait polls before it sleeps (see remoteCQ.wait);
 	// zero: spinWait.
 	spin atomic.Int64

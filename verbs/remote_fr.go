@@ -15,10 +15,7 @@ import (
 // remoteFR is the client's side of a fast-register MR of a service: what
 // its next REG_MR maps and the registration last posted.
 //
-// mu, a leaf, guards every field but maxPages (base, n and rbuf too: they
-// are not annotated because checklocks attributes the annotations after
-// a multi-name field to the wrong fields). It is taken inside
-// remoteQP.sqMu when a REG_MR is posted (registered).
+// Locks: see the package documentation.
 type remoteFR struct {
 	maxPages int
 
@@ -33,9 +30,13 @@ type remoteFR struct {
 	buf []byte // the mapped bytes when they are one run
 	// The registration last posted (the first STag until then).
 	// +checklocks:mu
-	stag    STag
-	base, n uint64
-	rbuf    []byte
+	stag STag
+	// +checklocks:mu
+	base uint64
+	// +checklocks:mu
+	n uint64
+	// +checklocks:mu
+	rbuf []byte
 }
 
 func (f *remoteFR) view() ([]byte, uint64, uint64, STag) {

@@ -10,8 +10,9 @@ import (
 )
 
 // remoteMW is the client's side of a window of a service: the binding
-// last posted. mu, a leaf, guards buf; it is taken inside remoteQP.sqMu
-// when a BIND_MW is checked and posted.
+// last posted.
+//
+// Locks: see the package documentation.
 type remoteMW struct {
 	cl  *client
 	h   uint64

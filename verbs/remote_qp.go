@@ -14,31 +14,31 @@ import (
 
 // remoteQP is the client's side of a QP's rings.
 //
-// sqMu serialises the posters of the send ring: it guards sqProd and the
-// entries being written, and is held across the checks of a REG_MR or
-// BIND_MW (sqMu → client.mu, remoteFR.mu, remoteMW.mu); publishSQ stores
-// the index and releases it. rqMu guards rqProd and the receive ring's
-// entries being written (postRing); errMu guards err. They are not
-// annotated for checklocks: it attributes the annotations after a
-// multi-name field to the wrong fields. The rest never changes.
+// Locks: see the package documentation.
 type remoteQP struct {
-	qp     *QP
-	cl     *client
-	num    uint32
-	mem    []byte
-	sq, rq *svc.Ring
-	sqMu   sync.Mutex
+	qp   *QP
+	cl   *client
+	num  uint32
+	mem  []byte
+	sq   *svc.Ring
+	rq   *svc.Ring
+	sqMu sync.Mutex
+	// +checklocks:sqMu
 	sqProd uint32
 	rqMu   sync.Mutex
+	// +checklocks:rqMu
 	rqProd uint32
 
-	maxSendSGE, maxRecvSGE, maxInline int
+	maxSendSGE int
+	maxRecvSGE int
+	maxInline  int
 
 	done     chan struct{}
 	doneOnce sync.Once
 	errMu    sync.Mutex
-	err      error
-	relOnce  sync.Once
+	// +checklocks:errMu
+	err     error
+	relOnce sync.Once
 }
 
 func (pd *PD) remoteCreateQP(cfg QPConfig) (*QP, error) {
@@ -274,7 +274,7 @@ func (qp *QP) remotePostRecv(wrs []RecvWR) error {
 		return &PostError{Index: 0, Err: iwarp.ErrInvalidState}
 	default:
 	}
-	return postRing(r.cl, r.rq, &r.rqMu, &r.rqProd, r.maxRecvSGE, wrs)
+	return postRing(r.cl, r.rq, &r.rqMu, &r.rqProd, r.maxRecvSGE, wrs) // +checklocksignore: postRing takes rqMu before it touches rqProd
 }
 
 // postRing writes receive WRs into an RQ ring.
