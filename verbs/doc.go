@@ -21,9 +21,10 @@
 // object's mutex guards is marked +checklocksignore with that mutex's
 // name, as checklocks names only the locks of a field's own struct. The
 // fields not named here are set before their object is shared and never
-// change (a device's by Open or Connect; siwReply by a test, before the
-// device is used), or are atomics, channels and onces (a device's
-// counters, QP and PD numbers, lost and hook; an SRQ's closed).
+// change (a device's and its client's by Open or Connect; siwReply by a
+// test, before the device is used), or are atomics, channels and onces
+// (a device's counters, QP and PD numbers, lost and hook; an SRQ's
+// closed).
 //
 //   - Device.mu guards the device's lists of QPs and listeners and its
 //     closed flag. It is held only around their updates: Close copies the

@@ -18,8 +18,9 @@
 // object's mutex guards is marked +checklocksignore with that mutex's
 // name, as checklocks names only the locks of a field's own struct. The
 // fields not named here are set before their object is shared and never
-// change, are atomics, channels or wait groups, or belong to one goroutine
-// (servedFRMR.pend, the reader's).
+// change (a session's ctl, ctlFd, sleeping and bell by hello, before the
+// poller starts), are atomics, channels or wait groups, or belong to one
+// goroutine (servedFRMR.pend, the reader's).
 //
 //   - Server.mu guards the sessions, the admission and mapping counts and
 //     the QP owners (closed, sessions, perUID, pending, maps, mapsUID,
