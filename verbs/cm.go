@@ -187,13 +187,13 @@ type Listener struct {
 	timeout time.Duration
 	wg      sync.WaitGroup
 	// ops is what the listener does, by kind of device: engineListener
-	// (tcp, reqs, timeout and wg are its) or remoteListener (remote.go).
+	// (tcp, reqs, timeout and wg are its) or remoteListener (remote_cm.go).
 	ops listenerOps
 }
 
 // listenerOps is what a listener does, one implementation per kind of
 // device: an embedded device's, on its netstack (engineListener), or a
-// service's, reached through its socket (remoteListener, remote.go).
+// service's, reached through its socket (remoteListener, remote_cm.go).
 type listenerOps interface {
 	addr() netip.AddrPort
 	getRequest(ctx context.Context) (*ConnRequest, error)
@@ -346,21 +346,23 @@ func (e *engineListener) close() error {
 
 // ConnRequest is a connection request not yet accepted (a
 // CONNECT_REQUEST event).
+//
+// Locks: see the package documentation.
 type ConnRequest struct {
 	l      *Listener
 	stream *netstack.Conn
 	req    *iwarp.MPARequest
-	mu     sync.Mutex // a leaf: guards used (claim)
+	mu     sync.Mutex
 	// +checklocks:mu
 	used bool
 	// ops is what the request does, by kind of device: engineRequest
-	// (stream is its) or remoteRequest (remote.go).
+	// (stream is its) or remoteRequest (remote_cm.go).
 	ops requestOps
 }
 
 // requestOps is what a connection request does, one implementation per
 // kind of device: an embedded device's, on its TCP connection
-// (engineRequest), or a service's (remoteRequest, remote.go).
+// (engineRequest), or a service's (remoteRequest, remote_cm.go).
 type requestOps interface {
 	remoteAddr() netip.AddrPort
 	accept(ctx context.Context, qp *QP, p ConnParams) (*Conn, error)

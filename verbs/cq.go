@@ -87,13 +87,7 @@ func (wc WC) Err() error {
 // CQ is a completion queue. Poll may run concurrently with producers; one
 // goroutine at a time should consume it.
 //
-// mu guards the ring (ring, head, n, over), the arming and the count of
-// QPs. On a device of a service it serialises the client's consumers of
-// the shared ring (remoteCQ.cons and seen). Completions are pushed by the
-// engine's transmitter or receiver, with their QP's txMu or rxMu held (the
-// QP's mu is not), and by flush: mu nests inside those. Nothing of the
-// engine is locked under mu. The channels and once are safe on their
-// own; ops and sink never change.
+// Locks: see the package documentation.
 type CQ struct {
 	dev *Device
 	mu  sync.Mutex
@@ -151,7 +145,7 @@ func newCQ(d *Device, ring []WC) *CQ {
 
 // cqOps is what a CQ does, one implementation per kind of device: the
 // embedded CQ's ring (engineCQ), or a service's CQ, reached through its
-// shared ring and socket (remoteCQ, remote.go). Poll and Wait call theirs
+// shared ring and socket (remoteCQ, remote_cq.go). Poll and Wait call theirs
 // statically (see CQ.Poll).
 type cqOps interface {
 	poll(dst []WC) int

@@ -94,12 +94,7 @@ func (p Placement) String() string { return iwarp.Placement(p).String() }
 // Device is an RDMA device: one iWARP RNIC on one netstack. It owns the
 // STag table, the QP numbers and the counters.
 //
-// mu guards the device's lists of QPs and listeners and its closed flag.
-// It is a leaf, held only around their updates: Close copies the lists
-// and closes each QP and listener after releasing it. The counters,
-// the QP and PD numbers, lost and hook are atomics; the rest is set by
-// Open (or Connect; siwReply by a test, before the device is used) and
-// never changes.
+// Locks: see the package documentation.
 type Device struct {
 	cfg    DeviceConfig
 	ns     *netstack.Stack

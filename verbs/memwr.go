@@ -177,12 +177,12 @@ type MW struct {
 	w  *iwarp.Window // a device of a service: a token for work requests
 
 	once sync.Once
-	ops  mwOps // engineMW or remoteMW (remote.go): what the window does
+	ops  mwOps // engineMW or remoteMW (remote_mw.go): what the window does
 }
 
 // mwOps is what a memory window does, one implementation per kind of
 // device: an embedded device's (engineMW) or a service's (remoteMW,
-// remote.go).
+// remote_mw.go).
 type mwOps interface {
 	mwType() MWType
 	rkey() STag

@@ -37,12 +37,7 @@ type STag = uint32
 // PD is a protection domain: MRs and QPs of different PDs cannot use each
 // other.
 //
-// mu guards closed and the counts of what uses the PD. It is held across
-// a registration in the STag table (regMRAt, AllocMR, AllocMW: PD.mu →
-// MemTable.mu) and, on a device of a service, across Close's DEALLOC_PD
-// call (PD.mu → session.Session.mu). An MR's Dereg and an SRQ's Close
-// take it inside their own lock (MR.mu → PD.mu, SRQ.mu → PD.mu). dev, id
-// and ops never change.
+// Locks: see the package documentation.
 type PD struct {
 	dev *Device
 	id  uint32
@@ -56,11 +51,11 @@ type PD struct {
 	qps int
 	// +checklocks:mu
 	srqs int
-	ops  pdOps // enginePD or remotePD (remote.go): what the PD does
+	ops  pdOps // enginePD or remotePD (remote_pd.go): what the PD does
 }
 
 // pdOps is what a PD does, one implementation per kind of device: an
-// embedded device's (enginePD) or a service's (remotePD, remote.go).
+// embedded device's (enginePD) or a service's (remotePD, remote_pd.go).
 type pdOps interface {
 	regMR(buf []byte, iova uint64, acc Access) (*MR, error)
 	allocMR(maxPages int) (*MR, error)
@@ -148,12 +143,7 @@ func (pd *PD) regMRAt(buf []byte, base uint64, acc Access) (*MR, error) {
 // registration; on a device of a service, the registration last posted
 // (the service executes it in send queue order).
 //
-// mu guards freed and makes Dereg one step: it is held across the
-// deregistration (the STag table's lock and fence, or the service's
-// DEREG_MR call and the client's lock) and the PD's count (MR.mu →
-// MemTable.mu, MR.mu → session.Session.mu, MR.mu → client.mu, MR.mu →
-// PD.mu). The other fields never change; a fast-register MR's mapping
-// locks for itself (FastRegMR.mu, remoteFR.mu).
+// Locks: see the package documentation.
 type MR struct {
 	pd *PD
 	r  *iwarp.Region    // RegMR
@@ -164,7 +154,7 @@ type MR struct {
 	freed bool
 
 	// ops is what the MR does, by kind of device: engineMR, or remoteMR
-	// (remote.go), for which r describes the client's own mapping of a
+	// (remote_mr.go), for which r describes the client's own mapping of a
 	// regular MR and fr is a token that stands for a fast-register MR in
 	// work requests.
 	ops mrOps
@@ -172,7 +162,7 @@ type MR struct {
 
 // mrOps is what an MR does, one implementation per kind of device: an
 // embedded device's registration in the engine's STag table (engineMR) or
-// a service's MR (remoteMR, remote.go).
+// a service's MR (remoteMR, remote_mr.go).
 type mrOps interface {
 	// view returns the registered bytes (nil when paged), the first
 	// byte's address, the length and the STag.

@@ -346,7 +346,7 @@ func (qp *QP) SetError() error { return qp.ops.setError() }
 
 // qpOps is what a QP does, one implementation per kind of device: the
 // protocol engine's QP of an embedded device (engineQP), or a QP of a
-// service, reached through its rings and socket (remoteQP, remote.go).
+// service, reached through its rings and socket (remoteQP, remote_qp.go).
 type qpOps interface {
 	qpNum() uint32
 	qpState() QPState
@@ -423,16 +423,10 @@ func (qp *QP) close(how func() error) error {
 
 // SRQ is a shared receive queue.
 //
-// mu guards the count of QPs and makes Close's check of it and its store
-// of closed one step against use. closed is written under mu and read
-// without it (PostRecv, Len, SetLimit: an atomic). Close holds mu across
-// the service's DESTROY_SRQ call (remoteSRQ.destroy, which takes the
-// session's lock and then the client's) and then takes the PD's: order
-// SRQ.mu → session.Session.mu, SRQ.mu → client.mu, SRQ.mu → PD.mu. The
-// receive queue locks for itself.
+// Locks: see the package documentation.
 type SRQ struct {
 	pd  *PD
-	ops srqOps           // engineSRQ or remoteSRQ (remote.go): what the SRQ does
+	ops srqOps           // engineSRQ or remoteSRQ (remote_srq.go): what the SRQ does
 	rq  *iwarp.RecvQueue // an embedded SRQ's queue
 
 	mu sync.Mutex
@@ -512,7 +506,7 @@ func (e *enginePD) createSRQ(maxWR, maxSGE int) (*SRQ, error) {
 
 // srqOps is what an SRQ does, one implementation per kind of device: the
 // engine's receive queue (engineSRQ) or a service's SRQ, reached through
-// its ring and socket (remoteSRQ, remote.go). PostRecv calls its
+// its ring and socket (remoteSRQ, remote_srq.go). PostRecv calls its
 // implementation statically (see QP.PostSend).
 type srqOps interface {
 	postRecv(wrs []RecvWR) error
