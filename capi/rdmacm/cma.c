@@ -1587,8 +1587,8 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 		pthread_mutex_unlock(&mu);
 		return;
 	}
-	if (m->args[0] == RT_EV_DISCONNECTED) {
-		uint32_t qpn = (uint32_t)m->args[1];
+	if (m->args[RT_EVA_TYPE] == RT_EV_DISCONNECTED) {
+		uint32_t qpn = (uint32_t)m->args[RT_EVA_QPN];
 		for (struct cm_id *c = ids; c; c = c->next) {
 			if (c->qpn != qpn || c->destroying)
 				continue;
@@ -1598,9 +1598,9 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 				if (qp)
 					rt_qp_set_state(qp, IBV_QPS_ERR);
 				/* status: 0 for a graceful close by either end,
-				 * -ECONNRESET when an error ended it (argument 6). */
+				 * -ECONNRESET when an error ended it (RT_EVA_REASON). */
 				push_event(to_ch(c->id.channel), c, c, RDMA_CM_EVENT_DISCONNECTED,
-					   m->args[6] == RT_DISC_ERROR ? -ECONNRESET : 0);
+					   m->args[RT_EVA_REASON] == RT_DISC_ERROR ? -ECONNRESET : 0);
 				break;
 			}
 			if (c->state == ST_CONNECTING || c->state == ST_ACCEPTING) {
