@@ -1506,6 +1506,180 @@ static int send_opcode(enum ibv_wr_opcode op, uint8_t *out)
 	}
 }
 
+/* send_flags maps a WR's send flags to the protocol's (7.4). */
+static inline uint8_t send_flags(unsigned f)
+{
+	uint8_t fl = 0;
+	if (f & IBV_SEND_SIGNALED)
+		fl |= RT_SF_SIGNALED;
+	if (f & IBV_SEND_SOLICITED)
+		fl |= RT_SF_SOLICITED;
+	if (f & IBV_SEND_FENCE)
+		fl |= RT_SF_FENCE;
+	return fl;
+}
+
+/* put_sgl copies a WR's SGL into its entry. */
+static inline void put_sgl(struct rt_send_entry *e, const struct ibv_send_wr *wr)
+{
+	e->nsge = (uint16_t)wr->num_sge;
+	for (int i = 0; i < wr->num_sge; i++) {
+		e->sge[i].addr = wr->sg_list[i].addr;
+		e->sge[i].len = wr->sg_list[i].length;
+		e->sge[i].lkey = wr->sg_list[i].lkey;
+	}
+}
+
+/* put_data fills the data of a Send or an RDMA Write: the SGL, or with
+ * IBV_SEND_INLINE its bytes, copied now (the program may reuse its buffer,
+ * or never have registered it) into the entry itself or, without
+ * RT_FEATURE_INLINE_DATA, into the entry's bounce slot. EINVAL for more
+ * inline bytes than the QP's max. */
+__attribute__((always_inline)) static inline int put_data(struct rt_qp *q, uint32_t prod, struct rt_send_entry *e, const struct ibv_send_wr *wr, uint8_t *fl)
+{
+	if (!(wr->send_flags & IBV_SEND_INLINE)) {
+		put_sgl(e, wr);
+		return 0;
+	}
+	size_t total = 0;
+	for (int i = 0; i < wr->num_sge; i++)
+		total += wr->sg_list[i].length;
+	if (total > q->max_inline)
+		return EINVAL;
+	if (!q->bounce) {
+		/* The payload travels in the entry. */
+		uint8_t *d = (uint8_t *)e + sizeof(*e);
+		size_t off = 0;
+		for (int i = 0; i < wr->num_sge; i++) {
+			memcpy(d + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+			off += wr->sg_list[i].length;
+		}
+		e->data_len = (uint32_t)total;
+		*fl |= RT_SF_INLINE | RT_SF_INLINE_DATA;
+		return 0;
+	}
+	uint8_t *slot = q->bounce + (size_t)(prod & (q->sq.cap - 1)) * q->max_inline;
+	size_t off = 0;
+	for (int i = 0; i < wr->num_sge; i++) {
+		memcpy(slot + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+		off += wr->sg_list[i].length;
+	}
+	*fl |= RT_SF_INLINE;
+	if (total) {
+		e->nsge = 1;
+		e->sge[0].addr = (uintptr_t)slot;
+		e->sge[0].len = (uint32_t)total;
+		e->sge[0].lkey = q->bounce_mr->lkey;
+	}
+	return 0;
+}
+
+/* SEND, SEND_WITH_IMM, SEND_WITH_INV. */
+static inline int put_send(struct rt_qp *q, uint32_t prod, struct rt_send_entry *e, const struct ibv_send_wr *wr, uint8_t *fl)
+{
+	if (wr->opcode == IBV_WR_SEND_WITH_IMM)
+		e->imm = wr->imm_data;
+	else if (wr->opcode == IBV_WR_SEND_WITH_INV)
+		e->inv_rkey = wr->invalidate_rkey;
+	return put_data(q, prod, e, wr, fl);
+}
+
+/* RDMA_WRITE, RDMA_WRITE_WITH_IMM. */
+static inline int put_write(struct rt_qp *q, uint32_t prod, struct rt_send_entry *e, const struct ibv_send_wr *wr, uint8_t *fl)
+{
+	e->remote_addr = wr->wr.rdma.remote_addr;
+	e->rkey = wr->wr.rdma.rkey;
+	if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+		e->imm = wr->imm_data;
+	return put_data(q, prod, e, wr, fl);
+}
+
+/* RDMA_READ: the SGL (never inline). */
+static inline int put_read(struct rt_send_entry *e, const struct ibv_send_wr *wr)
+{
+	e->remote_addr = wr->wr.rdma.remote_addr;
+	e->rkey = wr->wr.rdma.rkey;
+	put_sgl(e, wr);
+	return 0;
+}
+
+/* ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD. */
+static inline int put_atomic(struct rt_send_entry *e, const struct ibv_send_wr *wr)
+{
+	e->remote_addr = wr->wr.atomic.remote_addr;
+	e->rkey = wr->wr.atomic.rkey;
+	e->compare_add = wr->wr.atomic.compare_add;
+	e->swap = wr->wr.atomic.swap;
+	put_sgl(e, wr);
+	return 0;
+}
+
+/* LOCAL_INV. */
+static inline int put_local_inv(struct rt_send_entry *e, const struct ibv_send_wr *wr)
+{
+	e->inv_rkey = wr->invalidate_rkey;
+	put_sgl(e, wr);
+	return 0;
+}
+
+/* BIND_MW: a type 2 window (protocol 7.3): no SGE, neither inline nor
+ * solicited. */
+static inline int put_bind_mw(struct rt_send_entry *e, const struct ibv_send_wr *wr)
+{
+	const struct ibv_mw_bind_info *bi = &wr->bind_mw.bind_info;
+	if (!wr->bind_mw.mw || (wr->send_flags & (IBV_SEND_INLINE | IBV_SEND_SOLICITED)))
+		return EINVAL;
+	e->rkey = wr->bind_mw.rkey;
+	e->remote_addr = bi->addr;
+	e->compare_add = bi->length;
+	e->inv_rkey = bi->mr ? bi->mr->rkey : 0;
+	e->imm = bi->mw_access_flags;
+	e->swap = ((struct rt_mw *)wr->bind_mw.mw)->h;
+	return 0;
+}
+
+/* put_wr fills the SQ entry e, at index prod of q's SQ, from wr, whose
+ * opcode send_opcode took as op: 0, or EINVAL for a WR the protocol cannot
+ * carry (the entry is then not to be published). */
+static inline int put_wr(struct rt_qp *q, uint32_t prod, struct rt_send_entry *e, const struct ibv_send_wr *wr, uint8_t op)
+{
+	memset(e, 0, sizeof(*e));
+	e->id = wr->wr_id;
+	e->opcode = op;
+	uint8_t fl = send_flags(wr->send_flags);
+	int err;
+	switch (wr->opcode) {
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM:
+	case IBV_WR_SEND_WITH_INV:
+		err = put_send(q, prod, e, wr, &fl);
+		break;
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		err = put_write(q, prod, e, wr, &fl);
+		break;
+	case IBV_WR_RDMA_READ:
+		err = put_read(e, wr);
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		err = put_atomic(e, wr);
+		break;
+	case IBV_WR_LOCAL_INV:
+		err = put_local_inv(e, wr);
+		break;
+	case IBV_WR_BIND_MW:
+		err = put_bind_mw(e, wr);
+		break;
+	default:
+		err = EINVAL; /* send_opcode refuses it first */
+		break;
+	}
+	if (!err)
+		e->flags = fl;
+	return err;
+}
+
 int rt_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
 	struct rt_qp *q = (struct rt_qp *)qp;
@@ -1532,103 +1706,9 @@ int rt_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr *
 			err = ENOMEM;
 			break;
 		}
-		struct rt_send_entry *e = (struct rt_send_entry *)(void *)ring_entry(&q->sq, prod);
-		memset(e, 0, sizeof(*e));
-		e->id = wr->wr_id;
-		e->opcode = op;
-		uint8_t fl = 0;
-		if (wr->send_flags & IBV_SEND_SIGNALED)
-			fl |= RT_SF_SIGNALED;
-		if (wr->send_flags & IBV_SEND_SOLICITED)
-			fl |= RT_SF_SOLICITED;
-		if (wr->send_flags & IBV_SEND_FENCE)
-			fl |= RT_SF_FENCE;
-		switch (wr->opcode) {
-		case IBV_WR_RDMA_WRITE:
-		case IBV_WR_RDMA_WRITE_WITH_IMM:
-		case IBV_WR_RDMA_READ:
-			e->remote_addr = wr->wr.rdma.remote_addr;
-			e->rkey = wr->wr.rdma.rkey;
+		err = put_wr(q, prod, (struct rt_send_entry *)(void *)ring_entry(&q->sq, prod), wr, op);
+		if (err)
 			break;
-		case IBV_WR_ATOMIC_CMP_AND_SWP:
-		case IBV_WR_ATOMIC_FETCH_AND_ADD:
-			e->remote_addr = wr->wr.atomic.remote_addr;
-			e->rkey = wr->wr.atomic.rkey;
-			e->compare_add = wr->wr.atomic.compare_add;
-			e->swap = wr->wr.atomic.swap;
-			break;
-		default:
-			break;
-		}
-		if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr->opcode == IBV_WR_SEND_WITH_IMM)
-			e->imm = wr->imm_data;
-		if (wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == IBV_WR_SEND_WITH_INV)
-			e->inv_rkey = wr->invalidate_rkey;
-		if (wr->opcode == IBV_WR_BIND_MW) {
-			/* a type 2 window (protocol 7.3): no SGE, no inline */
-			const struct ibv_mw_bind_info *bi = &wr->bind_mw.bind_info;
-			if (!wr->bind_mw.mw || (wr->send_flags & (IBV_SEND_INLINE | IBV_SEND_SOLICITED))) {
-				err = EINVAL;
-				break;
-			}
-			e->rkey = wr->bind_mw.rkey;
-			e->remote_addr = bi->addr;
-			e->compare_add = bi->length;
-			e->inv_rkey = bi->mr ? bi->mr->rkey : 0;
-			e->imm = bi->mw_access_flags;
-			e->swap = ((struct rt_mw *)wr->bind_mw.mw)->h;
-			e->flags = fl;
-			prod++;
-			continue;
-		}
-		int inl = (wr->send_flags & IBV_SEND_INLINE) &&
-			  (wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM || wr->opcode == IBV_WR_RDMA_WRITE ||
-			   wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr->opcode == IBV_WR_SEND_WITH_INV);
-		if (inl) {
-			/* Copy into this entry's bounce slot now: the program may
-			 * reuse its buffer (or never have registered it). */
-			size_t total = 0;
-			for (int i = 0; i < wr->num_sge; i++)
-				total += wr->sg_list[i].length;
-			if (total > q->max_inline) {
-				err = EINVAL;
-				break;
-			}
-			if (!q->bounce) {
-				/* The payload travels in the entry. */
-				uint8_t *d = (uint8_t *)e + sizeof(*e);
-				size_t off = 0;
-				for (int i = 0; i < wr->num_sge; i++) {
-					memcpy(d + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
-					off += wr->sg_list[i].length;
-				}
-				e->data_len = (uint32_t)total;
-				e->flags = fl | RT_SF_INLINE | RT_SF_INLINE_DATA;
-				prod++;
-				continue;
-			}
-			uint8_t *slot = q->bounce + (size_t)(prod & (q->sq.cap - 1)) * q->max_inline;
-			size_t off = 0;
-			for (int i = 0; i < wr->num_sge; i++) {
-				memcpy(slot + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
-				off += wr->sg_list[i].length;
-			}
-			fl |= RT_SF_INLINE;
-			if (total) {
-				e->nsge = 1;
-				e->sge[0].addr = (uintptr_t)slot;
-				e->sge[0].len = (uint32_t)total;
-				e->sge[0].lkey = q->bounce_mr->lkey;
-			}
-		} else {
-			e->nsge = (uint16_t)wr->num_sge;
-			for (int i = 0; i < wr->num_sge; i++) {
-				e->sge[i].addr = wr->sg_list[i].addr;
-				e->sge[i].len = wr->sg_list[i].length;
-				e->sge[i].lkey = wr->sg_list[i].lkey;
-			}
-		}
-		e->flags = fl;
 		prod++;
 	}
 	if (prod != start) {
@@ -1644,18 +1724,6 @@ int rt_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr *
 }
 
 /* ---- memory windows ---- */
-
-static uint8_t send_flags(unsigned f)
-{
-	uint8_t fl = 0;
-	if (f & IBV_SEND_SIGNALED)
-		fl |= RT_SF_SIGNALED;
-	if (f & IBV_SEND_SOLICITED)
-		fl |= RT_SF_SOLICITED;
-	if (f & IBV_SEND_FENCE)
-		fl |= RT_SF_FENCE;
-	return fl;
-}
 
 struct ibv_mw *rt_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
 {
