@@ -370,6 +370,56 @@ const (
 	EventArgs                // the number of arguments
 )
 
+// A DIAL or ACCEPT reply's arguments, by index: what the connection
+// negotiated.
+const (
+	NegMPARevision = iota
+	NegCRC         // 1: on
+	NegIRD
+	NegORD
+	NegPeerToPeer // 1: on
+	NegRTR        // the RTR type used
+	NegMarkersTx  // 1: this end inserts markers
+	NegMarkersRx  // 1: the peer inserts markers
+	NegArgs       // the number of arguments
+)
+
+// A DIAL or ACCEPT reply's fields, by index.
+const (
+	ConnFieldLocal       = iota // the local address, IP:PORT
+	ConnFieldRemote             // the remote address
+	ConnFieldPrivateData        // the peer's private data
+	ConnFields                  // the number of fields
+)
+
+// LISTEN's reply arguments, by index.
+const (
+	ListenHandle = iota // the listener's handle
+	ListenPort          // the port listened on
+	ListenArgs          // the number of arguments
+)
+
+// GET_REQUEST's reply arguments, by index: the connection request and
+// what its initiator asked for.
+const (
+	ReqHandle      = iota // the connection request's handle
+	ReqMPARevision        // the initiator's MPA revision
+	ReqCRC                // 1: CRC asked
+	ReqIRD                // IRD offered
+	ReqORD                // ORD offered
+	ReqPeerToPeer         // 1: peer-to-peer asked
+	ReqRTR                // RTR types offered
+	ReqMarkers            // 1: markers asked
+	ReqArgs               // the number of arguments
+)
+
+// GET_REQUEST's reply fields, by index.
+const (
+	ReqFieldAddr        = iota // the initiator's address, IP:PORT
+	ReqFieldPrivateData        // its private data
+	ReqFields                  // the number of fields
+)
+
 // DISCONNECTED events' reasons (EVENT's argument EventArgReason, FeatureCM).
 const (
 	DisconnectLocal = 1 // this end closed gracefully first (DISCONNECT)
