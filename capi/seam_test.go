@@ -84,6 +84,17 @@ var goConstants = map[string]string{
 	"RT_PORT_ACTIVE_SPEED": "svc.PortActiveSpeed", "RT_PORT_ARGS": "svc.PortArgs",
 	"RT_PORT_FIELD_IPV4": "svc.PortFieldIPv4", "RT_PORT_FIELD_MAC": "svc.PortFieldMAC", "RT_PORT_FIELD_GID": "svc.PortFieldGID",
 	"RT_PORT_FIELD_GUID": "svc.PortFieldGUID", "RT_PORT_FIELDS": "svc.PortFields",
+	// Connections: DIAL and ACCEPT, LISTEN and GET_REQUEST replies.
+	"RT_NEG_MPA_REVISION": "svc.NegMPARevision", "RT_NEG_CRC": "svc.NegCRC", "RT_NEG_IRD": "svc.NegIRD", "RT_NEG_ORD": "svc.NegORD",
+	"RT_NEG_PEER_TO_PEER": "svc.NegPeerToPeer", "RT_NEG_RTR": "svc.NegRTR", "RT_NEG_MARKERS_TX": "svc.NegMarkersTx",
+	"RT_NEG_MARKERS_RX": "svc.NegMarkersRx", "RT_NEG_ARGS": "svc.NegArgs",
+	"RT_CONN_FIELD_LOCAL": "svc.ConnFieldLocal", "RT_CONN_FIELD_REMOTE": "svc.ConnFieldRemote",
+	"RT_CONN_FIELD_PRIVATE_DATA": "svc.ConnFieldPrivateData", "RT_CONN_FIELDS": "svc.ConnFields",
+	"RT_LISTEN_HANDLE": "svc.ListenHandle", "RT_LISTEN_PORT": "svc.ListenPort", "RT_LISTEN_ARGS": "svc.ListenArgs",
+	"RT_REQ_HANDLE": "svc.ReqHandle", "RT_REQ_MPA_REVISION": "svc.ReqMPARevision", "RT_REQ_CRC": "svc.ReqCRC",
+	"RT_REQ_IRD": "svc.ReqIRD", "RT_REQ_ORD": "svc.ReqORD", "RT_REQ_PEER_TO_PEER": "svc.ReqPeerToPeer", "RT_REQ_RTR": "svc.ReqRTR",
+	"RT_REQ_MARKERS": "svc.ReqMarkers", "RT_REQ_ARGS": "svc.ReqArgs",
+	"RT_REQ_FIELD_ADDR": "svc.ReqFieldAddr", "RT_REQ_FIELD_PRIVATE_DATA": "svc.ReqFieldPrivateData", "RT_REQ_FIELDS": "svc.ReqFields",
 	// Rings: send opcodes and flags, completion flags, arm states.
 	"RING_ENTRIES": "svc.RingHeader",
 	"RT_OP_SEND":   "iwarp.WRSend", "RT_OP_SEND_WITH_INV": "iwarp.WRSendInvalidate", "RT_OP_RDMA_WRITE": "iwarp.WRWrite",

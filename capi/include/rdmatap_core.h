@@ -197,6 +197,56 @@ enum rt_port_field {
 /* Tri (protocol section 7.10). */
 enum rt_tri { RT_TRI_UNSET = 0, RT_TRI_FALSE = 1, RT_TRI_TRUE = 2 };
 
+/* A DIAL or ACCEPT reply's arguments, by index: what the connection
+ * negotiated (protocol section 5.6). */
+enum rt_neg_arg {
+	RT_NEG_MPA_REVISION = 0,
+	RT_NEG_CRC = 1, /* 1: on */
+	RT_NEG_IRD = 2,
+	RT_NEG_ORD = 3,
+	RT_NEG_PEER_TO_PEER = 4, /* 1: on */
+	RT_NEG_RTR = 5,          /* the RTR type used */
+	RT_NEG_MARKERS_TX = 6,   /* 1: this end inserts markers */
+	RT_NEG_MARKERS_RX = 7,   /* 1: the peer inserts markers */
+	RT_NEG_ARGS = 8,         /* the number of arguments */
+};
+
+/* A DIAL or ACCEPT reply's fields, by index. */
+enum rt_conn_field {
+	RT_CONN_FIELD_LOCAL = 0,        /* the local address, IP:PORT */
+	RT_CONN_FIELD_REMOTE = 1,       /* the remote address */
+	RT_CONN_FIELD_PRIVATE_DATA = 2, /* the peer's private data */
+	RT_CONN_FIELDS = 3,             /* the number of fields */
+};
+
+/* LISTEN's reply arguments, by index (protocol section 5.6). */
+enum rt_listen_arg {
+	RT_LISTEN_HANDLE = 0, /* the listener's handle */
+	RT_LISTEN_PORT = 1,   /* the port listened on */
+	RT_LISTEN_ARGS = 2,   /* the number of arguments */
+};
+
+/* GET_REQUEST's reply arguments, by index (protocol section 5.6): the
+ * connection request and what its initiator asked for. */
+enum rt_req_arg {
+	RT_REQ_HANDLE = 0,       /* the connection request's handle */
+	RT_REQ_MPA_REVISION = 1, /* the initiator's MPA revision */
+	RT_REQ_CRC = 2,          /* 1: CRC asked */
+	RT_REQ_IRD = 3,          /* IRD offered */
+	RT_REQ_ORD = 4,          /* ORD offered */
+	RT_REQ_PEER_TO_PEER = 5, /* 1: peer-to-peer asked */
+	RT_REQ_RTR = 6,          /* RTR types offered */
+	RT_REQ_MARKERS = 7,      /* 1: markers asked */
+	RT_REQ_ARGS = 8,         /* the number of arguments */
+};
+
+/* GET_REQUEST's reply fields, by index. */
+enum rt_req_field {
+	RT_REQ_FIELD_ADDR = 0,         /* the initiator's address, IP:PORT */
+	RT_REQ_FIELD_PRIVATE_DATA = 1, /* its private data */
+	RT_REQ_FIELDS = 2,             /* the number of fields */
+};
+
 /* The session of the process (opaque). */
 struct rt_session;
 
