@@ -264,12 +264,13 @@ func (e *svcError) Error() string { return e.text }
 func (e *svcError) Unwrap() []error { return e.errs }
 
 func (cl *client) event(m svc.Msg) {
-	e := AsyncEvent{Type: AsyncEventType(m.Arg(0)), QPNum: uint32(m.Arg(1)),
-		Term: TermCode{Layer: TermLayer(m.Arg(3)), EType: uint8(m.Arg(4)), Code: uint8(m.Arg(5))}}
+	e := AsyncEvent{Type: AsyncEventType(m.Arg(svc.EventArgType)), QPNum: uint32(m.Arg(svc.EventArgQPN)),
+		Term: TermCode{Layer: TermLayer(m.Arg(svc.EventArgTermLayer)), EType: uint8(m.Arg(svc.EventArgTermType)),
+			Code: uint8(m.Arg(svc.EventArgTermCode))}}
 	if e.Type > EventSRQErr {
 		return
 	}
-	if h := m.Arg(2); h != 0 {
+	if h := m.Arg(svc.EventArgSRQ); h != 0 {
 		cl.mu.Lock()
 		e.SRQ = cl.srqs[h]
 		cl.mu.Unlock()
@@ -278,7 +279,7 @@ func (cl *client) event(m svc.Msg) {
 	if n, _ := svc.Fields(m.Payload(), f[:]); n == 1 && len(f[0]) > 0 {
 		e.Err = errors.New(string(f[0]))
 	}
-	if e.Type == EventDisconnected && m.Arg(6) == svc.DisconnectPeer && e.Err == nil {
+	if e.Type == EventDisconnected && m.Arg(svc.EventArgReason) == svc.DisconnectPeer && e.Err == nil {
 		e.ByPeer = true
 	}
 	cl.dev.post(e)

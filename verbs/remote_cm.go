@@ -19,18 +19,19 @@ func connArgs(b *svc.Builder, p ConnParams) {
 // connFrom reads a DIAL or ACCEPT reply: negotiated parameters, the
 // addresses and the peer's private data.
 func connFrom(qp *QP, m svc.Msg) (*Conn, error) {
-	var f [3][]byte
-	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 3 {
+	var f [svc.ConnFields][]byte
+	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != svc.ConnFields {
 		return nil, fmt.Errorf("verbs: malformed connection reply from the service")
 	}
-	la, err1 := netip.ParseAddrPort(string(f[0]))
-	ra, err2 := netip.ParseAddrPort(string(f[1]))
+	la, err1 := netip.ParseAddrPort(string(f[svc.ConnFieldLocal]))
+	ra, err2 := netip.ParseAddrPort(string(f[svc.ConnFieldRemote]))
 	if err1 != nil || err2 != nil {
 		return nil, fmt.Errorf("verbs: malformed addresses from the service")
 	}
-	neg := Negotiated{MPARevision: uint8(m.Arg(0)), CRC: m.Arg(1) != 0, IRD: int(m.Arg(2)), ORD: int(m.Arg(3)),
-		PeerToPeer: m.Arg(4) != 0, RTR: RTR(m.Arg(5)), MarkersTx: m.Arg(6) != 0, MarkersRx: m.Arg(7) != 0}
-	return &Conn{qp: qp, peerData: append([]byte(nil), f[2]...), neg: neg, laddr: la, raddr: ra}, nil
+	neg := Negotiated{MPARevision: uint8(m.Arg(svc.NegMPARevision)), CRC: m.Arg(svc.NegCRC) != 0, IRD: int(m.Arg(svc.NegIRD)),
+		ORD: int(m.Arg(svc.NegORD)), PeerToPeer: m.Arg(svc.NegPeerToPeer) != 0, RTR: RTR(m.Arg(svc.NegRTR)),
+		MarkersTx: m.Arg(svc.NegMarkersTx) != 0, MarkersRx: m.Arg(svc.NegMarkersRx) != 0}
+	return &Conn{qp: qp, peerData: append([]byte(nil), f[svc.ConnFieldPrivateData]...), neg: neg, laddr: la, raddr: ra}, nil
 }
 
 func (cl *client) dial(ctx context.Context, qp *QP, raddr netip.AddrPort, p ConnParams) (*Conn, error) {
@@ -83,7 +84,7 @@ func (cl *client) listen(laddr netip.AddrPort, cfg ListenConfig) (*Listener, err
 		}
 	}
 	l := &Listener{dev: d, closed: make(chan struct{})}
-	l.ops = &remoteListener{l: l, h: r.m.Arg(0), laddr: netip.AddrPortFrom(ip, uint16(r.m.Arg(1)))}
+	l.ops = &remoteListener{l: l, h: r.m.Arg(svc.ListenHandle), laddr: netip.AddrPortFrom(ip, uint16(r.m.Arg(svc.ListenPort)))}
 	d.mu.Lock()
 	d.listeners[l] = struct{}{}
 	d.mu.Unlock()
@@ -111,16 +112,18 @@ func (rl *remoteListener) getRequest(ctx context.Context) (*ConnRequest, error) 
 		return nil, err
 	}
 	m := r.m
-	var f [2][]byte
-	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != 2 {
+	var f [svc.ReqFields][]byte
+	if n, err := svc.Fields(m.Payload(), f[:]); err != nil || n != svc.ReqFields {
 		return nil, fmt.Errorf("verbs: malformed connection request from the service")
 	}
-	ra, _ := netip.ParseAddrPort(string(f[0]))
-	req := &iwarp.MPARequest{Revision: uint8(m.Arg(1)), CRC: m.Arg(2) != 0, Enhanced: m.Arg(1) == 2,
-		V2:          iwarp.MPAv2Params{IRD: uint16(m.Arg(3)), ORD: uint16(m.Arg(4)), PeerToPeer: m.Arg(5) != 0, RTR: iwarp.RTR(m.Arg(6))},
-		PrivateData: append([]byte(nil), f[1]...), Markers: m.Arg(7) != 0}
+	ra, _ := netip.ParseAddrPort(string(f[svc.ReqFieldAddr]))
+	req := &iwarp.MPARequest{Revision: uint8(m.Arg(svc.ReqMPARevision)), CRC: m.Arg(svc.ReqCRC) != 0,
+		Enhanced: m.Arg(svc.ReqMPARevision) == 2,
+		V2: iwarp.MPAv2Params{IRD: uint16(m.Arg(svc.ReqIRD)), ORD: uint16(m.Arg(svc.ReqORD)),
+			PeerToPeer: m.Arg(svc.ReqPeerToPeer) != 0, RTR: iwarp.RTR(m.Arg(svc.ReqRTR))},
+		PrivateData: append([]byte(nil), f[svc.ReqFieldPrivateData]...), Markers: m.Arg(svc.ReqMarkers) != 0}
 	cr := &ConnRequest{l: l, req: req}
-	cr.ops = &remoteRequest{r: cr, h: m.Arg(0), raddr: ra}
+	cr.ops = &remoteRequest{r: cr, h: m.Arg(svc.ReqHandle), raddr: ra}
 	return cr, nil
 }
 

@@ -17,13 +17,15 @@
 #define RT_FEATURE_LINK 4ULL
 #define RT_FEATURE_CM 8ULL
 #define RT_FEATURES (RT_FEATURE_QUERY_DEVICE | RT_FEATURE_INLINE_DATA | RT_FEATURE_LINK | RT_FEATURE_CM)
-#define RT_QD_ARGS 23
 
 /* The session's control page and doorbell (8.1, 8.4). */
 uint32_t *rt_session_ctl(struct rt_session *s);
 int rt_session_doorbell(struct rt_session *s);
-/* The QUERY_DEVICE reply's arguments (22), or NULL when the service does not offer it. */
+/* The QUERY_DEVICE reply's arguments (RT_QD_ARGS), or the defaults of
+ * the service's limits (protocol 6.1) when it does not offer it. */
 const uint64_t *rt_session_limits(struct rt_session *s);
+/* One of them: the limits libibverbs' checks are made against. */
+static inline uint64_t rt_limit(struct rt_session *s, enum rt_query_device_arg i) { return rt_session_limits(s)[i]; }
 /* HELLO's flags (bit 0: extensions off). */
 uint64_t rt_session_flags(struct rt_session *s);
 

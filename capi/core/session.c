@@ -48,6 +48,34 @@ struct rt_session {
 	uint64_t limits[RT_QD_ARGS];
 };
 
+/* Defaults of the service's limits (protocol 6.1) for a service that does
+ * not offer QUERY_DEVICE. */
+static const uint64_t default_limits[RT_QD_ARGS] = {
+	[RT_QD_MAX_QP] = 1024,
+	[RT_QD_MAX_QP_WR] = 16384,
+	[RT_QD_MAX_SGE] = 64,
+	[RT_QD_MAX_SGE_RD] = 64,
+	[RT_QD_MAX_CQ] = 1024,
+	[RT_QD_MAX_CQE] = 65536,
+	[RT_QD_MAX_MR] = 4096,
+	[RT_QD_MAX_MR_SIZE] = 1ULL << 30,
+	[RT_QD_MAX_PD] = 1024,
+	[RT_QD_MAX_QP_RD_ATOM] = 16,
+	[RT_QD_MAX_QP_INIT_RD] = 16,
+	[RT_QD_MAX_SRQ] = 1024,
+	[RT_QD_MAX_SRQ_WR] = 16384,
+	[RT_QD_MAX_SRQ_SGE] = 64,
+	[RT_QD_MAX_INLINE] = 4096,
+	[RT_QD_MAX_PRIV_DATA] = 508,
+	[RT_QD_MAX_MSG_SIZE] = 1ULL << 31,
+	[RT_QD_ATOMIC_CAP] = 1,
+	[RT_QD_PAGE_SIZE_CAP] = 0xfffff000,
+	[RT_QD_MAX_MW] = 4096,
+	[RT_QD_MAX_FR_PAGES] = 1 << 20,
+	[RT_QD_VENDOR_PART_ID] = 0,
+	[RT_QD_VENDOR_ID] = 0,
+};
+
 static pthread_mutex_t session_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct rt_session *session;
 static int atfork_done;
@@ -420,9 +448,9 @@ static int hello(struct rt_session *s)
 		errno = e;
 		return -1;
 	}
-	s->flags = m->args[1];
-	s->id = m->args[2];
-	s->features = m->args[3] & RT_FEATURES;
+	s->flags = m->args[RT_HELLO_FLAGS];
+	s->id = m->args[RT_HELLO_ID];
+	s->features = m->args[RT_HELLO_FEATURES] & RT_FEATURES;
 	if (rt_msg_field(m, 0, &name, &nlen) == 0) {
 		if (nlen >= sizeof(s->devname))
 			nlen = sizeof(s->devname) - 1;
@@ -540,7 +568,7 @@ RT_VISIBLE int rt_session_dead(struct rt_session *s) { return __atomic_load_n(&s
 
 uint32_t *rt_session_ctl(struct rt_session *s) { return s->ctl; }
 int rt_session_doorbell(struct rt_session *s) { return s->doorbell; }
-const uint64_t *rt_session_limits(struct rt_session *s) { return s->have_limits ? s->limits : NULL; }
+const uint64_t *rt_session_limits(struct rt_session *s) { return s->have_limits ? s->limits : default_limits; }
 uint64_t rt_session_flags(struct rt_session *s) { return s->flags; }
 RT_VISIBLE uint64_t rt_session_features(struct rt_session *s) { return s->features; }
 

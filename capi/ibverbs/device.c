@@ -12,23 +12,10 @@
 
 #undef ibv_get_device_list
 #undef ibv_query_port
-#undef ibv_reg_mr
 
 /* The one device: the service's. */
 static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ibv_device *the_device;
-
-/* Defaults of the service's limits (protocol 6.1) for a service that does
- * not offer QUERY_DEVICE. */
-static const uint64_t default_limits[RT_QD_ARGS] = {
-	1024, 16384, 64, 64, 1024, 65536, 4096, 1ULL << 30, 1024, 16, 16, 1024, 16384, 64, 4096, 508, 1ULL << 31, 1, 0xfffff000, 4096, 1 << 20, 0, 0,
-};
-
-static const uint64_t *limits(struct rt_session *s)
-{
-	const uint64_t *l = rt_session_limits(s);
-	return l ? l : default_limits;
-}
 
 /* The port as QUERY_PORT gives it (protocol 5.7), or, from a service that
  * does not offer it, a made-up one: up, MTU 1500, and a locally
@@ -74,24 +61,27 @@ static void port_of(struct rt_session *s, const char *name, struct port_info *p)
 		return;
 	uint64_t port = 1;
 	struct rt_request req = {.type = RT_QUERY_PORT, .nargs = 1, .args = &port};
-	const uint8_t *f[4];
-	uint16_t n[4];
-	int ok = rt_call(s, &req, m) == 0 && m->args[0] >= 1 && m->args[0] <= 5 && m->args[3] >= 1 && m->args[3] <= 5;
-	for (unsigned i = 0; ok && i < 4; i++)
+	const uint8_t *f[RT_PORT_FIELDS];
+	uint16_t n[RT_PORT_FIELDS];
+	const uint64_t *a = m->args;
+	int ok = rt_call(s, &req, m) == 0 && a[RT_PORT_STATE] >= 1 && a[RT_PORT_STATE] <= 5 && a[RT_PORT_ACTIVE_MTU] >= 1 &&
+		 a[RT_PORT_ACTIVE_MTU] <= 5;
+	for (unsigned i = 0; ok && i < RT_PORT_FIELDS; i++)
 		ok = rt_msg_field(m, i, &f[i], &n[i]) == 0;
-	if (ok && (n[0] == 0 || n[0] == 4) && n[1] == 6 && n[2] == 16 && n[3] == 8) {
-		p->state = m->args[0];
-		p->phys_state = m->args[1];
-		p->mtu = m->args[2];
-		p->active_mtu = m->args[3];
-		p->width = m->args[4];
-		p->speed = m->args[5];
-		p->has_ip = n[0] == 4;
+	if (ok && (n[RT_PORT_FIELD_IPV4] == 0 || n[RT_PORT_FIELD_IPV4] == 4) && n[RT_PORT_FIELD_MAC] == 6 &&
+	    n[RT_PORT_FIELD_GID] == 16 && n[RT_PORT_FIELD_GUID] == 8) {
+		p->state = a[RT_PORT_STATE];
+		p->phys_state = a[RT_PORT_PHYS_STATE];
+		p->mtu = a[RT_PORT_LINK_MTU];
+		p->active_mtu = a[RT_PORT_ACTIVE_MTU];
+		p->width = a[RT_PORT_ACTIVE_WIDTH];
+		p->speed = a[RT_PORT_ACTIVE_SPEED];
+		p->has_ip = n[RT_PORT_FIELD_IPV4] == 4;
 		if (p->has_ip)
-			memcpy(p->ip, f[0], 4);
-		memcpy(p->mac, f[1], 6);
-		memcpy(p->gid, f[2], 16);
-		memcpy(p->guid, f[3], 8);
+			memcpy(p->ip, f[RT_PORT_FIELD_IPV4], 4);
+		memcpy(p->mac, f[RT_PORT_FIELD_MAC], 6);
+		memcpy(p->gid, f[RT_PORT_FIELD_GID], 16);
+		memcpy(p->guid, f[RT_PORT_FIELD_GUID], 8);
 	}
 	free(m);
 }
@@ -148,6 +138,36 @@ RT_VISIBLE __be64 ibv_get_device_guid(struct ibv_device *d) { return d ? guid_of
 
 RT_VISIBLE int ibv_get_device_index(struct ibv_device *d) { return d && d == the_device ? 0 : -1; }
 
+static int query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex_input *in, struct ibv_device_attr_ex *a,
+			   size_t size);
+static int query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a, size_t size);
+
+/* The operations of a context, the one table of them: libibverbs' inline
+ * functions (ibv_post_send, ibv_poll_cq, ...) call through it. What is
+ * not set here is NULL. */
+static const struct ibv_context_ops context_ops = {
+	._compat_query_device = ibv_query_device,
+	._compat_query_port = ibv_query_port,
+	.poll_cq = rt_poll_cq,
+	.req_notify_cq = rt_req_notify_cq,
+	.post_send = rt_post_send,
+	.post_recv = rt_post_recv,
+	.post_srq_recv = rt_post_srq_recv,
+	.alloc_mw = rt_alloc_mw,
+	.dealloc_mw = rt_dealloc_mw,
+	.bind_mw = rt_bind_mw,
+};
+
+/* install_ops sets the context's operations: the table, and the extended
+ * ones of its verbs_context. */
+static void install_ops(struct rt_ctx *c)
+{
+	c->vctx.context.ops = context_ops;
+	c->vctx.query_port = query_port;
+	c->vctx.query_device_ex = query_device_ex;
+	c->vctx.create_qp_ex = rt_create_qp_ex;
+}
+
 RT_VISIBLE struct ibv_context *ibv_open_device(struct ibv_device *d)
 {
 	if (!d || d != the_device) {
@@ -177,7 +197,7 @@ RT_VISIBLE struct ibv_context *ibv_open_device(struct ibv_device *d)
 	pthread_mutex_init(&ctx->mutex, NULL);
 	ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
 	c->vctx.sz = sizeof(c->vctx);
-	rt_install_ops(c);
+	install_ops(c);
 	rt_events_init(s);
 	rt_ctx_link(c);
 	return ctx;
@@ -227,41 +247,39 @@ RT_VISIBLE int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr 
 {
 	if (!ctx || !a)
 		return EINVAL;
-	const uint64_t *l = limits(to_ctx(ctx)->s);
+	const uint64_t *l = rt_session_limits(to_ctx(ctx)->s);
 	memset(a, 0, sizeof(*a));
 	snprintf(a->fw_ver, sizeof(a->fw_ver), "rdmatap");
 	a->node_guid = guid_of(to_ctx(ctx)->s, ctx->device->name);
 	a->sys_image_guid = a->node_guid;
-	a->max_mr_size = l[7];
-	a->page_size_cap = l[18];
-	a->vendor_id = (uint32_t)l[22];
-	a->vendor_part_id = (uint32_t)l[21];
+	a->max_mr_size = l[RT_QD_MAX_MR_SIZE];
+	a->page_size_cap = l[RT_QD_PAGE_SIZE_CAP];
+	a->vendor_id = (uint32_t)l[RT_QD_VENDOR_ID];
+	a->vendor_part_id = (uint32_t)l[RT_QD_VENDOR_PART_ID];
 	a->hw_ver = 0;
-	a->max_qp = (int)l[0];
-	a->max_qp_wr = (int)l[1];
+	a->max_qp = (int)l[RT_QD_MAX_QP];
+	a->max_qp_wr = (int)l[RT_QD_MAX_QP_WR];
 	a->device_cap_flags = IBV_DEVICE_MEM_MGT_EXTENSIONS;
-	a->max_sge = (int)l[2];
-	a->max_sge_rd = (int)l[3];
-	a->max_cq = (int)l[4];
-	a->max_cqe = (int)l[5];
-	a->max_mr = (int)l[6];
-	a->max_pd = (int)l[8];
-	a->max_qp_rd_atom = (int)l[9];
-	a->max_qp_init_rd_atom = (int)l[10];
-	a->max_res_rd_atom = (int)(l[9] * l[0] > 0x7fffffff ? 0x7fffffff : l[9] * l[0]);
-	a->atomic_cap = (enum ibv_atomic_cap)l[17];
-	a->max_mw = (int)l[19];
-	a->max_srq = (int)l[11];
-	a->max_srq_wr = (int)l[12];
-	a->max_srq_sge = (int)l[13];
+	a->max_sge = (int)l[RT_QD_MAX_SGE];
+	a->max_sge_rd = (int)l[RT_QD_MAX_SGE_RD];
+	a->max_cq = (int)l[RT_QD_MAX_CQ];
+	a->max_cqe = (int)l[RT_QD_MAX_CQE];
+	a->max_mr = (int)l[RT_QD_MAX_MR];
+	a->max_pd = (int)l[RT_QD_MAX_PD];
+	a->max_qp_rd_atom = (int)l[RT_QD_MAX_QP_RD_ATOM];
+	a->max_qp_init_rd_atom = (int)l[RT_QD_MAX_QP_INIT_RD];
+	uint64_t res = l[RT_QD_MAX_QP_RD_ATOM] * l[RT_QD_MAX_QP];
+	a->max_res_rd_atom = (int)(res > 0x7fffffff ? 0x7fffffff : res);
+	a->atomic_cap = (enum ibv_atomic_cap)l[RT_QD_ATOMIC_CAP];
+	a->max_mw = (int)l[RT_QD_MAX_MW];
+	a->max_srq = (int)l[RT_QD_MAX_SRQ];
+	a->max_srq_wr = (int)l[RT_QD_MAX_SRQ_WR];
+	a->max_srq_sge = (int)l[RT_QD_MAX_SRQ_SGE];
 	a->max_fmr = 0;
 	a->max_pkeys = 1;
 	a->phys_port_cnt = 1;
 	return 0;
 }
-
-/* The limits libibverbs' QP creation checks against. */
-uint64_t rt_limit(struct rt_session *s, int i) { return limits(s)[i]; }
 
 static int query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex_input *in, struct ibv_device_attr_ex *a,
 			   size_t size)
@@ -280,7 +298,7 @@ static int query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_att
 		return EINVAL;
 	if (port != 1)
 		return EINVAL;
-	const uint64_t *l = limits(to_ctx(ctx)->s);
+	const uint64_t *l = rt_session_limits(to_ctx(ctx)->s);
 	struct port_info pi;
 	port_of(to_ctx(ctx)->s, ctx->device->name, &pi);
 	struct ibv_port_attr p;
@@ -290,7 +308,7 @@ static int query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_att
 	p.active_mtu = (enum ibv_mtu)pi.active_mtu;
 	p.gid_tbl_len = 1;
 	p.port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_DEVICE_MGMT_SUP;
-	p.max_msg_sz = (uint32_t)(l[16] > 0xffffffffULL ? 0xffffffffULL : l[16]);
+	p.max_msg_sz = (uint32_t)(l[RT_QD_MAX_MSG_SIZE] > 0xffffffffULL ? 0xffffffffULL : l[RT_QD_MAX_MSG_SIZE]);
 	p.pkey_tbl_len = 1;
 	p.active_width = (uint8_t)pi.width;
 	p.active_speed = (uint8_t)pi.speed;
@@ -460,14 +478,6 @@ RT_VISIBLE enum ibv_rate mult_to_ibv_rate(int m)
 	case 48: return IBV_RATE_120_GBPS;
 	default: return IBV_RATE_MAX;
 	}
-}
-
-void rt_install_device_ops(struct rt_ctx *c)
-{
-	c->vctx.query_port = query_port;
-	c->vctx.query_device_ex = query_device_ex;
-	c->vctx.context.ops._compat_query_device = ibv_query_device;
-	c->vctx.context.ops._compat_query_port = ibv_query_port;
 }
 
 /* Operations of InfiniBand transports an iWARP device lacks. */

@@ -274,14 +274,24 @@ struct rt_qp {
  * kernel cannot pin them. */
 int rt_mem_share(void *addr, size_t len, int writable);
 
-/* device.c */
-void rt_install_device_ops(struct rt_ctx *c);
-uint64_t rt_limit(struct rt_session *s, int i);
-
-/* verbs.c */
-void rt_install_ops(struct rt_ctx *c);
+/*
+ * verbs.c. device.c opens contexts: it installs their operations (one
+ * table, device.c's), links them into the live contexts that events reach
+ * and starts the session's event handling; verbs.c calls nothing of
+ * device.c's.
+ */
 void rt_events_init(struct rt_session *s);
 void rt_ctx_link(struct rt_ctx *c);
 void rt_ctx_unlink(struct rt_ctx *c);
+/* The context's operations. */
+int rt_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+int rt_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+int rt_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+int rt_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+int rt_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+struct ibv_mw *rt_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
+int rt_dealloc_mw(struct ibv_mw *mw);
+int rt_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b);
+struct ibv_qp *rt_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *a);
 
 #endif

@@ -228,10 +228,10 @@ static void cq_overflowed(struct ibv_cq *cq)
  * anything else fatal. */
 static enum ibv_event_type terminate_event(const struct rt_msg *m)
 {
-	if (m->args[0] == RT_EV_QP_FATAL)
+	if (m->args[RT_EVA_TYPE] == RT_EV_QP_FATAL)
 		return IBV_EVENT_QP_FATAL;
-	uint64_t layer = m->args[3], type = m->args[4];
-	if ((layer == 0 && type == 0) || (layer == 1 && type == 1))
+	uint64_t layer = m->args[RT_EVA_TERM_LAYER], type = m->args[RT_EVA_TERM_TYPE];
+	if ((layer == RT_TERM_RDMAP && type == 0) || (layer == RT_TERM_DDP && type == 1))
 		return IBV_EVENT_QP_ACCESS_ERR;
 	return IBV_EVENT_QP_FATAL;
 }
@@ -259,12 +259,12 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 		pthread_mutex_unlock(&obj_mu);
 		return;
 	}
-	switch (m->args[0]) {
+	switch (m->args[RT_EVA_TYPE]) {
 	case RT_EV_TERMINATE_SENT:
 	case RT_EV_TERMINATE_RECEIVED:
 	case RT_EV_QP_FATAL:
 		for (struct rt_qp *q = qps; q; q = q->next)
-			if (q->qp.qp_num == m->args[1]) {
+			if (q->qp.qp_num == m->args[RT_EVA_QPN]) {
 				/* A QP fails when a CQ of its overflows: the CQ's
 				 * error first, as siw reports it. */
 				cq_overflowed(q->qp.send_cq);
@@ -279,8 +279,8 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 	case RT_EV_SRQ_LIMIT_REACHED:
 	case RT_EV_SRQ_ERR:
 		for (struct srq_ref *r = srqs; r; r = r->next)
-			if (r->srq->h == m->args[2]) {
-				ev.event_type = m->args[0] == RT_EV_SRQ_ERR ? IBV_EVENT_SRQ_ERR : IBV_EVENT_SRQ_LIMIT_REACHED;
+			if (r->srq->h == m->args[RT_EVA_SRQ]) {
+				ev.event_type = m->args[RT_EVA_TYPE] == RT_EV_SRQ_ERR ? IBV_EVENT_SRQ_ERR : IBV_EVENT_SRQ_LIMIT_REACHED;
 				ev.element.srq = &r->srq->srq;
 				post_async(to_ctx(r->srq->srq.context), &ev);
 				break;
@@ -420,7 +420,7 @@ RT_VISIBLE struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t
 		errno = EINVAL;
 		return NULL;
 	}
-	if (len > rt_limit(sess(pd->context), 7)) {
+	if (len > rt_limit(sess(pd->context), RT_QD_MAX_MR_SIZE)) {
 		errno = ENOMEM; /* above max_mr_size: refused before any page moves */
 		return NULL;
 	}
@@ -844,7 +844,7 @@ static void busy(void)
 	idle_since = 0;
 }
 
-static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+int rt_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
 	struct rt_cq *q = (struct rt_cq *)cq;
 	if (n <= 0)
@@ -874,7 +874,7 @@ static int poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 	return k;
 }
 
-static int req_notify_cq(struct ibv_cq *cq, int solicited_only)
+int rt_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
 	struct rt_cq *q = (struct rt_cq *)cq;
 	uint32_t *arm = ring_word(&q->r, RING_ARM);
@@ -982,7 +982,7 @@ RT_VISIBLE struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init
 		return NULL;
 	}
 	uint32_t sge = attr->attr.max_sge ? attr->attr.max_sge : 1;
-	uint64_t depth = attr->attr.max_wr, maxwr = rt_limit(sess(pd->context), 12);
+	uint64_t depth = attr->attr.max_wr, maxwr = rt_limit(sess(pd->context), RT_QD_MAX_SRQ_WR);
 	if (depth <= maxwr && 2 * depth <= maxwr)
 		depth *= 2; /* as a QP's rings */
 	uint64_t args[3] = {((struct rt_pd *)pd)->h, depth, sge};
@@ -1165,7 +1165,7 @@ static int post_recv_ring(struct rt_session *s, struct rt_ring *r, pthread_spinl
 	return err;
 }
 
-static int post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+int rt_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	struct rt_srq *s = (struct rt_srq *)srq;
 	return post_recv_ring(sess(srq->context), &s->r, &s->lock, s->max_sge, wr, bad);
@@ -1235,7 +1235,7 @@ RT_VISIBLE struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_at
 	/* Rings of twice the depth asked for (within the device's limit): the
 	 * service frees ring entries in passes, after their WRs may have
 	 * completed (see ring_room). */
-	uint64_t maxwr = rt_limit(sess(ctx), 1);
+	uint64_t maxwr = rt_limit(sess(ctx), RT_QD_MAX_QP_WR);
 	uint64_t swr = cap.max_send_wr, rwr = cap.max_recv_wr;
 	if (swr <= maxwr && 2 * swr <= maxwr)
 		swr *= 2;
@@ -1334,7 +1334,7 @@ undo:;
 	return NULL;
 }
 
-static struct ibv_qp *create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *a)
+struct ibv_qp *rt_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *a)
 {
 	if (a->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS) || a->create_flags) {
 		errno = EOPNOTSUPP;
@@ -1444,17 +1444,17 @@ RT_VISIBLE int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 		return e;
 	enum ibv_qp_state s;
 	switch (st) {
-	case 1: s = IBV_QPS_RTS; break;
-	case 2: s = IBV_QPS_SQD; break;
-	case 3: s = IBV_QPS_SQE; break;
-	case 4: s = IBV_QPS_ERR; break;
+	case RT_QPS_RTS: s = IBV_QPS_RTS; break;
+	case RT_QPS_CLOSING: s = IBV_QPS_SQD; break;
+	case RT_QPS_TERMINATE: s = IBV_QPS_SQE; break;
+	case RT_QPS_ERROR: s = IBV_QPS_ERR; break;
 	default:
 		s = qp_state(qp);
 		if (s != IBV_QPS_ERR && s != IBV_QPS_INIT && s != IBV_QPS_RTR)
 			s = IBV_QPS_RESET;
 		break;
 	}
-	if (st != 0)
+	if (st != RT_QPS_IDLE)
 		rt_qp_set_state(qp, s);
 	memset(attr, 0, sizeof(*attr));
 	attr->qp_state = s;
@@ -1478,7 +1478,7 @@ RT_VISIBLE int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	return 0;
 }
 
-static int post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+int rt_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	struct rt_qp *q = (struct rt_qp *)qp;
 	if (qp->srq) {
@@ -1506,7 +1506,181 @@ static int send_opcode(enum ibv_wr_opcode op, uint8_t *out)
 	}
 }
 
-static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+/* send_flags maps a WR's send flags to the protocol's (7.4). */
+static inline uint8_t send_flags(unsigned f)
+{
+	uint8_t fl = 0;
+	if (f & IBV_SEND_SIGNALED)
+		fl |= RT_SF_SIGNALED;
+	if (f & IBV_SEND_SOLICITED)
+		fl |= RT_SF_SOLICITED;
+	if (f & IBV_SEND_FENCE)
+		fl |= RT_SF_FENCE;
+	return fl;
+}
+
+/* put_sgl copies a WR's SGL into its entry. */
+static inline void put_sgl(struct rt_send_entry *e, const struct ibv_send_wr *wr)
+{
+	e->nsge = (uint16_t)wr->num_sge;
+	for (int i = 0; i < wr->num_sge; i++) {
+		e->sge[i].addr = wr->sg_list[i].addr;
+		e->sge[i].len = wr->sg_list[i].length;
+		e->sge[i].lkey = wr->sg_list[i].lkey;
+	}
+}
+
+/* put_data fills the data of a Send or an RDMA Write: the SGL, or with
+ * IBV_SEND_INLINE its bytes, copied now (the program may reuse its buffer,
+ * or never have registered it) into the entry itself or, without
+ * RT_FEATURE_INLINE_DATA, into the entry's bounce slot. EINVAL for more
+ * inline bytes than the QP's max. */
+__attribute__((always_inline)) static inline int put_data(struct rt_qp *q, uint32_t prod, struct rt_send_entry *e, const struct ibv_send_wr *wr, uint8_t *fl)
+{
+	if (!(wr->send_flags & IBV_SEND_INLINE)) {
+		put_sgl(e, wr);
+		return 0;
+	}
+	size_t total = 0;
+	for (int i = 0; i < wr->num_sge; i++)
+		total += wr->sg_list[i].length;
+	if (total > q->max_inline)
+		return EINVAL;
+	if (!q->bounce) {
+		/* The payload travels in the entry. */
+		uint8_t *d = (uint8_t *)e + sizeof(*e);
+		size_t off = 0;
+		for (int i = 0; i < wr->num_sge; i++) {
+			memcpy(d + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+			off += wr->sg_list[i].length;
+		}
+		e->data_len = (uint32_t)total;
+		*fl |= RT_SF_INLINE | RT_SF_INLINE_DATA;
+		return 0;
+	}
+	uint8_t *slot = q->bounce + (size_t)(prod & (q->sq.cap - 1)) * q->max_inline;
+	size_t off = 0;
+	for (int i = 0; i < wr->num_sge; i++) {
+		memcpy(slot + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+		off += wr->sg_list[i].length;
+	}
+	*fl |= RT_SF_INLINE;
+	if (total) {
+		e->nsge = 1;
+		e->sge[0].addr = (uintptr_t)slot;
+		e->sge[0].len = (uint32_t)total;
+		e->sge[0].lkey = q->bounce_mr->lkey;
+	}
+	return 0;
+}
+
+/* SEND, SEND_WITH_IMM, SEND_WITH_INV. */
+static inline int put_send(struct rt_qp *q, uint32_t prod, struct rt_send_entry *e, const struct ibv_send_wr *wr, uint8_t *fl)
+{
+	if (wr->opcode == IBV_WR_SEND_WITH_IMM)
+		e->imm = wr->imm_data;
+	else if (wr->opcode == IBV_WR_SEND_WITH_INV)
+		e->inv_rkey = wr->invalidate_rkey;
+	return put_data(q, prod, e, wr, fl);
+}
+
+/* RDMA_WRITE, RDMA_WRITE_WITH_IMM. */
+static inline int put_write(struct rt_qp *q, uint32_t prod, struct rt_send_entry *e, const struct ibv_send_wr *wr, uint8_t *fl)
+{
+	e->remote_addr = wr->wr.rdma.remote_addr;
+	e->rkey = wr->wr.rdma.rkey;
+	if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+		e->imm = wr->imm_data;
+	return put_data(q, prod, e, wr, fl);
+}
+
+/* RDMA_READ: the SGL (never inline). */
+static inline int put_read(struct rt_send_entry *e, const struct ibv_send_wr *wr)
+{
+	e->remote_addr = wr->wr.rdma.remote_addr;
+	e->rkey = wr->wr.rdma.rkey;
+	put_sgl(e, wr);
+	return 0;
+}
+
+/* ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD. */
+static inline int put_atomic(struct rt_send_entry *e, const struct ibv_send_wr *wr)
+{
+	e->remote_addr = wr->wr.atomic.remote_addr;
+	e->rkey = wr->wr.atomic.rkey;
+	e->compare_add = wr->wr.atomic.compare_add;
+	e->swap = wr->wr.atomic.swap;
+	put_sgl(e, wr);
+	return 0;
+}
+
+/* LOCAL_INV. */
+static inline int put_local_inv(struct rt_send_entry *e, const struct ibv_send_wr *wr)
+{
+	e->inv_rkey = wr->invalidate_rkey;
+	put_sgl(e, wr);
+	return 0;
+}
+
+/* BIND_MW: a type 2 window (protocol 7.3): no SGE, neither inline nor
+ * solicited. */
+static inline int put_bind_mw(struct rt_send_entry *e, const struct ibv_send_wr *wr)
+{
+	const struct ibv_mw_bind_info *bi = &wr->bind_mw.bind_info;
+	if (!wr->bind_mw.mw || (wr->send_flags & (IBV_SEND_INLINE | IBV_SEND_SOLICITED)))
+		return EINVAL;
+	e->rkey = wr->bind_mw.rkey;
+	e->remote_addr = bi->addr;
+	e->compare_add = bi->length;
+	e->inv_rkey = bi->mr ? bi->mr->rkey : 0;
+	e->imm = bi->mw_access_flags;
+	e->swap = ((struct rt_mw *)wr->bind_mw.mw)->h;
+	return 0;
+}
+
+/* put_wr fills the SQ entry e, at index prod of q's SQ, from wr, whose
+ * opcode send_opcode took as op: 0, or EINVAL for a WR the protocol cannot
+ * carry (the entry is then not to be published). */
+static inline int put_wr(struct rt_qp *q, uint32_t prod, struct rt_send_entry *e, const struct ibv_send_wr *wr, uint8_t op)
+{
+	memset(e, 0, sizeof(*e));
+	e->id = wr->wr_id;
+	e->opcode = op;
+	uint8_t fl = send_flags(wr->send_flags);
+	int err;
+	switch (wr->opcode) {
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM:
+	case IBV_WR_SEND_WITH_INV:
+		err = put_send(q, prod, e, wr, &fl);
+		break;
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		err = put_write(q, prod, e, wr, &fl);
+		break;
+	case IBV_WR_RDMA_READ:
+		err = put_read(e, wr);
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		err = put_atomic(e, wr);
+		break;
+	case IBV_WR_LOCAL_INV:
+		err = put_local_inv(e, wr);
+		break;
+	case IBV_WR_BIND_MW:
+		err = put_bind_mw(e, wr);
+		break;
+	default:
+		err = EINVAL; /* send_opcode refuses it first */
+		break;
+	}
+	if (!err)
+		e->flags = fl;
+	return err;
+}
+
+int rt_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
 	struct rt_qp *q = (struct rt_qp *)qp;
 	int err = 0;
@@ -1532,103 +1706,9 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
 			err = ENOMEM;
 			break;
 		}
-		struct rt_send_entry *e = (struct rt_send_entry *)(void *)ring_entry(&q->sq, prod);
-		memset(e, 0, sizeof(*e));
-		e->id = wr->wr_id;
-		e->opcode = op;
-		uint8_t fl = 0;
-		if (wr->send_flags & IBV_SEND_SIGNALED)
-			fl |= RT_SF_SIGNALED;
-		if (wr->send_flags & IBV_SEND_SOLICITED)
-			fl |= RT_SF_SOLICITED;
-		if (wr->send_flags & IBV_SEND_FENCE)
-			fl |= RT_SF_FENCE;
-		switch (wr->opcode) {
-		case IBV_WR_RDMA_WRITE:
-		case IBV_WR_RDMA_WRITE_WITH_IMM:
-		case IBV_WR_RDMA_READ:
-			e->remote_addr = wr->wr.rdma.remote_addr;
-			e->rkey = wr->wr.rdma.rkey;
+		err = put_wr(q, prod, (struct rt_send_entry *)(void *)ring_entry(&q->sq, prod), wr, op);
+		if (err)
 			break;
-		case IBV_WR_ATOMIC_CMP_AND_SWP:
-		case IBV_WR_ATOMIC_FETCH_AND_ADD:
-			e->remote_addr = wr->wr.atomic.remote_addr;
-			e->rkey = wr->wr.atomic.rkey;
-			e->compare_add = wr->wr.atomic.compare_add;
-			e->swap = wr->wr.atomic.swap;
-			break;
-		default:
-			break;
-		}
-		if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr->opcode == IBV_WR_SEND_WITH_IMM)
-			e->imm = wr->imm_data;
-		if (wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == IBV_WR_SEND_WITH_INV)
-			e->inv_rkey = wr->invalidate_rkey;
-		if (wr->opcode == IBV_WR_BIND_MW) {
-			/* a type 2 window (protocol 7.3): no SGE, no inline */
-			const struct ibv_mw_bind_info *bi = &wr->bind_mw.bind_info;
-			if (!wr->bind_mw.mw || (wr->send_flags & (IBV_SEND_INLINE | IBV_SEND_SOLICITED))) {
-				err = EINVAL;
-				break;
-			}
-			e->rkey = wr->bind_mw.rkey;
-			e->remote_addr = bi->addr;
-			e->compare_add = bi->length;
-			e->inv_rkey = bi->mr ? bi->mr->rkey : 0;
-			e->imm = bi->mw_access_flags;
-			e->swap = ((struct rt_mw *)wr->bind_mw.mw)->h;
-			e->flags = fl;
-			prod++;
-			continue;
-		}
-		int inl = (wr->send_flags & IBV_SEND_INLINE) &&
-			  (wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM || wr->opcode == IBV_WR_RDMA_WRITE ||
-			   wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr->opcode == IBV_WR_SEND_WITH_INV);
-		if (inl) {
-			/* Copy into this entry's bounce slot now: the program may
-			 * reuse its buffer (or never have registered it). */
-			size_t total = 0;
-			for (int i = 0; i < wr->num_sge; i++)
-				total += wr->sg_list[i].length;
-			if (total > q->max_inline) {
-				err = EINVAL;
-				break;
-			}
-			if (!q->bounce) {
-				/* The payload travels in the entry. */
-				uint8_t *d = (uint8_t *)e + sizeof(*e);
-				size_t off = 0;
-				for (int i = 0; i < wr->num_sge; i++) {
-					memcpy(d + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
-					off += wr->sg_list[i].length;
-				}
-				e->data_len = (uint32_t)total;
-				e->flags = fl | RT_SF_INLINE | RT_SF_INLINE_DATA;
-				prod++;
-				continue;
-			}
-			uint8_t *slot = q->bounce + (size_t)(prod & (q->sq.cap - 1)) * q->max_inline;
-			size_t off = 0;
-			for (int i = 0; i < wr->num_sge; i++) {
-				memcpy(slot + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
-				off += wr->sg_list[i].length;
-			}
-			fl |= RT_SF_INLINE;
-			if (total) {
-				e->nsge = 1;
-				e->sge[0].addr = (uintptr_t)slot;
-				e->sge[0].len = (uint32_t)total;
-				e->sge[0].lkey = q->bounce_mr->lkey;
-			}
-		} else {
-			e->nsge = (uint16_t)wr->num_sge;
-			for (int i = 0; i < wr->num_sge; i++) {
-				e->sge[i].addr = wr->sg_list[i].addr;
-				e->sge[i].len = wr->sg_list[i].length;
-				e->sge[i].lkey = wr->sg_list[i].lkey;
-			}
-		}
-		e->flags = fl;
 		prod++;
 	}
 	if (prod != start) {
@@ -1645,19 +1725,7 @@ static int post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_
 
 /* ---- memory windows ---- */
 
-static uint8_t send_flags(unsigned f)
-{
-	uint8_t fl = 0;
-	if (f & IBV_SEND_SIGNALED)
-		fl |= RT_SF_SIGNALED;
-	if (f & IBV_SEND_SOLICITED)
-		fl |= RT_SF_SOLICITED;
-	if (f & IBV_SEND_FENCE)
-		fl |= RT_SF_FENCE;
-	return fl;
-}
-
-static struct ibv_mw *alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+struct ibv_mw *rt_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
 {
 	if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
 		errno = EINVAL;
@@ -1689,7 +1757,7 @@ static struct ibv_mw *alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
 	return &w->mw;
 }
 
-static int dealloc_mw(struct ibv_mw *mw)
+int rt_dealloc_mw(struct ibv_mw *mw)
 {
 	struct rt_mw *w = (struct rt_mw *)mw;
 	int e = call_noreply(sess(mw->context), RT_DEALLOC_MW, &w->h, 1);
@@ -1699,9 +1767,9 @@ static int dealloc_mw(struct ibv_mw *mw)
 	return 0;
 }
 
-/* bind_mw binds a type 1 window (BIND_MW message); the bind completes in
+/* rt_bind_mw binds a type 1 window (BIND_MW message); the bind completes in
  * the QP's send queue order. */
-static int bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b)
+int rt_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b)
 {
 	struct rt_mw *w = (struct rt_mw *)mw;
 	const struct ibv_mw_bind_info *i = &b->bind_info;
@@ -1717,19 +1785,4 @@ static int bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b)
 		mw->rkey = (uint32_t)m->args[0];
 	free(m);
 	return e;
-}
-
-void rt_install_ops(struct rt_ctx *c)
-{
-	struct ibv_context_ops *o = &c->vctx.context.ops;
-	o->poll_cq = poll_cq;
-	o->req_notify_cq = req_notify_cq;
-	o->post_send = post_send;
-	o->post_recv = post_recv;
-	o->post_srq_recv = post_srq_recv;
-	o->alloc_mw = alloc_mw;
-	o->dealloc_mw = dealloc_mw;
-	o->bind_mw = bind_mw;
-	c->vctx.create_qp_ex = create_qp_ex;
-	rt_install_device_ops(c);
 }

@@ -33,6 +33,15 @@ extern "C" {
 #define RT_MAX_FDS 4
 #define RT_HDR_SIZE 16
 
+/* HELLO's reply arguments, by index (protocol section 3.1). */
+enum rt_hello_arg {
+	RT_HELLO_VERSION = 0,  /* the service's protocol version */
+	RT_HELLO_FLAGS = 1,    /* bit 0: the device has the extensions off */
+	RT_HELLO_ID = 2,       /* the session's ID */
+	RT_HELLO_FEATURES = 3, /* the features the service offers */
+	RT_HELLO_ARGS = 4,     /* the number of arguments */
+};
+
 /* Message types (protocol section 4). */
 enum rt_msg_type {
 	RT_HELLO = 1,
@@ -95,6 +104,9 @@ enum rt_status {
 	RT_ERRNO = 18,
 };
 
+/* Terminate layers: EVENT's argument RT_EVA_TERM_LAYER (protocol section 7.8). */
+enum rt_term_layer { RT_TERM_RDMAP = 0, RT_TERM_DDP = 1, RT_TERM_LLP = 2 };
+
 /* EVENT types (protocol section 7.9). */
 enum rt_event_type {
 	RT_EV_ESTABLISHED = 0,
@@ -106,15 +118,134 @@ enum rt_event_type {
 	RT_EV_SRQ_ERR = 6,
 };
 
-/* DISCONNECTED events' reasons: EVENT's argument 6 (feature CM). */
+/* QP states: QUERY_QP's reply argument 0 (protocol section 7.2). */
+enum rt_qp_state {
+	RT_QPS_IDLE = 0,
+	RT_QPS_RTS = 1,
+	RT_QPS_CLOSING = 2,
+	RT_QPS_TERMINATE = 3,
+	RT_QPS_ERROR = 4,
+};
+
+/* DISCONNECTED events' reasons: EVENT's argument RT_EVA_REASON (feature CM). */
 enum rt_disconnect_reason {
 	RT_DISC_LOCAL = 1, /* this end closed gracefully first */
 	RT_DISC_PEER = 2,  /* the peer closed gracefully first */
 	RT_DISC_ERROR = 3, /* an error ended the connection */
 };
 
+/* EVENT's arguments, by index (protocol section 2.8). */
+enum rt_event_arg {
+	RT_EVA_TYPE = 0,       /* an rt_event_type */
+	RT_EVA_QPN = 1,        /* the QP's number (0: none) */
+	RT_EVA_SRQ = 2,        /* the SRQ's handle (0: none) */
+	RT_EVA_TERM_LAYER = 3, /* a Terminate's layer, type and code */
+	RT_EVA_TERM_TYPE = 4,
+	RT_EVA_TERM_CODE = 5,
+	RT_EVA_REASON = 6, /* an rt_disconnect_reason (feature CM) */
+};
+
+/* QUERY_DEVICE's reply arguments, by index (protocol section 5.7): the
+ * ibv_device_attr limits as this client may use them. */
+enum rt_query_device_arg {
+	RT_QD_MAX_QP = 0,
+	RT_QD_MAX_QP_WR = 1,
+	RT_QD_MAX_SGE = 2,
+	RT_QD_MAX_SGE_RD = 3,
+	RT_QD_MAX_CQ = 4,
+	RT_QD_MAX_CQE = 5,
+	RT_QD_MAX_MR = 6,
+	RT_QD_MAX_MR_SIZE = 7,
+	RT_QD_MAX_PD = 8,
+	RT_QD_MAX_QP_RD_ATOM = 9,  /* IRD */
+	RT_QD_MAX_QP_INIT_RD = 10, /* ORD */
+	RT_QD_MAX_SRQ = 11,
+	RT_QD_MAX_SRQ_WR = 12,
+	RT_QD_MAX_SRQ_SGE = 13,
+	RT_QD_MAX_INLINE = 14,
+	RT_QD_MAX_PRIV_DATA = 15,
+	RT_QD_MAX_MSG_SIZE = 16,
+	RT_QD_ATOMIC_CAP = 17, /* an ibv_atomic_cap */
+	RT_QD_PAGE_SIZE_CAP = 18,
+	RT_QD_MAX_MW = 19,
+	RT_QD_MAX_FR_PAGES = 20,
+	RT_QD_VENDOR_PART_ID = 21,
+	RT_QD_VENDOR_ID = 22,
+	RT_QD_ARGS = 23, /* the number of arguments */
+};
+
+/* QUERY_PORT's reply arguments, by index (protocol section 5.7). */
+enum rt_port_arg {
+	RT_PORT_STATE = 0,        /* an ibv_port_state */
+	RT_PORT_PHYS_STATE = 1,   /* 5 LinkUp, 3 Disabled */
+	RT_PORT_LINK_MTU = 2,     /* the link's IP MTU in bytes */
+	RT_PORT_ACTIVE_MTU = 3,   /* an ibv_mtu */
+	RT_PORT_ACTIVE_WIDTH = 4, /* active_width */
+	RT_PORT_ACTIVE_SPEED = 5, /* active_speed */
+	RT_PORT_ARGS = 6,         /* the number of arguments */
+};
+
+/* QUERY_PORT's reply fields, by index. */
+enum rt_port_field {
+	RT_PORT_FIELD_IPV4 = 0, /* 4 bytes, or empty */
+	RT_PORT_FIELD_MAC = 1,  /* 6 bytes */
+	RT_PORT_FIELD_GID = 2,  /* 16 bytes */
+	RT_PORT_FIELD_GUID = 3, /* 8 bytes, network order */
+	RT_PORT_FIELDS = 4,     /* the number of fields */
+};
+
 /* Tri (protocol section 7.10). */
 enum rt_tri { RT_TRI_UNSET = 0, RT_TRI_FALSE = 1, RT_TRI_TRUE = 2 };
+
+/* A DIAL or ACCEPT reply's arguments, by index: what the connection
+ * negotiated (protocol section 5.6). */
+enum rt_neg_arg {
+	RT_NEG_MPA_REVISION = 0,
+	RT_NEG_CRC = 1, /* 1: on */
+	RT_NEG_IRD = 2,
+	RT_NEG_ORD = 3,
+	RT_NEG_PEER_TO_PEER = 4, /* 1: on */
+	RT_NEG_RTR = 5,          /* the RTR type used */
+	RT_NEG_MARKERS_TX = 6,   /* 1: this end inserts markers */
+	RT_NEG_MARKERS_RX = 7,   /* 1: the peer inserts markers */
+	RT_NEG_ARGS = 8,         /* the number of arguments */
+};
+
+/* A DIAL or ACCEPT reply's fields, by index. */
+enum rt_conn_field {
+	RT_CONN_FIELD_LOCAL = 0,        /* the local address, IP:PORT */
+	RT_CONN_FIELD_REMOTE = 1,       /* the remote address */
+	RT_CONN_FIELD_PRIVATE_DATA = 2, /* the peer's private data */
+	RT_CONN_FIELDS = 3,             /* the number of fields */
+};
+
+/* LISTEN's reply arguments, by index (protocol section 5.6). */
+enum rt_listen_arg {
+	RT_LISTEN_HANDLE = 0, /* the listener's handle */
+	RT_LISTEN_PORT = 1,   /* the port listened on */
+	RT_LISTEN_ARGS = 2,   /* the number of arguments */
+};
+
+/* GET_REQUEST's reply arguments, by index (protocol section 5.6): the
+ * connection request and what its initiator asked for. */
+enum rt_req_arg {
+	RT_REQ_HANDLE = 0,       /* the connection request's handle */
+	RT_REQ_MPA_REVISION = 1, /* the initiator's MPA revision */
+	RT_REQ_CRC = 2,          /* 1: CRC asked */
+	RT_REQ_IRD = 3,          /* IRD offered */
+	RT_REQ_ORD = 4,          /* ORD offered */
+	RT_REQ_PEER_TO_PEER = 5, /* 1: peer-to-peer asked */
+	RT_REQ_RTR = 6,          /* RTR types offered */
+	RT_REQ_MARKERS = 7,      /* 1: markers asked */
+	RT_REQ_ARGS = 8,         /* the number of arguments */
+};
+
+/* GET_REQUEST's reply fields, by index. */
+enum rt_req_field {
+	RT_REQ_FIELD_ADDR = 0,         /* the initiator's address, IP:PORT */
+	RT_REQ_FIELD_PRIVATE_DATA = 1, /* its private data */
+	RT_REQ_FIELDS = 2,             /* the number of fields */
+};
 
 /* The session of the process (opaque). */
 struct rt_session;

@@ -535,8 +535,8 @@ static int open_listener(struct cm_id *c, struct rt_session *s, int backlog)
 		free(m);
 		return cm_set_errno(e);
 	}
-	uint64_t handle = m->args[0];
-	uint16_t port = (uint16_t)m->args[1];
+	uint64_t handle = m->args[RT_LISTEN_HANDLE];
+	uint16_t port = (uint16_t)m->args[RT_LISTEN_PORT];
 	free(m);
 	pthread_mutex_lock(&mu);
 	c->listener = handle;
@@ -927,9 +927,9 @@ static void connected(struct cm_id *c, const struct rt_msg *rep)
 	const uint8_t *d;
 	uint16_t n;
 	struct sockaddr_storage ss;
-	if (rt_msg_field(rep, 0, &d, &n) == 0 && cm_parse_addr(d, n, &ss) == 0)
+	if (rt_msg_field(rep, RT_CONN_FIELD_LOCAL, &d, &n) == 0 && cm_parse_addr(d, n, &ss) == 0)
 		c->id.route.addr.src_storage = ss;
-	if (rt_msg_field(rep, 1, &d, &n) == 0 && cm_parse_addr(d, n, &ss) == 0)
+	if (rt_msg_field(rep, RT_CONN_FIELD_REMOTE, &d, &n) == 0 && cm_parse_addr(d, n, &ss) == 0)
 		c->id.route.addr.dst_storage = ss;
 	struct ibv_qp *qp = rt_qp_lookup(c->qpn);
 	if (qp)
@@ -939,10 +939,11 @@ static void connected(struct cm_id *c, const struct rt_msg *rep)
 	if (e) {
 		/* The accepting end's private data; the passive end had the
 		 * initiator's with the request. */
-		if (active && rt_msg_field(rep, 2, &d, &n) == 0)
+		if (active && rt_msg_field(rep, RT_CONN_FIELD_PRIVATE_DATA, &d, &n) == 0)
 			event_pdata(e, d, n);
-		e->ev.param.conn.responder_resources = rep->args[2] > 255 ? 255 : (uint8_t)rep->args[2];
-		e->ev.param.conn.initiator_depth = rep->args[3] > 255 ? 255 : (uint8_t)rep->args[3];
+		uint64_t ird = rep->args[RT_NEG_IRD], ord = rep->args[RT_NEG_ORD];
+		e->ev.param.conn.responder_resources = ird > 255 ? 255 : (uint8_t)ird;
+		e->ev.param.conn.initiator_depth = ord > 255 ? 255 : (uint8_t)ord;
 		e->ev.param.conn.qp_num = c->qpn;
 	}
 	if (c->early_disc) {
@@ -1245,7 +1246,7 @@ static void getreq_done(void *ctx, struct rt_msg *rep)
 	int again = 0;
 	pthread_mutex_lock(&mu);
 	if (rep->status == RT_OK) {
-		uint64_t req = rep->args[0];
+		uint64_t req = rep->args[RT_REQ_HANDLE];
 		struct cm_id *child = NULL;
 		if (!l->destroying && l->listener)
 			child = id_new(l->sync ? NULL : l->id.channel, l->id.context, l->id.ps);
@@ -1258,19 +1259,20 @@ static void getreq_done(void *ctx, struct rt_msg *rep)
 			const uint8_t *d;
 			uint16_t n;
 			struct sockaddr_storage ss;
-			if (rt_msg_field(rep, 0, &d, &n) == 0 && cm_parse_addr(d, n, &ss) == 0)
+			if (rt_msg_field(rep, RT_REQ_FIELD_ADDR, &d, &n) == 0 && cm_parse_addr(d, n, &ss) == 0)
 				child->id.route.addr.dst_storage = ss;
 			child->req = req;
 			child->state = ST_REQ;
-			child->req_resp = rep->args[4] > 254 ? 254 : (uint8_t)rep->args[4];
-			child->req_init = rep->args[3] > 254 ? 254 : (uint8_t)rep->args[3];
+			uint64_t ird = rep->args[RT_REQ_IRD], ord = rep->args[RT_REQ_ORD];
+			child->req_resp = ord > 254 ? 254 : (uint8_t)ord;
+			child->req_init = ird > 254 ? 254 : (uint8_t)ird;
 			child->tos = l->tos;
 			id_link(child);
 			struct cm_event *e =
 				push_event(to_ch(l->id.channel), l, child, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
 			if (e) {
 				e->ev.listen_id = &l->id;
-				if (rt_msg_field(rep, 1, &d, &n) == 0)
+				if (rt_msg_field(rep, RT_REQ_FIELD_PRIVATE_DATA, &d, &n) == 0)
 					event_pdata(e, d, n);
 				/* The initiator's IRD is what this end may read;
 				 * its ORD what this end must answer. */
@@ -1587,8 +1589,8 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 		pthread_mutex_unlock(&mu);
 		return;
 	}
-	if (m->args[0] == RT_EV_DISCONNECTED) {
-		uint32_t qpn = (uint32_t)m->args[1];
+	if (m->args[RT_EVA_TYPE] == RT_EV_DISCONNECTED) {
+		uint32_t qpn = (uint32_t)m->args[RT_EVA_QPN];
 		for (struct cm_id *c = ids; c; c = c->next) {
 			if (c->qpn != qpn || c->destroying)
 				continue;
@@ -1598,9 +1600,9 @@ static void on_event(void *unused, uint16_t type, const struct rt_msg *m)
 				if (qp)
 					rt_qp_set_state(qp, IBV_QPS_ERR);
 				/* status: 0 for a graceful close by either end,
-				 * -ECONNRESET when an error ended it (argument 6). */
+				 * -ECONNRESET when an error ended it (RT_EVA_REASON). */
 				push_event(to_ch(c->id.channel), c, c, RDMA_CM_EVENT_DISCONNECTED,
-					   m->args[6] == RT_DISC_ERROR ? -ECONNRESET : 0);
+					   m->args[RT_EVA_REASON] == RT_DISC_ERROR ? -ECONNRESET : 0);
 				break;
 			}
 			if (c->state == ST_CONNECTING || c->state == ST_ACCEPTING) {

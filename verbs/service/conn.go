@@ -28,8 +28,17 @@ func bool64(b bool) uint64 {
 
 func connReply(b *svc.Builder, c *verbs.Conn) {
 	n := c.Negotiated()
-	b.Args(uint64(n.MPARevision), bool64(n.CRC), uint64(n.IRD), uint64(n.ORD), bool64(n.PeerToPeer), uint64(n.RTR),
-		bool64(n.MarkersTx), bool64(n.MarkersRx))
+	var a [svc.NegArgs]uint64
+	a[svc.NegMPARevision] = uint64(n.MPARevision)
+	a[svc.NegCRC] = bool64(n.CRC)
+	a[svc.NegIRD] = uint64(n.IRD)
+	a[svc.NegORD] = uint64(n.ORD)
+	a[svc.NegPeerToPeer] = bool64(n.PeerToPeer)
+	a[svc.NegRTR] = uint64(n.RTR)
+	a[svc.NegMarkersTx] = bool64(n.MarkersTx)
+	a[svc.NegMarkersRx] = bool64(n.MarkersRx)
+	b.Args(a[:]...)
+	// The fields in ConnField order.
 	b.String(c.LocalAddr().String()).String(c.RemoteAddr().String()).Bytes(c.PeerPrivateData())
 }
 
@@ -152,7 +161,10 @@ func (x *session) listen(b *svc.Builder, m svc.Msg) error {
 	if la.Addr().IsValid() {
 		addr = la.Addr().String()
 	}
-	b.Args(h, uint64(la.Port())).String(addr)
+	var a [svc.ListenArgs]uint64
+	a[svc.ListenHandle] = h
+	a[svc.ListenPort] = uint64(la.Port())
+	b.Args(a[:]...).String(addr)
 	return nil
 }
 
@@ -202,7 +214,17 @@ func (x *session) getRequest(ctx context.Context, b *svc.Builder, h uint64) erro
 	x.reqs[rh] = r
 	x.mu.Unlock()
 	p2p, rtr := r.PeerToPeer()
-	b.Args(rh, uint64(r.MPARevision()), bool64(r.CRC()), uint64(r.IRD()), uint64(r.ORD()), bool64(p2p), uint64(rtr), bool64(r.Markers()))
+	var a [svc.ReqArgs]uint64
+	a[svc.ReqHandle] = rh
+	a[svc.ReqMPARevision] = uint64(r.MPARevision())
+	a[svc.ReqCRC] = bool64(r.CRC())
+	a[svc.ReqIRD] = uint64(r.IRD())
+	a[svc.ReqORD] = uint64(r.ORD())
+	a[svc.ReqPeerToPeer] = bool64(p2p)
+	a[svc.ReqRTR] = uint64(rtr)
+	a[svc.ReqMarkers] = bool64(r.Markers())
+	b.Args(a[:]...)
+	// The fields in ReqField order.
 	b.String(r.RemoteAddr().String()).Bytes(r.PrivateData())
 	return nil
 }

@@ -45,10 +45,19 @@ func (x *session) eventWriter() {
 				}
 				x.mu.Unlock()
 			}
-			b.Reset(svc.TEvent, 0, 0).Args(uint64(e.Type), uint64(e.QPNum), srqH, uint64(e.Term.Layer), uint64(e.Term.EType), uint64(e.Term.Code))
+			var args [svc.EventArgs]uint64
+			args[svc.EventArgType] = uint64(e.Type)
+			args[svc.EventArgQPN] = uint64(e.QPNum)
+			args[svc.EventArgSRQ] = srqH
+			args[svc.EventArgTermLayer] = uint64(e.Term.Layer)
+			args[svc.EventArgTermType] = uint64(e.Term.EType)
+			args[svc.EventArgTermCode] = uint64(e.Term.Code)
+			n := svc.EventArgReason // a client without FeatureCM gets the arguments before it
 			if x.features&svc.FeatureCM != 0 {
-				b.Args(disconnectReason(e))
+				args[svc.EventArgReason] = disconnectReason(e)
+				n = svc.EventArgs
 			}
+			b.Reset(svc.TEvent, 0, 0).Args(args[:n]...)
 			if e.Err != nil {
 				b.String(e.Err.Error())
 			}

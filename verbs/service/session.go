@@ -210,7 +210,12 @@ func (x *session) hello(buf, oob []byte, fds []int) bool {
 	// from before features, gets none).
 	features := m.Arg(2) & svc.Features
 	x.features = features
-	err = svc.Write(x.conn, b.Reset(svc.THello, 0, 0).Args(svc.Version, flags, x.id, features).String(x.dev.Name()).Msg(), x.ctlFd, x.bell.Fd())
+	var args [svc.HelloArgs]uint64
+	args[svc.HelloVersion] = svc.Version
+	args[svc.HelloFlags] = flags
+	args[svc.HelloID] = x.id
+	args[svc.HelloFeatures] = features
+	err = svc.Write(x.conn, b.Reset(svc.THello, 0, 0).Args(args[:]...).String(x.dev.Name()).Msg(), x.ctlFd, x.bell.Fd())
 	return err == nil
 }
 

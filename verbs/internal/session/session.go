@@ -154,7 +154,7 @@ func (s *Session) Dial(ctx context.Context, path string, cfg Config) (Hello, err
 	s.mu.Lock()
 	s.pending = map[uint32]chan Reply{}
 	s.mu.Unlock()
-	return Hello{Name: string(f[0]), Flags: m.Arg(1), Features: m.Arg(3)}, nil
+	return Hello{Name: string(f[0]), Flags: m.Arg(svc.HelloFlags), Features: m.Arg(svc.HelloFeatures)}, nil
 }
 
 // Start starts the read loop, which delivers replies to their calls and

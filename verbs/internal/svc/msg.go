@@ -349,7 +349,78 @@ func Fields(p []byte, dst [][]byte) (int, error) {
 	return n, nil
 }
 
-// DISCONNECTED events' reasons (EVENT's argument 6, FeatureCM).
+// HELLO's reply arguments, by index.
+const (
+	HelloVersion  = iota // the service's protocol version
+	HelloFlags           // bit 0: the device runs without extensions
+	HelloID              // the session's ID
+	HelloFeatures        // the features the service offers: those of the request's it knows
+	HelloArgs            // the number of arguments
+)
+
+// EVENT's arguments, by index.
+const (
+	EventArgType      = iota // the event's type (verbs.AsyncEventType)
+	EventArgQPN              // the QP's number (0 for an SRQ's event)
+	EventArgSRQ              // the SRQ's handle (0 unless the event is an SRQ's)
+	EventArgTermLayer        // the Terminate's layer (iwarp.Layer)
+	EventArgTermType         // the Terminate's error type
+	EventArgTermCode         // the Terminate's error code
+	EventArgReason           // DISCONNECTED: why the connection ended (FeatureCM)
+	EventArgs                // the number of arguments
+)
+
+// A DIAL or ACCEPT reply's arguments, by index: what the connection
+// negotiated.
+const (
+	NegMPARevision = iota
+	NegCRC         // 1: on
+	NegIRD
+	NegORD
+	NegPeerToPeer // 1: on
+	NegRTR        // the RTR type used
+	NegMarkersTx  // 1: this end inserts markers
+	NegMarkersRx  // 1: the peer inserts markers
+	NegArgs       // the number of arguments
+)
+
+// A DIAL or ACCEPT reply's fields, by index.
+const (
+	ConnFieldLocal       = iota // the local address, IP:PORT
+	ConnFieldRemote             // the remote address
+	ConnFieldPrivateData        // the peer's private data
+	ConnFields                  // the number of fields
+)
+
+// LISTEN's reply arguments, by index.
+const (
+	ListenHandle = iota // the listener's handle
+	ListenPort          // the port listened on
+	ListenArgs          // the number of arguments
+)
+
+// GET_REQUEST's reply arguments, by index: the connection request and
+// what its initiator asked for.
+const (
+	ReqHandle      = iota // the connection request's handle
+	ReqMPARevision        // the initiator's MPA revision
+	ReqCRC                // 1: CRC asked
+	ReqIRD                // IRD offered
+	ReqORD                // ORD offered
+	ReqPeerToPeer         // 1: peer-to-peer asked
+	ReqRTR                // RTR types offered
+	ReqMarkers            // 1: markers asked
+	ReqArgs               // the number of arguments
+)
+
+// GET_REQUEST's reply fields, by index.
+const (
+	ReqFieldAddr        = iota // the initiator's address, IP:PORT
+	ReqFieldPrivateData        // its private data
+	ReqFields                  // the number of fields
+)
+
+// DISCONNECTED events' reasons (EVENT's argument EventArgReason, FeatureCM).
 const (
 	DisconnectLocal = 1 // this end closed gracefully first (DISCONNECT)
 	DisconnectPeer  = 2 // the peer closed gracefully first
@@ -387,25 +458,32 @@ func FormatLocalAddr(a netip.AddrPort) string {
 	return ""
 }
 
-// Tri encodes an optional bool (a *bool of ConnParams): 0 unset, 1 false,
-// 2 true.
+// Tri's values.
+const (
+	TriUnset = 0
+	TriFalse = 1
+	TriTrue  = 2
+)
+
+// Tri encodes an optional bool (a *bool of ConnParams): TriUnset,
+// TriFalse or TriTrue.
 func Tri(b *bool) uint64 {
 	switch {
 	case b == nil:
-		return 0
+		return TriUnset
 	case *b:
-		return 2
+		return TriTrue
 	}
-	return 1
+	return TriFalse
 }
 
-// Untri decodes Tri; values other than 1 and 2 are unset.
+// Untri decodes Tri; values other than TriFalse and TriTrue are unset.
 func Untri(v uint64) *bool {
 	switch v {
-	case 1:
+	case TriFalse:
 		f := false
 		return &f
-	case 2:
+	case TriTrue:
 		t := true
 		return &t
 	}
