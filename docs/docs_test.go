@@ -18,6 +18,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // root is the repository's root (go test runs in docs/).
@@ -392,7 +393,8 @@ func links(md []byte) []link {
 }
 
 // TestRelativeLinks checks that every relative link of the repository's
-// Markdown files names a file or directory that exists.
+// Markdown files names a file or directory that exists, and that a link's
+// #fragment into a Markdown file names one of its headings.
 func TestRelativeLinks(t *testing.T) {
 	var files []string
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
@@ -421,24 +423,84 @@ func TestRelativeLinks(t *testing.T) {
 		}
 		name, _ := filepath.Rel(root, f)
 		for _, l := range links(md) {
-			target := l.target
-			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") || strings.HasPrefix(target, "#") {
+			if strings.Contains(l.target, "://") || strings.HasPrefix(l.target, "mailto:") {
 				continue
 			}
-			target = strings.SplitN(target, "#", 2)[0]
-			p := filepath.Join(filepath.Dir(f), filepath.FromSlash(target))
+			target, frag, _ := strings.Cut(l.target, "#")
 			if strings.HasPrefix(target, "/") {
 				t.Errorf("%s:%d: link %s is absolute; make it relative", name, l.line, l.target)
 				continue
 			}
+			p := f
+			if target != "" {
+				p = filepath.Join(filepath.Dir(f), filepath.FromSlash(target))
+			}
 			checked++
 			if _, err := os.Stat(p); err != nil {
 				t.Errorf("%s:%d: link %s names no file", name, l.line, l.target)
+				continue
+			}
+			if frag == "" || !strings.HasSuffix(p, ".md") {
+				continue
+			}
+			dest, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !anchors(dest)[frag] {
+				t.Errorf("%s:%d: link %s names no heading of %s", name, l.line, l.target, target)
 			}
 		}
 	}
 	if checked == 0 {
 		t.Fatal("no relative link checked")
+	}
+}
+
+// anchors returns the fragments that name md's headings, as GitHub makes
+// them: lower case, spaces as hyphens, punctuation dropped, and -1, -2, ...
+// after a repeated one.
+func anchors(md []byte) map[string]bool {
+	out := map[string]bool{}
+	fence := false
+	for _, line := range strings.Split(string(md), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fence = !fence
+		}
+		if fence || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		title := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		var b strings.Builder
+		for _, r := range strings.ToLower(title) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		a := b.String()
+		for n := 1; out[a]; n++ {
+			a = fmt.Sprintf("%s-%d", b.String(), n)
+		}
+		out[a] = true
+	}
+	return out
+}
+
+// TestAnchors checks anchors against GitHub's fragments of a few headings.
+func TestAnchors(t *testing.T) {
+	got := anchors([]byte("# Tests, benchmarks and fuzzing\n## 8.5 What the service does with entries\n" +
+		"```\n# not a heading\n```\n## The sender's alignment\n## `up --socket`\n## Limits\n## Limits\n"))
+	for _, a := range []string{"tests-benchmarks-and-fuzzing", "85-what-the-service-does-with-entries",
+		"the-senders-alignment", "up---socket", "limits", "limits-1"} {
+		if !got[a] {
+			t.Errorf("no anchor %q among %v", a, sortedKeys(got))
+		}
+	}
+	if len(got) != 6 {
+		t.Errorf("anchors = %v, want 6", sortedKeys(got))
 	}
 }
 
