@@ -9,10 +9,9 @@
 // A Device comes from Open (an embedded device on this process's netstack)
 // or from Connect (a device a running service offers over a unix socket,
 // `rdmatap up --socket`, usable without privileges); the API is the same.
-// Package verbs/service is the service side; remote.go and
-// docs/service.md describe the split: the slow path over the socket,
-// memory as the client's own memfd pages, and the queues as rings in
-// shared memory.
+// Package verbs/service is the service side. The split between the two
+// (docs/service.md): the slow path goes over the socket, memory is the
+// client's own memfd pages, and the queues are rings in shared memory.
 //
 // # Locks
 //

@@ -12,8 +12,8 @@
 //
 //	sudo RDMATAP_INTEROP=1 go test -count=1 ./test/interop/ -v -timeout 40m
 //
-// The VM harness is shared/interop/siw-vm (a sibling of the repository);
-// guest/plan.sh is the guest side of the sweep and the probe (boot.sh
+// The VM harness is siw-vm/ in this directory (siw-vm/README.md: build,
+// boot, captures); guest/plan.sh is the guest side of the sweep and the probe (boot.sh
 // --script). Everything runs inside a network namespace this test
 // creates: the harness's bridge sibr0 (10.77.0.1), the VM (10.77.0.2) and
 // rdmatap's TAP sitap0 (10.77.0.3); nothing leaves it.

@@ -43,9 +43,12 @@ func setup(t *testing.T) *env {
 	if os.Geteuid() != 0 {
 		t.Skip("skipping the siw interop matrix: needs root (TAP, bridge, network namespace)")
 	}
-	harness, err := filepath.Abs("../../../shared/interop/siw-vm")
-	if err != nil || !exists(filepath.Join(harness, "boot.sh")) {
-		t.Skip("skipping: the siw VM harness (../shared/interop/siw-vm next to the repository) is missing")
+	harness, err := filepath.Abs("siw-vm") // go test runs in test/interop
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !exists(filepath.Join(harness, "boot.sh")) {
+		t.Fatalf("the siw VM harness is missing: no %s", filepath.Join(harness, "boot.sh"))
 	}
 	e := &env{harness: harness, ns: fmt.Sprintf("rdsiw%d", os.Getpid()%100000)}
 	// The harness installs qemu itself (build.sh); make sure it is built.

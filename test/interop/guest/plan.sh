@@ -41,7 +41,7 @@
 
 PLAN_BRIDGE=${PLAN_BRIDGE:-10.77.0.1}
 PLAN_PORT=$PT_PORT
-PLAN_STDERR=join
+PLAN_STDERR='join'
 
 # plan_nic_reset NAME: unload and reload virtio_net (the driver's removal
 # resets the device, and with it qemu's queues), then bring eth0 and siw0
