@@ -99,6 +99,36 @@ func TestServiceMemoryCharged(t *testing.T) {
 	}
 }
 
+// TestServiceCallUncharged: a blocking call (DESTROY_QP here) gives its
+// charge back before its reply, so a client that has its answer reads
+// the figure it had before the call, every time.
+func TestServiceCallUncharged(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, srv := startService(t, p.a, service.Limits{})
+	d := connectService(t, path)
+	pd, err := d.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := d.CreateCQ(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := clientStat(t, srv).Memory
+	for i := 0; i < 300; i++ {
+		qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := qp.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if got := clientStat(t, srv).Memory; got != before {
+			t.Fatalf("round %d: after DESTROY_QP answered, %d bytes are charged, want %d", i, got, before)
+		}
+	}
+}
+
 // TestServiceSRQRingLimit: an SRQ refused for want of ring memory is not
 // left behind, so its PD can still be freed.
 func TestServiceSRQRingLimit(t *testing.T) {

@@ -346,11 +346,14 @@ func (x *session) dispatch(m svc.Msg, fds []int) {
 	x.mu.Unlock()
 	go func() {
 		defer x.calls.Done()
-		defer x.uncharge(memCall)
 		var b svc.Builder
 		out, err := x.handle(ctx, &b, mc, nil)
+		// The call leaves the client's stats, its count and its charge
+		// together, before its reply: a client that has its answer is
+		// charged for it no more.
 		x.mu.Lock()
 		delete(x.inflight, seq)
+		x.memBytes -= memCall
 		x.mu.Unlock()
 		cancel()
 		x.reply(&b, t, seq, out, err)
