@@ -1,8 +1,8 @@
 package iwarp_test
 
 // Fuzz targets for every decoder that sees peer bytes. Each is seeded with
-// real frames from the siw captures when ../shared is present, and with
-// handmade frames otherwise. Run one with, e.g.,
+// real frames from the siw captures (testdata/siw-pcaps) and with
+// handmade frames. Run one with, e.g.,
 //
 //	go test -run XXX -fuzz FuzzMPAFrame -fuzztime 20s ./iwarp/
 //

@@ -28,7 +28,7 @@ import (
 )
 
 // siwPcapDir is where the siw captures live, relative to this package's
-// directory (go test runs in iwarp/; the repository root's sibling shared/).
+// directory (go test runs in iwarp/; the captures are the repository's testdata).
 var siwPcapDir = filepath.Join("..", "testdata", "siw-pcaps")
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

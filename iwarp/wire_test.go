@@ -2,7 +2,7 @@ package iwarp_test
 
 // Encode/decode round trips for every wire view (mpa.go, ddp.go,
 // terminate.go), plus byte-exact vectors taken from Linux siw captures so
-// that they run without ../shared.
+// that they run without the captures.
 
 import (
 	"bytes"
