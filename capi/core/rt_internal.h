@@ -25,7 +25,7 @@ int rt_session_doorbell(struct rt_session *s);
  * the service's limits (protocol 6.1) when it does not offer it. */
 const uint64_t *rt_session_limits(struct rt_session *s);
 /* One of them: the limits libibverbs' checks are made against. */
-static inline uint64_t rt_limit(struct rt_session *s, enum rt_query_device_arg i) { return rt_session_limits(s)[i]; }
+uint64_t rt_limit(struct rt_session *s, enum rt_query_device_arg i);
 /* HELLO's flags (bit 0: extensions off). */
 uint64_t rt_session_flags(struct rt_session *s);
 

@@ -569,6 +569,7 @@ RT_VISIBLE int rt_session_dead(struct rt_session *s) { return __atomic_load_n(&s
 uint32_t *rt_session_ctl(struct rt_session *s) { return s->ctl; }
 int rt_session_doorbell(struct rt_session *s) { return s->doorbell; }
 const uint64_t *rt_session_limits(struct rt_session *s) { return s->have_limits ? s->limits : default_limits; }
+uint64_t rt_limit(struct rt_session *s, enum rt_query_device_arg i) { return rt_session_limits(s)[i]; }
 uint64_t rt_session_flags(struct rt_session *s) { return s->flags; }
 RT_VISIBLE uint64_t rt_session_features(struct rt_session *s) { return s->features; }
 
