@@ -11,6 +11,17 @@ import (
 	"github.com/rdmatap/rdmatap/verbs"
 )
 
+// waitLastWord waits up to 5 s for dst's last 32-bit word, which a Write
+// places last and atomically, to hold src's.
+func waitLastWord(dst, src []byte) {
+	n := len(src)
+	last := (*uint32)(unsafe.Pointer(&dst[n-4]))
+	want := binary.NativeEndian.Uint32(src[n-4:])
+	for deadline := time.Now().Add(5 * time.Second); atomic.LoadUint32(last) != want && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // TestResponderSpeaksFirst: by default an accepted QP transmits what its
 // application posts before the initiator has sent anything, as Linux
 // siw's responder does (ib_write_lat's and ucmatose's servers speak
@@ -25,12 +36,7 @@ func TestResponderSpeaksFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustOK(t, wait1(t, sv.scq), verbs.WCWrite, 256)
-	deadline := time.Now().Add(5 * time.Second)
-	last := (*uint32)(unsafe.Pointer(&cl.buf[252])) // placed last, atomically
-	want := binary.NativeEndian.Uint32(sv.buf[252:256])
-	for atomic.LoadUint32(last) != want && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	waitLastWord(cl.buf[:256], sv.buf[:256])
 	checkPlaced(t, "a responder's first Write", cl.buf, 0, sv.buf[:256])
 	// The initiator answers; the responder's QP is then established.
 	fill(cl.buf[1024:1280], 6)
@@ -78,12 +84,7 @@ func TestOpenTXGate(t *testing.T) {
 	}
 	sv.qp.OpenTXGate()
 	mustOK(t, wait1(t, sv.scq), verbs.WCWrite, 256)
-	deadline := time.Now().Add(5 * time.Second)
-	last := (*uint32)(unsafe.Pointer(&cl.buf[252])) // placed last, atomically
-	want := binary.NativeEndian.Uint32(sv.buf[252:256])
-	for atomic.LoadUint32(last) != want && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	waitLastWord(cl.buf[:256], sv.buf[:256])
 	checkPlaced(t, "write", cl.buf, 0, sv.buf[:256])
 	// Opening an open gate is harmless; the connection works both ways.
 	sv.qp.OpenTXGate()
