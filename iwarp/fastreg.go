@@ -27,7 +27,8 @@ import (
 // mu guards the mapping the next REG_MR registers. It is a leaf, taken by
 // the consumer (MapPages, MapSG, SetIOVA) and by the transmitter that
 // executes a REG_MR (mapping, under QP.txMu). The registration itself is
-// the memory object's, under the table's lock (see memObject).
+// the memory object's, under the table's lock (see memObject and the
+// package's Locks section).
 type FastRegMR struct {
 	memObject
 	maxPages int

@@ -294,7 +294,8 @@ func BufferAddr(b []byte) uint64 {
 // accesses in progress run after it is released. It is taken inside
 // QP.txMu (registration and invalidation work requests), QP.rxMu (a
 // Send with Invalidate, a Read with local invalidate), and verbs' PD.mu
-// and MR.mu (registration, Dereg).
+// and MR.mu (registration, Dereg); the package's Locks section has the
+// whole order.
 type MemTable struct {
 	mu     sync.Mutex
 	chunks atomic.Pointer[[]*memChunk]

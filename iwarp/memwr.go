@@ -66,6 +66,7 @@ func checkAccess(acc Access) error {
 
 // execLocal executes a memory registration WR in send queue order; false
 // ends TX (the QP failed).
+// +checklocks:t.qp.txMu
 func (t *transmitter) execLocal(w *sendWQE) bool {
 	qp := t.qp
 	var err error
@@ -160,6 +161,7 @@ func (qp *QP) remoteInvalidate(reg *Region) bool {
 // the Read's data has arrived, before the Read completes. The receiver
 // drops its own holds first: the fence waits for accesses in progress, and
 // the last Read Response segment placed into the sink is one of them.
+// +checklocks:r.qp.rxMu
 func (r *receiver) readInvalidate(reg *Region) bool {
 	r.held.drop()
 	return r.qp.cfg.Mem.invalidateUnbound(reg)

@@ -284,53 +284,14 @@ type irqEntry struct {
 // QP is one RDMAP stream's protocol engine: the send queue and its TX
 // goroutine, the receive path, the ORQ and IRQ, and the state machine.
 //
-// Locks. A QP has three mutexes:
-//
-//   - mu guards what everyone shares: the state, the send queue, the ORQ
-//     and IRQ, the queued Terminate, the gates and holds, the MSNs sent,
-//     the error (the fields marked +checklocks:mu). It is held only for
-//     short bookkeeping: never across a stream read or write, a
-//     completion, an event or another QP lock.
-//   - txMu is held while transmitting. Its holder owns tx (the
-//     transmitter and its scratch) and writes to the stream: the TX
-//     goroutine, for each drain of work; a poster that sends in its own
-//     goroutine (postInline, postDirect; it only ever TryLocks txMu);
-//     Start, while it sets the transmitter up; flush, which takes it once
-//     to wait for a poster's write to end.
-//   - rxMu is held while receiving. Its holder owns rx (the receiver) and
-//     reads from the stream: the RX goroutine, for each read; a poller in
-//     Progress (TryLock) or WaitProgress; the segment placer feeding the
-//     receiver on netstack's link goroutine (segPlacer.feed, TryLock);
-//     and flush, once the RX goroutine has ended (a poller may still
-//     hold it: flush waits for it).
-//
-// Lock order: txMu → mu and rxMu → mu. mu is taken inside either, for
-// each piece of shared state (pick, nextMSN, the ORQ and IRQ checks of
-// the receive path); no one takes txMu or rxMu while holding mu, except
-// PostSend's TryLock of txMu, which cannot wait. txMu and rxMu are never
-// held together. Taken under txMu or rxMu (never under mu): the CQs'
-// locks (completions are pushed by the holder of txMu or rxMu, and by
-// flush), the memory table's (MemTable.mu: registration work requests,
-// invalidations), a fast-register MR's (FastRegMR.mu), the segment
-// placer's mu (fail, the receiver's Send bookkeeping), and the receive
-// queue's (RecvQueue.mu: the receiver's take, directly or inside the
-// placer's mu). A receive queue's refill function (RecvQueue.SetRefill)
-// runs under rxMu alone and takes its own locks inside it, mu among them
-// (PostRecv). The segment placer's placeMu comes before rxMu (see
-// segPlacer).
-//
-// Who touches what: posters (PostSend, PostRecv) take mu for the send
-// queue and the state; the TX goroutine and transmitting posters hold
-// txMu and take mu in pick; the RX goroutine, pollers and the placer's
-// feed hold rxMu and take mu for the ORQ, IRQ and gates; the hold and
-// Terminate timers take mu; flush runs once both goroutines have ended
-// and takes each lock in turn. Set once by Start, under txMu and mu,
-// before the goroutines start and the QP leaves IDLE, and read without a
-// lock after it: stream, ctx, cancel, txDone, rxDone, seg, segUntap
-// (live is an atomic copy of stream, for Progress). termErr is written
-// once under mu, together with term (terminate) or by the peer's
-// Terminate (terminated), and read without mu only by the one who saw
-// term set (sendTerminate) or armed the Terminate timer (terminate).
+// Locks: mu guards the fields marked +checklocks:mu, txMu the transmitter
+// (tx) and rxMu the receiver (rx); the package's Locks section has who
+// takes each and their order. termErr is written once under mu, together
+// with term (terminate) or by the peer's Terminate (terminated), and read
+// without mu only by the one who saw term set (sendTerminate) or armed
+// the Terminate timer (terminate).
+// +checklocksalias:rx.qp.rxMu=rxMu
+// +checklocksalias:tx.qp.txMu=txMu
 type QP struct {
 	cfg QPConfig
 
@@ -514,8 +475,11 @@ func (qp *QP) Done() <-chan struct{} { return qp.done }
 // an initiator's first-FPDU hold (FirstFPDUDelay) runs on a timer, and
 // the RTR of peer-to-peer mode goes out from the transmitter.
 func (qp *QP) Start(s Stream, p ConnParams) error {
-	// The transmitter is set up under txMu, so that no poster transmits
-	// meanwhile.
+	// The receiver is set up under rxMu, so that no poller (Progress)
+	// receives meanwhile, and the transmitter under txMu, so that no
+	// poster transmits: the one place both are held (see Locks).
+	qp.rxMu.Lock()
+	defer qp.rxMu.Unlock()
 	qp.txMu.Lock()
 	qp.mu.Lock()
 	if qp.state != StateIdle {
@@ -1201,9 +1165,9 @@ func (qp *QP) Progress() {
 	if s == nil || !qp.rxMu.TryLock() {
 		return
 	}
-	_, err := s.TryReadTo(qp.rx.in, 0)
+	_, err := s.TryReadTo(qp.rx.in, 0) // +checklocksforce: TryLock took rxMu
 	qp.rx.afterRead()
-	qp.rxMu.Unlock() // +checklocksignore: taken by TryLock
+	qp.rxMu.Unlock()
 	if err != nil {
 		qp.rx.streamErr(err)
 	}

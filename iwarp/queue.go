@@ -309,7 +309,8 @@ type recvWQE struct {
 // released). Its takers: posters (Post), the receive path (take, with
 // QP.rxMu held, and with segment placement inside segPlacer.mu; refill,
 // with QP.rxMu held), the segment placer (peek, inside segPlacer.mu), and
-// a QP's flush. depth and maxSGE never change.
+// a QP's flush. depth and maxSGE never change. The package's Locks
+// section has the whole order.
 //
 // A queue whose receives are posted from somewhere the receive path
 // cannot see (a service client's receive ring) has a refill function

@@ -62,68 +62,107 @@ type rxMsg struct {
 }
 
 // receiver is a QP's receive side. Its fields belong to the holder of
-// qp.rxMu: the RX goroutine, a poller in Progress or WaitProgress, the
-// segment placer's feed on netstack's link goroutine, or flush; init runs
-// in Start, before the RX goroutine starts. The QP's shared state (the
-// ORQ and IRQ, the TX gate, immOK) it reads and changes under qp.mu,
-// taken inside rxMu; the Send state it tells the segment placer, under
-// the placer's mu (takeRecv, publishSends), which the receive queue's
-// lock nests in. It completes work requests with rxMu held, qp.mu not.
+// qp.rxMu (the package's Locks section has who that is); init runs in
+// Start. The QP's shared state (the ORQ and IRQ, the TX gate, immOK) it
+// reads and changes under qp.mu, taken inside rxMu; the Send state it
+// tells the segment placer, under the placer's mu (takeRecv,
+// publishSends). It completes work requests with rxMu held, qp.mu not.
+// +checklocksalias:seg.qp.rxMu=qp.rxMu
 type receiver struct {
-	qp       *QP
-	crcOn    bool
-	sendRTR  bool // responder expecting a zero-length Send as RTR
+	qp *QP
+	// +checklocks:qp.rxMu
+	crcOn bool
+	// +checklocks:qp.rxMu
+	sendRTR bool // responder expecting a zero-length Send as RTR
+	// +checklocks:qp.rxMu
 	gateOpen bool
-	stats    *Stats
+	// +checklocks:qp.rxMu
+	stats *Stats
 
-	state  int
-	hdr    [rxHdrMax]byte
-	have   int
-	need   int
-	ulpdu  int
-	op     Opcode
-	last   bool
+	// +checklocks:qp.rxMu
+	state int
+	// +checklocks:qp.rxMu
+	hdr [rxHdrMax]byte
+	// +checklocks:qp.rxMu
+	have int
+	// +checklocks:qp.rxMu
+	need int
+	// +checklocks:qp.rxMu
+	ulpdu int
+	// +checklocks:qp.rxMu
+	op Opcode
+	// +checklocks:qp.rxMu
+	last bool
+	// +checklocks:qp.rxMu
 	payLen int
+	// +checklocks:qp.rxMu
 	payPos int
-	dst    []byte          // tagged destination
-	reg    *Region         // the region dst (or dstv) lies in
-	sgl    zerocopy.SGList // untagged destination
+	// +checklocks:qp.rxMu
+	dst []byte // tagged destination
+	// +checklocks:qp.rxMu
+	reg *Region // the region dst (or dstv) lies in
+	// +checklocks:qp.rxMu
+	sgl zerocopy.SGList // untagged destination
+	// +checklocks:qp.rxMu
 	sglOff int
-	crc    uint32
-	trail  [7]byte
+	// +checklocks:qp.rxMu
+	crc uint32
+	// +checklocks:qp.rxMu
+	trail [7]byte
+	// +checklocks:qp.rxMu
 	trHave int
+	// +checklocks:qp.rxMu
 	trNeed int
 	// dstv is a tagged destination in a region over separate pages:
 	// the FPDU's payload in the pages it spans (backed by dstvBuf).
-	dstv    zerocopy.SGList
+	// +checklocks:qp.rxMu
+	dstv zerocopy.SGList
+	// +checklocks:qp.rxMu
 	dstvBuf zerocopy.SGList
 
+	// +checklocks:qp.rxMu
 	expect [numQN]uint32
-	cur    rxMsg
+	// +checklocks:qp.rxMu
+	cur rxMsg
 	// A Send with Immediate's Immediate Data, waiting for its Send.
-	imm    uint32
+	// +checklocks:qp.rxMu
+	imm uint32
+	// +checklocks:qp.rxMu
 	hasImm bool
+	// +checklocks:qp.rxMu
 	offset uint64 // TCP stream offset of the next byte
-	held   holds  // regions being placed into during this stream read
+	// +checklocks:qp.rxMu
+	held holds // regions being placed into during this stream read
 
 	// MPA markers: in is what the stream feeds, the receiver itself or
 	// the stripper in front of it (which then checks the CRC).
+	// +checklocks:qp.rxMu
 	in io.Writer
+	// +checklocks:qp.rxMu
 	mk markerStripper
 
-	// Segment placement (nil: stream placement only).
-	seg   *segPlacer
-	start uint64      // stream offset of the current FPDU
+	// Segment placement (nil: stream placement only). Set by Start
+	// before the receive path runs, like waitOr, waitUnread and heldFn,
+	// and read-only after: the RX goroutine reads them while it waits,
+	// without rxMu.
+	seg *segPlacer
+	// +checklocks:qp.rxMu
+	start uint64 // stream offset of the current FPDU
+	// +checklocks:qp.rxMu
 	early *placedFPDU // the current FPDU was placed from its segment
+	// +checklocks:qp.rxMu
 	taken *placedFPDU // deliverRun claimed the next FPDU's record (segPlacer.takePlaced)
-	vcrc  uint32      // CRC32c of its payload as delivered (no MPA CRC)
-	tcp   tcpFeed     // the input from TCP, when the tap may feed too
+	// +checklocks:qp.rxMu
+	vcrc uint32 // CRC32c of its payload as delivered (no MPA CRC)
+	// +checklocks:qp.rxMu
+	tcp tcpFeed // the input from TCP, when the tap may feed too
 	// waitOr waits for the stream or the placer's queue (segment
 	// placement with a retaining source).
 	waitOr func(ctx context.Context, wake <-chan struct{}) error
 	// tapFeed is set while the tap feeds the receiver a short segment on
 	// the link's goroutine (segPlacer.feed); a response queued meanwhile
 	// sets respondDue, and the feeder sends it (transmitter.respondInline).
+	// +checklocks:qp.rxMu
 	tapFeed    bool
 	respondDue atomic.Bool
 	// waitUnread (segment placement, a stream that has it) waits like
@@ -132,11 +171,14 @@ type receiver struct {
 	waitUnread func(ctx context.Context, wake <-chan struct{}, had func() int, spin time.Duration) error
 	heldFn     func() int
 	// The Send state last told the placer (publishSends).
+	// +checklocks:qp.rxMu
 	pubActive bool
+	// +checklocks:qp.rxMu
 	pubExpect uint32
 
 	// Counters, kept locally and added to the shared Stats after each
 	// read: atomics per FPDU would bounce a cache line between QPs.
+	// +checklocks:qp.rxMu
 	n rxCounts
 
 	// rresp is the head of the ORQ, copied under qp.mu when the first
@@ -146,7 +188,9 @@ type receiver struct {
 	// goroutine and posters, were an eighth of an RDMA Read's CPU at
 	// MTU 1500. Only this goroutine takes the head off the ORQ, and
 	// nobody changes it while it is there.
-	rresp   orqEntry
+	// +checklocks:qp.rxMu
+	rresp orqEntry
+	// +checklocks:qp.rxMu
 	rrespOn bool
 
 	// cont is the region of the RDMA Write under way when its last FPDU
@@ -155,13 +199,18 @@ type receiver struct {
 	// its header repeats. contCtl is that FPDU's two control bytes
 	// without the Last flag, contSTag its STag and contTO the TO that
 	// follows it.
-	cont     *Region
-	contCtl  [2]byte
+	// +checklocks:qp.rxMu
+	cont *Region
+	// +checklocks:qp.rxMu
+	contCtl [2]byte
+	// +checklocks:qp.rxMu
 	contSTag uint32
-	contTO   uint64
+	// +checklocks:qp.rxMu
+	contTO uint64
 	// contRR: the last FPDU was a Read Response, not the last, placed
 	// into the sink of rresp (not over separate pages); contCtl and
 	// contSTag are its control bytes and STag.
+	// +checklocks:qp.rxMu
 	contRR bool
 }
 
@@ -170,6 +219,7 @@ type rxCounts struct {
 	ops                                     [16]uint64
 }
 
+// +checklocks:r.qp.rxMu
 func (r *receiver) flushStats() {
 	s := r.stats
 	if s == nil {
@@ -196,6 +246,7 @@ func (r *receiver) flushStats() {
 	*n = rxCounts{}
 }
 
+// +checklocks:r.qp.rxMu
 func (r *receiver) init(p ConnParams) {
 	r.crcOn, r.in = p.CRC, r
 	if p.MarkersRx {
@@ -264,6 +315,7 @@ func (r *receiver) run() {
 // from segments that now follow in order are delivered without waiting
 // for TCP to hand them over (see segPlacer.feed); then the counters are
 // added up.
+// +checklocks:r.qp.rxMu
 func (r *receiver) afterRead() {
 	if r.seg != nil && r.seg.rx != nil {
 		if r.seg.nkept.Load() > 0 && r.seg.nrec.Load() > 0 {
@@ -298,6 +350,7 @@ func (r *receiver) streamErr(err error) {
 // Write consumes stream bytes. It never fails: after a protocol error it
 // discards the rest of the stream while the Terminate goes out. The regions
 // it placed into are released when it returns.
+// +checklocks:r.qp.rxMu
 func (r *receiver) Write(p []byte) (int, error) {
 	n := len(p)
 	r.offset += uint64(n)
@@ -362,6 +415,7 @@ func (r *receiver) Write(p []byte) (int, error) {
 // (the byte-wise path raises the framing error), and for Read and Atomic
 // Requests, Atomic Responses, Immediate Data and Terminates, whose headers
 // are longer.
+// +checklocks:r.qp.rxMu
 func (r *receiver) whole(p []byte) int {
 	if len(p) < MPALengthSize+DDPUntaggedHeaderSize {
 		return 0
@@ -420,6 +474,7 @@ func (r *receiver) whole(p []byte) int {
 // leaves the FPDU to it: any other FPDU, one whose region is gone, and
 // one whose CRC fails (its bytes are placed again there and the error
 // raised).
+// +checklocks:r.qp.rxMu
 func (r *receiver) wholeCont(p []byte, ulpdu, total int) bool {
 	const need = MPALengthSize + DDPTaggedHeaderSize
 	payLen := ulpdu - DDPTaggedHeaderSize
@@ -476,6 +531,7 @@ func (r *receiver) wholeCont(p []byte, ulpdu, total int) bool {
 
 // sizeHeader works out, from the first four bytes, how many header bytes
 // this FPDU has.
+// +checklocks:r.qp.rxMu
 func (r *receiver) sizeHeader() bool {
 	r.ulpdu = int(binary.BigEndian.Uint16(r.hdr[0:]))
 	h := DDPHeader(r.hdr[MPALengthSize:])
@@ -502,6 +558,7 @@ func (r *receiver) sizeHeader() bool {
 
 // markerError terminates the stream on a bad marker or, with markers, a
 // bad CRC (the stripper checks the CRC over the FPDU with its markers).
+// +checklocks:r.qp.rxMu
 func (r *receiver) markerError(e *MarkerError) {
 	if e.Code.Code == CodeCRC {
 		r.n.crcErrors++
@@ -514,6 +571,7 @@ func (r *receiver) markerError(e *MarkerError) {
 // mismatch ends the stream when TCP delivered other bytes than the segment
 // an FPDU was placed from: the region may hold bytes the stream never had,
 // which only a local catastrophic error may leave behind.
+// +checklocks:r.qp.rxMu
 func (r *receiver) mismatch(hdrLen int) {
 	r.early = nil
 	r.seg.stats.Mismatches.Add(1)
@@ -521,6 +579,7 @@ func (r *receiver) mismatch(hdrLen int) {
 }
 
 // fail raises a Terminate for the current FPDU and stops parsing.
+// +checklocks:r.qp.rxMu
 func (r *receiver) fail(code TermCode, hdrLen int) {
 	r.state = rxDead
 	off := r.hdr[MPALengthSize : MPALengthSize+min(max(hdrLen, 0), r.need-MPALengthSize)]
@@ -529,6 +588,7 @@ func (r *receiver) fail(code TermCode, hdrLen int) {
 
 // onHeader runs once the FPDU's headers are complete: checks, lookup, and
 // the choice of destination.
+// +checklocks:r.qp.rxMu
 func (r *receiver) onHeader() {
 	h := DDPHeader(r.hdr[MPALengthSize:r.need])
 	hl := r.need - MPALengthSize
@@ -585,6 +645,7 @@ func (r *receiver) onHeader() {
 // as it is valid (deregistration invalidates it before it leaves the
 // table): only validity and the bounds are checked again. false: check
 // the FPDU as usual.
+// +checklocks:r.qp.rxMu
 func (r *receiver) contWrite(h DDPHeader) bool {
 	c := r.cont
 	r.cont = nil
@@ -602,6 +663,7 @@ func (r *receiver) contWrite(h DDPHeader) bool {
 
 // placedHere reports whether the current FPDU's destination, as checked,
 // is where the placer put its payload.
+// +checklocks:r.qp.rxMu
 func (r *receiver) placedHere(e *placedFPDU) bool {
 	switch {
 	case r.dst != nil:
@@ -616,6 +678,7 @@ func (r *receiver) placedHere(e *placedFPDU) bool {
 
 // check validates the headers and sets the destination; bad reports an
 // error to terminate with.
+// +checklocks:r.qp.rxMu
 func (r *receiver) check(h DDPHeader) (code TermCode, bad bool) {
 	tagged := h.Tagged()
 	if h.DDPVersion() != DDPVersion {
@@ -670,6 +733,7 @@ func (r *receiver) check(h DDPHeader) (code TermCode, bad bool) {
 	return r.checkSend(h)
 }
 
+// +checklocks:r.qp.rxMu
 func (r *receiver) checkWrite(h DDPHeader) (TermCode, bool) {
 	if r.payLen == 0 {
 		// A zero-length Write places nothing, so its STag is not checked
@@ -707,6 +771,7 @@ func (r *receiver) checkWrite(h DDPHeader) (TermCode, bool) {
 	return TermCode{}, false
 }
 
+// +checklocks:r.qp.rxMu
 func (r *receiver) checkReadResponse(h DDPHeader) (TermCode, bool) {
 	o := &r.rresp
 	if !r.rrespOn {
@@ -740,6 +805,7 @@ func (r *receiver) checkReadResponse(h DDPHeader) (TermCode, bool) {
 	return TermCode{}, false
 }
 
+// +checklocks:r.qp.rxMu
 func (r *receiver) checkReadRequest(h DDPHeader) (TermCode, bool) {
 	qp := r.qp
 	if h.MSN() != r.expect[QNReadReq] {
@@ -778,6 +844,7 @@ func (r *receiver) checkReadRequest(h DDPHeader) (TermCode, bool) {
 // irqFull reports whether a Read or Atomic Request now would exceed the
 // IRD we granted. rtr lets the first FPDU through with IRD 0: a Read RTR
 // (RFC 6581), which a zero-length Read Request may be and an atomic never.
+// +checklocks:r.qp.rxMu
 func (r *receiver) irqFull(rtr bool) bool {
 	qp := r.qp
 	qp.mu.Lock()
@@ -791,6 +858,7 @@ func (r *receiver) irqFull(rtr bool) bool {
 // PD with remote atomic access, and 8 bytes inside the region at an
 // 8-byte aligned address. The operation runs only once the whole FPDU
 // has passed its CRC (endAtomicRequest).
+// +checklocks:r.qp.rxMu
 func (r *receiver) checkAtomicRequest(h DDPHeader) (TermCode, bool) {
 	qp := r.qp
 	if h.MSN() != r.expect[QNReadReq] {
@@ -836,6 +904,7 @@ func (r *receiver) checkAtomicRequest(h DDPHeader) (TermCode, bool) {
 // queue's MSN, one whole segment, and that it answers the oldest
 // outstanding request, which must be an atomic with its Request
 // Identifier.
+// +checklocks:r.qp.rxMu
 func (r *receiver) checkAtomicResponse(h DDPHeader) (TermCode, bool) {
 	qp := r.qp
 	if h.MSN() != r.expect[QNAtomicResp] {
@@ -859,6 +928,7 @@ func (r *receiver) checkAtomicResponse(h DDPHeader) (TermCode, bool) {
 // checkImmediate checks an Immediate Data message (RFC 7306) on queue 0:
 // the Send MSN, one whole segment, and a posted receive to consume,
 // except for one that goes with the Send behind it (see ImmediateData).
+// +checklocks:r.qp.rxMu
 func (r *receiver) checkImmediate(h DDPHeader) (TermCode, bool) {
 	m := &r.cur
 	if m.active || h.MSN() != r.expect[QNSend] {
@@ -885,6 +955,7 @@ func (r *receiver) checkImmediate(h DDPHeader) (TermCode, bool) {
 	return TermCode{}, false
 }
 
+// +checklocks:r.qp.rxMu
 func (r *receiver) checkSend(h DDPHeader) (TermCode, bool) {
 	qp := r.qp
 	msn, mo := h.MSN(), h.MO()
@@ -932,6 +1003,7 @@ func (r *receiver) checkSend(h DDPHeader) (TermCode, bool) {
 // place copies payload bytes to the destination, with the CRC in the same
 // pass. false: the destination was deregistered since the headers were
 // checked; nothing was placed, and the stream is terminated.
+// +checklocks:r.qp.rxMu
 func (r *receiver) place(b []byte) bool {
 	if r.early != nil {
 		// Placed from its segment already. With the MPA CRC, the tap
@@ -983,6 +1055,7 @@ func (r *receiver) place(b []byte) bool {
 }
 
 // holdDst holds the regions of the current destination (see Region).
+// +checklocks:r.qp.rxMu
 func (r *receiver) holdDst() bool {
 	switch {
 	case r.dst != nil || r.dstv != nil:
@@ -997,6 +1070,7 @@ func (r *receiver) holdDst() bool {
 // placed was deregistered under it, as if the FPDU had named an invalid
 // STag from the start (RFC 5041's tagged-buffer errors). A receive buffer deregistered
 // while posted is a local protection error on its completion.
+// +checklocks:r.qp.rxMu
 func (r *receiver) fenced() {
 	hl := r.need - MPALengthSize
 	if r.dst != nil || r.dstv != nil {
@@ -1012,6 +1086,7 @@ func (r *receiver) fenced() {
 // placePaged places b at r.payPos of a tagged destination over separate
 // pages; a Write's last aligned word is stored last and atomically, as
 // for one run of memory, when it lies in one page.
+// +checklocks:r.qp.rxMu
 func (r *receiver) placePaged(b []byte) {
 	k := len(b)
 	var wd []byte
@@ -1034,6 +1109,7 @@ func (r *receiver) placePaged(b []byte) {
 	}
 }
 
+// +checklocks:r.qp.rxMu
 func (r *receiver) placeBytes(d, b []byte) {
 	if r.crcOn {
 		_, r.crc = zerocopy.PlaceCRC(d, b, r.crc)
@@ -1049,6 +1125,7 @@ func (r *receiver) placeBytes(d, b []byte) {
 // write_lat and credit schemes do) may poll it with atomic.LoadUint32: once
 // it sees the new word, Go's memory model orders every other byte of the
 // Write before its next reads, and the race detector agrees.
+// +checklocks:r.qp.rxMu
 func (r *receiver) lastWord(d []byte, n int) int {
 	if r.op != OpWrite || !r.last || r.payPos+n != r.payLen || !lastWordAligned(d, n) {
 		return 0
@@ -1069,6 +1146,7 @@ func storeWord(d, b []byte) {
 }
 
 // onTrailer checks pad and CRC and finishes the segment.
+// +checklocks:r.qp.rxMu
 func (r *receiver) onTrailer() {
 	pad := r.trNeed - MPACRCSize
 	if r.crcOn && r.early == nil {
@@ -1098,6 +1176,7 @@ func (r *receiver) onTrailer() {
 
 // endFPDU finishes an FPDU whose payload and trailer are done: counters,
 // and the end of its message.
+// +checklocks:r.qp.rxMu
 func (r *receiver) endFPDU() {
 	r.n.bytes += uint64(r.payLen)
 	if r.last {
@@ -1162,6 +1241,7 @@ func (r *receiver) endFPDU() {
 // A queue with a refill function (RecvQueue.SetRefill) that is empty gets
 // one more chance: the function runs, with rxMu held and the placer's
 // lock not, and the take is tried again.
+// +checklocks:r.qp.rxMu
 func (r *receiver) takeRecv(msn uint32) bool {
 	if r.takeRecvOnce(msn) {
 		return true
@@ -1169,6 +1249,7 @@ func (r *receiver) takeRecv(msn uint32) bool {
 	return r.qp.cfg.RQ.runRefill() && r.takeRecvOnce(msn)
 }
 
+// +checklocks:r.qp.rxMu
 func (r *receiver) takeRecvOnce(msn uint32) bool {
 	qp, p, m := r.qp, r.seg, &r.cur
 	if p == nil || p.rx == nil || qp.cfg.SharedRQ {
@@ -1188,6 +1269,7 @@ func (r *receiver) takeRecvOnce(msn uint32) bool {
 
 // publishSends tells the segment placer, when it changed, the Send state
 // takeRecv did not: a message ended, or an MSN passed without a receive.
+// +checklocks:r.qp.rxMu
 func (r *receiver) publishSends() {
 	p, m := r.seg, &r.cur
 	if p == nil || p.rx == nil || r.pubActive == m.active && r.pubExpect == r.expect[QNSend] {
@@ -1209,6 +1291,7 @@ func (r *receiver) publishSends() {
 // checks, the end of their messages and, for the short ones kept whole,
 // their processing. It stops at the first FPDU not placed, or one the
 // receiver stands inside. rxMu is held (the tap's feed).
+// +checklocks:r.qp.rxMu
 func (r *receiver) deliverPlaced() {
 	if !r.seg.markers {
 		r.deliverRun()
@@ -1230,6 +1313,7 @@ func (r *receiver) deliverPlaced() {
 }
 
 // deliverRun delivers the placed FPDUs that follow in order from r.offset.
+// +checklocks:r.qp.rxMu
 func (r *receiver) deliverRun() {
 	for r.state == rxHeader && r.have == 0 {
 		e, small := r.seg.takePlaced(r.offset)
@@ -1270,6 +1354,7 @@ func (r *receiver) deliverRun() {
 // fedTo is where the stream's bytes go with segment placement, and how
 // far it has had them: the receiver at its stream offset or, with markers,
 // the stripper in front of it at its offset in the marked stream.
+// +checklocks:r.qp.rxMu
 func (r *receiver) fedTo() (io.Writer, uint64) {
 	if r.seg.markers {
 		return &r.mk, r.mk.wire
@@ -1311,6 +1396,7 @@ type tcpFeed struct {
 // The skipped bytes passed the tap's checks (the connection's, TCP's
 // checksum and window, and the MPA CRC when negotiated); TCP's copy of
 // them is the same segment's or its retransmission's.
+// +checklocks:f.r.qp.rxMu
 func (f *tcpFeed) Write(p []byte) (int, error) {
 	n := len(p)
 	off := f.off
@@ -1329,6 +1415,7 @@ func (f *tcpFeed) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// +checklocks:r.qp.rxMu
 func (r *receiver) endSend(h DDPHeader) {
 	qp := r.qp
 	m := &r.cur
@@ -1376,6 +1463,7 @@ func (r *receiver) endSend(h DDPHeader) {
 // segment has been placed, before its ORQ entry is completed.
 var testHookReadResponseEnd func()
 
+// +checklocks:r.qp.rxMu
 func (r *receiver) endReadResponse(h DDPHeader) {
 	r.rresp.placed += uint32(r.payLen)
 	if !h.Last() {
@@ -1423,6 +1511,7 @@ func (r *receiver) endReadResponse(h DDPHeader) {
 	}
 }
 
+// +checklocks:r.qp.rxMu
 func (r *receiver) endReadRequest(h DDPHeader) {
 	qp := r.qp
 	rr := ReadRequest(h.Payload())
@@ -1465,6 +1554,7 @@ func (r *receiver) endReadRequest(h DDPHeader) {
 // wakeTX has a queued response sent: by the TX goroutine, or, when the tap
 // is feeding the receiver on the link's goroutine, by that goroutine once
 // the feed is done (transmitter.respondInline). rxMu is held.
+// +checklocks:r.qp.rxMu
 func (r *receiver) wakeTX() {
 	if r.tapFeed {
 		r.respondDue.Store(true)
@@ -1476,6 +1566,7 @@ func (r *receiver) wakeTX() {
 // endImmediate delivers an Immediate Data message: with the receive it
 // took (the receive of an RDMA Write with Immediate), or, for a Send with
 // Immediate, with the Send that follows.
+// +checklocks:r.qp.rxMu
 func (r *receiver) endImmediate(h DDPHeader) {
 	qp := r.qp
 	d := ImmediateData(h.Payload())
@@ -1501,6 +1592,7 @@ func (r *receiver) endImmediate(h DDPHeader) {
 // this device (whichever QP it came on) and against the host program's
 // own sync/atomic operations on the word. The operands and the original
 // value travel in network byte order, as RFC 7306's fields do.
+// +checklocks:r.qp.rxMu
 func (r *receiver) endAtomicRequest(h DDPHeader) {
 	qp := r.qp
 	ar := AtomicRequest(h.Payload())
@@ -1579,6 +1671,7 @@ func executeAtomic(p *uint64, ar AtomicRequest) uint64 {
 
 // endAtomicResponse completes the atomic at the head of the ORQ: the
 // original value goes to its 8-byte SGE in host byte order.
+// +checklocks:r.qp.rxMu
 func (r *receiver) endAtomicResponse(h DDPHeader) {
 	qp := r.qp
 	r.expect[QNAtomicResp]++

@@ -179,35 +179,37 @@ const smallFPDU = 64
 // goroutine (place), serialized per connection by netstack, and on the
 // receive path (claimInOrder); mu guards the state they share.
 //
-// Locks: placeMu serializes placement and guards the scratch fields it
-// uses (wv, woff, wn, dv, held, hdr, ssge, sdst, sregs): the link's
-// goroutine holds it in placeRetain, the receive goroutine in work.
-// mu guards the shared state (the fields marked +checklocks:mu, and kh,
-// kn and keepFor, left unannotated because checklocks attributes the
-// annotations after a multi-name field to the wrong fields); front,
-// nrec, parsed and nkept are atomics read without it. Order: placeMu →
-// QP.rxMu (feed, TryLock only) → mu → RecvQueue.mu (takeRecv, sendDst's
-// peek); placeMu → QP.mu (readResponseDst); QP.rxMu → mu (the
-// receiver's bookkeeping); QP.txMu or no lock → mu (stop, from
-// QP.fail). mu is never held while QP.mu, rxMu or placeMu is taken.
-// Kept packets are released (netstack.Kept.Release) with mu held.
+// Locks: placeMu guards the placement scratch, mu the shared state (the
+// fields marked with each); front, nrec, parsed and nkept are atomics
+// read without mu. The package's Locks section has who takes them and
+// their order.
+// +checklocksalias:rx.qp.rxMu=qp.rxMu
 type segPlacer struct {
 	qp      *QP
 	crcOn   bool
 	markers bool // the peer inserts MPA markers: the tap's offsets are the marked stream's
 	// The marked segment being placed (markers): its views, offset, size,
 	// and the views of its FPDU stream (the runs between the markers).
-	wv   segView
+	// +checklocks:placeMu
+	wv segView
+	// +checklocks:placeMu
 	woff uint64
-	wn   int
-	dv   segView
+	// +checklocks:placeMu
+	wn int
+	// +checklocks:placeMu
+	dv segView
 
 	stats *SegmentStats
-	held  holds
-	hdr   [MPALengthSize + DDPUntaggedHeaderSize]byte
+	// +checklocks:placeMu
+	held holds
+	// +checklocks:placeMu
+	hdr [MPALengthSize + DDPUntaggedHeaderSize]byte
 	// A Send's destination being resolved (sendDst).
-	ssge  []SGE
-	sdst  zerocopy.SGList
+	// +checklocks:placeMu
+	ssge []SGE
+	// +checklocks:placeMu
+	sdst zerocopy.SGList
+	// +checklocks:placeMu
 	sregs []*Region
 
 	// placeMu serializes placement (the scratch fields above): the link's
@@ -281,10 +283,14 @@ type segPlacer struct {
 	// reference taken and dropped per segment), so the tap keeps only
 	// while holes come: for keepAfterHole segments after the last one.
 	// +checklocks:mu
-	kept    [maxKept]keptSeg
-	kh, kn  int
-	nkept   atomic.Int32 // kn, read without mu
-	keepFor int          // segments still to keep
+	kept [maxKept]keptSeg
+	// +checklocks:mu
+	kh int
+	// +checklocks:mu
+	kn    int
+	nkept atomic.Int32 // kn, read without mu
+	// +checklocks:mu
+	keepFor int // segments still to keep
 
 	// eager places segments that arrive in order too, rather than leave
 	// them to the receiver (the unit tests of the framing rules, which
@@ -493,6 +499,7 @@ const (
 // stream offset off, n octets of the FPDU stream; its raw views and, with
 // markers, p.woff); p.mu is held.
 // +checklocks:p.mu
+// +checklocks:p.placeMu
 func (p *segPlacer) keep(payload [][]byte, off uint64, n int, retain func() netstack.Kept) {
 	parsed := p.parsed.Load()
 	for p.kn > 0 && (p.kept[p.kh].dend <= parsed || p.kn == maxKept) {
@@ -529,6 +536,7 @@ func (p *segPlacer) popKept() keptSeg {
 // offsets) or the kept ones stop short. They passed the tap's checks, as
 // a hole filler does; TCP's copy of them is skipped when it comes
 // (tcpFeed).
+// +checklocks:p.rx.qp.rxMu
 func (p *segPlacer) feedKept(to uint64) {
 	r := p.rx
 	placed := r.n.placed
@@ -595,6 +603,7 @@ func (p *segPlacer) work() bool {
 // workLocked places every queued segment now; placeMu is held (a segment
 // that fills the receiver's hole: what lies beyond must be placed before
 // it can be delivered).
+// +checklocks:p.placeMu
 func (p *segPlacer) workLocked() {
 	for {
 		j, ok := p.nextJob()
@@ -623,24 +632,31 @@ func (p *segPlacer) nextJob() (segJob, bool) {
 }
 
 // runJob places a queued segment (its busy count taken) and releases it.
+// +checklocks:p.placeMu
 func (p *segPlacer) runJob(j segJob) {
 	v, off, n, mfirst, marked := p.view(segView(j.views), j.off)
 	p.frame(v, off, n, segAhead, marked, mfirst)
 	j.hold.Release()
 }
 
+// framed ends frame: the regions placed into and the packet's memory are
+// let go, and the segment's busy count is returned.
+// +checklocks:p.placeMu
+func (p *segPlacer) framed() {
+	p.held.drop()
+	p.wv = nil
+	clear(p.dv) // packet memory: not to be held past the callback
+	p.mu.Lock()
+	p.busy--
+	p.mu.Unlock()
+}
+
 // frame finds the FPDUs of a segment that is not in order and places them
 // (or, filling the receiver's hole, feeds it to the receiver). p.busy was
 // counted for it; placeMu is held.
+// +checklocks:p.placeMu
 func (p *segPlacer) frame(v segView, off uint64, n, arrival int, marked bool, mfirst uint64) {
-	defer func() {
-		p.held.drop()
-		p.wv = nil
-		clear(p.dv) // packet memory: not to be held past the callback
-		p.mu.Lock()
-		p.busy--
-		p.mu.Unlock()
-	}()
+	defer p.framed()
 	if arrival == segFill && p.rx != nil {
 		// What was queued beyond the hole is placed first, so that the
 		// receiver can be handed all of it.
@@ -707,6 +723,7 @@ func (p *segPlacer) frame(v segView, off uint64, n, arrival int, marked bool, mf
 // offset and size: the segment itself or, with markers, its runs between
 // the markers (p.dv; p.wv keeps the marked segment), with the FPDU start a
 // marker in it points to (marked). placeMu is held.
+// +checklocks:p.placeMu
 func (p *segPlacer) view(v segView, off uint64) (dv segView, doff uint64, n int, mfirst uint64, marked bool) {
 	if !p.markers {
 		return v, off, v.size(), 0, false
@@ -722,6 +739,7 @@ func (p *segPlacer) view(v segView, off uint64) (dv segView, doff uint64, n int,
 // marker in the segment points to that lies in the segment (RFC 5044 §5:
 // a marker's FPDUPTR points back to the FPDU it is in, or, zero, to the
 // one right after it).
+// +checklocks:p.placeMu
 func (p *segPlacer) demark(v segView, off uint64, n int) (doff, first uint64, ok bool) {
 	p.dv = p.dv[:0]
 	pos := off
@@ -752,6 +770,7 @@ func (p *segPlacer) demark(v segView, off uint64, n int) (doff, first uint64, ok
 // wireCRC checks the CRC of the FPDU at FPDU-stream offset at (total
 // octets) in the marked segment: RFC 5044 computes it over the FPDU as it
 // travels, markers inside it included. It returns the CRC field.
+// +checklocks:p.placeMu
 func (p *segPlacer) wireCRC(at uint64, total int) (uint32, bool) {
 	ws := MarkerWireOffset(at)
 	we := MarkerWireOffset(at+uint64(total)-1) + 1
@@ -778,6 +797,7 @@ const (
 // boundary, points nowhere. An FPDU the tap places may be delivered
 // without passing the stripper, so every marker it carries, the boundary
 // one included, must have been checked here.
+// +checklocks:p.placeMu
 func (p *segPlacer) checkMarkers(at uint64, total int) int {
 	ws := MarkerWireOffset(at)
 	we := MarkerWireOffset(at+uint64(total)-1) + 1
@@ -904,6 +924,7 @@ func (p *segPlacer) tiles(v segView, n int) bool {
 //
 // An FPDU at a start nobody told (aligned) is believed only once its CRC
 // verifies; false stops the segment there.
+// +checklocks:p.placeMu
 func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, known, byMarker bool) bool {
 	h := DDPHeader(p.hdr[MPALengthSize:])
 	ulpdu := int(binary.BigEndian.Uint16(p.hdr[:]))
@@ -1067,6 +1088,7 @@ func (p *segPlacer) placeFPDU(v segView, at uint64, pos, total int, behind, know
 // path checks it (STag, PD, access, bounds), with its region held. paged:
 // the region lies over separate pages, which the placer leaves to the
 // stream (so the in-order path never meets a payload placed in pieces).
+// +checklocks:p.placeMu
 func (p *segPlacer) writeDst(h DDPHeader, payLen int) (dst []byte, ok, paged bool) {
 	qp := p.qp
 	reg := qp.cfg.Mem.Lookup(h.STag())
@@ -1085,6 +1107,7 @@ func (p *segPlacer) writeDst(h DDPHeader, payLen int) (dst []byte, ok, paged boo
 // Response is tagged by the Read's sink STag and TO), with the sink's
 // region held. The in-order path checks the response against the oldest
 // outstanding Read, as ever.
+// +checklocks:p.placeMu
 func (p *segPlacer) readResponseDst(h DDPHeader, payLen int) (dst []byte, ok, paged bool) {
 	qp := p.qp
 	qp.mu.Lock()
@@ -1114,6 +1137,7 @@ func (p *segPlacer) readResponseDst(h DDPHeader, payLen int) (dst []byte, ok, pa
 // one at the head of the queue. A Send further ahead waits for the stream:
 // which receive it takes depends on the messages before it (an Immediate
 // Data may take one, or none), which a hole can hide.
+// +checklocks:p.placeMu
 func (p *segPlacer) sendDst(h DDPHeader, payLen int) (zerocopy.SGList, uint64, bool) {
 	qp := p.qp
 	msn := h.MSN()
@@ -1214,13 +1238,21 @@ func (p *segPlacer) finished(e *placedFPDU, crc uint32) {
 // A hole-filling segment (quick false) may first read from TCP what the
 // receiver has not read before it; delivered is the number of FPDUs
 // delivered.
+// +checklocks:p.placeMu
 func (p *segPlacer) feed(v segView, off uint64, n int, quick bool) (ok bool, delivered uint64) {
 	qp := p.qp
 	if !qp.rxMu.TryLock() {
 		return false, 0
 	}
-	defer qp.rxMu.Unlock() // +checklocksignore: taken by TryLock
-	r := p.rx
+	defer qp.rxMu.Unlock()
+	return p.feedLocked(v, off, n, quick) // +checklocksforce: TryLock took rxMu
+}
+
+// feedLocked is feed with the receiver's rxMu held.
+// +checklocks:p.rx.qp.rxMu
+// +checklocks:p.placeMu
+func (p *segPlacer) feedLocked(v segView, off uint64, n int, quick bool) (ok bool, delivered uint64) {
+	qp, r := p.qp, p.rx
 	if p.markers {
 		// The marked segment goes to the stripper in front of the
 		// receiver, at its offset in the marked stream.

@@ -59,44 +59,70 @@ const (
 )
 
 // transmitter is a QP's transmit side. Its fields belong to the holder of
-// qp.txMu: the TX goroutine, or a poster transmitting in its own goroutine
-// (postInline, postDirect); init runs in Start, under txMu too. The QP's
-// shared state (the send queue, the ORQ and IRQ, the MSNs) it reads and
-// changes under qp.mu, taken inside txMu (pick, claimORQ, nextMSN), and
-// it completes work requests and calls qp.fail with txMu held, qp.mu not.
+// qp.txMu (the package's Locks section has who that is); init runs in
+// Start. The QP's shared state (the send queue, the ORQ and IRQ, the
+// MSNs) it reads and changes under qp.mu, taken inside txMu (pick,
+// claimORQ, nextMSN), and it completes work requests and calls qp.fail
+// with txMu held, qp.mu not.
 type transmitter struct {
-	qp      *QP
-	crcOn   bool
-	rtr     RTR // RTR still to send (peer-to-peer initiator)
+	qp *QP
+	// +checklocks:qp.txMu
+	crcOn bool
+	// +checklocks:qp.txMu
+	rtr RTR // RTR still to send (peer-to-peer initiator)
+	// +checklocks:qp.txMu
 	maxFPDU int
-	stats   *Stats
-	burst   int
+	// +checklocks:qp.txMu
+	stats *Stats
+	// +checklocks:qp.txMu
+	burst int
+	// +checklocks:qp.txMu
 	finSent bool
-	readOK  bool
-	mp      int // cached Stream.MaxPayload
-	mpLeft  int
+	// +checklocks:qp.txMu
+	readOK bool
+	// +checklocks:qp.txMu
+	mp int // cached Stream.MaxPayload
+	// +checklocks:qp.txMu
+	mpLeft int
 
+	// +checklocks:qp.txMu
 	inlineBuf []byte
 
-	fw   fpduWriter
-	mk   markerInserter // MPA markers: wraps fw (and computes the CRC)
+	// +checklocks:qp.txMu
+	fw fpduWriter
+	// +checklocks:qp.txMu
+	mk markerInserter // MPA markers: wraps fw (and computes the CRC)
+	// +checklocks:qp.txMu
 	mkOn bool
-	src  zerocopy.SGList
+	// +checklocks:qp.txMu
+	src zerocopy.SGList
+	// +checklocks:qp.txMu
 	regs []*Region // the regions src lies in
-	wqe  sendWQE
-	irq  irqEntry
-	rr   [ReadRequestSize]byte
-	ar   [AtomicRequestSize]byte
-	imm  [ImmediateDataSize]byte
+	// +checklocks:qp.txMu
+	wqe sendWQE
+	// +checklocks:qp.txMu
+	irq irqEntry
+	// +checklocks:qp.txMu
+	rr [ReadRequestSize]byte
+	// +checklocks:qp.txMu
+	ar [AtomicRequestSize]byte
+	// +checklocks:qp.txMu
+	imm [ImmediateDataSize]byte
+	// +checklocks:qp.txMu
 	arsp [AtomicResponseSize]byte
 	// atomicID is the Request Identifier claimORQ gave the atomic being
 	// sent.
+	// +checklocks:qp.txMu
 	atomicID uint32
-	readSt   Status // why claimORQ failed (not readOK)
-	probing  bool   // the WR being sent holds an ORQ entry for its probe (claimProbe)
-	buf      [rxHdrMax + 8]byte
+	// +checklocks:qp.txMu
+	readSt Status // why claimORQ failed (not readOK)
+	// +checklocks:qp.txMu
+	probing bool // the WR being sent holds an ORQ entry for its probe (claimProbe)
+	// +checklocks:qp.txMu
+	buf [rxHdrMax + 8]byte
 }
 
+// +checklocks:t.qp.txMu
 func (t *transmitter) init(p ConnParams) {
 	t.crcOn = p.CRC
 	t.mkOn = p.MarkersTx
@@ -153,6 +179,7 @@ func (t *transmitter) run() {
 // drain runs jobs until none is left; qp.txMu is held. inline restricts it
 // to what a poster may transmit in its own goroutine. It reports whether
 // the TX goroutine must end.
+// +checklocks:t.qp.txMu
 func (t *transmitter) drain(inline bool) bool {
 	qp := t.qp
 	for {
@@ -191,6 +218,7 @@ func (t *transmitter) drain(inline bool) bool {
 
 // sendReadResp sends the Read or atomic Response pick took (t.irq); false
 // means the TX path must end.
+// +checklocks:t.qp.txMu
 func (t *transmitter) sendReadResp() bool {
 	e := &t.irq
 	if e.atomic {
@@ -237,20 +265,28 @@ func (t *transmitter) respondInline() {
 		qp.wake()
 		return
 	}
+	t.respondShort() // +checklocksforce: TryLock took txMu
+	qp.txMu.Unlock()
+	qp.wakeIfMore()
+}
+
+// respondShort sends the short responses at the head of the inbound
+// request queue while nothing else is to go first (respondOK).
+// +checklocks:t.qp.txMu
+func (t *transmitter) respondShort() {
+	qp := t.qp
 	for {
 		qp.mu.Lock()
 		if !t.respondOK() {
 			qp.mu.Unlock()
-			break
+			return
 		}
 		job := t.pick(false) // a Read Response: respondOK left nothing else
 		qp.mu.Unlock()
 		if job != jobReadResp || !t.sendReadResp() {
-			break
+			return
 		}
 	}
-	qp.txMu.Unlock() // +checklocksignore: taken by TryLock
-	qp.wakeIfMore()
 }
 
 // wakeIfMore wakes the TX goroutine when work is left for it: after a
@@ -275,6 +311,7 @@ func (qp *QP) moreTXLocked() bool {
 // of the inbound request queue and nothing else: the QP is transmitting,
 // the send queue is empty, and the response is short and in one piece.
 // +checklocks:t.qp.mu
+// +checklocks:t.qp.txMu
 func (t *transmitter) respondOK() bool {
 	qp := t.qp
 	if qp.term != nil || qp.state >= StateTerminate || t.finSent || qp.txHeld() || qp.rtrDue ||
@@ -297,8 +334,8 @@ func (qp *QP) postInline() {
 		qp.wake()
 		return
 	}
-	qp.tx.drain(true)
-	qp.txMu.Unlock() // +checklocksignore: taken by TryLock
+	qp.tx.drain(true) // +checklocksforce: TryLock took txMu
+	qp.txMu.Unlock()
 	qp.wakeIfMore()
 }
 
@@ -361,6 +398,7 @@ func (qp *QP) postDirect(wr *SendWR) (int, error) {
 
 // pick chooses work; qp.mu is held.
 // +checklocks:t.qp.mu
+// +checklocks:t.qp.txMu
 func (t *transmitter) pick(inline bool) txJob {
 	qp := t.qp
 	if qp.term != nil && !qp.termSent {
@@ -446,6 +484,7 @@ func (t *transmitter) pick(inline bool) txJob {
 // claimORQ resolves the sink of a Read (or the 8 bytes that receive an
 // atomic's original value) and reserves its ORQ entry; qp.mu held.
 // +checklocks:t.qp.mu
+// +checklocks:t.qp.txMu
 func (t *transmitter) claimORQ() bool {
 	qp := t.qp
 	w := &t.wqe
@@ -500,6 +539,7 @@ func (t *transmitter) claimORQ() bool {
 // claimProbe reserves the ORQ entry of the zero-length Read that follows
 // the Immediate Data message of e (see QP.probesImm); qp.mu held.
 // +checklocks:t.qp.mu
+// +checklocks:t.qp.txMu
 func (t *transmitter) claimProbe(e *sendWQE) {
 	qp := t.qp
 	n := len(e.inline)
@@ -517,6 +557,7 @@ func (t *transmitter) claimProbe(e *sendWQE) {
 // unprobe gives back the probe's ORQ entry of a WR that failed before its
 // Read went out (the entry is the last: no other is claimed meanwhile,
 // and no response can free it).
+// +checklocks:t.qp.txMu
 func (t *transmitter) unprobe() {
 	if !t.probing {
 		return
@@ -531,6 +572,7 @@ func (t *transmitter) unprobe() {
 
 // sendProbe sends the zero-length Read behind a WR's Immediate Data
 // message; the WR completes with its response.
+// +checklocks:t.qp.txMu
 func (t *transmitter) sendProbe() bool {
 	t.probing = false
 	ReadRequest(t.rr[:]).Encode(&ReadRequestFields{SourceSTag: 1})
@@ -539,6 +581,7 @@ func (t *transmitter) sendProbe() bool {
 }
 
 // sendWQE transmits the claimed send queue entry; false ends TX.
+// +checklocks:t.qp.txMu
 func (t *transmitter) sendWQE() bool {
 	qp := t.qp
 	w := &t.wqe
@@ -632,6 +675,7 @@ func (t *transmitter) sendWQE() bool {
 // WR completes when the Atomic Response arrives. libibverbs' CmpSwap
 // compares and swaps all 64 bits (both masks all ones); its FetchAdd is
 // one 64-bit add (no field boundaries: Add Mask 0).
+// +checklocks:t.qp.txMu
 func (t *transmitter) sendAtomic(w *sendWQE) bool {
 	f := AtomicRequestFields{RequestID: t.atomicID, RemoteSTag: w.wr.RKey, RemoteTO: w.wr.RemoteAddr}
 	if w.wr.Op == WRAtomicFetchAdd {
@@ -649,6 +693,7 @@ func (t *transmitter) sendAtomic(w *sendWQE) bool {
 // Immediate; flags are rdmatap's upper 32 bits (see ImmediateData). The
 // Immediate Data of a Write carries the WR's solicited event; that of a
 // Send leaves it to the Send.
+// +checklocks:t.qp.txMu
 func (t *transmitter) sendImmediate(w *sendWQE, flags uint64) bool {
 	ImmediateData(t.imm[:]).Encode(flags | uint64(w.wr.Imm))
 	f := DDPFields{Opcode: OpImmediate, QN: QNSend, MSN: t.nextMSN(QNSend)}
@@ -660,6 +705,7 @@ func (t *transmitter) sendImmediate(w *sendWQE, flags uint64) bool {
 
 // localError completes a WR whose local buffers are invalid and takes the
 // QP down, as a local protection error does on an RNIC.
+// +checklocks:t.qp.txMu
 func (t *transmitter) localError(w *sendWQE, st Status) bool {
 	qp := t.qp
 	qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: st, Op: wrCompOp(w.wr.Op)})
@@ -668,6 +714,7 @@ func (t *transmitter) localError(w *sendWQE, st Status) bool {
 	return false
 }
 
+// +checklocks:t.qp.txMu
 func (t *transmitter) nextMSN(qn int) uint32 {
 	qp := t.qp
 	qp.mu.Lock()
@@ -678,6 +725,7 @@ func (t *transmitter) nextMSN(qn int) uint32 {
 }
 
 // sendRTR sends the peer-to-peer Ready-To-Receive message (RFC 6581 §4).
+// +checklocks:t.qp.txMu
 func (t *transmitter) sendRTR() bool {
 	qp := t.qp
 	switch {
@@ -706,6 +754,7 @@ func (t *transmitter) sendRTR() bool {
 // means the stream failed (the QP is then taken to ERROR), or, with
 // t.fw.cut, that a source region was deregistered during the message (the
 // caller then calls cutOff).
+// +checklocks:t.qp.txMu
 func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, regs []*Region, n int, extra []byte) bool {
 	qp := t.qp
 	// The segment payload changes rarely (PMTU, options) and reading it
@@ -754,6 +803,7 @@ func (t *transmitter) send(f *DDPFields, src zerocopy.SGList, regs []*Region, n 
 
 // payload is what netstack reads a message from: the FPDU writer, or the
 // marker inserter around it.
+// +checklocks:t.qp.txMu
 func (t *transmitter) payload() tcpip.Payloader {
 	if t.mkOn {
 		t.mk.inner = &t.fw
@@ -771,6 +821,7 @@ var ErrCutOff = errors.New("iwarp: message cut off: its memory was deregistered 
 // inside one (the FPDU's header is out, and the rest of it may not be
 // read), only a reset ends the stream without the peer taking the FPDU
 // as whole.
+// +checklocks:t.qp.txMu
 func (t *transmitter) cutOff(code TermCode) {
 	qp := t.qp
 	if t.fw.torn {
@@ -784,6 +835,7 @@ func (t *transmitter) cutOff(code TermCode) {
 // sendTerminate writes the queued Terminate and takes the QP to ERROR.
 // The Terminate goes out once: a later call (the TX goroutine's last look
 // when the QP's context ends, after a poster sent it) finds it sent.
+// +checklocks:t.qp.txMu
 func (t *transmitter) sendTerminate() {
 	qp := t.qp
 	qp.mu.Lock()
