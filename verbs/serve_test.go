@@ -1114,6 +1114,20 @@ func TestServiceSRQAndEvents(t *testing.T) {
 	t.Run("service", func(t *testing.T) { run(t, connectService(t, path), addr) })
 }
 
+// fewestAllocs is the fewest allocations per call of f in three runs of
+// testing.AllocsPerRun. It counts every malloc of the process, and the
+// other goroutines of a test's devices and service (the stacks' timers,
+// a session's reader) allocate now and then; on a loaded machine a run
+// lasts long enough to catch hundreds of them. An allocation of f itself
+// shows in every run.
+func fewestAllocs(runs int, f func()) float64 {
+	least := testing.AllocsPerRun(runs, f)
+	for i := 0; i < 2 && least > 0; i++ {
+		least = min(least, testing.AllocsPerRun(runs, f))
+	}
+	return least
+}
+
 // TestServiceFastPathAllocs: posting sends and receives into the rings,
 // the service's poller taking them into the protocol engine, and polling
 // the CQ ring allocate nothing (a QP not yet connected: the engine queues
@@ -1148,8 +1162,10 @@ func TestServiceFastPathAllocs(t *testing.T) {
 		time.Sleep(time.Microsecond)
 	}
 	qp.Close()
-	qp, _ = pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendWR: 1024, MaxRecvWR: 1024})
-	allocs := testing.AllocsPerRun(400, func() {
+	// Room for the three runs fewestAllocs may make: the QP is not
+	// connected, so what is posted stays queued.
+	qp, _ = pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendWR: 2048, MaxRecvWR: 2048})
+	allocs := fewestAllocs(400, func() {
 		if err := qp.PostSend(wr...); err != nil {
 			t.Fatal(err)
 		}
@@ -1182,7 +1198,7 @@ func TestServiceFastPathAllocs(t *testing.T) {
 	}
 	qp.Close()
 	qp, _ = pd.CreateQP(verbs.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendWR: 2048, MaxRecvWR: 16})
-	allocs = testing.AllocsPerRun(200, func() {
+	allocs = fewestAllocs(200, func() {
 		if err := qp.PostSend(mwrs...); err != nil {
 			t.Fatal(err)
 		}

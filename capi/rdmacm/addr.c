@@ -212,9 +212,9 @@ void rdma_freeaddrinfo(struct rdma_addrinfo *res)
  * (its length covers its family's sockaddr): 0, or -1 with errno. */
 static int copy_hint(struct sockaddr **dst, socklen_t *len, const struct sockaddr *sa, socklen_t salen)
 {
-	socklen_t l = cm_addr_len(sa);
 	if (!sa || !salen)
 		return 0;
+	socklen_t l = cm_addr_len(sa);
 	if (!l || salen < l)
 		return cm_set_errno(EINVAL);
 	*dst = dup_addr(sa, l);
