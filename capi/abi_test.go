@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/rdmatap/rdmatap/capi"
 )
 
 // ourSonames are the libraries the build makes in place of rdma-core's.
@@ -180,4 +183,47 @@ func checkImports(t *testing.T, libdir, file string) bool {
 		t.Logf("%s does not load: it needs rsockets, which the build does not offer (%s)", name, strings.Join(rs, " "))
 	}
 	return true
+}
+
+// TestUnsupportedVerbs runs testdata/unsupported.c on a service's device:
+// the verbs of IBVERBS_1.10 to 1.14 the device lacks (imports, ECE,
+// dma-buf MRs, data-in-order), and libmlx5's and libefa's functions, give
+// the answers rdma-core and the real provider libraries give for a device
+// without them, NULL objects crash nothing, and the objects the calls
+// named go on working; also with ASan and UBSan.
+func TestUnsupportedVerbs(t *testing.T) {
+	for _, san := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sanitize=%v", san), func(t *testing.T) {
+			dir := libs(t, san)
+			prog := compileLinked(t, dir, "testdata/unsupported.c", san, "-libverbs", "-lmlx5", "-lefa")
+			s := startService(t)
+			c := command(t, dir, s.sock, prog)
+			c.Env = append(c.Env, "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1", "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+			out, err := c.CombinedOutput()
+			t.Logf("%s", out)
+			if err != nil || !bytes.Contains(out, []byte("cases ok\n")) {
+				t.Fatalf("unsupported: %v", err)
+			}
+		})
+	}
+}
+
+// compileLinked builds a C test program from testdata against the
+// libraries with the given -l flags.
+func compileLinked(t testing.TB, libdir, src string, sanitize bool, libflags ...string) string {
+	t.Helper()
+	out := filepath.Join(world(t), strings.TrimSuffix(filepath.Base(src), ".c"))
+	args := append([]string{}, capi.CFlags...)
+	if sanitize {
+		args = append(append(args, "-O1"), capi.SanitizeFlags...)
+	} else {
+		args = append(args, "-O2")
+	}
+	args = append(args, "-I", filepath.Join(libdir, "include"), "-o", out, src, "-L", libdir)
+	args = append(args, libflags...)
+	if b, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("cc %s: %v\n%s", src, err, b)
+	}
+	os.Chmod(out, 0o755)
+	return out
 }
