@@ -1,0 +1,326 @@
+package tcp
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+)
+
+// A scripted peer: the test crafts each segment the connection gets and
+// reads what it answers.
+type scripted struct {
+	t    *testing.T
+	c    *Conn
+	now  time.Duration
+	sent []Segment // what the connection sent, copied
+	// the peer's side of the sequence space
+	seq seqnum.Value // the peer's next sequence number
+}
+
+func (p *scripted) out(s *Segment) {
+	cp := *s
+	cp.Payload = bytes.Clone(s.Payload)
+	cp.SACK = append([]header.SACKBlock(nil), s.SACK...)
+	p.sent = append(p.sent, cp)
+}
+
+// take returns what the connection sent since the last take.
+func (p *scripted) take() []Segment {
+	s := p.sent
+	p.sent = nil
+	return s
+}
+
+const peerISS = seqnum.Value(0x7fff_fff0)
+
+// established opens a connection passively from a crafted SYN (no
+// options unless opts adds them) and completes the handshake.
+func established(t *testing.T, cfg Config, opts func(*Segment)) *scripted {
+	t.Helper()
+	p := &scripted{t: t}
+	syn := Segment{Seq: peerISS, Flags: header.TCPFlagSyn, Window: 65535, WS: -1, MSS: 1460}
+	if opts != nil {
+		opts(&syn)
+	}
+	p.c = Accept(cfg, p.out, &syn, p.now, 1000, 0)
+	sa := p.take()
+	if len(sa) != 1 || sa[0].Flags != header.TCPFlagSyn|header.TCPFlagAck || sa[0].Ack != peerISS+1 {
+		t.Fatalf("SYN answered with %v", sa)
+	}
+	p.seq = peerISS + 1
+	p.input(Segment{Seq: p.seq, Ack: 1001, Flags: header.TCPFlagAck, Window: 65535})
+	if p.c.State() != Established {
+		t.Fatalf("after the handshake: %v", p.c.State())
+	}
+	if s := p.take(); len(s) != 0 {
+		t.Fatalf("the handshake's ACK answered with %v", s)
+	}
+	return p
+}
+
+func (p *scripted) input(s Segment) {
+	if s.WS == 0 {
+		s.WS = -1
+	}
+	p.c.Input(&s, p.now)
+}
+
+// wantOnly fails unless the connection sent exactly one segment, a pure
+// ACK of ack, and returns it.
+func (p *scripted) wantACK(what string, ack seqnum.Value) Segment {
+	p.t.Helper()
+	s := p.take()
+	if len(s) != 1 || s[0].Flags != header.TCPFlagAck || s[0].Ack != ack || len(s[0].Payload) != 0 {
+		p.t.Fatalf("%s: sent %v, want one ACK of %d", what, s, ack)
+	}
+	return s[0]
+}
+
+func (p *scripted) wantNothing(what string) {
+	p.t.Helper()
+	if s := p.take(); len(s) != 0 {
+		p.t.Fatalf("%s: sent %v, want nothing", what, s)
+	}
+}
+
+func (p *scripted) ack() seqnum.Value { return p.c.sndNxt }
+
+// TestRST: only a RST at exactly rcvNxt resets; one elsewhere in the
+// window gets a challenge ACK, one outside it nothing (RFC 5961 §3).
+func TestRST(t *testing.T) {
+	p := established(t, Config{}, nil)
+	p.input(Segment{Seq: p.seq + 100, Flags: header.TCPFlagRst})
+	p.wantACK("a RST inside the window", p.seq)
+	p.input(Segment{Seq: p.seq + 10_000_000, Flags: header.TCPFlagRst})
+	p.wantNothing("a RST outside the window")
+	p.input(Segment{Seq: p.seq - 1, Flags: header.TCPFlagRst})
+	p.wantNothing("a RST just before the window")
+	if p.c.State() != Established {
+		t.Fatalf("after stray RSTs: %v", p.c.State())
+	}
+	p.input(Segment{Seq: p.seq, Flags: header.TCPFlagRst})
+	if p.c.State() != Closed || p.c.Err() != ErrReset {
+		t.Fatalf("after a RST at rcvNxt: %v, %v", p.c.State(), p.c.Err())
+	}
+	if _, err := p.c.Write([]byte("x"), p.now); err != ErrReset {
+		t.Fatalf("Write after the reset: %v", err)
+	}
+}
+
+// TestSYNInWindow: a SYN on an established connection (a new one from a
+// restarted peer, or an attacker's) gets a challenge ACK and changes
+// nothing (RFC 5961 §4).
+func TestSYNInWindow(t *testing.T) {
+	p := established(t, Config{}, nil)
+	p.input(Segment{Seq: p.seq + 5, Flags: header.TCPFlagSyn, Window: 1000})
+	p.wantACK("a SYN in the window", p.seq)
+	if p.c.State() != Established || p.c.sndWnd != 65535 {
+		t.Fatalf("after a SYN: %v, window %d", p.c.State(), p.c.sndWnd)
+	}
+}
+
+// TestOutOfWindowData: data beyond the window or long before it is not
+// taken; the connection answers with an ACK of where it is.
+func TestOutOfWindowData(t *testing.T) {
+	p := established(t, Config{RcvBuf: 4096}, nil)
+	p.input(Segment{Seq: p.seq + 4096, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535, Payload: []byte("beyond")})
+	p.wantACK("data just beyond the window", p.seq)
+	p.input(Segment{Seq: p.seq - 1000, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535, Payload: []byte("old")})
+	p.wantACK("old data", p.seq)
+	if p.c.Readable() != 0 || len(p.c.ooo) != 0 {
+		t.Fatalf("took %d bytes and %d runs out of order", p.c.Readable(), len(p.c.ooo))
+	}
+	// Data straddling the window's right edge: what lies inside is
+	// taken, out of order, and the rest dropped.
+	big := bytes.Repeat([]byte{7}, 5000)
+	p.input(Segment{Seq: p.seq + 1, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535, Payload: big})
+	p.take()
+	if p.c.oooBytes != 4095 {
+		t.Fatalf("out of order: %d bytes, want the 4095 inside the window", p.c.oooBytes)
+	}
+}
+
+// TestACKOfUnsentData: an ACK beyond what was sent is answered with an
+// ACK and changes nothing (RFC 5961 §5.2, RFC 9293 §3.10.7.4); the data
+// in flight stays in flight.
+func TestACKOfUnsentData(t *testing.T) {
+	p := established(t, Config{}, nil)
+	if _, err := p.c.Write([]byte("hello"), p.now); err != nil {
+		t.Fatal(err)
+	}
+	p.take()
+	p.input(Segment{Seq: p.seq, Ack: p.ack() + 100, Flags: header.TCPFlagAck, Window: 65535})
+	p.wantACK("an ACK of unsent data", p.seq)
+	if p.c.sndUna != 1001 || p.c.sndBuf.len() != 5 {
+		t.Fatalf("after a lying ACK: sndUna %d, %d bytes buffered", p.c.sndUna, p.c.sndBuf.len())
+	}
+	// The real ACK still works.
+	p.input(Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535})
+	if p.c.sndUna != 1006 || p.c.sndBuf.len() != 0 || p.c.Deadline() != 0 {
+		t.Fatalf("after the ACK: sndUna %d, %d buffered, deadline %v", p.c.sndUna, p.c.sndBuf.len(), p.c.Deadline())
+	}
+}
+
+// TestOverlappingData: retransmissions that overlap what came before, in
+// order and out of it, deliver each byte once and in place, and report
+// the duplicates in D-SACK blocks (RFC 2883).
+func TestOverlappingData(t *testing.T) {
+	p := established(t, Config{}, func(s *Segment) { s.SACKPermitted = true })
+	msg := []byte("0123456789abcdefghijklmnopqrstuvwxyz")
+	at := func(i, j int) Segment {
+		return Segment{Seq: p.seq + seqnum.Value(i), Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535, Payload: msg[i:j]}
+	}
+	p.input(at(20, 30))
+	s := p.wantACK("a segment beyond a hole", p.seq)
+	if len(s.SACK) != 1 || s.SACK[0] != (header.SACKBlock{Start: p.seq + 20, End: p.seq + 30}) {
+		t.Fatalf("SACK %v", s.SACK)
+	}
+	p.input(at(25, 28))
+	s = p.wantACK("a duplicate beyond the hole", p.seq)
+	if len(s.SACK) != 2 || s.SACK[0] != (header.SACKBlock{Start: p.seq + 25, End: p.seq + 28}) {
+		t.Fatalf("D-SACK: %v", s.SACK)
+	}
+	p.input(at(15, 22)) // overlaps the run's front
+	p.input(at(28, 36)) // and its back, to the end
+	p.take()
+	if len(p.c.ooo) != 1 || p.c.oooBytes != 21 {
+		t.Fatalf("runs %d, %d bytes; want one of 21", len(p.c.ooo), p.c.oooBytes)
+	}
+	p.input(at(0, 10))
+	p.input(at(5, 16)) // fills the hole, overlapping both sides
+	p.take()
+	got := make([]byte, 100)
+	n, _ := p.c.Read(got, p.now)
+	if !bytes.Equal(got[:n], msg) {
+		t.Fatalf("read %q, want %q", got[:n], msg)
+	}
+	p.input(at(0, 10))
+	s = p.wantACK("old data again", p.seq+36)
+	if len(s.SACK) != 1 || s.SACK[0] != (header.SACKBlock{Start: p.seq, End: p.seq + 10}) {
+		t.Fatalf("D-SACK for old data: %v", s.SACK)
+	}
+}
+
+// TestZeroWindow: a peer that closes its window is probed with one byte
+// at growing intervals; a peer that answers the probes keeps the
+// connection however long it stalls, and data flows once it opens.
+func TestZeroWindow(t *testing.T) {
+	p := established(t, Config{MaxRetries: 4}, nil)
+	p.input(Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 0})
+	data := bytes.Repeat([]byte("z"), 3000)
+	p.c.Write(data, p.now)
+	p.wantNothing("data into a zero window")
+	var gaps []time.Duration
+	last := p.now
+	for i := 0; i < 8; i++ {
+		p.now = p.c.Deadline()
+		if p.now == 0 {
+			t.Fatal("no persist timer")
+		}
+		p.c.Tick(p.now)
+		s := p.take()
+		if len(s) != 1 || len(s[0].Payload) != 1 || s[0].Seq != 1001 {
+			t.Fatalf("probe %d: %v", i, s)
+		}
+		gaps = append(gaps, p.now-last)
+		last = p.now
+		// The peer answers: still no room.
+		p.input(Segment{Seq: p.seq, Ack: 1001, Flags: header.TCPFlagAck, Window: 0})
+	}
+	for i := 1; i < len(gaps); i++ {
+		if gaps[i] < gaps[i-1] {
+			t.Fatalf("probe intervals %v do not back off", gaps)
+		}
+	}
+	if p.c.State() != Established {
+		t.Fatalf("after 8 answered probes (MaxRetries 4): %v, %v", p.c.State(), p.c.Err())
+	}
+	p.input(Segment{Seq: p.seq, Ack: 1001, Flags: header.TCPFlagAck, Window: 65535})
+	var got int
+	for _, s := range p.take() {
+		got += len(s.Payload)
+	}
+	if got != 3000 {
+		t.Fatalf("after the window opened: %d bytes sent, want 3000", got)
+	}
+}
+
+// TestUnansweredRetransmissions: data nobody acknowledges is sent again
+// MaxRetries times, each after a doubled RTO, then the connection resets
+// with ErrTimeout.
+func TestUnansweredRetransmissions(t *testing.T) {
+	p := established(t, Config{MaxRetries: 3, MinRTO: time.Millisecond}, nil)
+	p.c.Write([]byte("lost"), p.now)
+	p.take()
+	var rsts int
+	for p.c.State() != Closed {
+		p.now = p.c.Deadline()
+		if p.now == 0 {
+			t.Fatal("no retransmission timer")
+		}
+		p.c.Tick(p.now)
+		for _, s := range p.take() {
+			if s.has(header.TCPFlagRst) {
+				rsts++
+			} else if string(s.Payload) != "lost" {
+				t.Fatalf("retransmitted %v", s)
+			}
+		}
+	}
+	if p.c.Err() != ErrTimeout || rsts != 1 {
+		t.Fatalf("ended with %v, %d RSTs", p.c.Err(), rsts)
+	}
+}
+
+// TestPAWS: a segment whose timestamp is older than the latest in order
+// is dropped and answered with an ACK (RFC 7323 §5).
+func TestPAWS(t *testing.T) {
+	p := established(t, Config{}, func(s *Segment) { s.TS, s.TSVal = true, 1000 })
+	if !p.c.tsOK {
+		t.Fatal("timestamps not agreed")
+	}
+	p.input(Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535, TS: true, TSVal: 2000, Payload: []byte("new")})
+	p.input(Segment{Seq: p.seq + 3, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535, TS: true, TSVal: 1500, Payload: []byte("old")})
+	p.take()
+	if p.c.Readable() != 3 {
+		t.Fatalf("readable %d, want the 3 bytes before the old timestamp", p.c.Readable())
+	}
+	// Timestamps wrap: one "older" by more than 2^31 is newer.
+	p.input(Segment{Seq: p.seq + 3, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535, TS: true, TSVal: 2000 + 1<<31 - 1, Payload: []byte("wrp")})
+	if p.c.Readable() != 6 {
+		t.Fatalf("readable %d after a timestamp ahead by 2^31-1", p.c.Readable())
+	}
+}
+
+// TestRefused: a RST answering our SYN refuses the connection; one that
+// acknowledges something else is ignored.
+func TestRefused(t *testing.T) {
+	var sent []Segment
+	c := Dial(Config{}, func(s *Segment) { sent = append(sent, *s) }, 0, 500, 0)
+	c.Input(&Segment{Seq: 0, Ack: 9999, Flags: header.TCPFlagRst | header.TCPFlagAck, WS: -1}, 0)
+	if c.State() != SynSent {
+		t.Fatalf("a RST acknowledging another SYN: %v", c.State())
+	}
+	c.Input(&Segment{Seq: 0, Ack: 501, Flags: header.TCPFlagRst | header.TCPFlagAck, WS: -1}, 0)
+	if c.State() != Closed || c.Err() != ErrRefused {
+		t.Fatalf("after the RST: %v, %v", c.State(), c.Err())
+	}
+}
+
+// TestResetFor: the RST for a segment no connection takes.
+func TestResetFor(t *testing.T) {
+	r, ok := ResetFor(&Segment{Seq: 10, Ack: 77, Flags: header.TCPFlagAck, Payload: []byte("abc")})
+	if !ok || r.Seq != 77 || r.Flags != header.TCPFlagRst {
+		t.Fatalf("for an ACK: %v", &r)
+	}
+	r, ok = ResetFor(&Segment{Seq: 10, Flags: header.TCPFlagSyn})
+	if !ok || r.Seq != 0 || r.Ack != 11 || r.Flags != header.TCPFlagRst|header.TCPFlagAck {
+		t.Fatalf("for a SYN: %v", &r)
+	}
+	if _, ok := ResetFor(&Segment{Flags: header.TCPFlagRst}); ok {
+		t.Fatal("a RST answered with a RST")
+	}
+}

@@ -1,0 +1,44 @@
+// Package tcp is rdmatap's own TCP connection engine, written from the
+// RFCs for the iWARP stack: one connection's protocol state, driven by
+// its caller (segments in, the time, the application's calls) and
+// sending through a function it is given. It owns no goroutine, timer or
+// socket, so whoever reads a frame can run the connection on that same
+// goroutine, and a test can run two of them on a virtual clock.
+//
+// What a connection does:
+//
+//   - RFC 9293's state machine: active, passive and simultaneous open,
+//     SYN retransmission with backoff (Config.SynRetries), half close,
+//     TIME-WAIT (Config.TimeWait) with the peer's FIN acknowledged again
+//     there, RST processing; ResetFor answers a segment no connection
+//     takes.
+//   - RFC 5961's defenses: only a RST at exactly RCV.NXT resets, a RST or
+//     SYN elsewhere in the window gets a challenge ACK, an ACK of data
+//     never sent is answered and ignored. ACKs to segments without data
+//     that it does not take, challenge ACKs among them, go out at most
+//     once per 500 ms, so two ends cannot answer each other's ACKs for
+//     ever.
+//   - RFC 7323: window scaling and timestamps (PAWS), offered by an
+//     active open and answered by a passive one. The timestamp clock
+//     ticks in milliseconds; RTTs are measured per segment at the
+//     clock's full resolution (Karn's rule), and RFC 6298's RTO follows
+//     them without a floor beyond Config.MinRTO.
+//   - Receiving: an out-of-order queue bounded by the window it
+//     advertised, SACK blocks (RFC 2018) with a D-SACK block for
+//     duplicates (RFC 2883), an advertised right edge that never moves
+//     back, receiver and sender silly window avoidance (RFC 9293
+//     §3.8.6.2), delayed ACKs (Config.AckDelay; every second segment
+//     and every out-of-order one at once), and data taken from a
+//     segment that overlaps what came before only where it is new.
+//   - Sending: slow start with RFC 6928's initial window and RFC 3465's
+//     byte counting, congestion avoidance, fast retransmit and NewReno
+//     recovery (RFC 5681, RFC 6582), the retransmission timer with
+//     backoff and go-back on timeout, zero-window probes that keep the
+//     connection as long as the peer answers them, and ErrTimeout after
+//     Config.MaxRetries unanswered retransmissions.
+//
+// It reads the peer's SACK blocks but does not use them for recovery
+// yet, and has neither RACK-TLP, PRR, Cubic, undo of spurious recovery
+// nor keepalive. No rdmatap endpoint runs on it: the stack's
+// connections are gVisor's TCP.
+package tcp

@@ -1,0 +1,268 @@
+package tcp
+
+import (
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+)
+
+// output sends what may go now: new data and our FIN as the windows
+// allow, and otherwise a pure ACK when one is due. Every segment carries
+// the ACK, so data takes the place of a pending ACK.
+func (c *Conn) output() {
+	switch c.state {
+	case Closed, SynSent, SynReceived:
+		return
+	case TimeWait:
+		if c.ackNow {
+			c.sendAck()
+		}
+		return
+	}
+	sent := false
+	for c.sendOne(false) {
+		sent = true
+	}
+	if !sent && c.ackNow {
+		c.sendAck()
+	}
+}
+
+// sendOne sends the next new segment if the windows and the sender's
+// silly window avoidance (RFC 9293 §3.8.6.2.1) allow it; force overrides
+// the avoidance (its timeout: the window update that would end it may
+// have been lost).
+func (c *Conn) sendOne(force bool) bool {
+	off := int(c.sndUna.Size(c.sndNxt))
+	unsent := c.sndBuf.len() - off
+	if unsent < 0 || c.finAcked {
+		return false // the FIN is out
+	}
+	usable := max(min(c.cwnd, c.sndWnd)-off, 0)
+	n := min(unsent, c.sndMSS, usable)
+	fin := c.finQueued && n == unsent
+	if n < unsent && n < c.sndMSS {
+		// Only a full segment, or one the peer's largest window would
+		// take half of, is worth sending short of the rest.
+		if n <= 0 || n < c.maxSndWnd/2 && !force {
+			n = 0
+			fin = false
+		}
+	}
+	if n == 0 && !fin {
+		if unsent > 0 && c.sndUna == c.sndNxt && c.rtoAt == 0 {
+			// Nothing in flight, so no ACK is coming: the persist
+			// timer probes a zero window, or overrides the avoidance.
+			c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
+		}
+		return false
+	}
+	c.sendData(c.sndNxt, n, fin)
+	c.sndNxt = c.sndNxt.Add(seqnum.Size(n))
+	if fin {
+		c.sndNxt = c.sndNxt.Add(1)
+		switch c.state {
+		case Established:
+			c.state = FinWait1
+		case CloseWait:
+			c.state = LastAck
+		}
+	}
+	if c.sndMax.LessThan(c.sndNxt) {
+		if !c.timing && c.backoff == 0 {
+			c.timing, c.timedSeq, c.timedAt = true, c.sndNxt, c.now
+		}
+		c.sndMax = c.sndNxt
+	}
+	if c.rtoAt == 0 {
+		c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
+	}
+	return true
+}
+
+// sendData sends n bytes of the send buffer from seq on, with our FIN
+// after them when fin is set.
+func (c *Conn) sendData(seq seqnum.Value, n int, fin bool) {
+	off := int(c.sndUna.Size(seq))
+	s := c.header(seq)
+	s.Payload = c.sndBuf.bytes(off)[:n]
+	if fin {
+		s.Flags |= header.TCPFlagFin
+	}
+	if n > 0 {
+		s.Flags |= header.TCPFlagPsh
+	}
+	c.out(s)
+}
+
+// retransmitHead resends the first unacknowledged segment (fast
+// retransmit, a partial ACK's next hole), leaving sndNxt where it is.
+func (c *Conn) retransmitHead() {
+	n := min(c.sndBuf.len(), c.sndMSS, int(c.sndUna.Size(c.sndMax)))
+	fin := c.finQueued && !c.finAcked && n == c.sndBuf.len() && c.finSeq().LessThan(c.sndMax)
+	if n == 0 && !fin {
+		return
+	}
+	if c.timing && c.sndUna.LessThan(c.timedSeq) {
+		c.timing = false // Karn: no sample from a retransmitted range
+	}
+	c.sendData(c.sndUna, n, fin)
+	c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
+}
+
+// onRTO handles the retransmission timer: a SYN goes again, a zero
+// window is probed, and data in flight starts over from sndUna with a
+// congestion window of one segment (RFC 5681 §3.1, RFC 6298 §5).
+func (c *Conn) onRTO() {
+	switch c.state {
+	case Closed, TimeWait:
+		return
+	case SynSent, SynReceived:
+		if c.backoff >= c.cfg.SynRetries {
+			c.enterClosed(ErrTimeout)
+			return
+		}
+		c.backoff++
+		c.timing = false
+		c.sendSyn()
+		return
+	}
+	persist := c.sndWnd == 0 && c.sndUna.Size(c.sndMax) <= 1 && (c.sndBuf.len() > 0 || c.finQueued && !c.finAcked)
+	if !persist && c.sndUna == c.sndMax {
+		// Nothing in flight: the silly window avoidance's timeout,
+		// or a stale timer.
+		c.sendOne(true)
+		c.output()
+		return
+	}
+	if c.retries >= c.cfg.MaxRetries {
+		c.reset(ErrTimeout)
+		return
+	}
+	c.retries++
+	c.backoff++
+	c.timing = false
+	if persist {
+		// The persist timer: a byte beyond the peer's zero window
+		// makes it answer with its window (RFC 9293 §3.8.6.1). It
+		// costs no congestion window, and a peer that answers keeps
+		// the connection (inputAck resets the retries).
+		c.probing = true
+		c.probe()
+		return
+	}
+	c.ssthresh = max(c.inFlight()/2, 2*c.sndMSS)
+	c.cwnd = c.sndMSS
+	c.inRecovery = false
+	c.dupAcks = 0
+	c.recover = c.sndMax
+	c.sndNxt = c.sndUna
+	c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
+	c.sendOne(true) // the retransmission goes, whatever the avoidance says
+	c.output()
+}
+
+// probe sends one byte at sndUna (the persist timer's window probe).
+func (c *Conn) probe() {
+	if c.sndBuf.len() > 0 {
+		c.sendData(c.sndUna, 1, false)
+		if c.sndNxt == c.sndUna {
+			c.sndNxt = c.sndUna.Add(1)
+			if c.sndMax.LessThan(c.sndNxt) {
+				c.sndMax = c.sndNxt
+			}
+		}
+	} else if c.finQueued && !c.finAcked {
+		c.sendData(c.sndUna, 0, true)
+	}
+	c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
+}
+
+// sendAck sends a segment with no data: the ACK, our window, and the
+// SACK blocks. Its sequence number is the highest we sent, not sndNxt
+// (after a timeout sndNxt goes back to resend, and an ACK numbered
+// behind what the peer has received fails its acceptability test, ACK
+// and all), or the right edge of the peer's window when that is lower
+// (a FIN or a window probe went beyond it).
+func (c *Conn) sendAck() {
+	seq := c.sndMax
+	if edge := c.sndWl2.Add(seqnum.Size(c.sndWnd)); edge.LessThan(seq) && c.sndUna.LessThanEq(edge) {
+		seq = edge
+	}
+	s := c.header(seq)
+	c.out(s)
+}
+
+// header fills c.seg with the fields every segment of a synchronized
+// connection carries; the pending ACK goes with it.
+func (c *Conn) header(seq seqnum.Value) *Segment {
+	s := &c.seg
+	*s = Segment{Seq: seq, Ack: c.rcvNxt, Flags: header.TCPFlagAck, WS: -1}
+	s.Window = c.windowField()
+	if c.tsOK {
+		s.TS, s.TSVal, s.TSEcr = true, c.tsVal(), c.tsRecent
+	}
+	if c.sackOK {
+		s.SACK = c.sackBlocks()
+	}
+	c.lastAck = c.rcvNxt
+	c.ackNow, c.ackSegs, c.ackAt = false, 0, 0
+	return s
+}
+
+// rcvWindow is the receive window the buffer has room for.
+func (c *Conn) rcvWindow() int { return max(c.cfg.RcvBuf-c.rcvBuf.len(), 0) }
+
+// windowField is the window to advertise, scaled for the header. The
+// right edge never moves back (RFC 9293 §3.8.6.2.2's SWS avoidance: it
+// moves on only by a segment or half the buffer at a time).
+func (c *Conn) windowField() uint16 {
+	free := min(c.rcvWindow(), 0xffff<<c.rcvShift)
+	edge := c.rcvNxt.Add(seqnum.Size(free))
+	if c.rcvAdvEnd.LessThan(edge) && int(c.rcvAdvEnd.Size(edge)) >= min(c.cfg.MSS, c.cfg.RcvBuf/2) {
+		c.rcvAdvEnd = edge
+	}
+	adv := 0
+	if c.rcvNxt.LessThan(c.rcvAdvEnd) {
+		adv = int(c.rcvNxt.Size(c.rcvAdvEnd))
+	}
+	// Rounded up to the scale's unit, so that the edge the peer sees is
+	// never left of one it saw before (at most a unit beyond the buffer).
+	unit := 1 << c.rcvShift
+	field := min((adv+unit-1)>>c.rcvShift, 0xffff)
+	if e := c.rcvNxt.Add(seqnum.Size(field << c.rcvShift)); c.rcvAdvEnd.LessThan(e) {
+		c.rcvAdvEnd = e
+	}
+	return uint16(field)
+}
+
+// sackBlocks is the SACK option's blocks (RFC 2018 §4): a D-SACK block
+// first when a duplicate came (RFC 2883), then the run holding the latest
+// out-of-order segment, then the others from the highest down.
+func (c *Conn) sackBlocks() []header.SACKBlock {
+	room := maxSACKBlocks
+	if c.tsOK {
+		room = 3
+	}
+	b := c.sackOut[:0]
+	if c.hasDSACK {
+		b = append(b, c.dsack)
+		c.hasDSACK = false
+	}
+	latest := -1
+	for i := range c.ooo {
+		if c.ooo[i].seq.LessThanEq(c.lastOOO) && c.lastOOO.LessThan(c.ooo[i].end()) {
+			latest = i
+			b = append(b, header.SACKBlock{Start: c.ooo[i].seq, End: c.ooo[i].end()})
+			break
+		}
+	}
+	for i := len(c.ooo) - 1; i >= 0 && len(b) < room; i-- {
+		if i != latest {
+			b = append(b, header.SACKBlock{Start: c.ooo[i].seq, End: c.ooo[i].end()})
+		}
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	return b[:min(len(b), room)]
+}

@@ -1,0 +1,35 @@
+package tcp
+
+// byteQueue is a FIFO of bytes in one slice: written at the back, read
+// and dropped at the front, compacted when the front's waste passes half
+// of it.
+type byteQueue struct {
+	b []byte
+	r int
+}
+
+func (q *byteQueue) len() int { return len(q.b) - q.r }
+
+// bytes is the queue's content from offset off on.
+func (q *byteQueue) bytes(off int) []byte { return q.b[q.r+off:] }
+
+func (q *byteQueue) write(p []byte) {
+	if q.r > 0 && q.r >= len(q.b)/2 {
+		n := copy(q.b, q.b[q.r:])
+		q.b, q.r = q.b[:n], 0
+	}
+	q.b = append(q.b, p...)
+}
+
+func (q *byteQueue) read(p []byte) int {
+	n := copy(p, q.b[q.r:])
+	q.drop(n)
+	return n
+}
+
+func (q *byteQueue) drop(n int) {
+	q.r += n
+	if q.r == len(q.b) {
+		q.b, q.r = q.b[:0], 0
+	}
+}
