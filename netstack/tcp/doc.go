@@ -37,8 +37,16 @@
 //     connection as long as the peer answers them, and ErrTimeout after
 //     Config.MaxRetries unanswered retransmissions.
 //
+// Protocol runs connections in a gVisor stack, registered in place of
+// gVisor's TCP as the stack's transport protocol for TCP's number
+// (stack.Options.TransportProtocols): the stack hands it each segment on
+// the goroutine that delivered the frame, and Endpoint and Listener give
+// blocking byte streams (Dial, Listen). Its tests carry data both ways
+// between it and gVisor's TCP, also over a link that loses, reorders and
+// duplicates packets.
+//
 // It reads the peer's SACK blocks but does not use them for recovery
-// yet, and has neither RACK-TLP, PRR, Cubic, undo of spurious recovery
-// nor keepalive. No rdmatap endpoint runs on it: the stack's
-// connections are gVisor's TCP.
+// yet, and has neither RACK-TLP, PRR, Cubic, undo of spurious recovery,
+// keepalive nor GSO output. No rdmatap endpoint runs on it: the
+// endpoints' connections are gVisor's TCP.
 package tcp

@@ -1,0 +1,574 @@
+package tcp
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/header/parse"
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/waiter"
+)
+
+// Protocol runs connections of this package in a gVisor stack: it is a
+// stack.TransportProtocol for TCP's number, registered with the stack in
+// place of gVisor's TCP (stack.Options.TransportProtocols, through
+// Factory). The stack hands it every TCP segment on the goroutine that
+// delivered the frame, and it runs the segment's connection there; the
+// connections' timers run on timer goroutines. Connections are made with
+// Dial and Listen, not through tcpip.Endpoint.
+type Protocol struct {
+	cfg   Config
+	stack *stack.Stack
+	start time.Time // the connections' clock: time since start
+	key   [32]byte  // the ISS and timestamp offset secret (RFC 6528)
+
+	mu        sync.Mutex
+	conns     map[stack.TransportEndpointID]*Endpoint
+	listeners map[uint16]*Listener
+	nextPort  uint16
+}
+
+// NewProtocol makes a Protocol whose connections have cfg.
+func NewProtocol(cfg Config) *Protocol {
+	p := &Protocol{cfg: cfg, start: time.Now(), conns: map[stack.TransportEndpointID]*Endpoint{},
+		listeners: map[uint16]*Listener{}, nextPort: 49152}
+	rand.Read(p.key[:])
+	return p
+}
+
+// Factory is the factory to give stack.Options.TransportProtocols. A
+// Protocol serves one stack.
+func (p *Protocol) Factory() stack.TransportProtocolFactory {
+	return func(s *stack.Stack) stack.TransportProtocol {
+		p.stack = s
+		return p
+	}
+}
+
+func (p *Protocol) now() time.Duration { return time.Since(p.start) }
+
+// iss is RFC 6528's initial sequence number: a keyed hash of the
+// connection's addresses plus a 4 µs clock; the same hash gives the
+// timestamp offset (RFC 7323 §5.4).
+func (p *Protocol) iss(id stack.TransportEndpointID) (seqnum.Value, uint32) {
+	h := sha256.New()
+	h.Write(p.key[:])
+	h.Write(id.LocalAddress.AsSlice())
+	h.Write(id.RemoteAddress.AsSlice())
+	var ports [4]byte
+	binary.BigEndian.PutUint16(ports[:], id.LocalPort)
+	binary.BigEndian.PutUint16(ports[2:], id.RemotePort)
+	h.Write(ports[:])
+	sum := h.Sum(nil)
+	return seqnum.Value(binary.BigEndian.Uint32(sum) + uint32(p.now()/(4*time.Microsecond))),
+		binary.BigEndian.Uint32(sum[4:])
+}
+
+// Number is TCP's protocol number.
+func (*Protocol) Number() tcpip.TransportProtocolNumber { return header.TCPProtocolNumber }
+
+// NewEndpoint is not offered: connections come from Dial and Listen.
+func (*Protocol) NewEndpoint(tcpip.NetworkProtocolNumber, *waiter.Queue) (tcpip.Endpoint, tcpip.Error) {
+	return nil, &tcpip.ErrNotSupported{}
+}
+
+// NewRawEndpoint is not offered.
+func (*Protocol) NewRawEndpoint(tcpip.NetworkProtocolNumber, *waiter.Queue) (tcpip.Endpoint, tcpip.Error) {
+	return nil, &tcpip.ErrNotSupported{}
+}
+
+// MinimumPacketSize is a TCP header's.
+func (*Protocol) MinimumPacketSize() int { return header.TCPMinimumSize }
+
+// ParsePorts reads a TCP header's ports.
+func (*Protocol) ParsePorts(v []byte) (src, dst uint16, err tcpip.Error) {
+	if len(v) < 4 {
+		return 0, 0, &tcpip.ErrMalformedHeader{}
+	}
+	h := header.TCP(v)
+	return h.SourcePort(), h.DestinationPort(), nil
+}
+
+// SetOption accepts no options.
+func (*Protocol) SetOption(tcpip.SettableTransportProtocolOption) tcpip.Error {
+	return &tcpip.ErrUnknownProtocolOption{}
+}
+
+// Option has no options.
+func (*Protocol) Option(tcpip.GettableTransportProtocolOption) tcpip.Error {
+	return &tcpip.ErrUnknownProtocolOption{}
+}
+
+// Close resets every connection.
+func (p *Protocol) Close() {
+	p.mu.Lock()
+	eps := make([]*Endpoint, 0, len(p.conns))
+	for _, e := range p.conns {
+		eps = append(eps, e)
+	}
+	p.mu.Unlock()
+	for _, e := range eps {
+		e.Abort()
+	}
+}
+
+// Wait has nothing to wait for: the protocol has no goroutines.
+func (*Protocol) Wait() {}
+
+// Pause, Resume and Restore: nothing to do (no save/restore).
+func (*Protocol) Pause()   {}
+func (*Protocol) Resume()  {}
+func (*Protocol) Restore() {}
+
+// Parse sets the packet's transport header (the TCP header with its
+// options).
+func (*Protocol) Parse(pkt *stack.PacketBuffer) bool { return parse.TCP(pkt) }
+
+// HandleUnknownDestinationPacket receives every segment (this protocol
+// registers no endpoints with the stack's demultiplexer): a segment of a
+// connection goes to it, a SYN to a listener makes a connection, and
+// anything else is answered with a RST.
+func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, pkt *stack.PacketBuffer) stack.UnknownDestinationPacketDisposition {
+	hdr := pkt.TransportHeader().Slice()
+	payload := pkt.Data().AsRange().ToSlice()
+	b := make([]byte, 0, len(hdr)+len(payload))
+	b = append(append(b, hdr...), payload...)
+	if len(b) < header.TCPMinimumSize || len(b) > 0xffff {
+		return stack.UnknownDestinationPacketMalformed
+	}
+	if !pkt.RXChecksumValidated {
+		xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, id.RemoteAddress, id.LocalAddress, uint16(len(b)))
+		if checksum.Checksum(b, xsum) != 0xffff {
+			return stack.UnknownDestinationPacketMalformed
+		}
+	}
+	seg, err := Parse(b, nil)
+	if err != nil {
+		return stack.UnknownDestinationPacketMalformed
+	}
+	nic := pkt.NICID
+	p.mu.Lock()
+	if e := p.conns[id]; e != nil {
+		p.mu.Unlock()
+		e.input(&seg)
+		return stack.UnknownDestinationPacketHandled
+	}
+	l := p.listeners[id.LocalPort]
+	if l != nil && seg.Flags&(header.TCPFlagSyn|header.TCPFlagAck|header.TCPFlagRst) == header.TCPFlagSyn {
+		e, ok := l.admit(p, id, nic, &seg)
+		p.mu.Unlock()
+		if ok {
+			e.mu.Lock()
+			e.arm()
+			e.mu.Unlock()
+		}
+		return stack.UnknownDestinationPacketHandled
+	}
+	p.mu.Unlock()
+	if rst, ok := ResetFor(&seg); ok {
+		if r, err := p.stack.FindRoute(nic, id.LocalAddress, id.RemoteAddress, pkt.NetworkProtocolNumber, false); err == nil {
+			send(r, id, &rst)
+			r.Release()
+		}
+	}
+	return stack.UnknownDestinationPacketHandled
+}
+
+// send writes one segment to the route, with its checksum.
+func send(r *stack.Route, id stack.TransportEndpointID, s *Segment) {
+	hl := s.HeaderLen()
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{
+		ReserveHeaderBytes: int(r.MaxHeaderLength()) + hl,
+		Payload:            buffer.MakeWithData(s.Payload),
+	})
+	defer pkt.DecRef()
+	h := pkt.TransportHeader().Push(hl)
+	s.Encode(h, id.LocalPort, id.RemotePort)
+	pkt.TransportProtocolNumber = header.TCPProtocolNumber
+	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, id.LocalAddress, id.RemoteAddress, uint16(hl+len(s.Payload)))
+	xsum = checksum.Checksum(s.Payload, xsum)
+	header.TCP(h).SetChecksum(^header.TCP(h).CalculateChecksum(xsum))
+	r.WritePacket(stack.NetworkHeaderParams{Protocol: header.TCPProtocolNumber, TTL: r.DefaultTTL()}, pkt)
+}
+
+// Endpoint is a connection in a stack: a byte stream with blocking Read
+// and Write.
+type Endpoint struct {
+	p     *Protocol
+	id    stack.TransportEndpointID
+	route *stack.Route
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	l        *Listener // until accepted: told of state changes
+	c        *Conn
+	timer    *time.Timer
+	appGone  bool // Close: the application reads and writes no more
+	released bool
+}
+
+func (p *Protocol) newEndpoint(id stack.TransportEndpointID, r *stack.Route) *Endpoint {
+	e := &Endpoint{p: p, id: id, route: r}
+	e.cond = sync.NewCond(&e.mu)
+	return e
+}
+
+// out is the connection's output: it runs with e.mu held.
+func (e *Endpoint) out(s *Segment) { send(e.route, e.id, s) }
+
+// arm sets the timer to the connection's deadline and wakes the waiters;
+// e.mu is held. A connection that has closed leaves the protocol.
+func (e *Endpoint) arm() {
+	e.cond.Broadcast()
+	if e.l != nil {
+		e.l.notify()
+	}
+	if e.c.State() == Closed {
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+		if !e.released {
+			e.released = true
+			e.p.mu.Lock()
+			if e.p.conns[e.id] == e {
+				delete(e.p.conns, e.id)
+			}
+			e.p.mu.Unlock()
+			e.route.Release()
+		}
+		return
+	}
+	d := e.c.Deadline()
+	if d == 0 {
+		return
+	}
+	wait := d - e.p.now()
+	if e.timer == nil {
+		e.timer = time.AfterFunc(wait, e.tick)
+	} else {
+		e.timer.Reset(wait)
+	}
+}
+
+func (e *Endpoint) tick() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.released {
+		return
+	}
+	now := e.p.now()
+	if d := e.c.Deadline(); d != 0 && d <= now {
+		e.c.Tick(now)
+	}
+	e.arm()
+}
+
+func (e *Endpoint) input(s *Segment) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.released {
+		return
+	}
+	e.c.Input(s, e.p.now())
+	if e.appGone && e.c.Readable() > 0 {
+		// Data for an application that has closed: RFC 9293 §3.10.4
+		// lets it reset, as Linux does.
+		e.c.Abort(e.p.now())
+	}
+	e.arm()
+}
+
+// Dial opens a connection from laddr (its port 0: one is chosen) to
+// raddr on NIC nic and waits until it is established, refused, timed
+// out, or ctx ends.
+func (p *Protocol) Dial(ctx context.Context, nic tcpip.NICID, laddr, raddr tcpip.FullAddress, netProto tcpip.NetworkProtocolNumber) (*Endpoint, error) {
+	r, terr := p.stack.FindRoute(nic, laddr.Addr, raddr.Addr, netProto, false)
+	if terr != nil {
+		return nil, errors.New(terr.String())
+	}
+	id := stack.TransportEndpointID{LocalPort: laddr.Port, LocalAddress: r.LocalAddress(), RemotePort: raddr.Port, RemoteAddress: raddr.Addr}
+	p.mu.Lock()
+	if id.LocalPort == 0 {
+		for i := 0; i < 16384; i++ {
+			id.LocalPort = p.nextPort
+			p.nextPort++
+			if p.nextPort == 0 {
+				p.nextPort = 49152
+			}
+			if _, used := p.conns[id]; !used {
+				break
+			}
+		}
+	}
+	if _, used := p.conns[id]; used {
+		p.mu.Unlock()
+		r.Release()
+		return nil, errors.New("tcp: address in use")
+	}
+	e := p.newEndpoint(id, r)
+	p.conns[id] = e
+	p.mu.Unlock()
+	iss, tso := p.iss(id)
+	e.mu.Lock()
+	cfg := p.cfg
+	cfg.MSS = min(max(cfg.MSS, 0), int(r.MTU())-header.TCPMinimumSize)
+	e.c = Dial(cfg, e.out, p.now(), iss, tso)
+	e.arm()
+	stop := context.AfterFunc(ctx, func() {
+		e.mu.Lock()
+		e.cond.Broadcast()
+		e.mu.Unlock()
+	})
+	defer stop()
+	for e.c.State() == SynSent || e.c.State() == SynReceived {
+		if ctx.Err() != nil {
+			e.c.Abort(p.now())
+			e.arm()
+			e.mu.Unlock()
+			return nil, ctx.Err()
+		}
+		e.cond.Wait()
+	}
+	err := e.c.Err()
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Read reads what has arrived in order, waiting for something; io.EOF
+// after the peer's FIN.
+func (e *Endpoint) Read(b []byte) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for {
+		if e.appGone {
+			return 0, io.ErrClosedPipe
+		}
+		n, err := e.c.Read(b, e.p.now())
+		if n > 0 || err != nil || len(b) == 0 {
+			e.arm()
+			return n, err
+		}
+		e.cond.Wait()
+	}
+}
+
+// Write queues all of b, waiting for room in the send buffer.
+func (e *Endpoint) Write(b []byte) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	done := 0
+	for done < len(b) {
+		if e.appGone {
+			return done, io.ErrClosedPipe
+		}
+		if e.c.Writable() == 0 {
+			if err := e.c.Err(); err != nil {
+				return done, err
+			}
+			if s := e.c.State(); s != Established && s != CloseWait {
+				return done, ErrState
+			}
+			e.cond.Wait()
+			continue
+		}
+		n, err := e.c.Write(b[done:], e.p.now())
+		done += n
+		e.arm()
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// CloseWrite sends a FIN after the data written: the peer reads EOF, and
+// this end may go on reading.
+func (e *Endpoint) CloseWrite() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.c.Close(e.p.now())
+	e.arm()
+	return nil
+}
+
+// Close ends the application's use: the connection sends a FIN after
+// the data written (or a RST, when data arrived that will never be read)
+// and finishes on its own.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.appGone = true
+	if e.c.Readable() > 0 {
+		e.c.Abort(e.p.now())
+	} else {
+		e.c.Close(e.p.now())
+	}
+	e.arm()
+	return nil
+}
+
+// Abort resets the connection.
+func (e *Endpoint) Abort() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.appGone = true
+	e.c.Abort(e.p.now())
+	e.arm()
+}
+
+// Buffered is how many bytes Read can return without waiting.
+func (e *Endpoint) Buffered() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.c.Readable()
+}
+
+// State is the connection's state.
+func (e *Endpoint) State() State {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.c.State()
+}
+
+// Listener takes connections on a port.
+type Listener struct {
+	p       *Protocol
+	port    uint16
+	backlog int
+	wake    chan struct{} // a pending connection changed state
+	done    chan struct{} // closed by Close
+
+	mu      sync.Mutex
+	pending []*Endpoint // handshakes under way or done, not accepted yet
+	closed  bool
+}
+
+// Listen takes connections to port on every address of the stack, with
+// at most backlog of them not accepted yet (more SYNs are dropped, and
+// their senders retry).
+func (p *Protocol) Listen(port uint16, backlog int) (*Listener, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, used := p.listeners[port]; used || port == 0 {
+		return nil, errors.New("tcp: port in use or zero")
+	}
+	l := &Listener{p: p, port: port, backlog: max(backlog, 1), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	p.listeners[port] = l
+	return l, nil
+}
+
+// admit makes a connection for a SYN; p.mu is held. The endpoint is not
+// shared yet, so its own lock is not needed to set it up.
+func (l *Listener) admit(p *Protocol, id stack.TransportEndpointID, nic tcpip.NICID, syn *Segment) (*Endpoint, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || len(l.pending) >= l.backlog {
+		return nil, false
+	}
+	netProto := header.IPv4ProtocolNumber
+	if id.LocalAddress.Len() == 16 {
+		netProto = header.IPv6ProtocolNumber
+	}
+	r, err := p.stack.FindRoute(nic, id.LocalAddress, id.RemoteAddress, netProto, false)
+	if err != nil {
+		return nil, false
+	}
+	e := p.newEndpoint(id, r)
+	e.l = l
+	iss, tso := p.iss(id)
+	cfg := p.cfg
+	cfg.MSS = min(max(cfg.MSS, 0), int(r.MTU())-header.TCPMinimumSize)
+	e.c = Accept(cfg, e.out, syn, p.now(), iss, tso)
+	p.conns[id] = e
+	l.pending = append(l.pending, e)
+	return e, true
+}
+
+// notify wakes Accept; it takes no lock (an endpoint calls it under its
+// own).
+func (l *Listener) notify() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Accept waits for a connection whose handshake has completed.
+//
+// Lock order: Protocol.mu → Listener.mu (admit) and Endpoint.mu →
+// Protocol.mu (a closed connection leaving); Accept reads the endpoints'
+// states holding neither of the others.
+func (l *Listener) Accept(ctx context.Context) (*Endpoint, error) {
+	for {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return nil, io.ErrClosedPipe
+		}
+		pending := append([]*Endpoint(nil), l.pending...)
+		l.mu.Unlock()
+		var got *Endpoint
+		var gone []*Endpoint
+		for _, e := range pending {
+			e.mu.Lock()
+			st := e.c.State()
+			if got == nil && st != SynReceived && st != Closed {
+				got = e
+				e.l = nil
+			}
+			e.mu.Unlock()
+			if st == Closed {
+				gone = append(gone, e) // reset or timed out before it was accepted
+			}
+		}
+		l.mu.Lock()
+		l.pending = slices.DeleteFunc(l.pending, func(e *Endpoint) bool {
+			return e == got || slices.Contains(gone, e)
+		})
+		l.mu.Unlock()
+		if got != nil {
+			return got, nil
+		}
+		select {
+		case <-l.wake:
+		case <-l.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Close stops listening; connections not accepted are reset.
+func (l *Listener) Close() {
+	l.p.mu.Lock()
+	delete(l.p.listeners, l.port)
+	l.p.mu.Unlock()
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.closed = true
+	close(l.done)
+	pending := l.pending
+	l.pending = nil
+	l.mu.Unlock()
+	for _, e := range pending {
+		e.Abort()
+	}
+}
