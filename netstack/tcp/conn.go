@@ -68,6 +68,14 @@ type Config struct {
 	MaxRetries int           // data retransmissions in a row before ErrTimeout; default 15
 	TimeWait   time.Duration // how long TIME-WAIT lasts (2·MSL); default 60 s
 
+	// Keepalive (RFC 9293 §3.8.4): after KeepaliveIdle without a segment
+	// from the peer (0: never), a probe goes every KeepaliveInterval
+	// (default 75 s), and KeepaliveCount unanswered ones (default 9) end
+	// the connection with ErrTimeout.
+	KeepaliveIdle     time.Duration
+	KeepaliveInterval time.Duration
+	KeepaliveCount    int
+
 	NoSACK        bool // neither offer nor accept SACK
 	NoTimestamps  bool // neither offer nor accept timestamps
 	NoWindowScale bool // neither offer nor accept window scaling
@@ -98,6 +106,8 @@ func (c Config) withDefaults() Config {
 	def(&c.SynRetries, 6)
 	def(&c.MaxRetries, 15)
 	defD(&c.TimeWait, 60*time.Second)
+	defD(&c.KeepaliveInterval, 75*time.Second)
+	def(&c.KeepaliveCount, 9)
 	return c
 }
 
@@ -171,6 +181,10 @@ type Conn struct {
 	sackOK   bool
 
 	twAt time.Duration // TIME-WAIT's end
+
+	lastRecv time.Duration // when the peer's latest segment came
+	kaAt     time.Duration // the keepalive timer; 0: stopped
+	kaProbes int           // probes unanswered
 
 	// lastOOWAck is when the latest ACK answering an unacceptable
 	// segment without data, or a challenge ACK, went out (ackOOW).
@@ -340,7 +354,7 @@ func (c *Conn) reset(err error) {
 // Deadline is when Tick next has work to do, or 0 when no timer runs.
 func (c *Conn) Deadline() time.Duration {
 	d := time.Duration(0)
-	for _, t := range [...]time.Duration{c.rtoAt, c.ackAt, c.twAt} {
+	for _, t := range [...]time.Duration{c.rtoAt, c.ackAt, c.twAt, c.kaAt} {
 		if t != 0 && (d == 0 || t < d) {
 			d = t
 		}
@@ -363,7 +377,44 @@ func (c *Conn) Tick(now time.Duration) {
 		c.ackAt = 0
 		c.ackNow = true
 	}
+	if c.kaAt != 0 && now >= c.kaAt {
+		c.kaAt = 0
+		c.keepalive()
+	}
 	c.output()
+	c.armKeepalive()
+}
+
+// armKeepalive sets the keepalive timer: KeepaliveIdle after the peer's
+// latest segment, or KeepaliveInterval after the latest probe.
+func (c *Conn) armKeepalive() {
+	if c.cfg.KeepaliveIdle <= 0 || !c.state.synchronized() || c.state == TimeWait {
+		c.kaAt = 0
+		return
+	}
+	if c.kaProbes == 0 {
+		c.kaAt = c.lastRecv + c.cfg.KeepaliveIdle
+	} else if c.kaAt == 0 {
+		c.kaAt = c.now + c.cfg.KeepaliveInterval
+	}
+}
+
+// keepalive runs when the keepalive timer fires: with data in flight the
+// retransmission timer watches the peer instead; otherwise a probe goes
+// (a segment one before sndUna, which the peer answers with an ACK), or,
+// after KeepaliveCount unanswered ones, the connection ends.
+func (c *Conn) keepalive() {
+	if c.sndUna != c.sndMax || c.now < c.lastRecv+c.cfg.KeepaliveIdle {
+		return
+	}
+	if c.kaProbes >= c.cfg.KeepaliveCount {
+		c.reset(ErrTimeout)
+		return
+	}
+	c.kaProbes++
+	s := c.header(c.sndUna - 1)
+	c.out(s)
+	c.kaAt = c.now + c.cfg.KeepaliveInterval
 }
 
 func (c *Conn) enterClosed(err error) {
@@ -371,7 +422,7 @@ func (c *Conn) enterClosed(err error) {
 	if c.err == nil {
 		c.err = err
 	}
-	c.rtoAt, c.ackAt, c.twAt = 0, 0, 0
+	c.rtoAt, c.ackAt, c.twAt, c.kaAt = 0, 0, 0, 0
 	c.ooo, c.oooBytes = nil, 0
 }
 
@@ -390,6 +441,7 @@ func (c *Conn) takeSyn(s *Segment) {
 	c.irs = s.Seq
 	c.rcvNxt = s.Seq.Add(1)
 	c.lastAck = c.rcvNxt
+	c.lastRecv = c.now
 	mss := 536
 	if s.MSS != 0 {
 		mss = int(s.MSS)

@@ -324,3 +324,63 @@ func TestResetFor(t *testing.T) {
 		t.Fatal("a RST answered with a RST")
 	}
 }
+
+// TestKeepalive: an idle connection probes its peer after KeepaliveIdle
+// with a segment just before sndUna; an answer keeps it, and
+// KeepaliveCount probes without one end it with ErrTimeout.
+func TestKeepalive(t *testing.T) {
+	p := established(t, Config{KeepaliveIdle: 10 * time.Second, KeepaliveInterval: time.Second, KeepaliveCount: 3}, nil)
+	start := p.now
+	p.now = p.c.Deadline()
+	if p.now != start+10*time.Second {
+		t.Fatalf("keepalive timer at %v, want %v", p.now, start+10*time.Second)
+	}
+	p.c.Tick(p.now)
+	s := p.wantACK("the first probe", p.seq)
+	if s.Seq != p.c.sndUna-1 {
+		t.Fatalf("probe numbered %d, want sndUna-1 = %d", s.Seq, p.c.sndUna-1)
+	}
+	// The peer answers: the idle time starts over.
+	p.input(Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535})
+	p.take()
+	if d := p.c.Deadline(); d != p.now+10*time.Second {
+		t.Fatalf("after an answer the timer is at %v, want %v", d, p.now+10*time.Second)
+	}
+	// Now nobody answers: three probes a second apart, then the end.
+	var probes []time.Duration
+	for p.c.State() != Closed {
+		p.now = p.c.Deadline()
+		if p.now == 0 {
+			t.Fatal("no timer")
+		}
+		p.c.Tick(p.now)
+		for _, s := range p.take() {
+			if !s.has(header.TCPFlagRst) {
+				probes = append(probes, p.now)
+			}
+		}
+	}
+	if len(probes) != 3 || probes[1]-probes[0] != time.Second || p.c.Err() != ErrTimeout {
+		t.Fatalf("probes at %v, then %v; want 3 a second apart, then ErrTimeout", probes, p.c.Err())
+	}
+}
+
+// TestKeepaliveBetweenPeers: two idle connections with keepalive stay
+// open for a virtual hour, each answering the other's probes.
+func TestKeepaliveBetweenPeers(t *testing.T) {
+	p := newPath(t, 1)
+	cfg := Config{KeepaliveIdle: 30 * time.Second, KeepaliveInterval: 5 * time.Second, KeepaliveCount: 2}
+	p.connect(cfg, cfg, 1, 2)
+	for p.now < time.Hour {
+		if !p.step() {
+			t.Fatal("no timer on idle keepalive connections")
+		}
+	}
+	if p.conns[0].State() != Established || p.conns[1].State() != Established {
+		t.Fatalf("after an hour: %v %v (%v %v)", p.conns[0].State(), p.conns[1].State(), p.conns[0].Err(), p.conns[1].Err())
+	}
+	if p.sent[0] < 100 || p.sent[1] < 100 {
+		t.Fatalf("probes sent: %v", p.sent)
+	}
+	p.transfer([2]int{1000, 1000}, 0)
+}

@@ -36,6 +36,9 @@
 //     backoff and go-back on timeout, zero-window probes that keep the
 //     connection as long as the peer answers them, and ErrTimeout after
 //     Config.MaxRetries unanswered retransmissions.
+//   - Keepalive (RFC 9293 §3.8.4, Config.KeepaliveIdle): probes one
+//     before SND.UNA after an idle time, and ErrTimeout after
+//     KeepaliveCount unanswered ones.
 //
 // Protocol runs connections in a gVisor stack, registered in place of
 // gVisor's TCP as the stack's transport protocol for TCP's number
@@ -46,7 +49,7 @@
 // duplicates packets.
 //
 // It reads the peer's SACK blocks but does not use them for recovery
-// yet, and has neither RACK-TLP, PRR, Cubic, undo of spurious recovery,
-// keepalive nor GSO output. No rdmatap endpoint runs on it: the
+// yet, and has neither RACK-TLP, PRR, Cubic, undo of spurious recovery
+// nor GSO output. No rdmatap endpoint runs on it: the
 // endpoints' connections are gVisor's TCP.
 package tcp

@@ -19,8 +19,12 @@ func (c *Conn) Input(s *Segment, now time.Duration) {
 	case SynSent:
 		c.inputSynSent(s)
 		c.output()
+		c.armKeepalive()
 		return
 	}
+	// Any segment shows the peer is there (keepalive).
+	c.lastRecv, c.kaProbes, c.kaAt = now, 0, 0
+	defer c.armKeepalive()
 	rst := s.has(header.TCPFlagRst)
 	if s.has(header.TCPFlagSyn) && s.Seq == c.irs && !rst {
 		if c.state == SynReceived && !s.has(header.TCPFlagAck) {
