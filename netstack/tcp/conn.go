@@ -146,6 +146,8 @@ type Conn struct {
 	dupAcks        int
 	inRecovery     bool
 	recover        seqnum.Value
+	sacked         []sackRange  // the SACK scoreboard (sack.go)
+	highRxt        seqnum.Value // RFC 6675's HighRxt: the end of the latest retransmission
 
 	rtt      rttEstimator
 	rtoAt    time.Duration // retransmission (or persist) timer; 0: stopped
@@ -191,8 +193,63 @@ type Conn struct {
 	lastOOWAck time.Duration
 	oowAcked   bool
 
+	n counters
+
 	seg     Segment // the segment being sent
 	sackOut [maxSACKBlocks]header.SACKBlock
+}
+
+// counters are what Info reports of a connection's history.
+type counters struct {
+	segsOut, segsIn       uint64
+	retransSegs, retrans  uint64 // segments and bytes sent again
+	timeouts, recoveries  uint64
+	dsacksIn, dsacksOut   uint64
+	bytesAcked, bytesRcvd uint64
+}
+
+// Info is a connection's state as `ss -ti` shows a Linux socket's.
+type Info struct {
+	State            State
+	RTT, RTTVar, RTO time.Duration
+	SndMSS, RcvMSS   int
+	Cwnd, Ssthresh   int // bytes
+	SndWnd, RcvWnd   int // bytes: the peer's window, and the one advertised
+	InFlight, SACKed int // bytes sent and not acknowledged; of them, SACKed
+	SndWScale        int // -1: no window scaling
+	RcvWScale        int
+	Timestamps, SACK bool
+	InRecovery       bool
+	SegsOut, SegsIn  uint64
+	RetransSegs      uint64 // segments sent again
+	RetransBytes     uint64
+	Timeouts         uint64 // retransmission timeouts
+	Recoveries       uint64 // fast retransmits and SACK recoveries entered
+	DSACKsIn         uint64 // D-SACK blocks the peer sent: duplicates it got
+	DSACKsOut        uint64 // D-SACK blocks sent
+	BytesAcked       uint64 // by the peer
+	BytesReceived    uint64 // in order
+}
+
+// Info reports the connection's state.
+func (c *Conn) Info() Info {
+	i := Info{State: c.state, RTT: c.rtt.srtt, RTTVar: c.rtt.rttvar, RTO: c.rtt.rto,
+		SndMSS: c.sndMSS, RcvMSS: c.cfg.MSS, Cwnd: c.cwnd, Ssthresh: c.ssthresh,
+		SndWnd: c.sndWnd, InFlight: int(c.sndUna.Size(c.sndMax)), SACKed: c.sackedBytes(),
+		SndWScale: -1, RcvWScale: -1, Timestamps: c.tsOK, SACK: c.sackOK, InRecovery: c.inRecovery,
+		SegsOut: c.n.segsOut, SegsIn: c.n.segsIn, RetransSegs: c.n.retransSegs, RetransBytes: c.n.retrans,
+		Timeouts: c.n.timeouts, Recoveries: c.n.recoveries, DSACKsIn: c.n.dsacksIn, DSACKsOut: c.n.dsacksOut,
+		BytesAcked: c.n.bytesAcked, BytesReceived: c.n.bytesRcvd}
+	if c.ssthresh >= 1<<30 {
+		i.Ssthresh = 0 // not set yet: slow start
+	}
+	if c.rcvNxt.LessThan(c.rcvAdvEnd) {
+		i.RcvWnd = int(c.rcvNxt.Size(c.rcvAdvEnd))
+	}
+	if c.wsOK {
+		i.SndWScale, i.RcvWScale = int(c.sndShift), int(c.rcvShift)
+	}
+	return i
 }
 
 type oooSeg struct {

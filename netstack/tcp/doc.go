@@ -31,8 +31,12 @@
 //     and every out-of-order one at once), and data taken from a
 //     segment that overlaps what came before only where it is new.
 //   - Sending: slow start with RFC 6928's initial window and RFC 3465's
-//     byte counting, congestion avoidance, fast retransmit and NewReno
-//     recovery (RFC 5681, RFC 6582), the retransmission timer with
+//     byte counting, congestion avoidance, and loss recovery: with SACK,
+//     RFC 6675's (a scoreboard of the peer's SACK blocks, bounded and
+//     checked against what is in flight, D-SACK blocks told apart and
+//     counted, pipe and the lost-segment rule), without it fast
+//     retransmit and NewReno (RFC 5681, RFC 6582); the retransmission
+//     timer with
 //     backoff and go-back on timeout, zero-window probes that keep the
 //     connection as long as the peer answers them, and ErrTimeout after
 //     Config.MaxRetries unanswered retransmissions.
@@ -48,8 +52,8 @@
 // between it and gVisor's TCP, also over a link that loses, reorders and
 // duplicates packets.
 //
-// It reads the peer's SACK blocks but does not use them for recovery
-// yet, and has neither RACK-TLP, PRR, Cubic, undo of spurious recovery
-// nor GSO output. No rdmatap endpoint runs on it: the
+// Conn.Info reports a connection's state and counters as `ss -ti` shows
+// a Linux socket's. It has neither RACK-TLP, PRR, Cubic, undo of spurious
+// recovery nor GSO output. No rdmatap endpoint runs on it: the
 // endpoints' connections are gVisor's TCP.
 package tcp

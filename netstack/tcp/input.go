@@ -22,6 +22,7 @@ func (c *Conn) Input(s *Segment, now time.Duration) {
 		c.armKeepalive()
 		return
 	}
+	c.n.segsIn++
 	// Any segment shows the peer is there (keepalive).
 	c.lastRecv, c.kaProbes, c.kaAt = now, 0, 0
 	defer c.armKeepalive()
@@ -266,12 +267,23 @@ func (c *Conn) inputAck(s *Segment) bool {
 			}
 		}
 	}
+	newSACK := false
+	if c.sackOK {
+		before := c.sackedBytes()
+		c.takeSACK(ack, s.SACK)
+		newSACK = c.sackedBytes() > before
+	}
 	if c.sndUna.LessThan(ack) {
 		c.newAck(ack)
+		if c.sackOK && !c.inRecovery && c.recover.LessThan(c.sndUna) && c.sndUna.LessThan(c.lostBelow()) {
+			c.enterRecovery() // RFC 6675 §5: IsLost(HighACK+1)
+		}
 	} else if ack == c.sndUna && len(s.Payload) == 0 && !s.has(header.TCPFlagFin) &&
-		wnd == c.sndWnd && wnd > 0 && !c.probing && c.sndUna != c.sndMax {
+		wnd == c.sndWnd && wnd > 0 && !c.probing && c.sndUna != c.sndMax && (newSACK || !c.sackOK) {
 		// A duplicate ACK (RFC 5681 §2); the answers to window probes
-		// are not.
+		// are not, and with SACK only one that SACKs new data is (RFC
+		// 6675 §2: an ACK for a duplicate segment, with its D-SACK
+		// block, says nothing was lost).
 		c.dupAck()
 	}
 	// The window update (RFC 9293 §3.10.7.4, fifth, ESTABLISHED).
@@ -297,6 +309,7 @@ func (c *Conn) newAck(ack seqnum.Value) {
 	}
 	c.sndBuf.drop(acked)
 	c.sndUna = ack
+	c.n.bytesAcked += uint64(acked)
 	if c.sndNxt.LessThan(ack) {
 		c.sndNxt = ack
 	}
@@ -327,6 +340,15 @@ func (c *Conn) newAck(ack seqnum.Value) {
 // data, or steps NewReno's recovery (RFC 6582) on a partial ACK.
 func (c *Conn) congestionOnAck(ack seqnum.Value, acked int) {
 	c.dupAcks = 0
+	if c.inRecovery && c.sackOK {
+		if c.recover.LessThanEq(ack) {
+			c.inRecovery = false
+			c.cwnd = c.ssthresh // RFC 6675 §5: the recovery ends
+		} else {
+			c.sackRecover()
+		}
+		return
+	}
 	if c.inRecovery {
 		if c.recover.LessThanEq(ack) {
 			// A full ACK ends the recovery.
@@ -346,9 +368,20 @@ func (c *Conn) congestionOnAck(ack seqnum.Value, acked int) {
 	}
 }
 
-// dupAck counts a duplicate ACK; the third starts fast retransmit.
+// dupAck counts a duplicate ACK; the third starts fast retransmit (with
+// SACK, RFC 6675's recovery, which also starts once the scoreboard shows
+// the first octet in flight lost).
 func (c *Conn) dupAck() {
 	c.dupAcks++
+	if c.sackOK {
+		switch {
+		case c.inRecovery:
+			c.sackRecover()
+		case c.recover.LessThan(c.sndUna) && (c.dupAcks >= dupThresh || c.sndUna.LessThan(c.lostBelow())):
+			c.enterRecovery()
+		}
+		return
+	}
 	switch {
 	case c.inRecovery:
 		c.cwnd += c.sndMSS // each duplicate: a segment has left the network
@@ -356,12 +389,25 @@ func (c *Conn) dupAck() {
 		c.ssthresh = max(c.inFlight()/2, 2*c.sndMSS)
 		c.recover = c.sndMax
 		c.inRecovery = true
+		c.n.recoveries++
 		c.retransmitHead()
 		c.cwnd = c.ssthresh + 3*c.sndMSS
 	}
 }
 
 func (c *Conn) inFlight() int { return int(c.sndUna.Size(c.sndNxt)) }
+
+// enterRecovery starts RFC 6675's loss recovery: the window halves, and
+// the lost segments go again as pipe allows.
+func (c *Conn) enterRecovery() {
+	c.ssthresh = max(int(c.sndUna.Size(c.sndMax))/2, 2*c.sndMSS)
+	c.cwnd = c.ssthresh
+	c.recover = c.sndMax
+	c.highRxt = c.sndUna
+	c.inRecovery = true
+	c.n.recoveries++
+	c.sackRecover()
+}
 
 // receive takes in-window payload: in order into the receive buffer
 // (with what it lets follow from the out-of-order queue), beyond rcvNxt
@@ -386,6 +432,7 @@ func (c *Conn) receive(seq seqnum.Value, data []byte, now time.Duration) {
 		c.ackNow = true
 		return
 	}
+	before := c.rcvNxt
 	c.rcvBuf.write(data)
 	c.rcvNxt = end
 	filled := false
@@ -402,6 +449,7 @@ func (c *Conn) receive(seq seqnum.Value, data []byte, now time.Duration) {
 	if len(c.ooo) == 0 {
 		c.ooo = nil
 	}
+	c.n.bytesRcvd += uint64(before.Size(c.rcvNxt))
 	c.ackSegs++
 	if filled || c.ackSegs >= 2 || c.cfg.AckDelay < 0 {
 		c.ackNow = true // RFC 9293 §3.8.6.3, RFC 5681 §4.2

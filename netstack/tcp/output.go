@@ -37,7 +37,11 @@ func (c *Conn) sendOne(force bool) bool {
 	if unsent < 0 || c.finAcked {
 		return false // the FIN is out
 	}
-	usable := max(min(c.cwnd, c.sndWnd)-off, 0)
+	flight := off
+	if c.inRecovery && c.sackOK {
+		flight = c.pipe() // RFC 6675: the octets still in the network
+	}
+	usable := max(min(c.cwnd-flight, c.sndWnd-off), 0)
 	n := min(unsent, c.sndMSS, usable)
 	fin := c.finQueued && n == unsent
 	if n < unsent && n < c.sndMSS {
@@ -82,6 +86,10 @@ func (c *Conn) sendOne(force bool) bool {
 // sendData sends n bytes of the send buffer from seq on, with our FIN
 // after them when fin is set.
 func (c *Conn) sendData(seq seqnum.Value, n int, fin bool) {
+	if seq.LessThan(c.sndMax) {
+		c.n.retransSegs++
+		c.n.retrans += uint64(n)
+	}
 	off := int(c.sndUna.Size(seq))
 	s := c.header(seq)
 	s.Payload = c.sndBuf.bytes(off)[:n]
@@ -141,6 +149,9 @@ func (c *Conn) onRTO() {
 	c.retries++
 	c.backoff++
 	c.timing = false
+	if !persist {
+		c.n.timeouts++
+	}
 	if persist {
 		// The persist timer: a byte beyond the peer's zero window
 		// makes it answer with its window (RFC 9293 §3.8.6.1). It
@@ -153,6 +164,7 @@ func (c *Conn) onRTO() {
 	c.ssthresh = max(c.inFlight()/2, 2*c.sndMSS)
 	c.cwnd = c.sndMSS
 	c.inRecovery = false
+	c.sacked = c.sacked[:0] // RFC 2018 §8: the peer may have dropped what it SACKed
 	c.dupAcks = 0
 	c.recover = c.sndMax
 	c.sndNxt = c.sndUna
@@ -206,6 +218,7 @@ func (c *Conn) header(seq seqnum.Value) *Segment {
 	}
 	c.lastAck = c.rcvNxt
 	c.ackNow, c.ackSegs, c.ackAt = false, 0, 0
+	c.n.segsOut++
 	return s
 }
 
@@ -247,6 +260,7 @@ func (c *Conn) sackBlocks() []header.SACKBlock {
 	if c.hasDSACK {
 		b = append(b, c.dsack)
 		c.hasDSACK = false
+		c.n.dsacksOut++
 	}
 	latest := -1
 	for i := range c.ooo {

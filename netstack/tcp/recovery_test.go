@@ -1,0 +1,61 @@
+package tcp
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestRecoveryWithoutTimeout: segments lost from the middle of a window
+// are recovered by fast retransmit, with SACK (RFC 6675) and without it
+// (NewReno), with no retransmission timeout; with SACK each lost segment
+// goes once more and nothing else does.
+func TestRecoveryWithoutTimeout(t *testing.T) {
+	for _, lose := range [][]int{{40}, {40, 43, 47}} {
+		for _, sack := range []bool{true, false} {
+			t.Run(fmt.Sprintf("lose %v sack %v", lose, sack), func(t *testing.T) {
+				p := newPath(t, 1)
+				cfg := Config{NoSACK: !sack}
+				p.connect(cfg, cfg, 1, 2)
+				data := 0
+				p.drop = func(from int, s *Segment) bool {
+					if from != 0 || len(s.Payload) == 0 || s.Seq.LessThan(p.conns[0].sndMax) {
+						return false // only first transmissions of side 0's data
+					}
+					data++
+					for _, k := range lose {
+						if data == k {
+							return true
+						}
+					}
+					return false
+				}
+				p.transfer([2]int{1 << 20, 0}, 0)
+				i := p.conns[0].Info()
+				if i.Timeouts != 0 || i.Recoveries != 1 {
+					t.Fatalf("%d timeouts and %d recoveries, want 0 and 1: %+v", i.Timeouts, i.Recoveries, i)
+				}
+				if sack && i.RetransSegs != uint64(len(lose)) {
+					t.Fatalf("with SACK, %d segments sent again for %d lost", i.RetransSegs, len(lose))
+				}
+				if r := p.conns[1].Info(); r.BytesReceived != 1<<20 || i.BytesAcked != 1<<20 {
+					t.Fatalf("received %d, acknowledged %d", r.BytesReceived, i.BytesAcked)
+				}
+			})
+		}
+	}
+}
+
+// TestDSACK: duplicated segments are reported with D-SACK blocks, the
+// sender counts them, and they start no recovery.
+func TestDSACK(t *testing.T) {
+	p := newPath(t, 1)
+	p.connect(Config{}, Config{}, 1, 2)
+	p.dup = 0.1
+	p.transfer([2]int{256 << 10, 0}, 0)
+	if out, in := p.conns[1].Info().DSACKsOut, p.conns[0].Info().DSACKsIn; out == 0 || in == 0 {
+		t.Fatalf("D-SACK blocks sent %d, received %d", out, in)
+	}
+	if i := p.conns[0].Info(); i.Recoveries != 0 || i.RetransSegs != 0 {
+		t.Fatalf("duplicates made the sender recover: %+v", i)
+	}
+}

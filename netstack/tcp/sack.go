@@ -1,0 +1,210 @@
+package tcp
+
+import (
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+)
+
+// The sender's SACK scoreboard and RFC 6675's loss recovery.
+//
+// The scoreboard holds the ranges above SND.UNA the peer has reported
+// received, merged and in order. Blocks that are not about data in flight
+// (below SND.UNA, beyond SND.MAX, empty or inverted) are ignored, D-SACK
+// blocks (RFC 2883) are recognized and not taken as new, and the board
+// keeps at most maxSACKRanges ranges, so a peer that lies in its SACK
+// blocks costs bounded memory and can at worst make the sender retransmit
+// what it already had.
+
+// dupThresh is RFC 6675's DupThresh.
+const dupThresh = 3
+
+// maxSACKRanges bounds the scoreboard; beyond it the highest ranges are
+// dropped (they are reported again while they stay above a hole).
+const maxSACKRanges = 64
+
+type sackRange struct{ start, end seqnum.Value }
+
+// takeSACK updates the scoreboard from a segment's SACK blocks, after
+// dropping what ack now covers. It reports whether the first block was a
+// D-SACK: a duplicate the peer received.
+func (c *Conn) takeSACK(ack seqnum.Value, blocks []header.SACKBlock) (dsack bool) {
+	c.sackPrune(ack)
+	for i, b := range blocks {
+		if !b.Start.LessThan(b.End) {
+			continue
+		}
+		if i == 0 && (b.Start.LessThan(ack) || len(blocks) > 1 && blocks[1].Contains(b)) {
+			dsack = true // RFC 2883 §4: below the ACK, or inside the next block
+			c.n.dsacksIn++
+			continue
+		}
+		if b.Start.LessThan(ack) || c.sndMax.LessThan(b.End) {
+			continue // not about data in flight: a lie or a stale block
+		}
+		c.sackAdd(b.Start, b.End)
+	}
+	return dsack
+}
+
+// sackAdd merges [start, end) into the board.
+func (c *Conn) sackAdd(start, end seqnum.Value) {
+	sb := c.sacked
+	i := 0
+	for i < len(sb) && sb[i].end.LessThan(start) {
+		i++
+	}
+	j := i
+	for j < len(sb) && sb[j].start.LessThanEq(end) {
+		if sb[j].start.LessThan(start) {
+			start = sb[j].start
+		}
+		if end.LessThan(sb[j].end) {
+			end = sb[j].end
+		}
+		j++
+	}
+	if i == j {
+		sb = append(sb, sackRange{})
+		copy(sb[i+1:], sb[i:])
+		sb[i] = sackRange{start, end}
+	} else {
+		sb[i] = sackRange{start, end}
+		sb = append(sb[:i+1], sb[j:]...)
+	}
+	if len(sb) > maxSACKRanges {
+		sb = sb[:maxSACKRanges]
+	}
+	c.sacked = sb
+}
+
+// sackPrune drops what lies below ack.
+func (c *Conn) sackPrune(ack seqnum.Value) {
+	sb := c.sacked
+	k := 0
+	for k < len(sb) && sb[k].end.LessThanEq(ack) {
+		k++
+	}
+	sb = sb[k:]
+	if len(sb) > 0 && sb[0].start.LessThan(ack) {
+		sb[0].start = ack
+	}
+	if len(sb) == 0 {
+		sb = c.sacked[:0]
+	}
+	c.sacked = sb
+}
+
+// sackedBytes is how many bytes the board holds.
+func (c *Conn) sackedBytes() int {
+	n := 0
+	for _, r := range c.sacked {
+		n += int(r.start.Size(r.end))
+	}
+	return n
+}
+
+// lostBelow is RFC 6675's IsLost boundary: every octet not SACKed below
+// it has more than (DupThresh-1)·SMSS octets SACKed above it, and is
+// lost. sndUna when none is.
+func (c *Conn) lostBelow() seqnum.Value {
+	above := 0
+	limit := (dupThresh - 1) * c.sndMSS
+	for i := len(c.sacked) - 1; i >= 0; i-- {
+		r := c.sacked[i]
+		n := int(r.start.Size(r.end))
+		if above+n > limit {
+			// The boundary lies in this range: octets below the point
+			// with limit+1 octets SACKed above it are lost.
+			return r.end - seqnum.Value(limit-above+1)
+		}
+		above += n
+	}
+	return c.sndUna
+}
+
+// holes is how many octets in [from, to) are not SACKed.
+func (c *Conn) holes(from, to seqnum.Value) int {
+	if !from.LessThan(to) {
+		return 0
+	}
+	n := int(from.Size(to))
+	for _, r := range c.sacked {
+		s, e := r.start, r.end
+		if s.LessThan(from) {
+			s = from
+		}
+		if to.LessThan(e) {
+			e = to
+		}
+		if s.LessThan(e) {
+			n -= int(s.Size(e))
+		}
+	}
+	return n
+}
+
+// pipe is RFC 6675's estimate of the octets in the network: the holes not
+// deemed lost, plus those retransmitted (below highRxt).
+func (c *Conn) pipe() int {
+	lost := c.lostBelow()
+	rxt := c.highRxt
+	if c.sndMax.LessThan(rxt) {
+		rxt = c.sndMax
+	}
+	return c.holes(c.sndUna, c.sndMax) - c.holes(c.sndUna, lost) + c.holes(c.sndUna, rxt)
+}
+
+// nextLost is where the next retransmission of RFC 6675's NextSeg rule 1
+// starts: the first octet at or above highRxt that is lost and not SACKed,
+// and how many octets of the hole it opens follow it below the loss
+// boundary. ok is false when there is none.
+func (c *Conn) nextLost() (seq seqnum.Value, n int, ok bool) {
+	lost := c.lostBelow()
+	at := c.highRxt
+	if at.LessThan(c.sndUna) {
+		at = c.sndUna
+	}
+	for _, r := range c.sacked {
+		if !at.LessThan(lost) {
+			return 0, 0, false
+		}
+		if at.LessThan(r.start) {
+			end := r.start
+			if lost.LessThan(end) {
+				end = lost
+			}
+			return at, int(at.Size(end)), true
+		}
+		if at.LessThan(r.end) {
+			at = r.end
+		}
+	}
+	return 0, 0, false
+}
+
+// sackRecover runs RFC 6675's transmission rule during recovery: while
+// the congestion window has room beyond pipe, retransmit the next lost
+// segment, or else send new data.
+func (c *Conn) sackRecover() {
+	for i := 0; i < 1000; i++ { // bounded: each pass sends a segment
+		if c.cwnd-c.pipe() < c.sndMSS {
+			return
+		}
+		if seq, n, ok := c.nextLost(); ok {
+			n = min(n, c.sndMSS, c.sndBuf.len()-int(c.sndUna.Size(seq)))
+			if n <= 0 {
+				return
+			}
+			if c.timing && seq.LessThan(c.timedSeq) {
+				c.timing = false // Karn
+			}
+			c.sendData(seq, n, false)
+			c.highRxt = seq.Add(seqnum.Size(n))
+			c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
+			continue
+		}
+		if !c.sendOne(false) {
+			return
+		}
+	}
+}
