@@ -3,6 +3,9 @@ package tcp
 import (
 	"fmt"
 	"testing"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
 )
 
 // TestRecoveryWithoutTimeout: segments lost from the middle of a window
@@ -58,4 +61,36 @@ func TestDSACK(t *testing.T) {
 	if i := p.conns[0].Info(); i.Recoveries != 0 || i.RetransSegs != 0 {
 		t.Fatalf("duplicates made the sender recover: %+v", i)
 	}
+}
+
+// TestLyingSACK: a receiver whose ACKs carry made-up SACK blocks (data it
+// never got, ranges beyond what was sent, inverted ones) costs the
+// sender a bounded scoreboard and time, never data: the transfer
+// completes with every byte in place.
+func TestLyingSACK(t *testing.T) {
+	p := newPath(t, 1)
+	p.connect(Config{}, Config{}, 1, 2)
+	p.loss = 0.01
+	maxRanges := 0
+	p.drop = func(from int, s *Segment) bool {
+		if from == 1 && s.has(header.TCPFlagAck) {
+			a := p.conns[0]
+			span := int(a.sndUna.Size(a.sndMax)) + 1
+			s.SACK = s.SACK[:0:0]
+			for k := 0; k < 4; k++ {
+				start := a.sndUna.Add(seqnum.Size(p.rng.Intn(span)))
+				s.SACK = append(s.SACK, header.SACKBlock{Start: start, End: start.Add(seqnum.Size(p.rng.Intn(3000) - 500))})
+			}
+			if s.TS {
+				s.SACK = s.SACK[:3]
+			}
+		}
+		maxRanges = max(maxRanges, len(p.conns[0].sacked))
+		return false
+	}
+	p.transfer([2]int{1 << 20, 0}, 0)
+	if maxRanges > maxSACKRanges {
+		t.Fatalf("the scoreboard grew to %d ranges", maxRanges)
+	}
+	t.Logf("%+v", p.conns[0].Info())
 }
