@@ -146,8 +146,15 @@ type Conn struct {
 	dupAcks        int
 	inRecovery     bool
 	recover        seqnum.Value
-	sacked         []sackRange  // the SACK scoreboard (sack.go)
-	highRxt        seqnum.Value // RFC 6675's HighRxt: the end of the latest retransmission
+	sacked         []sackRange // the SACK scoreboard (sack.go)
+
+	// Undo (undo.go): the windows before the latest reduction, and how
+	// many of its retransmissions the peer has not reported duplicate.
+	priorCwnd, priorSsthresh int
+	undoRetrans              int
+	undoOK                   bool
+	undoStart, undoEnd       seqnum.Value // SND.UNA and SND.MAX at the reduction
+	highRxt                  seqnum.Value // RFC 6675's HighRxt: the end of the latest retransmission
 
 	rtt      rttEstimator
 	rtoAt    time.Duration // retransmission (or persist) timer; 0: stopped
@@ -204,6 +211,7 @@ type counters struct {
 	segsOut, segsIn       uint64
 	retransSegs, retrans  uint64 // segments and bytes sent again
 	timeouts, recoveries  uint64
+	undos                 uint64
 	dsacksIn, dsacksOut   uint64
 	bytesAcked, bytesRcvd uint64
 }
@@ -225,6 +233,7 @@ type Info struct {
 	RetransBytes     uint64
 	Timeouts         uint64 // retransmission timeouts
 	Recoveries       uint64 // fast retransmits and SACK recoveries entered
+	Undos            uint64 // reductions undone: D-SACKs showed them spurious
 	DSACKsIn         uint64 // D-SACK blocks the peer sent: duplicates it got
 	DSACKsOut        uint64 // D-SACK blocks sent
 	BytesAcked       uint64 // by the peer
@@ -238,7 +247,7 @@ func (c *Conn) Info() Info {
 		SndWnd: c.sndWnd, InFlight: int(c.sndUna.Size(c.sndMax)), SACKed: c.sackedBytes(),
 		SndWScale: -1, RcvWScale: -1, Timestamps: c.tsOK, SACK: c.sackOK, InRecovery: c.inRecovery,
 		SegsOut: c.n.segsOut, SegsIn: c.n.segsIn, RetransSegs: c.n.retransSegs, RetransBytes: c.n.retrans,
-		Timeouts: c.n.timeouts, Recoveries: c.n.recoveries, DSACKsIn: c.n.dsacksIn, DSACKsOut: c.n.dsacksOut,
+		Timeouts: c.n.timeouts, Recoveries: c.n.recoveries, Undos: c.n.undos, DSACKsIn: c.n.dsacksIn, DSACKsOut: c.n.dsacksOut,
 		BytesAcked: c.n.bytesAcked, BytesReceived: c.n.bytesRcvd}
 	if c.ssthresh >= 1<<30 {
 		i.Ssthresh = 0 // not set yet: slow start

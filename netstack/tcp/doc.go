@@ -35,9 +35,11 @@
 //     RFC 6675's (a scoreboard of the peer's SACK blocks, bounded and
 //     checked against what is in flight, D-SACK blocks told apart and
 //     counted, pipe and the lost-segment rule), without it fast
-//     retransmit and NewReno (RFC 5681, RFC 6582); the retransmission
-//     timer with
-//     backoff and go-back on timeout, zero-window probes that keep the
+//     retransmit and NewReno (RFC 5681, RFC 6582); undo of a reduction
+//     whose every retransmission the peer reports duplicate in D-SACK
+//     blocks (RFC 2883 §5, with RFC 4015's response); the retransmission
+//     timer with backoff and go-back on timeout, zero-window probes that
+//     keep the
 //     connection as long as the peer answers them, and ErrTimeout after
 //     Config.MaxRetries unanswered retransmissions.
 //   - Keepalive (RFC 9293 §3.8.4, Config.KeepaliveIdle): probes one
@@ -53,7 +55,7 @@
 // duplicates packets.
 //
 // Conn.Info reports a connection's state and counters as `ss -ti` shows
-// a Linux socket's. It has neither RACK-TLP, PRR, Cubic, undo of spurious
-// recovery nor GSO output. No rdmatap endpoint runs on it: the
+// a Linux socket's. It has neither RACK-TLP, PRR, Cubic, timestamp-based
+// detection of spurious recovery (RFC 3522) nor GSO output. No rdmatap endpoint runs on it: the
 // endpoints' connections are gVisor's TCP.
 package tcp

@@ -386,6 +386,7 @@ func (c *Conn) dupAck() {
 	case c.inRecovery:
 		c.cwnd += c.sndMSS // each duplicate: a segment has left the network
 	case c.dupAcks == 3 && c.recover.LessThan(c.sndUna):
+		c.saveForUndo()
 		c.ssthresh = max(c.inFlight()/2, 2*c.sndMSS)
 		c.recover = c.sndMax
 		c.inRecovery = true
@@ -400,10 +401,15 @@ func (c *Conn) inFlight() int { return int(c.sndUna.Size(c.sndNxt)) }
 // enterRecovery starts RFC 6675's loss recovery: the window halves, and
 // the lost segments go again as pipe allows.
 func (c *Conn) enterRecovery() {
+	c.saveForUndo()
 	c.ssthresh = max(int(c.sndUna.Size(c.sndMax))/2, 2*c.sndMSS)
 	c.cwnd = c.ssthresh
 	c.recover = c.sndMax
-	c.highRxt = c.sndUna
+	if c.highRxt.LessThan(c.sndUna) {
+		// What the previous recovery retransmitted above SND.UNA is
+		// still on its way: it does not go again.
+		c.highRxt = c.sndUna
+	}
 	c.inRecovery = true
 	c.n.recoveries++
 	c.sackRecover()
@@ -415,7 +421,9 @@ func (c *Conn) enterRecovery() {
 func (c *Conn) receive(seq seqnum.Value, data []byte, now time.Duration) {
 	end := seq.Add(seqnum.Size(len(data)))
 	if seq.LessThan(c.rcvNxt) {
-		c.noteDup(seq, c.rcvNxt)
+		// Part old, part new: no D-SACK block (RFC 2883 allows one for
+		// the old part), so that the sender counts as needless only
+		// the retransmissions that brought nothing (undo.go).
 		data = data[seq.Size(c.rcvNxt):]
 		seq = c.rcvNxt
 	}

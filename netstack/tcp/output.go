@@ -89,6 +89,9 @@ func (c *Conn) sendData(seq seqnum.Value, n int, fin bool) {
 	if seq.LessThan(c.sndMax) {
 		c.n.retransSegs++
 		c.n.retrans += uint64(n)
+		if c.undoOK {
+			c.undoRetrans++
+		}
 	}
 	off := int(c.sndUna.Size(seq))
 	s := c.header(seq)
@@ -161,10 +164,12 @@ func (c *Conn) onRTO() {
 		c.probe()
 		return
 	}
+	c.saveForUndo()
 	c.ssthresh = max(c.inFlight()/2, 2*c.sndMSS)
 	c.cwnd = c.sndMSS
 	c.inRecovery = false
 	c.sacked = c.sacked[:0] // RFC 2018 §8: the peer may have dropped what it SACKed
+	c.highRxt = c.sndUna    // everything goes again from here
 	c.dupAcks = 0
 	c.recover = c.sndMax
 	c.sndNxt = c.sndUna

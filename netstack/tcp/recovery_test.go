@@ -3,6 +3,7 @@ package tcp
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
@@ -93,4 +94,26 @@ func TestLyingSACK(t *testing.T) {
 		t.Fatalf("the scoreboard grew to %d ranges", maxRanges)
 	}
 	t.Logf("%+v", p.conns[0].Info())
+}
+
+// TestUndo: on a path that only reorders, the fast retransmits it
+// provokes come back as D-SACKed duplicates and their reductions are
+// undone; on one that only loses data, no reduction is.
+func TestUndo(t *testing.T) {
+	p := newPath(t, 1)
+	p.connect(Config{}, Config{}, 1, 2)
+	p.jitter = 200 * time.Microsecond
+	p.transfer([2]int{1 << 20, 0}, 0)
+	if i := p.conns[0].Info(); i.Recoveries == 0 || i.Undos == 0 || i.Undos > i.Recoveries+i.Timeouts {
+		t.Fatalf("reordering: %d recoveries, %d timeouts, %d undone", i.Recoveries, i.Timeouts, i.Undos)
+	}
+	// Data lost on the way (the ACKs all arrive, so no timeout is
+	// spurious either).
+	p = newPath(t, 2)
+	p.connect(Config{}, Config{}, 1, 2)
+	p.drop = func(from int, s *Segment) bool { return from == 0 && len(s.Payload) > 0 && p.rng.Float64() < 0.01 }
+	p.transfer([2]int{1 << 20, 0}, 0)
+	if i := p.conns[0].Info(); i.Recoveries == 0 || i.Undos != 0 {
+		t.Fatalf("loss: %d recoveries, %d undone", i.Recoveries, i.Undos)
+	}
 }

@@ -36,6 +36,7 @@ func (c *Conn) takeSACK(ack seqnum.Value, blocks []header.SACKBlock) (dsack bool
 		if i == 0 && (b.Start.LessThan(ack) || len(blocks) > 1 && blocks[1].Contains(b)) {
 			dsack = true // RFC 2883 §4: below the ACK, or inside the next block
 			c.n.dsacksIn++
+			c.dsackFor(b)
 			continue
 		}
 		if b.Start.LessThan(ack) || c.sndMax.LessThan(b.End) {
