@@ -39,9 +39,8 @@
 //     whose every retransmission the peer reports duplicate in D-SACK
 //     blocks (RFC 2883 §5, with RFC 4015's response); the retransmission
 //     timer with backoff and go-back on timeout, zero-window probes that
-//     keep the
-//     connection as long as the peer answers them, and ErrTimeout after
-//     Config.MaxRetries unanswered retransmissions.
+//     keep the connection as long as the peer answers them, and
+//     ErrTimeout after Config.MaxRetries unanswered retransmissions.
 //   - Keepalive (RFC 9293 §3.8.4, Config.KeepaliveIdle): probes one
 //     before SND.UNA after an idle time, and ErrTimeout after
 //     KeepaliveCount unanswered ones.
