@@ -12,8 +12,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-
-	"github.com/rdmatap/rdmatap/capi"
 )
 
 // ourSonames are the libraries the build makes in place of rdma-core's.
@@ -206,24 +204,4 @@ func TestUnsupportedVerbs(t *testing.T) {
 			}
 		})
 	}
-}
-
-// compileLinked builds a C test program from testdata against the
-// libraries with the given -l flags.
-func compileLinked(t testing.TB, libdir, src string, sanitize bool, libflags ...string) string {
-	t.Helper()
-	out := filepath.Join(world(t), strings.TrimSuffix(filepath.Base(src), ".c"))
-	args := append([]string{}, capi.CFlags...)
-	if sanitize {
-		args = append(append(args, "-O1"), capi.SanitizeFlags...)
-	} else {
-		args = append(args, "-O2")
-	}
-	args = append(args, "-I", filepath.Join(libdir, "include"), "-o", out, src, "-L", libdir)
-	args = append(args, libflags...)
-	if b, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
-		t.Fatalf("cc %s: %v\n%s", src, err, b)
-	}
-	os.Chmod(out, 0o755)
-	return out
 }

@@ -215,8 +215,15 @@ func TestDevinfo(t *testing.T) {
 	}
 }
 
-// compile builds a C test program from testdata against the libraries.
+// compile builds a C test program from testdata against libibverbs.
 func compile(t testing.TB, libdir, src string, sanitize bool) string {
+	t.Helper()
+	return compileLinked(t, libdir, src, sanitize, "-libverbs")
+}
+
+// compileLinked builds a C test program from testdata against the
+// libraries with the given -l flags.
+func compileLinked(t testing.TB, libdir, src string, sanitize bool, libflags ...string) string {
 	t.Helper()
 	out := filepath.Join(world(t), strings.TrimSuffix(filepath.Base(src), ".c"))
 	args := append([]string{}, capi.CFlags...)
@@ -225,7 +232,8 @@ func compile(t testing.TB, libdir, src string, sanitize bool) string {
 	} else {
 		args = append(args, "-O2")
 	}
-	args = append(args, "-I", filepath.Join(libdir, "include"), "-o", out, src, "-L", libdir, "-libverbs")
+	args = append(args, "-I", filepath.Join(libdir, "include"), "-o", out, src, "-L", libdir)
+	args = append(args, libflags...)
 	if b, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
 		t.Fatalf("cc %s: %v\n%s", src, err, b)
 	}

@@ -77,19 +77,7 @@ func TestProgramsLoad(t *testing.T) {
 // compileCM builds a test program against both libraries.
 func compileCM(t testing.TB, libdir, src string, sanitize bool) string {
 	t.Helper()
-	out := filepath.Join(world(t), strings.TrimSuffix(filepath.Base(src), ".c"))
-	args := append([]string{}, capi.CFlags...)
-	if sanitize {
-		args = append(append(args, "-O1"), capi.SanitizeFlags...)
-	} else {
-		args = append(args, "-O2")
-	}
-	args = append(args, "-I", filepath.Join(libdir, "include"), "-o", out, src, "-L", libdir, "-lrdmacm", "-libverbs")
-	if b, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
-		t.Fatalf("cc %s: %v\n%s", src, err, b)
-	}
-	os.Chmod(out, 0o755)
-	return out
+	return compileLinked(t, libdir, src, sanitize, "-lrdmacm", "-libverbs")
 }
 
 // TestCM runs testdata/cm.c: both ends of connections in one process on
