@@ -191,6 +191,10 @@ type Conn struct {
 
 	twAt time.Duration // TIME-WAIT's end
 
+	tlpAt   time.Duration // the tail loss probe timer (tlp.go); 0: stopped
+	tlpOut  bool          // a probe is outstanding
+	tlpHigh seqnum.Value  // SND.MAX when it went
+
 	lastRecv time.Duration // when the peer's latest segment came
 	kaAt     time.Duration // the keepalive timer; 0: stopped
 	kaProbes int           // probes unanswered
@@ -212,6 +216,7 @@ type counters struct {
 	retransSegs, retrans  uint64 // segments and bytes sent again
 	timeouts, recoveries  uint64
 	undos                 uint64
+	tlps                  uint64
 	dsacksIn, dsacksOut   uint64
 	bytesAcked, bytesRcvd uint64
 }
@@ -234,6 +239,7 @@ type Info struct {
 	Timeouts         uint64 // retransmission timeouts
 	Recoveries       uint64 // fast retransmits and SACK recoveries entered
 	Undos            uint64 // reductions undone: D-SACKs showed them spurious
+	TLPs             uint64 // tail loss probes sent
 	DSACKsIn         uint64 // D-SACK blocks the peer sent: duplicates it got
 	DSACKsOut        uint64 // D-SACK blocks sent
 	BytesAcked       uint64 // by the peer
@@ -247,7 +253,7 @@ func (c *Conn) Info() Info {
 		SndWnd: c.sndWnd, InFlight: int(c.sndUna.Size(c.sndMax)), SACKed: c.sackedBytes(),
 		SndWScale: -1, RcvWScale: -1, Timestamps: c.tsOK, SACK: c.sackOK, InRecovery: c.inRecovery,
 		SegsOut: c.n.segsOut, SegsIn: c.n.segsIn, RetransSegs: c.n.retransSegs, RetransBytes: c.n.retrans,
-		Timeouts: c.n.timeouts, Recoveries: c.n.recoveries, Undos: c.n.undos, DSACKsIn: c.n.dsacksIn, DSACKsOut: c.n.dsacksOut,
+		Timeouts: c.n.timeouts, Recoveries: c.n.recoveries, Undos: c.n.undos, TLPs: c.n.tlps, DSACKsIn: c.n.dsacksIn, DSACKsOut: c.n.dsacksOut,
 		BytesAcked: c.n.bytesAcked, BytesReceived: c.n.bytesRcvd}
 	if c.ssthresh >= 1<<30 {
 		i.Ssthresh = 0 // not set yet: slow start
@@ -420,7 +426,7 @@ func (c *Conn) reset(err error) {
 // Deadline is when Tick next has work to do, or 0 when no timer runs.
 func (c *Conn) Deadline() time.Duration {
 	d := time.Duration(0)
-	for _, t := range [...]time.Duration{c.rtoAt, c.ackAt, c.twAt, c.kaAt} {
+	for _, t := range [...]time.Duration{c.rtoAt, c.ackAt, c.twAt, c.kaAt, c.tlpAt} {
 		if t != 0 && (d == 0 || t < d) {
 			d = t
 		}
@@ -446,6 +452,10 @@ func (c *Conn) Tick(now time.Duration) {
 	if c.kaAt != 0 && now >= c.kaAt {
 		c.kaAt = 0
 		c.keepalive()
+	}
+	if c.tlpAt != 0 && now >= c.tlpAt && c.state != Closed {
+		c.tlpAt = 0
+		c.onTLP()
 	}
 	c.output()
 	c.armKeepalive()
@@ -488,7 +498,7 @@ func (c *Conn) enterClosed(err error) {
 	if c.err == nil {
 		c.err = err
 	}
-	c.rtoAt, c.ackAt, c.twAt, c.kaAt = 0, 0, 0, 0
+	c.rtoAt, c.ackAt, c.twAt, c.kaAt, c.tlpAt = 0, 0, 0, 0, 0
 	c.ooo, c.oooBytes = nil, 0
 }
 

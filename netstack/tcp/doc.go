@@ -41,6 +41,10 @@
 //     timer with backoff and go-back on timeout, zero-window probes that
 //     keep the connection as long as the peer answers them, and
 //     ErrTimeout after Config.MaxRetries unanswered retransmissions.
+//   - Tail loss probes (RFC 8985 §7): two smoothed RTTs after a
+//     transmission without an ACK, one new segment or the last one sent
+//     goes again, so that a lost tail is repaired before the
+//     retransmission timer.
 //   - Keepalive (RFC 9293 §3.8.4, Config.KeepaliveIdle): probes one
 //     before SND.UNA after an idle time, and ErrTimeout after
 //     KeepaliveCount unanswered ones.
@@ -54,7 +58,7 @@
 // duplicates packets.
 //
 // Conn.Info reports a connection's state and counters as `ss -ti` shows
-// a Linux socket's. It has neither RACK-TLP, PRR, Cubic, timestamp-based
+// a Linux socket's. It has neither RACK's loss detection, PRR, Cubic, timestamp-based
 // detection of spurious recovery (RFC 3522) nor GSO output. No rdmatap endpoint runs on it: the
 // endpoints' connections are gVisor's TCP.
 package tcp

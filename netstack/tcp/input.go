@@ -318,12 +318,14 @@ func (c *Conn) newAck(ack seqnum.Value) {
 		c.timing = false
 	}
 	c.backoff, c.retries = 0, 0
+	c.tlpAcked(ack)
 	c.congestionOnAck(ack, acked)
 	if c.sndUna == c.sndMax {
 		c.rtoAt = 0
 	} else {
 		c.rtoAt = c.now + c.rtt.rto
 	}
+	c.armTLP()
 	if finAcked {
 		switch c.state {
 		case FinWait1:

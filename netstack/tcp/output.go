@@ -80,6 +80,7 @@ func (c *Conn) sendOne(force bool) bool {
 	if c.rtoAt == 0 {
 		c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
 	}
+	c.armTLP()
 	return true
 }
 

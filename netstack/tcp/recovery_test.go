@@ -117,3 +117,53 @@ func TestUndo(t *testing.T) {
 		t.Fatalf("loss: %d recoveries, %d undone", i.Recoveries, i.Undos)
 	}
 }
+
+// TestTailLossProbe: the last segment of a burst lost is repaired by a
+// tail loss probe, two RTTs after it went, not by the retransmission
+// timer.
+func TestTailLossProbe(t *testing.T) {
+	for _, n := range []int{100 << 10, 1000} {
+		p := newPath(t, 1)
+		p.connect(Config{}, Config{}, 1, 2)
+		// An RTT sample first, so that a probe may go.
+		p.transfer2(t, 1000)
+		dropped := false
+		p.drop = func(from int, s *Segment) bool {
+			a := p.conns[0]
+			if from == 0 && !dropped && len(s.Payload) > 0 && s.Seq.Add(seqnum.Size(len(s.Payload))) == a.sndUna.Add(seqnum.Size(a.sndBuf.len())) {
+				dropped = true // the last data segment, its first time
+				return true
+			}
+			return false
+		}
+		start := p.now
+		p.transfer([2]int{n, 0}, 0)
+		i := p.conns[0].Info()
+		if !dropped || i.TLPs == 0 || i.Timeouts != 0 {
+			t.Fatalf("%d bytes: dropped %v, %d probes, %d timeouts", n, dropped, i.TLPs, i.Timeouts)
+		}
+		if d := p.now - start; d >= 200*time.Millisecond {
+			t.Fatalf("%d bytes took %v: the timer, not a probe, repaired the tail", n, d)
+		}
+	}
+}
+
+// transfer2 moves n bytes from side 0 to side 1 on an open connection
+// and reads them.
+func (p *path) transfer2(t *testing.T, n int) {
+	t.Helper()
+	if _, err := p.conns[0].Write(make([]byte, n), p.now); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, n)
+	for got := 0; got < n; {
+		if !p.step() {
+			t.Fatal("stalled")
+		}
+		k, _ := p.conns[1].Read(buf, p.now)
+		got += k
+	}
+	for i := 0; i < 100 && p.conns[0].sndUna != p.conns[0].sndMax; i++ {
+		p.step()
+	}
+}
