@@ -384,3 +384,63 @@ func TestKeepaliveBetweenPeers(t *testing.T) {
 	}
 	p.transfer([2]int{1000, 1000}, 0)
 }
+
+// TestRSTInEveryState: a RST at RCV.NXT resets a connection in every
+// synchronized state but TIME-WAIT (RFC 1337), and a SYN in each gets a
+// challenge ACK and changes nothing.
+func TestRSTInEveryState(t *testing.T) {
+	// to brings an established connection to a state: by our Close, the
+	// peer's FIN, or both.
+	to := map[State]func(p *scripted){
+		Established: func(*scripted) {},
+		CloseWait: func(p *scripted) {
+			p.input(Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagFin | header.TCPFlagAck, Window: 65535})
+			p.seq++
+		},
+		FinWait1: func(p *scripted) { p.c.Close(p.now) },
+		FinWait2: func(p *scripted) {
+			p.c.Close(p.now)
+			p.input(Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535})
+		},
+		Closing: func(p *scripted) {
+			p.c.Close(p.now)
+			p.input(Segment{Seq: p.seq, Ack: p.ack() - 1, Flags: header.TCPFlagFin | header.TCPFlagAck, Window: 65535})
+			p.seq++
+		},
+		LastAck: func(p *scripted) {
+			p.input(Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagFin | header.TCPFlagAck, Window: 65535})
+			p.seq++
+			p.c.Close(p.now)
+		},
+		TimeWait: func(p *scripted) {
+			p.c.Close(p.now)
+			p.input(Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagFin | header.TCPFlagAck, Window: 65535})
+			p.seq++
+		},
+	}
+	for st, f := range to {
+		t.Run(st.String(), func(t *testing.T) {
+			p := established(t, Config{}, nil)
+			f(p)
+			if p.c.State() != st {
+				t.Fatalf("reached %v, not %v", p.c.State(), st)
+			}
+			p.take()
+			p.input(Segment{Seq: p.seq + 3, Flags: header.TCPFlagSyn, Window: 100})
+			if p.c.State() != st {
+				t.Fatalf("a SYN moved %v to %v", st, p.c.State())
+			}
+			if s := p.take(); len(s) != 1 || s[0].Flags != header.TCPFlagAck {
+				t.Fatalf("a SYN in %v was answered with %v, want a challenge ACK", st, s)
+			}
+			p.now += time.Second // past the challenge ACKs' rate limit
+			p.input(Segment{Seq: p.seq, Flags: header.TCPFlagRst})
+			switch {
+			case st == TimeWait && p.c.State() != TimeWait:
+				t.Fatalf("a RST moved TIME-WAIT to %v", p.c.State())
+			case st != TimeWait && (p.c.State() != Closed || p.c.Err() != ErrReset):
+				t.Fatalf("a RST in %v: %v, %v", st, p.c.State(), p.c.Err())
+			}
+		})
+	}
+}
