@@ -54,7 +54,11 @@ var (
 // Config holds a connection's parameters; the zero value of each field
 // means its default.
 type Config struct {
-	MSS        int           // the payload we take per segment (our MSS option); default 1460
+	MSS int // the payload we take per segment (our MSS option); default 1460
+	// GSOMax, when larger than a segment, is the most payload one
+	// output may carry as several segments the link cuts
+	// (Segment.SegSize); 0: every output is one segment.
+	GSOMax     int
 	RcvBuf     int           // receive buffer, bytes; default 1 MiB
 	SndBuf     int           // send buffer, bytes; default 1 MiB
 	InitialRTO time.Duration // default 1 s (RFC 6298 §2.1)

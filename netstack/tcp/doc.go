@@ -52,13 +52,13 @@
 // Protocol runs connections in a gVisor stack, registered in place of
 // gVisor's TCP as the stack's transport protocol for TCP's number
 // (stack.Options.TransportProtocols): the stack hands it each segment on
-// the goroutine that delivered the frame, and Endpoint and Listener give
-// blocking byte streams (Dial, Listen). Its tests carry data both ways
-// between it and gVisor's TCP, also over a link that loses, reorders and
-// duplicates packets.
+// the goroutine that delivered the frame. On a NIC that cuts segments
+// itself, new data goes out in GSO packets of up to 64 KB
+// (Config.GSOMax, Segment.SegSize). Endpoint and Listener give blocking
+// byte streams (Dial, Listen).
 //
 // Conn.Info reports a connection's state and counters as `ss -ti` shows
-// a Linux socket's. It has neither RACK's loss detection, PRR, Cubic, timestamp-based
-// detection of spurious recovery (RFC 3522) nor GSO output. No rdmatap endpoint runs on it: the
-// endpoints' connections are gVisor's TCP.
+// a Linux socket's. It has neither RACK's loss detection, PRR, Cubic nor
+// timestamp-based detection of spurious recovery (RFC 3522). No rdmatap
+// endpoint runs on it: the endpoints' connections are gVisor's TCP.
 package tcp

@@ -42,7 +42,7 @@ func (c *Conn) sendOne(force bool) bool {
 		flight = c.pipe() // RFC 6675: the octets still in the network
 	}
 	usable := max(min(c.cwnd-flight, c.sndWnd-off), 0)
-	n := min(unsent, c.sndMSS, usable)
+	n := min(unsent, c.maxOut(), usable)
 	fin := c.finQueued && n == unsent
 	if n < unsent && n < c.sndMSS {
 		// Only a full segment, or one the peer's largest window would
@@ -103,7 +103,19 @@ func (c *Conn) sendData(seq seqnum.Value, n int, fin bool) {
 	if n > 0 {
 		s.Flags |= header.TCPFlagPsh
 	}
+	if n > c.sndMSS {
+		s.SegSize = c.sndMSS
+	}
 	c.out(s)
+}
+
+// maxOut is the most payload one output of new data carries: a segment,
+// or as many whole segments as GSO takes.
+func (c *Conn) maxOut() int {
+	if c.cfg.GSOMax > 2*c.sndMSS {
+		return c.cfg.GSOMax / c.sndMSS * c.sndMSS
+	}
+	return c.sndMSS
 }
 
 // retransmitHead resends the first unacknowledged segment (fast

@@ -28,6 +28,11 @@ type Segment struct {
 	TSEcr         uint32
 	SACK          []header.SACKBlock
 
+	// SegSize, when the payload is longer, is the payload of each segment
+	// the link cuts it into (GSO: one header for many segments, which
+	// the NIC or the kernel's TAP driver splits). 0: one segment.
+	SegSize int
+
 	Payload []byte
 }
 

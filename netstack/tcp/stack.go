@@ -186,7 +186,9 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 	return stack.UnknownDestinationPacketHandled
 }
 
-// send writes one segment to the route, with its checksum.
+// send writes one segment to the route, with its checksum; a segment
+// for the link to cut (Segment.SegSize) carries GSO options and the
+// pseudo-header's partial checksum, which the link completes per segment.
 func send(r *stack.Route, id stack.TransportEndpointID, s *Segment) {
 	hl := s.HeaderLen()
 	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{
@@ -198,6 +200,17 @@ func send(r *stack.Route, id stack.TransportEndpointID, s *Segment) {
 	s.Encode(h, id.LocalPort, id.RemotePort)
 	pkt.TransportProtocolNumber = header.TCPProtocolNumber
 	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, id.LocalAddress, id.RemoteAddress, uint16(hl+len(s.Payload)))
+	if s.SegSize > 0 && len(s.Payload) > s.SegSize {
+		gso := stack.GSO{Type: stack.GSOTCPv4, NeedsCsum: true, CsumOffset: header.TCPChecksumOffset,
+			MSS: uint16(s.SegSize), L3HdrLen: header.IPv4MinimumSize, MaxSize: r.GSOMaxSize()}
+		if r.NetProto() == header.IPv6ProtocolNumber {
+			gso.Type, gso.L3HdrLen = stack.GSOTCPv6, header.IPv6MinimumSize
+		}
+		pkt.GSOOptions = gso
+		header.TCP(h).SetChecksum(xsum)
+		r.WritePacket(stack.NetworkHeaderParams{Protocol: header.TCPProtocolNumber, TTL: r.DefaultTTL()}, pkt)
+		return
+	}
 	xsum = checksum.Checksum(s.Payload, xsum)
 	header.TCP(h).SetChecksum(^header.TCP(h).CalculateChecksum(xsum))
 	r.WritePacket(stack.NetworkHeaderParams{Protocol: header.TCPProtocolNumber, TTL: r.DefaultTTL()}, pkt)
@@ -322,8 +335,7 @@ func (p *Protocol) Dial(ctx context.Context, nic tcpip.NICID, laddr, raddr tcpip
 	p.mu.Unlock()
 	iss, tso := p.iss(id)
 	e.mu.Lock()
-	cfg := p.cfg
-	cfg.MSS = min(max(cfg.MSS, 0), int(r.MTU())-header.TCPMinimumSize)
+	cfg := p.connConfig(r)
 	e.c = Dial(cfg, e.out, p.now(), iss, tso)
 	e.arm()
 	stop := context.AfterFunc(ctx, func() {
@@ -347,6 +359,22 @@ func (p *Protocol) Dial(ctx context.Context, nic tcpip.NICID, laddr, raddr tcpip
 		return nil, err
 	}
 	return e, nil
+}
+
+// connConfig is the configuration of a connection on route r: an MSS
+// the route's MTU holds (the route's own when none is set), and GSO up to
+// what the NIC takes when it cuts segments itself.
+func (p *Protocol) connConfig(r *stack.Route) Config {
+	cfg := p.cfg
+	fit := int(r.MTU()) - header.TCPMinimumSize
+	if cfg.MSS <= 0 || cfg.MSS > fit {
+		cfg.MSS = fit
+	}
+	if cfg.GSOMax == 0 && r.HasHostGSOCapability() {
+		// The packet's IP length field bounds it, headers included.
+		cfg.GSOMax = min(int(r.GSOMaxSize()), 0xffff) - header.IPv6MinimumSize - header.TCPHeaderMaximumSize
+	}
+	return cfg
 }
 
 // Read reads what has arrived in order, waiting for something; io.EOF
@@ -491,8 +519,7 @@ func (l *Listener) admit(p *Protocol, id stack.TransportEndpointID, nic tcpip.NI
 	e := p.newEndpoint(id, r)
 	e.l = l
 	iss, tso := p.iss(id)
-	cfg := p.cfg
-	cfg.MSS = min(max(cfg.MSS, 0), int(r.MTU())-header.TCPMinimumSize)
+	cfg := p.connConfig(r)
 	e.c = Accept(cfg, e.out, syn, p.now(), iss, tso)
 	p.conns[id] = e
 	l.pending = append(l.pending, e)
