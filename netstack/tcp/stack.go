@@ -141,23 +141,29 @@ func (*Protocol) Parse(pkt *stack.PacketBuffer) bool { return parse.TCP(pkt) }
 // connection goes to it, a SYN to a listener makes a connection, and
 // anything else is answered with a RST.
 func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, pkt *stack.PacketBuffer) stack.UnknownDestinationPacketDisposition {
-	hdr := pkt.TransportHeader().Slice()
-	payload := pkt.Data().AsRange().ToSlice()
-	b := make([]byte, 0, len(hdr)+len(payload))
-	b = append(append(b, hdr...), payload...)
-	if len(b) < header.TCPMinimumSize || len(b) > 0xffff {
+	hdr := pkt.TransportHeader().Slice() // the header with its options (Parse)
+	if len(hdr) < header.TCPMinimumSize {
 		return stack.UnknownDestinationPacketMalformed
 	}
+	// The one copy of the payload on its way to the connection's buffers:
+	// the packet's memory goes back to the stack when this returns.
+	payload := pkt.Data().AsRange().ToSlice()
 	if !pkt.RXChecksumValidated {
-		xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, id.RemoteAddress, id.LocalAddress, uint16(len(b)))
-		if checksum.Checksum(b, xsum) != 0xffff {
+		n := len(hdr) + len(payload)
+		if n > 0xffff {
+			return stack.UnknownDestinationPacketMalformed
+		}
+		xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, id.RemoteAddress, id.LocalAddress, uint16(n))
+		xsum = checksum.Checksum(hdr, xsum) // a TCP header's length is even
+		if checksum.Checksum(payload, xsum) != 0xffff {
 			return stack.UnknownDestinationPacketMalformed
 		}
 	}
-	seg, err := Parse(b, nil)
-	if err != nil {
+	seg, err := Parse(hdr, nil)
+	if err != nil || len(seg.Payload) != 0 {
 		return stack.UnknownDestinationPacketMalformed
 	}
+	seg.Payload = payload
 	nic := pkt.NICID
 	p.mu.Lock()
 	if e := p.conns[id]; e != nil {
