@@ -203,7 +203,7 @@ func TestDevinfo(t *testing.T) {
 	// prints no GID of that form, as for siw).
 	out, err = command(t, dir, s.sock, compile(t, dir, "testdata/query.c", false)).CombinedOutput()
 	gid := append(append([]byte{}, link.MAC...), make([]byte, 10)...)
-	wantQ := fmt.Sprintf("vendor_id=0x626d74 part_id=0 guid=%x device_guid=%x gid=%x state=4 phys_state=5 active_mtu=%d max_mtu=%d width=1 speed=1 atomic_cap=2 max_qp_rd_atom=128\n",
+	wantQ := fmt.Sprintf("vendor_id=0x626d74 part_id=0 guid=%x device_guid=%x gid=%x state=4 phys_state=5 active_mtu=%d max_mtu=%d width=1 speed=1 atomic_cap=2 max_qp_rd_atom=128 phys_port_cnt=1 phys_port_cnt_ex=1\n",
 		g, g, gid, link.ActiveMTU(), link.ActiveMTU())
 	if err != nil || string(out) != wantQ {
 		t.Errorf("query: %v\n%s\nwant\n%s", err, out, wantQ)

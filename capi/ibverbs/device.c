@@ -289,7 +289,14 @@ static int query_device_ex(struct ibv_context *ctx, const struct ibv_query_devic
 	if (size < sizeof(a->orig_attr))
 		return EINVAL;
 	memset(a, 0, size < sizeof(*a) ? size : sizeof(*a));
-	return ibv_query_device(ctx, &a->orig_attr);
+	int e = ibv_query_device(ctx, &a->orig_attr);
+	if (e)
+		return e;
+	/* As rdma-core: the port count again, for callers of more than 255
+	 * ports (siw's device has one). */
+	if (size >= offsetof(struct ibv_device_attr_ex, phys_port_cnt_ex) + sizeof(a->phys_port_cnt_ex))
+		a->phys_port_cnt_ex = a->orig_attr.phys_port_cnt;
+	return 0;
 }
 
 static int query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a, size_t size)
