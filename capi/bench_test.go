@@ -336,28 +336,29 @@ func (l *linkedServices) runPerfPair(tb testing.TB, libdir string, port int, ser
 	cl.Start()
 	cdone := make(chan error, 1)
 	go func() { cdone <- cl.Wait() }()
-	var cerr, serr error
-	select {
-	case cerr = <-cdone:
-	case <-time.After(5 * time.Minute):
-		cl.Process.Kill()
-		cerr = fmt.Errorf("%s did not finish: %v", client[0], <-cdone)
-	}
+	cerr := waitExit(cl, cdone, 5*time.Minute, client[0])
 	if progtest.PerftestListenRace(out.Bytes(), cerr) {
 		srv.Process.Kill()
 		<-done
 		return out.String(), errRaced
 	}
-	select {
-	case serr = <-done:
-	case <-time.After(time.Minute):
-		srv.Process.Kill()
-		serr = fmt.Errorf("%s did not finish: %v", server[0], <-done)
-	}
+	serr := waitExit(srv, done, time.Minute, server[0])
 	if cerr != nil || serr != nil {
 		return out.String(), fmt.Errorf("client %v, server %v\nclient:\n%s\nserver:\n%s", cerr, serr, out.String(), srvOut.String())
 	}
 	return out.String(), nil
+}
+
+// waitExit waits up to d for a started program's end (done is its
+// Wait's result), killing it after that.
+func waitExit(c *exec.Cmd, done <-chan error, d time.Duration, name string) error {
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		c.Process.Kill()
+		return fmt.Errorf("%s did not finish: %v", name, <-done)
+	}
 }
 
 // errRaced: the client lost perftest's setup race (progtest.PerftestListenRace).

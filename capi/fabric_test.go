@@ -64,19 +64,8 @@ func runFabricPair(t *testing.T, dir string, l *linkedServices, env []string, ar
 	cl.Start()
 	cdone := make(chan error, 1)
 	go func() { cdone <- cl.Wait() }()
-	var cerr, serr error
-	select {
-	case cerr = <-cdone:
-	case <-time.After(2 * time.Minute):
-		cl.Process.Kill()
-		cerr = fmt.Errorf("did not finish: %v", <-cdone)
-	}
-	select {
-	case serr = <-done:
-	case <-time.After(30 * time.Second):
-		srv.Process.Kill()
-		serr = fmt.Errorf("did not finish: %v", <-done)
-	}
+	cerr := waitExit(cl, cdone, 2*time.Minute, "fi_pingpong's client")
+	serr := waitExit(srv, done, 30*time.Second, "fi_pingpong's server")
 	if cerr != nil || serr != nil {
 		return out.String(), fmt.Errorf("client %v, server %v\nclient:\n%s\nserver:\n%s", cerr, serr, out.String(), srvOut.String())
 	}
