@@ -10,7 +10,8 @@ import (
 // Input processes one segment of the connection's (RFC 9293 §3.10.7),
 // with RFC 5961's defenses against blind RST, SYN and data injection and
 // RFC 7323's PAWS. It answers with what the segment calls for: an ACK,
-// data the windows now allow, a challenge ACK, a RST.
+// data the windows now allow, a challenge ACK, a RST. The segment's
+// memory stays the caller's: Input copies the payload it keeps.
 func (c *Conn) Input(s *Segment, now time.Duration) {
 	c.now = now
 	switch c.state {

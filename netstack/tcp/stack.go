@@ -145,9 +145,10 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 	if len(hdr) < header.TCPMinimumSize {
 		return stack.UnknownDestinationPacketMalformed
 	}
-	// The one copy of the payload on its way to the connection's buffers:
-	// the packet's memory goes back to the stack when this returns.
-	payload := pkt.Data().AsRange().ToSlice()
+	// The payload in the packet's own memory (joined only when it lies in
+	// several pieces): Input copies what it keeps into the connection's
+	// buffers before this returns the packet to the stack.
+	payload, _ := pkt.Data().PullUp(pkt.Data().Size())
 	if !pkt.RXChecksumValidated {
 		n := len(hdr) + len(payload)
 		if n > 0xffff {
