@@ -480,6 +480,17 @@ func (c *Conn) insertOOO(seq seqnum.Value, data []byte) {
 	for i < len(c.ooo) && c.ooo[i].end().LessThan(seq) {
 		i++
 	}
+	// The common case, data that continues a run past its end into no
+	// other: it is appended to the run, not copied again with it.
+	if i < len(c.ooo) {
+		if o := &c.ooo[i]; o.seq.LessThanEq(seq) && o.end().LessThan(end) &&
+			(i+1 == len(c.ooo) || end.LessThan(c.ooo[i+1].seq)) {
+			tail := data[seq.Size(o.end()):]
+			o.data = append(o.data, tail...)
+			c.oooBytes += len(tail)
+			return
+		}
+	}
 	// Merge with every run that touches [seq, end).
 	j := i
 	start, stop := seq, end
