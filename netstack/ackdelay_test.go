@@ -127,6 +127,7 @@ func equalU32(a, b []uint32) bool {
 // response segment that follows (carrying the same acknowledgment) goes
 // out alone; over IPv4 and IPv6.
 func TestAckDelayCoalesces(t *testing.T) {
+	gvisorOnly(t)
 	for _, v6 := range []bool{false, true} {
 		r := newAckRig(t, time.Hour)
 		r.send(ackSeg{sport: 1, dport: 2, ack: 1000, payload: 10, flags: header.TCPFlagAck | header.TCPFlagPsh, v6: v6})
@@ -150,6 +151,7 @@ func TestAckDelayCoalesces(t *testing.T) {
 // TestAckDelayFlushes: a held ACK that nothing follows goes out when its
 // time is up, and counts as sent for the next one.
 func TestAckDelayFlushes(t *testing.T) {
+	gvisorOnly(t)
 	r := newAckRig(t, time.Millisecond)
 	r.send(ackSeg{sport: 1, dport: 2, ack: 1000})
 	r.expect("first ACK of a connection", 1000)
@@ -175,6 +177,7 @@ func TestAckDelayFlushes(t *testing.T) {
 // update, an ACK with SACK blocks, a RST; and a held ACK goes out before a
 // segment with an older acknowledgment.
 func TestAckDelayImmediate(t *testing.T) {
+	gvisorOnly(t)
 	r := newAckRig(t, time.Hour)
 	r.send(ackSeg{sport: 5, dport: 6, ack: 1})
 	r.expect("first", 1)
@@ -202,6 +205,7 @@ func TestAckDelayImmediate(t *testing.T) {
 // TestAckDelaySlotTakeover: a connection that takes over another's slot
 // sends that one's held ACK first.
 func TestAckDelaySlotTakeover(t *testing.T) {
+	gvisorOnly(t)
 	r := newAckRig(t, time.Hour)
 	k := func(dport uint16) ackKey {
 		return ackKey{src: toTCPIPAddr(netip.MustParseAddr("192.0.2.1")), dst: toTCPIPAddr(netip.MustParseAddr("192.0.2.2")), sport: 9, dport: dport}
@@ -222,6 +226,7 @@ func TestAckDelaySlotTakeover(t *testing.T) {
 // ride on the responses (the link sees about one segment per message), and
 // with AckDelay negative every message is acknowledged on its own.
 func TestAckDelayPingPong(t *testing.T) {
+	gvisorOnly(t)
 	for _, delay := range []time.Duration{0, -1} {
 		a, b := newTestPair(t, PairConfig{Stack: Config{AckDelay: delay}})
 		c, s := connect(t, a, b)
@@ -276,6 +281,7 @@ func TestAckDelayPingPong(t *testing.T) {
 // more than one segment outstanding, so its tail-loss probe comes after
 // two round trips, not 200 ms): held ACKs cause no retransmission.
 func TestAckDelayPipelined(t *testing.T) {
+	gvisorOnly(t)
 	a, b := newTestPair(t, PairConfig{})
 	c, s := connect(t, a, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -322,6 +328,7 @@ func TestAckDelayPipelined(t *testing.T) {
 // of less is held; a full segment is shorter over IPv6 (MTU 1500: 1,448
 // bytes with timestamps over IPv4, 1,428 over IPv6).
 func TestAckDelayFullSegment(t *testing.T) {
+	gvisorOnly(t)
 	for _, tc := range []struct {
 		v6   bool
 		full uint32

@@ -81,6 +81,7 @@ func congestionRun(t *testing.T, cc string, loseAt int32) (TCPStats, tcpip.Conge
 // Cubic until it loses a packet, and Reno from then on; without loss it
 // keeps Cubic.
 func TestCongestionAutoChangesToRenoAtLoss(t *testing.T) {
+	gvisorOnly(t)
 	// Without a drop the connection keeps Cubic, unless its TCP
 	// retransmitted all the same (a scheduling pause on a loaded machine
 	// can fire a spurious recovery): it never changes without one.

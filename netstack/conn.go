@@ -18,6 +18,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
+
+	owntcp "github.com/rdmatap/rdmatap/netstack/tcp"
 )
 
 // Conn is an established TCP connection on a Stack.
@@ -30,8 +32,11 @@ import (
 // between them in an unspecified way, so use one reader goroutine.
 type Conn struct {
 	s  *Stack
-	ep tcpip.Endpoint
+	ep tcpip.Endpoint // gVisor's TCP; nil on rdmatap's
 	wq *waiter.Queue
+	// own is the connection on rdmatap's TCP (owntcp.go); nil on
+	// gVisor's.
+	own *owntcp.Endpoint
 
 	readEntry  waiter.Entry
 	writeEntry waiter.Entry
@@ -137,6 +142,9 @@ func (c *Conn) initAddrs() {
 
 // release unregisters the waiter entries.
 func (c *Conn) release() {
+	if c.own != nil {
+		return
+	}
 	c.wq.EventUnregister(&c.readEntry)
 	c.wq.EventUnregister(&c.writeEntry)
 	c.wq.EventUnregister(&c.doneEntry)
@@ -245,6 +253,9 @@ func (c *Conn) WaitReadable(ctx context.Context) error { return c.WaitReadableOr
 // WaitReadableOr is WaitReadable that also returns, with nil, when wake
 // delivers.
 func (c *Conn) WaitReadableOr(ctx context.Context, wake <-chan struct{}) error {
+	if c.own != nil {
+		return c.ownWaitReadable(ctx, wake)
+	}
 	for {
 		if c.closed.Load() {
 			return closedError("read")
@@ -286,6 +297,9 @@ func (c *Conn) waitOnce(ctx context.Context, wake <-chan struct{}) (woke bool, e
 // busy-polls, whose goroutine then runs in turn with it, and whose wake-up
 // would cost more than the wait.
 func (c *Conn) WaitUnreadOr(ctx context.Context, wake <-chan struct{}, had func() int, spin time.Duration) error {
+	if c.own != nil {
+		return c.ownWaitUnread(ctx, wake, had)
+	}
 	if spin > 0 {
 		if done, err := c.spinUnread(ctx, wake, had, spin); done {
 			return err
@@ -362,6 +376,9 @@ func (c *Conn) spinUnread(ctx context.Context, wake <-chan struct{}, had func() 
 func (c *Conn) readTo(ctx context.Context, w io.Writer, max int, block bool) (int, error) {
 	if w == nil {
 		return 0, &OpError{Op: "read", Err: errConfig("nil writer")}
+	}
+	if c.own != nil {
+		return c.ownReadTo(ctx, w, max, block)
 	}
 	st := readStatePool.Get().(*readState)
 	defer func() {
@@ -603,6 +620,9 @@ func (c *Conn) lockWrite(ctx context.Context) error {
 }
 
 func (c *Conn) writePayload(ctx context.Context, pl tcpip.Payloader, g *payloadGuard) (int64, error) {
+	if c.own != nil {
+		return c.ownWrite(ctx, pl, g)
+	}
 	if err := c.lockWrite(ctx); err != nil {
 		return 0, err
 	}
@@ -683,6 +703,12 @@ func (c *Conn) CloseWrite() error {
 	if c.closed.Load() {
 		return closedError("shutdown")
 	}
+	if c.own != nil {
+		if err := c.own.CloseWrite(); err != nil {
+			return ownError("shutdown", c, err)
+		}
+		return nil
+	}
 	if terr := c.ep.Shutdown(tcpip.ShutdownWrite); terr != nil {
 		return opError("shutdown", c.RemoteAddr().String(), terr)
 	}
@@ -707,14 +733,19 @@ func (c *Conn) finish(abort bool) {
 		c.closed.Store(true)
 		close(c.closedCh)
 		c.release()
-		if abort {
+		switch {
+		case c.own != nil && abort:
+			c.own.Abort()
+		case c.own != nil:
+			c.own.Close()
+		case abort:
 			a := c.addrs.Load()
 			if a == nil { // a Dial under way: what the endpoint has
 				a = c.epAddrs()
 			}
 			c.ep.Abort()
 			c.s.nic.rp.forget(ackKey{src: toTCPIPAddr(a.local.Addr()), dst: toTCPIPAddr(a.remote.Addr()), sport: a.local.Port(), dport: a.remote.Port()})
-		} else {
+		default:
 			c.ep.Close()
 		}
 		c.markDone()
@@ -789,6 +820,9 @@ var senderFields = sync.OnceValue(func() senderField {
 // connected, or an incompatible gVisor) it is computed from the link MTU and
 // the negotiated options, which ignores a smaller peer MSS.
 func (c *Conn) MaxPayload() int {
+	if c.own != nil {
+		return c.own.Info().SndMSS
+	}
 	tep, ok := c.ep.(*tcp.Endpoint)
 	if ok {
 		if n, ok := maxPayloadFromSender(tep); ok {

@@ -242,6 +242,9 @@ func (c *Conn) TapSegments(fn func(off uint64, payload [][]byte), stats *ConnTap
 // packet's memory (the payload views stay valid) until the Kept it
 // returns is released.
 func (c *Conn) TapSegmentsRetain(fn func(off uint64, payload [][]byte, retain func() Kept), stats *ConnTapStats) (remove func(), err error) {
+	if c.own != nil {
+		return nil, ErrNoTap
+	}
 	s := c.s
 	s.mu.Lock()
 	t := s.ctaps

@@ -59,6 +59,7 @@ func (c *checksummed) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Erro
 // place in the receive stream (their bytes are the stream's bytes there),
 // out-of-order ones included, and never one with a bad TCP checksum.
 func TestConnTapSegments(t *testing.T) {
+	gvisorOnly(t)
 	la, lb := NewLinkPair(LinkConfig{NoGSO: true})
 	isData := func(pkt *stack.PacketBuffer) bool { return pkt.Data().Size() > 0 }
 	bad := newChecksummed(NewImpair(la, ImpairConfig{Seed: 5, LossRate: 0.01, ReorderRate: 0.02, DupRate: 0.01, Filter: isData}), 50)
@@ -145,6 +146,7 @@ func TestConnTapSegments(t *testing.T) {
 // tap, and a removed tap gets nothing more, though the link had it
 // remembered.
 func TestConnTapRemoveAndSwitch(t *testing.T) {
+	gvisorOnly(t)
 	a, b := newTestPair(t, PairConfig{})
 	b.EnableConnTaps()
 	x1, x2 := connect(t, a, b)

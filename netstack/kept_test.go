@@ -26,6 +26,7 @@ func (c viewCollector) Write(b []byte) (int, error) {
 // the packet itself is kept. (On a lossy bridge, a tap that kept only the
 // packet fed its receiver other packets' bytes.)
 func TestKeptSurvivesRead(t *testing.T) {
+	gvisorOnly(t)
 	// One P: the pool hands a released chunk to the next allocation of
 	// its size on the same P, so the overwrite is certain.
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))

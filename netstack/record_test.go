@@ -78,6 +78,7 @@ func (p plain) RecordFit()  {}
 // boundary too (RecordFit): a write longer than the stack's largest
 // super-segment is cut at one, which is no multiple of the record.
 func TestRecordAlignment(t *testing.T) {
+	gvisorOnly(t)
 	for _, gso := range []bool{false, true} {
 		t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) { recordAlignment(t, gso) })
 	}

@@ -81,6 +81,7 @@ func TestRedialAfterServerClosesFirst(t *testing.T) {
 // SYN goes unanswered, and Dial sends another from a new port after
 // dialFirstSYNWait; with a shorter context it fails saying so.
 func TestRedialSamePortTakesNewPort(t *testing.T) {
+	gvisorOnly(t)
 	a, b := newTestPair(t, PairConfig{})
 	ln, err := b.Listen(netip.AddrPort{}, 16)
 	if err != nil {

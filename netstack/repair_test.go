@@ -89,6 +89,7 @@ func tailLoss(t *testing.T, repair bool, msg int) (ConnTCP, TCPStats) {
 // the link sends the packet again when the peer's acknowledgment of the
 // stack's tail-loss probe lands inside it.
 func TestGSOTailLossRepaired(t *testing.T) {
+	gvisorOnly(t)
 	c, s := gsoTailLoss(t, true)
 	t.Logf("conn %+v", c)
 	t.Logf("stack %+v", s)
@@ -106,6 +107,7 @@ func TestGSOTailLossRepaired(t *testing.T) {
 // segments per timeout. If this test fails, gVisor recovers such losses by
 // itself now, and the repair may be unnecessary.
 func TestGVisorGSOTailLossWaitsForTimeouts(t *testing.T) {
+	gvisorOnly(t)
 	c, s := gsoTailLoss(t, false)
 	t.Logf("conn %+v", c)
 	t.Logf("stack %+v", s)
@@ -123,6 +125,7 @@ func TestGVisorGSOTailLossWaitsForTimeouts(t *testing.T) {
 // (two smoothed round trips plus 200 ms for one outstanding segment,
 // capped by the RTO): the stack retransmits nothing.
 func TestShortTailLossProbed(t *testing.T) {
+	gvisorOnly(t)
 	c, s := tailLoss(t, true, 100)
 	t.Logf("conn %+v", c)
 	t.Logf("stack %+v", s)

@@ -17,6 +17,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+
+	owntcp "github.com/rdmatap/rdmatap/netstack/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 )
 
@@ -58,6 +60,12 @@ type Config struct {
 	// NoLinkRepair turns off the link's repair of lost GSO packets
 	// (repair.go): the stack's TCP alone recovers them.
 	NoLinkRepair bool
+	// TCP is the TCP the connections run on: TCPGVisor (the default) or
+	// TCPRdmatap; empty: $RDMATAP_TCP, else gVisor's (ParseTCP). On
+	// rdmatap's TCP, CongestionControl is not used (it runs NewReno with
+	// SACK recovery), delayed ACKs are its own (AckDelay), the link
+	// repairs nothing, and connection taps are not available.
+	TCP string
 }
 
 // DefaultPeerTimeout is Config.PeerTimeout's default.
@@ -68,6 +76,8 @@ const DefaultPeerTimeout = 30 * time.Second
 // everything down.
 type Stack struct {
 	s *stack.Stack
+	// own is rdmatap's TCP when Config.TCP chose it; nil: gVisor's.
+	own *owntcp.Protocol
 	// ccAuto: connections change from Cubic to Reno at their first loss
 	// (Config.CongestionControl "auto").
 	ccAuto    bool
@@ -122,6 +132,20 @@ func New(cfg Config) (*Stack, error) {
 	if cfg.MinRTO < 0 {
 		return nil, errConfig("negative MinRTO")
 	}
+	tcpName, err := ParseTCP(cfg.TCP)
+	if err != nil {
+		return nil, err
+	}
+	pt := cfg.PeerTimeout
+	if pt == 0 {
+		pt = DefaultPeerTimeout
+	}
+	transport := tcp.NewProtocol
+	var own *owntcp.Protocol
+	if tcpName == TCPRdmatap {
+		own = owntcp.NewProtocol(ownConfig(cfg, rcvMax, sndMax, pt))
+		transport = own.Factory()
+	}
 
 	addrs := make([]netip.Prefix, 0, len(cfg.Addrs))
 	var has4, has6 bool
@@ -156,7 +180,7 @@ func New(cfg Config) (*Stack, error) {
 			ipv6.NewProtocolWithOptions(ipv6.Options{}), // zero DADConfigs: no DAD
 			arp.NewProtocol,
 		},
-		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{transport},
 		HandleLocal:        true,
 	})
 	fail := func(what string, terr tcpip.Error) (*Stack, error) {
@@ -165,42 +189,21 @@ func New(cfg Config) (*Stack, error) {
 		return nil, &OpError{Op: "new stack: " + what, TCPIP: terr, Err: MapError(terr)}
 	}
 
-	sack := tcpip.TCPSACKEnabled(!cfg.NoSACK)
-	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack); terr != nil {
-		return fail("SACK option", terr)
-	}
-	ccOpt := tcpip.CongestionControlOption(cc)
-	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &ccOpt); terr != nil {
-		return fail("congestion control option", terr)
-	}
-	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: minBuf, Default: min(defaultBufDefault, rcvMax), Max: rcvMax}
-	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &rcv); terr != nil {
-		return fail("receive buffer option", terr)
-	}
-	snd := tcpip.TCPSendBufferSizeRangeOption{Min: minBuf, Default: min(defaultBufDefault, sndMax), Max: sndMax}
-	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &snd); terr != nil {
-		return fail("send buffer option", terr)
-	}
-	moderate := tcpip.TCPModerateReceiveBufferOption(true)
-	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &moderate); terr != nil {
-		return fail("receive buffer moderation option", terr)
-	}
-	delay := tcpip.TCPDelayEnabled(false)
-	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &delay); terr != nil {
-		return fail("delay option", terr)
-	}
-	if cfg.MinRTO > 0 {
-		rto := tcpip.TCPMinRTOOption(cfg.MinRTO)
-		if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &rto); terr != nil {
-			return fail("min RTO option", terr)
+	if own == nil {
+		if st, err := setGVisorTCP(s, cfg, cc, rcvMax, sndMax); err != nil {
+			return fail(st, err)
 		}
 	}
-
 	ackDelay := cfg.AckDelay
 	if ackDelay == 0 {
 		ackDelay = DefaultAckDelay
 	}
-	nic := newTapLink(cfg.Link, ackDelay, !cfg.NoLinkRepair)
+	repair := !cfg.NoLinkRepair
+	if own != nil {
+		ackDelay, repair = -1, false // the TCP delays its own ACKs and recovers alone
+	}
+	nic := newTapLink(cfg.Link, ackDelay, repair)
+
 	if terr := s.CreateNICWithOptions(nicID, nic, stack.NICOptions{QDisc: directQDisc{link: nic}}); terr != nil {
 		return fail("create NIC", terr)
 	}
@@ -229,12 +232,9 @@ func New(cfg Config) (*Stack, error) {
 	}
 	s.SetRouteTable(routes)
 
-	pt := cfg.PeerTimeout
-	if pt == 0 {
-		pt = DefaultPeerTimeout
-	}
 	return &Stack{
 		s:           s,
+		own:         own,
 		ccAuto:      cfg.CongestionControl == CongestionAuto,
 		peerTimeout: pt,
 		link:        cfg.Link,
@@ -246,6 +246,43 @@ func New(cfg Config) (*Stack, error) {
 		listeners:   make(map[*Listener]struct{}),
 		portSeed:    maphash.MakeSeed(),
 	}, nil
+}
+
+// setGVisorTCP sets gVisor's TCP options for cfg; on failure it names
+// the option.
+func setGVisorTCP(s *stack.Stack, cfg Config, cc string, rcvMax, sndMax int) (string, tcpip.Error) {
+	sack := tcpip.TCPSACKEnabled(!cfg.NoSACK)
+	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack); terr != nil {
+		return "SACK option", terr
+	}
+	ccOpt := tcpip.CongestionControlOption(cc)
+	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &ccOpt); terr != nil {
+		return "congestion control option", terr
+	}
+	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: minBuf, Default: min(defaultBufDefault, rcvMax), Max: rcvMax}
+	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &rcv); terr != nil {
+		return "receive buffer option", terr
+	}
+	snd := tcpip.TCPSendBufferSizeRangeOption{Min: minBuf, Default: min(defaultBufDefault, sndMax), Max: sndMax}
+	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &snd); terr != nil {
+		return "send buffer option", terr
+	}
+	moderate := tcpip.TCPModerateReceiveBufferOption(true)
+	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &moderate); terr != nil {
+		return "receive buffer moderation option", terr
+	}
+	delay := tcpip.TCPDelayEnabled(false)
+	if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &delay); terr != nil {
+		return "delay option", terr
+	}
+	if cfg.MinRTO > 0 {
+		rto := tcpip.TCPMinRTOOption(cfg.MinRTO)
+		if terr := s.SetTransportProtocolOption(tcp.ProtocolNumber, &rto); terr != nil {
+			return "min RTO option", terr
+		}
+	}
+
+	return "", nil
 }
 
 func bufMax(name string, v int) (int, error) {
@@ -382,6 +419,13 @@ func (s *Stack) DialFrom(ctx context.Context, laddr, raddr netip.AddrPort) (*Con
 		return nil, err
 	}
 	raddr = netip.AddrPortFrom(addr, raddr.Port())
+	if s.own != nil {
+		la := laddr.Addr().Unmap()
+		if la.IsValid() && !la.IsUnspecified() && la.Is4() != addr.Is4() {
+			return nil, &OpError{Op: "dial", Addr: raddr.String(), Err: errConfig("local and remote address of different families")}
+		}
+		return s.dialOwn(ctx, netip.AddrPortFrom(la, laddr.Port()), raddr)
+	}
 	if laddr.Port() != 0 {
 		la := laddr.Addr().Unmap()
 		if la.IsValid() && !la.IsUnspecified() && la.Is4() != addr.Is4() {
@@ -584,6 +628,7 @@ func (s *Stack) bindPort(ep tcpip.Endpoint, proto tcpip.NetworkProtocolNumber, l
 // Listener is a listening TCP endpoint.
 type Listener struct {
 	s         *Stack
+	own       *owntcp.Listener // rdmatap's TCP; ep and wq are then nil
 	ep        tcpip.Endpoint
 	wq        *waiter.Queue
 	entry     waiter.Entry
@@ -608,6 +653,9 @@ func (s *Stack) Listen(laddr netip.AddrPort, backlog int) (*Listener, error) {
 		if addr.Zone() != "" {
 			return nil, &OpError{Op: "listen", Addr: laddr.String(), Err: errConfig("zoned addresses are not supported")}
 		}
+	}
+	if s.own != nil {
+		return s.listenOwn(netip.AddrPortFrom(addr, laddr.Port()), backlog)
 	}
 	var proto tcpip.NetworkProtocolNumber
 	var bindAddr tcpip.Address
@@ -699,6 +747,10 @@ func (s *Stack) listenerOn(addr netip.Addr, port uint16) bool {
 }
 
 func (l *Listener) closeEndpoint() {
+	if l.own != nil {
+		l.own.Close()
+		return
+	}
 	l.wq.EventUnregister(&l.entry)
 	l.ep.Close()
 }
@@ -707,6 +759,9 @@ func (l *Listener) closeEndpoint() {
 // unblocks it with an error matching net.ErrClosed; ctx cancellation returns
 // ctx.Err().
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	if l.own != nil {
+		return l.acceptOwn(ctx)
+	}
 	for {
 		select {
 		case <-l.closedCh:

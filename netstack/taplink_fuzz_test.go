@@ -38,6 +38,7 @@ func tcpPacket(src, dst netip.AddrPort, seq uint32, flags header.TCPFlags, paylo
 // cut at cut (when it falls inside), as the TAP's read loop builds them,
 // and gatherData's pieces are PacketData.ReadTo's.
 func FuzzTapLinkInspect(f *testing.F) {
+	gvisorOnly(f)
 	a, b := newTestPair(f, PairConfig{})
 	b.EnableConnTaps()
 	c1, c2 := connect(f, a, b)

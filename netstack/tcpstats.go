@@ -66,6 +66,9 @@ type ConnTCP struct {
 
 // TCP returns the connection's TCP state.
 func (c *Conn) TCP() ConnTCP {
+	if c.own != nil {
+		return c.ownTCP()
+	}
 	out := ConnTCP{Local: c.LocalAddr(), Remote: c.RemoteAddr()}
 	if st, ok := c.ep.Stats().(*tcp.Stats); ok {
 		out.SegmentsSent = st.SegmentsSent.Value()

@@ -375,23 +375,91 @@ func (c *Conn) Write(p []byte, now time.Duration) (int, error) {
 func (c *Conn) Read(p []byte, now time.Duration) (int, error) {
 	c.now = now
 	if c.rcvBuf.len() == 0 {
-		switch {
-		case c.err != nil:
-			return 0, c.err
-		case c.finRcvd:
-			return 0, io.EOF
-		}
-		return 0, nil
+		return 0, c.readErr()
 	}
 	before := c.rcvWindow()
 	n := c.rcvBuf.read(p)
-	// A window that opens by two segments or by half the buffer is
-	// worth telling the peer now (RFC 9293 §3.8.6.2.2).
+	c.windowOpened(before)
+	return n, nil
+}
+
+// readErr is what a read of an empty receive buffer returns.
+func (c *Conn) readErr() error {
+	switch {
+	case c.err != nil:
+		return c.err
+	case c.finRcvd:
+		return io.EOF
+	}
+	return nil
+}
+
+// windowOpened sends a window update when reading opened the window by
+// two segments or by half the buffer (RFC 9293 §3.8.6.2.2).
+func (c *Conn) windowOpened(before int) {
 	if after := c.rcvWindow(); c.state.synchronized() && after-before >= min(2*c.cfg.MSS, c.cfg.RcvBuf/2) {
 		c.ackNow = true
 		c.output()
 	}
-	return n, nil
+}
+
+// ReadView returns the in-order bytes not read yet, in the connection's
+// own memory, and the error a read would return when there are none.
+// The bytes stay where they are until ReadDone, whatever arrives in
+// between: a reader may consume them without the connection's caller
+// holding its lock, and without a copy. The caller makes no other read
+// before ReadDone.
+func (c *Conn) ReadView() ([]byte, error) {
+	if c.rcvBuf.len() == 0 {
+		return nil, c.readErr()
+	}
+	c.rcvBuf.pinned = true
+	v := c.rcvBuf.bytes(0)
+	return v[:len(v):len(v)], nil
+}
+
+// ReadDone ends a ReadView: the first n of its bytes are read.
+func (c *Conn) ReadDone(n int, now time.Duration) {
+	c.now = now
+	if !c.rcvBuf.pinned {
+		return
+	}
+	c.rcvBuf.pinned = false
+	n = min(max(n, 0), c.rcvBuf.len())
+	before := c.rcvWindow()
+	c.rcvBuf.drop(n)
+	if c.rcvBuf.len() == 0 {
+		c.rcvBuf.b, c.rcvBuf.r = c.rcvBuf.b[:0], 0
+	}
+	c.windowOpened(before)
+}
+
+// WriteFrom is Write of up to n bytes read from r straight into the send
+// buffer; an error of r's ends it, with the bytes r gave queued.
+func (c *Conn) WriteFrom(r io.Reader, n int, now time.Duration) (int, error) {
+	c.now = now
+	switch {
+	case c.err != nil:
+		return 0, c.err
+	case c.finQueued:
+		return 0, ErrClosed
+	case !c.canSend():
+		return 0, ErrState
+	}
+	n = min(n, c.cfg.SndBuf-c.sndBuf.len())
+	if n <= 0 {
+		return 0, nil
+	}
+	buf := c.sndBuf.grow(n)
+	k, err := io.ReadFull(r, buf)
+	c.sndBuf.shrink(n - k)
+	if k > 0 {
+		c.output()
+	}
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return k, err
 }
 
 // Close sends a FIN after the data queued: the connection half-closes and

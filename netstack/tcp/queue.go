@@ -6,6 +6,9 @@ package tcp
 type byteQueue struct {
 	b []byte
 	r int
+	// pinned: a reader holds a view of the front (Conn.ReadView), so a
+	// write appends and never moves the bytes it sees.
+	pinned bool
 }
 
 func (q *byteQueue) len() int { return len(q.b) - q.r }
@@ -14,12 +17,27 @@ func (q *byteQueue) len() int { return len(q.b) - q.r }
 func (q *byteQueue) bytes(off int) []byte { return q.b[q.r+off:] }
 
 func (q *byteQueue) write(p []byte) {
-	if q.r > 0 && q.r >= len(q.b)/2 {
+	q.compact()
+	q.b = append(q.b, p...)
+}
+
+func (q *byteQueue) compact() {
+	if !q.pinned && q.r > 0 && q.r >= len(q.b)/2 {
 		n := copy(q.b, q.b[q.r:])
 		q.b, q.r = q.b[:n], 0
 	}
-	q.b = append(q.b, p...)
 }
+
+// grow appends n bytes to fill and returns them; shrink gives back the
+// ones not filled.
+func (q *byteQueue) grow(n int) []byte {
+	q.compact()
+	l := len(q.b)
+	q.b = append(q.b, make([]byte, n)...)
+	return q.b[l:]
+}
+
+func (q *byteQueue) shrink(n int) { q.b = q.b[:len(q.b)-n] }
 
 func (q *byteQueue) read(p []byte) int {
 	n := copy(p, q.b[q.r:])
@@ -29,7 +47,7 @@ func (q *byteQueue) read(p []byte) int {
 
 func (q *byteQueue) drop(n int) {
 	q.r += n
-	if q.r == len(q.b) {
+	if q.r == len(q.b) && !q.pinned {
 		q.b, q.r = q.b[:0], 0
 	}
 }

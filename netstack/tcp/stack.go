@@ -223,6 +223,17 @@ func send(r *stack.Route, id stack.TransportEndpointID, s *Segment) {
 	r.WritePacket(stack.NetworkHeaderParams{Protocol: header.TCPProtocolNumber, TTL: r.DefaultTTL()}, pkt)
 }
 
+// RouteError is Dial's error when the stack has no route to the peer.
+type RouteError struct{ Err tcpip.Error }
+
+func (e *RouteError) Error() string { return "tcp: " + e.Err.String() }
+
+// ErrAddrInUse is Dial's error for addresses and ports a connection holds.
+var ErrAddrInUse = errors.New("tcp: address in use")
+
+// Port is the port the listener takes connections on.
+func (l *Listener) Port() uint16 { return l.port }
+
 // Endpoint is a connection in a stack: a byte stream with blocking Read
 // and Write.
 type Endpoint struct {
@@ -237,12 +248,30 @@ type Endpoint struct {
 	timer    *time.Timer
 	appGone  bool // Close: the application reads and writes no more
 	released bool
+
+	// readMu is held by the one reader: a view of the receive buffer
+	// (TryReadTo) is read without mu.
+	readMu sync.Mutex
+	// rdWake and wrWake get a wake-up whenever the connection may have
+	// changed (a segment, a timer, a call); done is closed once it has
+	// closed.
+	rdWake, wrWake chan struct{}
+	done           chan struct{}
+	onClose        func() // SetOnClose
+	finished       bool   // onClose has run
 }
 
 func (p *Protocol) newEndpoint(id stack.TransportEndpointID, r *stack.Route) *Endpoint {
-	e := &Endpoint{p: p, id: id, route: r}
+	e := &Endpoint{p: p, id: id, route: r, rdWake: make(chan struct{}, 1), wrWake: make(chan struct{}, 1), done: make(chan struct{})}
 	e.cond = sync.NewCond(&e.mu)
 	return e
+}
+
+func post(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }
 
 // out is the connection's output: it runs with e.mu held.
@@ -252,8 +281,16 @@ func (e *Endpoint) out(s *Segment) { send(e.route, e.id, s) }
 // e.mu is held. A connection that has closed leaves the protocol.
 func (e *Endpoint) arm() {
 	e.cond.Broadcast()
+	post(e.rdWake)
+	post(e.wrWake)
 	if e.l != nil {
 		e.l.notify()
+	}
+	if st := e.c.State(); (st == Closed || st == TimeWait) && !e.finished {
+		e.finished = true
+		if e.onClose != nil {
+			e.onClose()
+		}
 	}
 	if e.c.State() == Closed {
 		if e.timer != nil {
@@ -261,6 +298,7 @@ func (e *Endpoint) arm() {
 		}
 		if !e.released {
 			e.released = true
+			close(e.done)
 			e.p.mu.Lock()
 			if e.p.conns[e.id] == e {
 				delete(e.p.conns, e.id)
@@ -316,7 +354,7 @@ func (e *Endpoint) input(s *Segment) {
 func (p *Protocol) Dial(ctx context.Context, nic tcpip.NICID, laddr, raddr tcpip.FullAddress, netProto tcpip.NetworkProtocolNumber) (*Endpoint, error) {
 	r, terr := p.stack.FindRoute(nic, laddr.Addr, raddr.Addr, netProto, false)
 	if terr != nil {
-		return nil, errors.New(terr.String())
+		return nil, &RouteError{Err: terr}
 	}
 	id := stack.TransportEndpointID{LocalPort: laddr.Port, LocalAddress: r.LocalAddress(), RemotePort: raddr.Port, RemoteAddress: raddr.Addr}
 	p.mu.Lock()
@@ -335,7 +373,7 @@ func (p *Protocol) Dial(ctx context.Context, nic tcpip.NICID, laddr, raddr tcpip
 	if _, used := p.conns[id]; used {
 		p.mu.Unlock()
 		r.Release()
-		return nil, errors.New("tcp: address in use")
+		return nil, ErrAddrInUse
 	}
 	e := p.newEndpoint(id, r)
 	p.conns[id] = e
@@ -387,6 +425,8 @@ func (p *Protocol) connConfig(r *stack.Route) Config {
 // Read reads what has arrived in order, waiting for something; io.EOF
 // after the peer's FIN.
 func (e *Endpoint) Read(b []byte) (int, error) {
+	e.readMu.Lock()
+	defer e.readMu.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for {
@@ -465,6 +505,100 @@ func (e *Endpoint) Abort() {
 	e.c.Abort(e.p.now())
 	e.arm()
 }
+
+// TryReadTo hands w the bytes that have arrived in order, at most max of
+// them when max > 0, in the connection's own memory and without holding
+// the connection's lock: w may take its time, and segments go on
+// arriving. What w takes (its count, kept within what it was offered) is
+// read; the rest stays. It never waits: (0, nil) when nothing has
+// arrived, io.EOF after the peer's FIN, the connection's error once it
+// failed. Readers are serialized.
+func (e *Endpoint) TryReadTo(w io.Writer, max int) (int, error) {
+	e.readMu.Lock()
+	defer e.readMu.Unlock()
+	e.mu.Lock()
+	if e.appGone {
+		e.mu.Unlock()
+		return 0, io.ErrClosedPipe
+	}
+	v, err := e.c.ReadView()
+	e.mu.Unlock()
+	if len(v) == 0 {
+		return 0, err
+	}
+	if max > 0 && len(v) > max {
+		v = v[:max]
+	}
+	n, werr := w.Write(v)
+	n = min(n, len(v))
+	e.mu.Lock()
+	e.c.ReadDone(n, e.p.now())
+	e.arm()
+	e.mu.Unlock()
+	return n, werr
+}
+
+// TryWriteFrom queues up to n bytes read from r, as many as the send
+// buffer has room for now, without waiting: (0, nil) when it is full.
+// It fails with the connection's error, ErrClosed after CloseWrite, and
+// ErrState before the handshake or after the peer's FIN was answered.
+func (e *Endpoint) TryWriteFrom(r io.Reader, n int) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.appGone {
+		return 0, io.ErrClosedPipe
+	}
+	if e.c.Writable() == 0 {
+		if err := e.c.Err(); err != nil {
+			return 0, err
+		}
+		if s := e.c.State(); s != Established && s != CloseWait {
+			return 0, ErrState
+		}
+		return 0, nil
+	}
+	k, err := e.c.WriteFrom(r, n, e.p.now())
+	e.arm()
+	return k, err
+}
+
+// ReadWake and WriteWake deliver a wake-up whenever the connection may
+// have changed, for a reader and a writer waiting for it; Done is closed
+// once the connection has closed.
+func (e *Endpoint) ReadWake() <-chan struct{}  { return e.rdWake }
+func (e *Endpoint) WriteWake() <-chan struct{} { return e.wrWake }
+func (e *Endpoint) Done() <-chan struct{}      { return e.done }
+
+// Readable reports whether a read would not wait: data, the peer's FIN or
+// an error is there, or the connection has closed.
+func (e *Endpoint) Readable() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.c.Readable() > 0 || e.c.EOF() || e.c.Err() != nil || e.c.State() == Closed
+}
+
+// Info is the connection's state, as Conn.Info.
+func (e *Endpoint) Info() Info {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.c.Info()
+}
+
+// SetOnClose has fn called once the connection has closed or entered
+// TIME-WAIT, both directions shut (at once when it has); fn runs with the
+// connection locked and must not call it.
+func (e *Endpoint) SetOnClose(fn func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.finished {
+		fn()
+		return
+	}
+	e.onClose = fn
+}
+
+// ID is the connection's addresses and ports.
+func (e *Endpoint) ID() stack.TransportEndpointID { return e.id }
 
 // Buffered is how many bytes Read can return without waiting.
 func (e *Endpoint) Buffered() int {

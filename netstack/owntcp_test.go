@@ -1,0 +1,106 @@
+package netstack
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestParseTCP(t *testing.T) {
+	t.Setenv(TCPEnv, "")
+	for in, want := range map[string]string{"": TCPGVisor, "gvisor": TCPGVisor, "rdmatap": TCPRdmatap} {
+		if got, err := ParseTCP(in); err != nil || got != want {
+			t.Errorf("ParseTCP(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := ParseTCP("linux"); !errors.Is(err, ErrConfig) {
+		t.Errorf("ParseTCP(linux): %v, want ErrConfig", err)
+	}
+	t.Setenv(TCPEnv, "rdmatap")
+	if got, _ := ParseTCP(""); got != TCPRdmatap {
+		t.Errorf("ParseTCP with %s=rdmatap: %q", TCPEnv, got)
+	}
+}
+
+// TestOwnTCPConn runs Conn's calls on rdmatap's TCP, chosen in the
+// configuration: bulk both ways with every byte checked, the peer's FIN,
+// Done, a refused dial and a reset.
+func TestOwnTCPConn(t *testing.T) {
+	for _, mtu := range []uint32{1500, 9000} {
+		a, b := newTestPair(t, PairConfig{Link: LinkConfig{MTU: mtu}, Stack: Config{TCP: TCPRdmatap}})
+		if a.TCPName() != TCPRdmatap {
+			t.Fatalf("TCPName = %q", a.TCPName())
+		}
+		c1, c2 := connect(t, a, b)
+		if _, ok := c1.OwnInfo(); !ok {
+			t.Fatal("OwnInfo: not on rdmatap's TCP")
+		}
+		if got, want := c1.MaxPayload(), int(mtu)-20-20-12; got != want {
+			t.Errorf("MTU %d: MaxPayload %d, want %d", mtu, got, want)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		const total = 8 << 20
+		errc := make(chan error, 2)
+		go func() { errc <- sendPattern(ctx, c1, 1, total, 70000) }()
+		go func() { errc <- sendPattern(ctx, c2, 2, total, 3000) }()
+		if _, err := recvPattern(ctx, c2, 1, total); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := recvPattern(ctx, c1, 2, total); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if st := c1.TCP(); st.SegmentsSent == 0 || st.SegmentsReceived == 0 || !st.Alive {
+			t.Errorf("TCP() = %+v", st)
+		}
+		if err := c1.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c2.ReadTo(ctx, io.Discard, 0); err != io.EOF {
+			t.Fatalf("read after the peer's FIN: %v, want EOF", err)
+		}
+		if _, err := c1.Write(ctx, []byte("x")); !errors.Is(err, syscall.EPIPE) {
+			t.Errorf("write after CloseWrite: %v, want EPIPE", err)
+		}
+		c2.Close()
+		select {
+		case <-c1.Done():
+		case <-ctx.Done():
+			t.Fatal("Done not closed after both directions shut")
+		}
+		c1.Close()
+
+		// Reset: the peer aborts; a blocked read sees ErrReset.
+		c3, c4 := connect(t, a, b)
+		rerr := make(chan error, 1)
+		go func() {
+			_, err := c3.ReadTo(ctx, io.Discard, 0)
+			rerr <- err
+		}()
+		time.Sleep(10 * time.Millisecond)
+		c4.Abort()
+		if err := <-rerr; !errors.Is(err, ErrReset) || !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("read after the peer's reset: %v, want ErrReset", err)
+		}
+		c3.Close()
+
+		// Refused: nothing listens.
+		addr := b.Addrs()[0].Addr()
+		if _, err := a.Dial(ctx, netip.AddrPortFrom(addr, 9)); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("dial to a closed port: %v, want ECONNREFUSED", err)
+		}
+		// Connection taps are gVisor's.
+		if _, err := c3.TapSegments(func(uint64, [][]byte) {}, nil); !errors.Is(err, ErrNoTap) {
+			t.Errorf("TapSegments: %v, want ErrNoTap", err)
+		}
+		cancel()
+	}
+}
