@@ -97,6 +97,17 @@ func (c *Conn) sendData(seq seqnum.Value, n int, fin bool) {
 	off := int(c.sndUna.Size(seq))
 	s := c.header(seq)
 	s.Payload = c.sndBuf.bytes(off)[:n]
+	// The MSS leaves room for the timestamps only: SACK blocks that
+	// would take the segment past it are left to a pure ACK after it.
+	seg := min(n, c.sndMSS)
+	keep := max((c.sndMSS-seg-4)/8, 0)
+	later := len(s.SACK) > keep
+	if later {
+		s.SACK = s.SACK[:keep]
+		if keep == 0 {
+			s.SACK = nil
+		}
+	}
 	if fin {
 		s.Flags |= header.TCPFlagFin
 	}
@@ -107,6 +118,9 @@ func (c *Conn) sendData(seq seqnum.Value, n int, fin bool) {
 		s.SegSize = c.sndMSS
 	}
 	c.out(s)
+	if later {
+		c.sendAck()
+	}
 }
 
 // maxOut is the most payload one output of new data carries: a segment,

@@ -32,6 +32,7 @@ type EndpointFlags struct {
 	NoOffload bool
 	noRepair  bool
 	cc        string
+	tcp       string
 	minRTO    time.Duration
 	Name      string
 	ackDelay  time.Duration
@@ -55,6 +56,7 @@ func (f *EndpointFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.pcap, "pcap", "", "capture the endpoint's frames to this pcap file")
 	fs.BoolVar(&f.NoOffload, "no-offload", false, "plain TAP: no virtio-net header, no TSO/checksum offload")
 	fs.StringVar(&f.cc, "congestion-control", "auto", "TCP congestion control: auto (each connection starts with cubic and changes to reno at its first loss), cubic or reno: docs/tcp-recovery.md")
+	fs.StringVar(&f.tcp, "tcp", "", "the TCP under iWARP: gvisor (gVisor's, the default) or rdmatap (rdmatap's own: docs/tcp.md); empty: $"+netstack.TCPEnv+", else gvisor")
 	fs.DurationVar(&f.minRTO, "min-rto", 0, "TCP's minimum retransmission timeout (0: gVisor's, 200ms)")
 	fs.BoolVar(&f.noRepair, "no-link-repair", false, "leave lost GSO packets to TCP alone: the link does not send them again (docs/tcp-recovery.md)")
 	fs.StringVar(&f.Name, "name", "rt0", "RDMA device name")
@@ -68,13 +70,17 @@ func (f *EndpointFlags) Register(fs *flag.FlagSet) {
 func (f *EndpointFlags) Check() (netip.Prefix, netip.Addr, verbs.RTR, error) {
 	var none netip.Prefix
 	if f.Via != "" {
-		if f.Tap != "" || f.Addr != "" || f.gw != "" || f.pcap != "" || f.BusyPoll > 0 || f.mpaStrict || f.Lab.Impaired() {
-			return none, netip.Addr{}, 0, fmt.Errorf("%w: --via uses the service's endpoint: --tap, --addr, --gw, --pcap, --busy-poll, --mpa-strict and impairments belong to `rdmatap up`", ErrUsage)
+		if f.Tap != "" || f.Addr != "" || f.gw != "" || f.pcap != "" || f.BusyPoll > 0 || f.mpaStrict || f.tcp != "" || f.Lab.Impaired() {
+			return none, netip.Addr{}, 0, fmt.Errorf("%w: --via uses the service's endpoint: --tap, --addr, --gw, --pcap, --busy-poll, --mpa-strict, --tcp and impairments belong to `rdmatap up`", ErrUsage)
 		}
 		return none, netip.Addr{}, 0, nil
 	}
 	if f.Tap == "" {
 		return none, netip.Addr{}, 0, fmt.Errorf("%w: --tap is required", ErrUsage)
+	}
+	tcpName, err := netstack.ParseTCP(f.tcp)
+	if err != nil {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --tcp %q: want gvisor or rdmatap", ErrUsage, f.tcp)
 	}
 	if len(f.Tap) > 15 {
 		return none, netip.Addr{}, 0, fmt.Errorf("%w: --tap %q: interface names have at most 15 characters", ErrUsage, f.Tap)
@@ -117,6 +123,9 @@ func (f *EndpointFlags) Check() (netip.Prefix, netip.Addr, verbs.RTR, error) {
 	if err := f.Lab.Check(); err != nil {
 		return none, netip.Addr{}, 0, err
 	}
+	if tcpName == netstack.TCPRdmatap && f.Lab.Mode == verbs.PlacementSegment {
+		return none, netip.Addr{}, 0, fmt.Errorf("%w: --placement segment needs --tcp gvisor (rdmatap's TCP has no segment tap yet)", ErrUsage)
+	}
 	return pfx, gw, rtr, nil
 }
 
@@ -155,7 +164,7 @@ type Endpoint struct {
 func (f *EndpointFlags) Config(pfx netip.Prefix, gw netip.Addr, rtr verbs.RTR) endpoint.Config {
 	return endpoint.Config{TAP: f.Tap, Addr: pfx, Gateway: gw, MTU: f.MTU, NoOffload: f.NoOffload, BusyPoll: f.BusyPoll,
 		Impair: f.Lab.ImpairConfig(),
-		Stack:  netstack.Config{CongestionControl: f.cc, AckDelay: ackDelayConfig(f.ackDelay), NoLinkRepair: f.noRepair, MinRTO: f.minRTO},
+		Stack:  netstack.Config{CongestionControl: f.cc, AckDelay: ackDelayConfig(f.ackDelay), NoLinkRepair: f.noRepair, MinRTO: f.minRTO, TCP: f.tcp},
 		Device: verbs.DeviceConfig{Name: f.Name, CRC: f.crc, Markers: f.Markers, MPARevision: uint8(f.mpaRev),
 			MPAStrict: f.mpaStrict, PeerToPeer: rtr != 0, RTR: rtr, Placement: f.Lab.Mode}}
 }

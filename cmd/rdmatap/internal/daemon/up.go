@@ -653,6 +653,7 @@ type portInfo struct {
 	Address    string `json:"address"`
 	Offload    bool   `json:"offload"`
 	TAPCreated bool   `json:"tap_created"`
+	TCP        string `json:"tcp"` // the TCP under iWARP: gvisor or rdmatap
 }
 
 // nodeGUID derives the node GUID from the MAC as EUI-64, as siw does
@@ -670,6 +671,9 @@ func getDevInfo(e *cli.Endpoint) devInfo {
 	d := devInfo{HCAID: e.Dev.Name(), Transport: "iWARP (1)", FWVer: "0.0.0", VendorID: fmt.Sprintf("%#x", verbs.VendorID), HWVer: "0x0",
 		PhysPortCnt: 1, Attr: e.Dev.Query()}
 	p := portInfo{State: "PORT_ACTIVE (4)", LinkLayer: "Ethernet", Address: e.Addr.String()}
+	if e.Net != nil {
+		p.TCP = e.Net.TCPName()
+	}
 	if e.Tap != nil {
 		mac = e.Tap.MAC()
 		p.Netdev, p.MAC, p.Offload, p.TAPCreated = e.Tap.Name(), mac.String(), e.Tap.Offload(), e.Tap.Created()
@@ -788,6 +792,9 @@ func devinfoCmd(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(w, "\t\t\tactive_mtu:\t\t%d\n", p.ActiveMTU)
 	fmt.Fprintf(w, "\t\t\tlink_layer:\t\t%s\n", p.LinkLayer)
 	fmt.Fprintf(w, "\t\t\tnetdev:\t\t\t%s\n", p.Netdev)
+	if p.TCP != "" {
+		fmt.Fprintf(w, "\t\t\ttcp:\t\t\t%s\n", p.TCP)
+	}
 	fmt.Fprintf(w, "\t\t\tmac:\t\t\t%s\n", p.MAC)
 	fmt.Fprintf(w, "\t\t\taddress:\t\t%s\n", p.Address)
 	fmt.Fprintf(w, "\t\t\toffload:\t\t%v\n", p.Offload)
