@@ -705,7 +705,7 @@ func (c *Conn) CloseWrite() error {
 	}
 	if c.own != nil {
 		if err := c.own.CloseWrite(); err != nil {
-			return ownError("shutdown", c, err)
+			return c.ownErr("shutdown", err)
 		}
 		return nil
 	}

@@ -72,11 +72,16 @@ func (s *Stack) TCPName() string {
 	return TCPGVisor
 }
 
-// ownError maps an error of the own TCP to netstack's.
-func ownError(op string, c *Conn, err error) error {
+// ownErr is ownError for a call on c: net.ErrClosed once c is closed.
+func (c *Conn) ownErr(op string, err error) error {
 	if c.closed.Load() {
 		return closedError(op)
 	}
+	return ownError(op, c.RemoteAddr().String(), err)
+}
+
+// ownError maps an error of the own TCP to netstack's.
+func ownError(op, addr string, err error) error {
 	var mapped error
 	switch {
 	case errors.Is(err, owntcp.ErrReset), errors.Is(err, owntcp.ErrAborted):
@@ -84,15 +89,15 @@ func ownError(op string, c *Conn, err error) error {
 	case errors.Is(err, owntcp.ErrTimeout):
 		mapped = ErrTimeout
 	case errors.Is(err, owntcp.ErrRefused):
-		return &OpError{Op: op, Addr: c.RemoteAddr().String(), Err: syscall.ECONNREFUSED}
+		return &OpError{Op: op, Addr: addr, Err: syscall.ECONNREFUSED}
 	case errors.Is(err, owntcp.ErrClosed), errors.Is(err, owntcp.ErrState):
-		return &OpError{Op: op, Addr: c.RemoteAddr().String(), Err: syscall.EPIPE}
+		return &OpError{Op: op, Addr: addr, Err: syscall.EPIPE}
 	case errors.Is(err, io.ErrClosedPipe):
 		return closedError(op)
 	default:
 		mapped = err
 	}
-	return &OpError{Op: op, Addr: c.RemoteAddr().String(), Err: mapped}
+	return &OpError{Op: op, Addr: addr, Err: mapped}
 }
 
 func newOwnConn(s *Stack, e *owntcp.Endpoint) *Conn {
@@ -128,8 +133,6 @@ func (s *Stack) dialOwn(ctx context.Context, laddr, raddr netip.AddrPort) (*Conn
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return nil, err
 		}
-		c := &Conn{}
-		c.addrs.Store(&connAddrs{remote: raddr})
 		var re *owntcp.RouteError
 		if errors.As(err, &re) {
 			return nil, opError("dial", raddr.String(), re.Err)
@@ -137,7 +140,7 @@ func (s *Stack) dialOwn(ctx context.Context, laddr, raddr netip.AddrPort) (*Conn
 		if errors.Is(err, owntcp.ErrAddrInUse) {
 			return nil, &OpError{Op: "dial", Addr: raddr.String(), Err: syscall.EADDRINUSE}
 		}
-		return nil, ownError("dial", c, err)
+		return nil, ownError("dial", raddr.String(), err)
 	}
 	c := newOwnConn(s, e)
 	if !s.trackConn(c) {
@@ -204,20 +207,12 @@ func (s *Stack) listenOwn(laddr netip.AddrPort, backlog int) (*Listener, error) 
 	return l, nil
 }
 
-// acceptOwn is Accept on the own TCP. A connection to an address other
-// than the listener's is reset.
+// acceptOwn is Accept on the own TCP (Close ends the own listener's
+// Accept too). A connection to an address other than the listener's is
+// reset.
 func (l *Listener) acceptOwn(ctx context.Context) (*Conn, error) {
 	for {
-		actx, cancel := context.WithCancel(ctx)
-		go func() {
-			select {
-			case <-l.closedCh:
-				cancel()
-			case <-actx.Done():
-			}
-		}()
-		e, err := l.own.Accept(actx)
-		cancel()
+		e, err := l.own.Accept(ctx)
 		if err != nil {
 			select {
 			case <-l.closedCh:
@@ -244,12 +239,19 @@ func (l *Listener) acceptOwn(ctx context.Context) (*Conn, error) {
 
 // ownReadTo is readTo on the own TCP.
 func (c *Conn) ownReadTo(ctx context.Context, w io.Writer, max int, block bool) (int, error) {
-	g := guardWriter{w: w}
+	// Pooled, as readTo's: the guard escapes through the io.Writer.
+	st := readStatePool.Get().(*readState)
+	defer func() {
+		*st = readState{}
+		readStatePool.Put(st)
+	}()
+	g := &st.guard
+	g.w = w
 	for {
 		if c.closed.Load() {
 			return 0, closedError("read")
 		}
-		n, err := c.own.TryReadTo(&g, max)
+		n, err := c.own.TryReadTo(g, max)
 		if n > 0 {
 			c.readBytes.Add(uint64(n))
 			if g.err != nil {
@@ -265,7 +267,7 @@ func (c *Conn) ownReadTo(ctx context.Context, w io.Writer, max int, block bool) 
 		case err == io.EOF:
 			return 0, io.EOF
 		case err != nil:
-			return 0, ownError("read", c, err)
+			return 0, c.ownErr("read", err)
 		}
 		if !block {
 			return 0, nil
@@ -281,37 +283,28 @@ func (c *Conn) ownReadTo(ctx context.Context, w io.Writer, max int, block bool) 
 
 // ownWaitReadable is WaitReadableOr on the own TCP.
 func (c *Conn) ownWaitReadable(ctx context.Context, wake <-chan struct{}) error {
-	for {
-		if c.closed.Load() {
-			return closedError("read")
-		}
-		if c.own.Readable() {
-			return nil
-		}
-		select {
-		case <-c.own.ReadWake():
-		case <-c.closedCh:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-wake:
-			return nil
-		}
-	}
+	return c.ownWait(ctx, wake, c.own.Readable)
 }
 
 // ownWaitUnread is WaitUnreadOr on the own TCP (its spin is not used).
 func (c *Conn) ownWaitUnread(ctx context.Context, wake <-chan struct{}, had func() int) error {
+	return c.ownWait(ctx, wake, func() bool {
+		if c.own.State() != owntcp.Established {
+			return true
+		}
+		h := had()
+		return h < 0 || c.own.Buffered() > h
+	})
+}
+
+// ownWait returns nil once done reports true or wake delivers, checking
+// done at each of the connection's wake-ups.
+func (c *Conn) ownWait(ctx context.Context, wake <-chan struct{}, done func() bool) error {
 	for {
 		if c.closed.Load() {
 			return closedError("read")
 		}
-		if c.own.State() != owntcp.Established {
-			return nil
-		}
-		switch h := had(); {
-		case h < 0:
-			return nil
-		case c.own.Buffered() > h:
+		if done() {
 			return nil
 		}
 		select {
@@ -346,7 +339,7 @@ func (c *Conn) ownWrite(ctx context.Context, pl tcpip.Payloader, g *payloadGuard
 			if errors.Is(err, io.ErrUnexpectedEOF) {
 				return total, &OpError{Op: "write", Err: io.ErrUnexpectedEOF}
 			}
-			return total, ownError("write", c, err)
+			return total, c.ownErr("write", err)
 		}
 		if n > 0 {
 			continue

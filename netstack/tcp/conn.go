@@ -346,6 +346,19 @@ func (c *Conn) Writable() int {
 	return c.cfg.SndBuf - c.sndBuf.len()
 }
 
+// writeErr is why a write cannot queue bytes, nil when it can.
+func (c *Conn) writeErr() error {
+	switch {
+	case c.err != nil:
+		return c.err
+	case c.finQueued:
+		return ErrClosed
+	case !c.canSend():
+		return ErrState
+	}
+	return nil
+}
+
 func (c *Conn) canSend() bool {
 	return c.state == Established || c.state == CloseWait
 }
@@ -354,13 +367,8 @@ func (c *Conn) canSend() bool {
 // as many as the send buffer has room for.
 func (c *Conn) Write(p []byte, now time.Duration) (int, error) {
 	c.now = now
-	switch {
-	case c.err != nil:
-		return 0, c.err
-	case c.finQueued:
-		return 0, ErrClosed
-	case !c.canSend():
-		return 0, ErrState
+	if err := c.writeErr(); err != nil {
+		return 0, err
 	}
 	n := min(len(p), c.cfg.SndBuf-c.sndBuf.len())
 	c.sndBuf.write(p[:n])
@@ -438,13 +446,8 @@ func (c *Conn) ReadDone(n int, now time.Duration) {
 // buffer; an error of r's ends it, with the bytes r gave queued.
 func (c *Conn) WriteFrom(r io.Reader, n int, now time.Duration) (int, error) {
 	c.now = now
-	switch {
-	case c.err != nil:
-		return 0, c.err
-	case c.finQueued:
-		return 0, ErrClosed
-	case !c.canSend():
-		return 0, ErrState
+	if err := c.writeErr(); err != nil {
+		return 0, err
 	}
 	n = min(n, c.cfg.SndBuf-c.sndBuf.len())
 	if n <= 0 {

@@ -1,5 +1,7 @@
 package tcp
 
+import "slices"
+
 // byteQueue is a FIFO of bytes in one slice: written at the back, read
 // and dropped at the front, compacted when the front's waste passes half
 // of it.
@@ -33,7 +35,7 @@ func (q *byteQueue) compact() {
 func (q *byteQueue) grow(n int) []byte {
 	q.compact()
 	l := len(q.b)
-	q.b = append(q.b, make([]byte, n)...)
+	q.b = slices.Grow(q.b, n)[:l+n]
 	return q.b[l:]
 }
 
