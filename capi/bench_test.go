@@ -251,12 +251,19 @@ func rdmatapBinary(tb testing.TB) string {
 type linkedServices struct {
 	sockA, sockB string
 	stackA       *netstack.Stack
-	addrB        netip.Addr
+	addrA, addrB netip.Addr
 }
 
 func startLinkedServices(tb testing.TB, logf func(string, ...any)) *linkedServices {
 	tb.Helper()
-	na, nb, err := netstack.NewPair(netstack.PairConfig{})
+	return startLinkedServicesPair(tb, logf, netstack.PairConfig{})
+}
+
+// startLinkedServicesPair is startLinkedServices on a pair of cfg's
+// addresses.
+func startLinkedServicesPair(tb testing.TB, logf func(string, ...any), cfg netstack.PairConfig) *linkedServices {
+	tb.Helper()
+	na, nb, err := netstack.NewPair(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -286,7 +293,7 @@ func startLinkedServices(tb testing.TB, logf func(string, ...any)) *linkedServic
 			n.Close()
 		})
 	}
-	return &linkedServices{sockA: socks[0], sockB: socks[1], stackA: na, addrB: nb.Addrs()[0].Addr()}
+	return &linkedServices{sockA: socks[0], sockB: socks[1], stackA: na, addrA: na.Addrs()[0].Addr(), addrB: nb.Addrs()[0].Addr()}
 }
 
 // waitListen waits until something listens on B's port, probing with TCP

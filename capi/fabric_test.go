@@ -4,22 +4,27 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rdmatap/rdmatap/netstack"
 )
 
-// kernelAddr returns an IPv4 address of an up, non-loopback kernel
-// interface: libfabric's verbs provider finds its devices by binding an
+// kernelAddrs returns the IPv4 addresses of the up, non-loopback kernel
+// interfaces: libfabric's verbs provider finds its devices by binding an
 // rdma_cm ID to each such address (vrb_getifaddrs), so the address map
-// must name one of them for the endpoint.
-func kernelAddr(t *testing.T) string {
+// must name one of them for the endpoint. It skips without any.
+func kernelAddrs(t *testing.T) []netip.Addr {
 	t.Helper()
 	ifs, err := net.Interfaces()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var out []netip.Addr
 	for _, i := range ifs {
 		if i.Flags&net.FlagUp == 0 || i.Flags&net.FlagLoopback != 0 {
 			continue
@@ -27,102 +32,148 @@ func kernelAddr(t *testing.T) string {
 		as, _ := i.Addrs()
 		for _, a := range as {
 			if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
-				return n.IP.String()
+				out = append(out, netip.AddrFrom4([4]byte(n.IP.To4())))
 			}
 		}
 	}
-	t.Skip("skipping: no up, non-loopback IPv4 kernel interface (libfabric's verbs provider looks for its devices there)")
-	return ""
+	if len(out) == 0 {
+		t.Skip("skipping: no up, non-loopback IPv4 kernel interface (libfabric's verbs provider looks for its devices there)")
+	}
+	return out
 }
 
-// runFabricPair runs fi_pingpong's server on service A and its client on
-// service B. fi_pingpong exchanges addresses over a kernel TCP connection
-// to 127.0.0.1; each end maps the kernel addresses to the endpoints: the
-// server's interface address and 127.0.0.1 to A, the client's interface
-// address to B and 127.0.0.1 (its peer) to A.
-func runFabricPair(t *testing.T, dir string, l *linkedServices, env []string, args ...string) (string, error) {
-	k := kernelAddr(t)
-	const a, b = "192.0.2.1", "192.0.2.2"
-	srv := command(t, dir, l.sockA, "fi_pingpong", args...)
-	srv.Env = append(append(srv.Env, env...), fmt.Sprintf("RDMATAP_ADDR_MAP=%s=%s,127.0.0.1=%s", k, a, a))
+// fabricServices serves the two ends of one link, as startLinkedServices,
+// on a documentation range none of the kernel's addresses is in: the
+// address map sends the kernel's address to the program's own endpoint,
+// so an endpoint holding that address would be unreachable from its
+// peer. It returns the services and the kernel address the maps name.
+func fabricServices(t *testing.T) (*linkedServices, netip.Addr) {
+	t.Helper()
+	ks := kernelAddrs(t)
+	for _, r := range []string{"192.0.2", "198.51.100", "203.0.113"} {
+		pfx := netip.MustParsePrefix(r + ".0/24")
+		if slices.ContainsFunc(ks, pfx.Contains) {
+			continue
+		}
+		return startLinkedServicesPair(t, nil, netstack.PairConfig{
+			AddrA: netip.MustParsePrefix(r + ".1/24"), AddrB: netip.MustParsePrefix(r + ".2/24")}), ks[0]
+	}
+	t.Skipf("skipping: the kernel holds addresses in each of the documentation ranges (%v)", ks)
+	return nil, netip.Addr{}
+}
+
+// fabricSide is one end of a pair of programs: its service's socket and
+// its endpoint's address.
+type fabricSide struct {
+	sock string
+	addr netip.Addr
+}
+
+// sides returns A and B, server first, or B and A with swap.
+func (l *linkedServices) sides(swap bool) (srv, cl fabricSide) {
+	a, b := fabricSide{l.sockA, l.addrA}, fabricSide{l.sockB, l.addrB}
+	if swap {
+		return b, a
+	}
+	return a, b
+}
+
+// fabricMap is the address map of a program on side me whose peer is on
+// srv: the kernel's address is its own endpoint's (where the verbs
+// provider looks for its device), and 127.0.0.1, where the programs
+// exchange addresses over kernel TCP, the server's.
+func fabricMap(k netip.Addr, me, srv fabricSide) string {
+	return fmt.Sprintf("RDMATAP_ADDR_MAP=%s=%s,127.0.0.1=%s", k, me.addr, srv.addr)
+}
+
+// runFabricPair runs fi_pingpong's server on srv and its client on cl.
+// fi_pingpong exchanges addresses over a kernel TCP connection to
+// 127.0.0.1; each end's address map (fabricMap) sends the kernel
+// addresses to the endpoints.
+func runFabricPair(t *testing.T, dir string, k netip.Addr, srv, cl fabricSide, env []string, args ...string) (string, error) {
+	s := command(t, dir, srv.sock, "fi_pingpong", args...)
+	s.Env = append(append(s.Env, env...), fabricMap(k, srv, srv))
 	var srvOut bytes.Buffer
-	srv.Stdout, srv.Stderr = &srvOut, &srvOut
-	if err := srv.Start(); err != nil {
+	s.Stdout, s.Stderr = &srvOut, &srvOut
+	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- srv.Wait() }()
+	go func() { done <- s.Wait() }()
 	time.Sleep(2 * time.Second) // fi_pingpong's client does not retry its control connection
-	cm := fmt.Sprintf("RDMATAP_ADDR_MAP=127.0.0.1=%s", a)
-	if k != b {
-		cm = fmt.Sprintf("RDMATAP_ADDR_MAP=%s=%s,127.0.0.1=%s", k, b, a)
-	}
-	cl := command(t, dir, l.sockB, "fi_pingpong", append(append([]string{}, args...), "127.0.0.1")...)
-	cl.Env = append(append(cl.Env, env...), cm)
+	c := command(t, dir, cl.sock, "fi_pingpong", append(append([]string{}, args...), "127.0.0.1")...)
+	c.Env = append(append(c.Env, env...), fabricMap(k, cl, srv))
 	var out bytes.Buffer
-	cl.Stdout, cl.Stderr = &out, &out
-	cl.Start()
+	c.Stdout, c.Stderr = &out, &out
+	c.Start()
 	cdone := make(chan error, 1)
-	go func() { cdone <- cl.Wait() }()
-	cerr := waitExit(cl, cdone, 2*time.Minute, "fi_pingpong's client")
-	serr := waitExit(srv, done, 30*time.Second, "fi_pingpong's server")
+	go func() { cdone <- c.Wait() }()
+	cerr := waitExit(c, cdone, 2*time.Minute, "fi_pingpong's client")
+	serr := waitExit(s, done, 30*time.Second, "fi_pingpong's server")
 	if cerr != nil || serr != nil {
 		return out.String(), fmt.Errorf("client %v, server %v\nclient:\n%s\nserver:\n%s", cerr, serr, out.String(), srvOut.String())
 	}
 	return out.String() + srvOut.String(), nil
 }
 
+// checkPingpong checks fi_pingpong's result rows of both ends (every size
+// of its default sweep, each message acknowledged) and logs them.
+func checkPingpong(t *testing.T, out string) {
+	t.Helper()
+	if strings.Contains(out, "Error at iteration") {
+		t.Fatalf("fi_pingpong found a message's bytes wrong:\n%s", out)
+	}
+	rows := pingpongRow.FindAllStringSubmatch(out, -1)
+	if len(rows) != 12 {
+		t.Fatalf("want 6 result rows per end, got %d:\n%s", len(rows), out)
+	}
+	for _, r := range rows {
+		if r[2] != r[3] {
+			t.Errorf("%s bytes: %s sent, %s acknowledged", r[1], r[2], r[3])
+		}
+		t.Logf("%-4s %s MB/s, %s µs/xfer", r[1], r[4], r[5])
+	}
+}
+
 var pingpongRow = regexp.MustCompile(`(?m)^(\S+)\s+(\d+)\s+=(\d+)\s+\S+\s+\S+\s+(\S+)\s+(\S+)`)
 
 // TestFabric runs libfabric's fi_info and fi_pingpong (Debian's
 // libfabric-bin) on the libraries, unprivileged: the verbs provider finds
-// each service's device, and fi_pingpong -p verbs -e msg -v (every
-// message's bytes checked) runs between two services of one link, server
-// on A, client on B.
+// each service's device, and fi_pingpong -c (every message's bytes
+// checked) runs between two services of one link, over verbs' msg
+// endpoints and over ofi_rxm's rdm endpoints on them (with messages and
+// with tagged messages), each with its server on A and on B.
 func TestFabric(t *testing.T) {
 	installed(t, "fi_pingpong", "libfabric-bin")
 	dir := libs(t, false)
-	l := startLinkedServices(t, nil)
-	k := kernelAddr(t)
+	l, k := fabricServices(t)
 	t.Run("fi_info", func(t *testing.T) {
-		for i, s := range []string{l.sockA, l.sockB} {
-			c := command(t, dir, s, "fi_info", "-p", "verbs", "-t", "FI_EP_MSG")
-			c.Env = append(c.Env, fmt.Sprintf("RDMATAP_ADDR_MAP=%s=192.0.2.%d,127.0.0.1=192.0.2.%d", k, i+1, i+1))
+		for i, s := range []fabricSide{{l.sockA, l.addrA}, {l.sockB, l.addrB}} {
+			c := command(t, dir, s.sock, "fi_info", "-p", "verbs", "-t", "FI_EP_MSG")
+			c.Env = append(c.Env, fabricMap(k, s, s))
 			out, err := c.CombinedOutput()
 			if err != nil || !bytes.Contains(out, []byte(fmt.Sprintf("domain: rt%d", i))) || !bytes.Contains(out, []byte("FI_EP_MSG")) {
 				t.Fatalf("fi_info on rt%d: %v\n%s", i, err, out)
 			}
 		}
 	})
-	t.Run("pingpong/verbs/msg", func(t *testing.T) {
-		if k == "192.0.2.1" {
-			t.Skip("skipping: the kernel's address is service A's")
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"verbs/msg", []string{"-p", "verbs", "-e", "msg"}},
+		{"verbs;ofi_rxm/rdm", []string{"-p", "verbs;ofi_rxm", "-e", "rdm"}},
+		{"verbs;ofi_rxm/rdm/tagged", []string{"-p", "verbs;ofi_rxm", "-e", "rdm", "-m", "tagged"}},
+	} {
+		for _, swap := range []bool{false, true} {
+			srv, cl := l.sides(swap)
+			t.Run(fmt.Sprintf("pingpong/%s/server-%s", tc.name, srv.addr), func(t *testing.T) {
+				out, err := runFabricPair(t, dir, k, srv, cl, nil, append(tc.args, "-c", "-I", "200")...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkPingpong(t, out)
+			})
 		}
-		out, err := runFabricPair(t, dir, l, nil, "-p", "verbs", "-e", "msg", "-v", "-I", "200")
-		if err != nil {
-			t.Fatal(err)
-		}
-		rows := pingpongRow.FindAllStringSubmatch(out, -1)
-		if len(rows) < 6 {
-			t.Fatalf("want 6 result rows per end, got %d:\n%s", len(rows), out)
-		}
-		for _, r := range rows {
-			if r[2] != r[3] {
-				t.Errorf("%s bytes: %s sent, %s acknowledged", r[1], r[2], r[3])
-			}
-			t.Logf("%-4s %s MB/s, %s µs/xfer", r[1], r[4], r[5])
-		}
-	})
-	t.Run("pingpong/verbs;ofi_rxm/rdm", func(t *testing.T) {
-		// ofi_rxm asks for a CQ of (tx+rx size) x FI_UNIVERSE_SIZE (256)
-		// entries, over the device's max_cqe: EINVAL, as the kernel's.
-		out, err := runFabricPair(t, dir, l, []string{"FI_UNIVERSE_SIZE=16"}, "-p", "verbs;ofi_rxm", "-e", "rdm", "-v", "-I", "200")
-		if err != nil && strings.Contains(err.Error(), "fi_av_insert: number of addresses inserted = 0") {
-			t.Skip("skipping: known failure: ofi_rxm's fi_av_insert of the peer's address inserts none")
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Log(out)
-	})
+	}
 }

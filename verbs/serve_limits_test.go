@@ -573,17 +573,17 @@ func TestServiceMalformedEntriesComplete(t *testing.T) {
 // features (one from before them) is offered none.
 func TestServiceQueryDevice(t *testing.T) {
 	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
-	lim := service.Limits{QPs: 7, MaxWR: 512, CQs: 9, MRs: 11, MRBytes: 1 << 24, PDs: 3, SRQs: 5, FRPages: 100}
+	lim := service.Limits{QPs: 7, MaxWR: 512, MaxCQE: 3000, CQs: 9, MRs: 11, MRBytes: 1 << 24, PDs: 3, SRQs: 5, FRPages: 100}
 	path, _ := startService(t, p.a, lim)
 	d := connectService(t, path)
 	want := p.a.Query()
-	want.MaxQP, want.MaxQPWR, want.MaxCQ, want.MaxCQE = 7, 512, 9, 4*512
+	want.MaxQP, want.MaxQPWR, want.MaxCQ, want.MaxCQE = 7, 512, 9, 3000
 	want.MaxMR, want.MaxMRSize, want.MaxPD, want.MaxSRQ, want.MaxSRQWR = 11, 1<<24, 3, 5, 512
 	want.MaxMW, want.MaxFRPages = 11, 100
 	if got := d.Query(); got != want {
 		t.Fatalf("a service client's limits:\n%+v\nwant\n%+v", got, want)
 	}
-	if _, err := d.CreateCQ(4*512 + 1); !errors.Is(err, verbs.ErrInvalidArgument) {
+	if _, err := d.CreateCQ(3001); !errors.Is(err, verbs.ErrInvalidArgument) {
 		t.Fatalf("a CQ over the queried MaxCQE: %v, want ErrInvalidArgument", err)
 	}
 	r, m := dialRaw(t, path, svc.Version)

@@ -1797,3 +1797,41 @@ func TestCreateQPOnClosedDevice(t *testing.T) {
 		t.Fatalf("closing the SRQ after the failed CreateQP: %v", err)
 	}
 }
+
+// TestServiceCQSize: a CQ may have up to the device's max_cqe entries as
+// the client sees it (Limits.MaxCQE), libfabric's ofi_rxm's 262,144
+// among them; its ring is charged to the client's ring memory, so CQs
+// that would hold more than Limits.RingBytes together are refused.
+func TestServiceCQSize(t *testing.T) {
+	p := newPair(t, verbs.DeviceConfig{}, verbs.DeviceConfig{})
+	path, _ := startService(t, p.a, service.Limits{RingBytes: 20 << 20})
+	a := connectService(t, path)
+	max := a.Query().MaxCQE
+	if max != 1<<22 {
+		t.Fatalf("max_cqe %d, want %d", max, 1<<22)
+	}
+	if _, err := a.CreateCQ(max + 1); !errors.Is(err, verbs.ErrInvalidArgument) {
+		t.Fatalf("a CQ of max_cqe+1 entries: %v, want ErrInvalidArgument", err)
+	}
+	cq, err := a.CreateCQ(262144) // 8 MiB of ring
+	if err != nil {
+		t.Fatalf("a CQ of 262,144 entries: %v", err)
+	}
+	if _, err := a.CreateCQ(262144); err != nil {
+		t.Fatalf("a second CQ of 262,144 entries: %v", err)
+	}
+	if _, err := a.CreateCQ(262144); !errors.Is(err, verbs.ErrLimit) {
+		t.Fatalf("a third CQ of 262,144 entries beyond 20 MiB of ring memory: %v, want ErrLimit", err)
+	}
+	if _, err := a.CreateCQ(max); !errors.Is(err, verbs.ErrLimit) {
+		t.Fatalf("a CQ of max_cqe entries (128 MiB) beyond the ring memory: %v, want ErrLimit", err)
+	}
+	cq.Close()
+	if _, err := a.CreateCQ(262144); err != nil {
+		t.Fatalf("a CQ once another was closed: %v", err)
+	}
+	b := connectService(t, path)
+	if _, err := b.CreateCQ(262144); err != nil {
+		t.Fatalf("another client's CQ: %v", err)
+	}
+}

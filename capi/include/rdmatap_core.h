@@ -268,6 +268,7 @@ int rt_session_dead(struct rt_session *s);
 /* The features HELLO agreed on (protocol 3.1: bit 0 QUERY_DEVICE, 1
  * INLINE_DATA, 2 LINK, 3 CM). */
 uint64_t rt_session_features(struct rt_session *s);
+#define RT_FEATURE_LINK_BIT (1ULL << 2)
 #define RT_FEATURE_CM_BIT (1ULL << 3)
 
 /* One payload field (protocol section 2.4). */

@@ -643,6 +643,42 @@ static int is_unspecified(const struct sockaddr *sa)
 	return 1;
 }
 
+/* device_ipv4 asks the service for its device's IPv4 address (QUERY_PORT,
+ * protocol 5.7): 0 with *ip set, -1 when the service does not tell it or
+ * the device has none. */
+static int device_ipv4(struct rt_session *s, struct in_addr *ip)
+{
+	if (!s || !(rt_session_features(s) & RT_FEATURE_LINK_BIT))
+		return -1;
+	struct rt_msg *m = malloc(sizeof(*m));
+	if (!m)
+		return -1;
+	uint64_t port = 1;
+	struct rt_request req = {.type = RT_QUERY_PORT, .nargs = 1, .args = &port};
+	const uint8_t *f;
+	uint16_t n;
+	int ok = rt_call(s, &req, m) == 0 && rt_msg_field(m, RT_PORT_FIELD_IPV4, &f, &n) == 0 && n == 4;
+	if (ok)
+		memcpy(&ip->s_addr, f, 4);
+	free(m);
+	return ok ? 0 : -1;
+}
+
+/* A source address left unspecified becomes the device's address, as the
+ * kernel's resolution picks the address of the interface that reaches the
+ * destination (the device is the only one): programs read it with
+ * rdma_get_local_addr and hand it to their peers (libfabric's verbs
+ * provider makes it its endpoints' name). IPv6: the service tells the
+ * device's IPv4 address only, so an IPv6 source stays unspecified. */
+static void fill_source(struct rdma_cm_id *id)
+{
+	if (id->route.addr.src_addr.sa_family != AF_INET || !is_unspecified(&id->route.addr.src_addr))
+		return;
+	struct in_addr ip;
+	if (device_ipv4(session(), &ip) == 0)
+		id->route.addr.src_sin.sin_addr = ip;
+}
+
 int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr, struct sockaddr *dst_addr, int timeout_ms)
 {
 	(void)timeout_ms; /* resolution is local and immediate */
@@ -670,6 +706,7 @@ int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr, struct s
 	}
 	if (set_verbs(c))
 		return -1;
+	fill_source(id);
 	struct rt_session *s = cur_session();
 	if (s)
 		close_listener(c, s);

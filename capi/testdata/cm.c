@@ -82,6 +82,10 @@ static void resolve(struct rdma_cm_id *id, struct sockaddr_in *dst)
 	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)dst, 2000) == 0);
 	ack(next(RDMA_CM_EVENT_ADDR_RESOLVED, id));
 	CHECK(id->verbs);
+	/* The source is the device's address (dst is the device's own here),
+	 * port 0, as the kernel's resolution picks the interface's. */
+	const struct sockaddr_in *src = (const struct sockaddr_in *)rdma_get_local_addr(id);
+	CHECK(src->sin_family == AF_INET && src->sin_addr.s_addr == dst->sin_addr.s_addr);
 	CHECK(rdma_resolve_route(id, 2000) == 0);
 	ack(next(RDMA_CM_EVENT_ROUTE_RESOLVED, id));
 }

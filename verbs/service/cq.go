@@ -31,8 +31,8 @@ type servedCQ struct {
 }
 
 func (x *session) createCQ(b *svc.Builder, cqe uint64) ([]int, error) {
-	if cqe == 0 || cqe > uint64(x.lim.MaxWR)*4 {
-		return nil, fmt.Errorf("%w: CQ of %d entries (limit %d)", verbs.ErrInvalidArgument, cqe, x.lim.MaxWR*4)
+	if limit := x.queryDevice().MaxCQE; cqe == 0 || cqe > uint64(limit) {
+		return nil, fmt.Errorf("%w: CQ of %d entries (limit %d)", verbs.ErrInvalidArgument, cqe, limit)
 	}
 	x.mu.Lock()
 	if len(x.cqs) >= x.lim.CQs {

@@ -26,6 +26,12 @@ type Limits struct {
 	// MaxWR bounds a queue's depth (default 16384): its ring is service
 	// memory.
 	MaxWR int
+	// MaxCQE bounds a CQ's entries (default 1<<22, the device's max_cqe;
+	// siw's is 3,276,800). A CQ's ring, 32 bytes an entry, is charged to
+	// RingBytes and Memory when it is made, so those bound what CQs hold
+	// together: libfabric's ofi_rxm asks for (its queues' depth) x
+	// FI_UNIVERSE_SIZE, 262,144 entries (8 MiB) by default.
+	MaxCQE int
 	// MRs bounds the registrations (default 4096): each is a mapping in
 	// the service (the kernel allows a process about 65,000) and an STag.
 	MRs int
@@ -65,6 +71,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxWR <= 0 {
 		l.MaxWR = 16384
+	}
+	if l.MaxCQE <= 0 {
+		l.MaxCQE = 1 << 22
 	}
 	if l.MRs <= 0 {
 		l.MRs = 4096

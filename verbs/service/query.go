@@ -15,7 +15,7 @@ func (x *session) queryDevice() verbs.DeviceAttr {
 	a.MaxQP = min(a.MaxQP, l.QPs)
 	a.MaxQPWR = min(a.MaxQPWR, l.MaxWR)
 	a.MaxCQ = min(a.MaxCQ, l.CQs)
-	a.MaxCQE = min(a.MaxCQE, 4*l.MaxWR) // createCQ's bound
+	a.MaxCQE = min(a.MaxCQE, l.MaxCQE) // createCQ's bound
 	a.MaxMR = min(a.MaxMR, l.MRs)
 	a.MaxMRSize = min(a.MaxMRSize, uint64(l.MRBytes))
 	a.MaxPD = min(a.MaxPD, l.PDs)
