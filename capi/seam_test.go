@@ -33,7 +33,7 @@ var goConstants = map[string]string{
 	"RT_MAX_MSG": "svc.MaxMessage", "RT_MAX_ARGS": "svc.MaxArgs", "RT_MAX_FDS": "svc.MaxFDs", "RT_HDR_SIZE": "svc.HeaderSize",
 	"RT_MAGIC": "svc.Magic", "RT_VERSION_NUM": "svc.Version",
 	"RT_FEATURE_QUERY_DEVICE": "svc.FeatureQueryDevice", "RT_FEATURE_INLINE_DATA": "svc.FeatureInlineData",
-	"RT_FEATURE_LINK": "svc.FeatureLink", "RT_FEATURE_CM": "svc.FeatureCM", "RT_FEATURE_CM_BIT": "svc.FeatureCM",
+	"RT_FEATURE_LINK": "svc.FeatureLink", "RT_FEATURE_LINK_BIT": "svc.FeatureLink", "RT_FEATURE_CM": "svc.FeatureCM", "RT_FEATURE_CM_BIT": "svc.FeatureCM",
 	"RT_HELLO_VERSION": "svc.HelloVersion", "RT_HELLO_FLAGS": "svc.HelloFlags", "RT_HELLO_ID": "svc.HelloID",
 	"RT_HELLO_FEATURES": "svc.HelloFeatures", "RT_HELLO_ARGS": "svc.HelloArgs",
 	// Message types.
