@@ -93,11 +93,12 @@ func (ct *connTap) keep() Kept { return Kept{ct.cur.ToBuffer()} }
 var ErrNoISN = errors.New("netstack: the connection's initial sequence number was not seen (enable connection taps before connecting)")
 
 // EnableConnTaps makes the stack watch TCP segments for Conn.TapSegments.
-// Connections made before it cannot be tapped. It is idempotent.
+// Connections made before it cannot be tapped. It is idempotent. On
+// rdmatap's TCP, which hands a tap its segments itself, it does nothing.
 func (s *Stack) EnableConnTaps() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ctaps != nil {
+	if s.ctaps != nil || s.own != nil {
 		return
 	}
 	t := &connTaps{isn: make(map[connKey]uint32)}
@@ -167,28 +168,27 @@ func (t *connTaps) segment(seg *tapSegment, pkt *stack.PacketBuffer, views [][]b
 		ct.stats.BadChecksum.Add(1)
 		return
 	}
-	ct.deliver(th.SequenceNumber(), seg, pkt, views)
+	ct.deliver(th.SequenceNumber(), seg.size, pkt, views)
 }
 
 // deliver hands the part of the segment TCP may still take to the handler.
 // The views are the packet's own memory (no copy), valid during the call.
-func (ct *connTap) deliver(seq uint32, seg *tapSegment, pkt *stack.PacketBuffer, views [][]byte) {
+func (ct *connTap) deliver(seq uint32, size int, pkt *stack.PacketBuffer, views [][]byte) {
 	read := ct.c.readBytes.Load()
 	// The sequence number of the next byte the application reads.
 	next := ct.isn + 1 + uint32(read)
 	delta := int64(int32(seq - next))
-	size := int64(seg.size)
 	skip := int64(0)
 	if delta < 0 {
 		skip = -delta // already read: TCP has it
 	}
 	limit := ct.c.rcvBufMax()
-	if skip >= size || delta >= limit {
+	if skip >= int64(size) || delta >= limit {
 		ct.stats.OutOfWindow.Add(1)
 		return
 	}
 	ct.views = append(ct.views[:0], views...)
-	payload := trimViews(ct.views, int(skip), int(min(size, limit-delta)))
+	payload := trimViews(ct.views, int(skip), int(min(int64(size), limit-delta)))
 	ct.cur = pkt
 	ct.fn(read-ct.origin+uint64(delta+skip), payload, ct.retain)
 	ct.cur = nil
@@ -213,8 +213,12 @@ func trimViews(vs [][]byte, from, to int) [][]byte {
 
 // rcvBufMax bounds how far beyond what the application has read TCP can
 // take a segment: its window never exceeds the receive buffer (twice it,
-// for the out-of-order queue and auto-tuning between two reads).
+// for the out-of-order queue and auto-tuning between two reads; rdmatap's
+// TCP keeps nothing beyond its buffer).
 func (c *Conn) rcvBufMax() int64 {
+	if c.own != nil {
+		return int64(c.own.RcvBuf())
+	}
 	return c.ep.SocketOptions().GetReceiveBufferSize() * 2
 }
 
@@ -233,6 +237,9 @@ func (c *Conn) rcvBufMax() int64 {
 // fn runs on the link's delivery goroutine: it must be fast, must not block
 // on the stack, and must not retain payload (it points into packet memory).
 // The returned function removes the tap; it is idempotent.
+//
+// On rdmatap's TCP the tap needs no link wrapper (EnableConnTaps): the
+// transport hands the handler its segments itself, checksum verified.
 func (c *Conn) TapSegments(fn func(off uint64, payload [][]byte), stats *ConnTapStats) (remove func(), err error) {
 	return c.TapSegmentsRetain(func(off uint64, payload [][]byte, _ func() Kept) { fn(off, payload) }, stats)
 }
@@ -243,7 +250,7 @@ func (c *Conn) TapSegments(fn func(off uint64, payload [][]byte), stats *ConnTap
 // returns is released.
 func (c *Conn) TapSegmentsRetain(fn func(off uint64, payload [][]byte, retain func() Kept), stats *ConnTapStats) (remove func(), err error) {
 	if c.own != nil {
-		return nil, ErrNoTap
+		return c.tapOwn(fn, stats)
 	}
 	s := c.s
 	s.mu.Lock()

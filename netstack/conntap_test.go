@@ -58,12 +58,19 @@ func (c *checksummed) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Erro
 // TestConnTapSegments: a connection tap hands over segments with their
 // place in the receive stream (their bytes are the stream's bytes there),
 // out-of-order ones included, and never one with a bad TCP checksum.
+// On rdmatap's TCP the transport hands them over itself, after it has
+// verified the checksum.
 func TestConnTapSegments(t *testing.T) {
-	gvisorOnly(t)
+	for _, tcp := range []string{TCPGVisor, TCPRdmatap} {
+		t.Run(tcp, func(t *testing.T) { testConnTapSegments(t, tcp) })
+	}
+}
+
+func testConnTapSegments(t *testing.T, tcp string) {
 	la, lb := NewLinkPair(LinkConfig{NoGSO: true})
 	isData := func(pkt *stack.PacketBuffer) bool { return pkt.Data().Size() > 0 }
 	bad := newChecksummed(NewImpair(la, ImpairConfig{Seed: 5, LossRate: 0.01, ReorderRate: 0.02, DupRate: 0.01, Filter: isData}), 50)
-	scfg := Config{MinRTO: 20 * time.Millisecond, Link: bad, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}}
+	scfg := Config{TCP: tcp, MinRTO: 20 * time.Millisecond, Link: bad, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}}
 	a, err := New(scfg)
 	if err != nil {
 		t.Fatal(err)
@@ -75,14 +82,19 @@ func TestConnTapSegments(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	b.EnableConnTaps()
-	c1, c2 := connect(t, a, b)
-	if _, err := c1.TapSegments(func(uint64, [][]byte) {}, nil); err == nil {
-		t.Fatal("a tap on a stack without connection taps")
+	own := b.TCPName() == TCPRdmatap
+	if !own {
+		b.EnableConnTaps()
 	}
-	a.EnableConnTaps()
-	if _, err := c1.TapSegments(func(uint64, [][]byte) {}, nil); err != ErrNoISN {
-		t.Fatalf("tap on a connection made before taps were enabled: %v, want ErrNoISN", err)
+	c1, c2 := connect(t, a, b)
+	if !own {
+		if _, err := c1.TapSegments(func(uint64, [][]byte) {}, nil); err == nil {
+			t.Fatal("a tap on a stack without connection taps")
+		}
+		a.EnableConnTaps()
+		if _, err := c1.TapSegments(func(uint64, [][]byte) {}, nil); err != ErrNoISN {
+			t.Fatalf("tap on a connection made before taps were enabled: %v, want ErrNoISN", err)
+		}
 	}
 
 	var mu sync.Mutex
@@ -133,8 +145,10 @@ func TestConnTapSegments(t *testing.T) {
 	if wrong != 0 {
 		t.Fatalf("%d segment pieces did not hold the stream's bytes at their offset", wrong)
 	}
-	if corrupted == 0 || stats.BadChecksum.Load() == 0 {
-		t.Fatalf("%d packets corrupted, %d refused for their checksum", corrupted, stats.BadChecksum.Load())
+	// gVisor's TCP's tap sees the packet before TCP and checks the
+	// checksum itself; rdmatap's TCP checks it before the tap sees it.
+	if corrupted == 0 || (stats.BadChecksum.Load() == 0) != own {
+		t.Fatalf("%d packets corrupted, %d refused for their checksum by the tap", corrupted, stats.BadChecksum.Load())
 	}
 	if ooo == 0 || segs < total/1460 {
 		t.Fatalf("%d segments, %d out of order", segs, ooo)
@@ -146,9 +160,10 @@ func TestConnTapSegments(t *testing.T) {
 // tap, and a removed tap gets nothing more, though the link had it
 // remembered.
 func TestConnTapRemoveAndSwitch(t *testing.T) {
-	gvisorOnly(t)
 	a, b := newTestPair(t, PairConfig{})
-	b.EnableConnTaps()
+	if b.TCPName() == TCPGVisor {
+		b.EnableConnTaps()
+	}
 	x1, x2 := connect(t, a, b)
 	y1, y2 := connect(t, a, b)
 	var mu sync.Mutex

@@ -8,11 +8,13 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
 
 	owntcp "github.com/rdmatap/rdmatap/netstack/tcp"
 )
@@ -55,13 +57,47 @@ func ownConfig(cfg Config, rcvMax, sndMax int, peerTimeout time.Duration) owntcp
 	}
 	if peerTimeout > 0 {
 		c.KeepaliveIdle, c.KeepaliveInterval, c.KeepaliveCount = peerTimeout/2, peerTimeout/4, 2
+		c.UserTimeout = peerTimeout
 	}
 	return c
 }
 
-// ErrNoTap is the error of a connection tap on a connection of the own
-// TCP, whose segments do not pass a link tap.
-var ErrNoTap = errors.New("netstack: connection taps need gVisor's TCP (Config.TCP gvisor)")
+// tapOwn is TapSegmentsRetain on the own TCP: the transport hands the
+// tap each segment whose checksum verified, before it takes it.
+func (c *Conn) tapOwn(fn func(off uint64, payload [][]byte, retain func() Kept), stats *ConnTapStats) (remove func(), err error) {
+	irs, ok := c.own.IRS()
+	if !ok {
+		return nil, c.ownErr("tap", owntcp.ErrState)
+	}
+	if stats == nil {
+		stats = new(ConnTapStats)
+	}
+	ct := &connTap{c: c, isn: uint32(irs), origin: c.readBytes.Load(), fn: fn, stats: stats}
+	ct.retain = ct.keep
+	untap := c.own.SetSegmentTap(func(s *owntcp.Segment, pkt *stack.PacketBuffer) {
+		if len(s.Payload) == 0 {
+			return
+		}
+		ct.mu.Lock()
+		defer ct.mu.Unlock()
+		if ct.removed.Load() {
+			return
+		}
+		if s.Flags&(header.TCPFlagSyn|header.TCPFlagRst) != 0 || s.Flags&header.TCPFlagAck == 0 {
+			ct.stats.BadFlags.Add(1)
+			return
+		}
+		one := [1][]byte{s.Payload}
+		ct.deliver(uint32(s.Seq), len(s.Payload), pkt, one[:])
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			ct.removed.Store(true)
+			untap()
+		})
+	}, nil
+}
 
 // TCPName is the TCP the stack's connections run on: TCPGVisor or
 // TCPRdmatap.
@@ -70,6 +106,16 @@ func (s *Stack) TCPName() string {
 		return TCPRdmatap
 	}
 	return TCPGVisor
+}
+
+// TransportEndpoints is how many transport endpoints (connections,
+// TIME-WAIT included, and listeners) the stack holds: gVisor's registered
+// endpoints, or the own TCP's.
+func (s *Stack) TransportEndpoints() int {
+	if s.own != nil {
+		return s.own.Endpoints()
+	}
+	return len(s.s.RegisteredEndpoints())
 }
 
 // ownErr is ownError for a call on c: net.ErrClosed once c is closed.
@@ -326,11 +372,17 @@ func (c *Conn) ownWrite(ctx context.Context, pl tcpip.Payloader, g *payloadGuard
 	}
 	defer func() { <-c.wsem }()
 	var total int64
+	var rec owntcp.Records
+	if g != nil {
+		if rp, ok := g.pl.(RecordPayloader); ok {
+			rec = rp
+		}
+	}
 	for pl.Len() > 0 {
 		if c.closed.Load() {
 			return total, closedError("write")
 		}
-		n, err := c.own.TryWriteFrom(pl, pl.Len())
+		n, err := c.own.TryWriteFrom(pl, pl.Len(), rec)
 		total += int64(n)
 		if err != nil {
 			if g != nil && g.err != nil {

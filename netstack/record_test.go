@@ -77,18 +77,28 @@ func (p plain) RecordFit()  {}
 // (delivered unsplit here), every super-segment starts on a record
 // boundary too (RecordFit): a write longer than the stack's largest
 // super-segment is cut at one, which is no multiple of the record.
+// rdmatap's TCP cuts its segments at the records' boundaries itself.
 func TestRecordAlignment(t *testing.T) {
-	gvisorOnly(t)
-	for _, gso := range []bool{false, true} {
-		t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) { recordAlignment(t, gso) })
+	for _, tcp := range []string{TCPGVisor, TCPRdmatap} {
+		for _, gso := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/gso=%v", tcp, gso), func(t *testing.T) { recordAlignment(t, tcp, gso) })
+		}
 	}
 }
 
-func recordAlignment(t *testing.T, gso bool) {
+func recordAlignment(t *testing.T, tcp string, gso bool) {
 	const msgs, per, last = 12, 200, 300
 	aligned := func(t *testing.T, record bool) (float64, int) {
 		la, lb := NewLinkPair(LinkConfig{NoGSO: !gso, MTU: 1500})
-		scfg := Config{Link: la, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}}
+		// A small send buffer: the writes (each a message of
+		// many records) are cut short. (With GSO, one larger than a
+		// super-segment: cut short or not, writes are longer than
+		// one.)
+		sndBuf := 48 << 10
+		if gso {
+			sndBuf = 1 << 20
+		}
+		scfg := Config{TCP: tcp, SndBufMax: sndBuf, Link: la, Addrs: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}}
 		a, err := New(scfg)
 		if err != nil {
 			t.Fatal(err)
@@ -102,15 +112,9 @@ func recordAlignment(t *testing.T, gso bool) {
 		defer b.Close()
 		b.EnableConnTaps()
 		c1, c2 := connect(t, a, b)
-		// A small send buffer: the writes (each a message of
-		// many records) are cut short. (With GSO, one larger than a
-		// super-segment: cut short or not, writes are longer than
-		// one.)
-		sndBuf := int64(48 << 10)
-		if gso {
-			sndBuf = 1 << 20
+		if tcp == TCPGVisor {
+			c1.ep.SocketOptions().SetSendBufferSize(int64(sndBuf), true)
 		}
-		c1.ep.SocketOptions().SetSendBufferSize(sndBuf, true)
 		size := c1.MaxPayload()
 		msgLen := per*size + last
 		starts := map[uint64]bool{}

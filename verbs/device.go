@@ -157,9 +157,6 @@ func Open(ns *netstack.Stack, cfg DeviceConfig) (*Device, error) {
 	switch cfg.Placement {
 	case PlacementStream:
 	case PlacementSegment:
-		if ns.TCPName() != netstack.TCPGVisor {
-			return nil, fmt.Errorf("%w: segment placement needs gVisor's TCP (the stack runs %s's)", ErrInvalidArgument, ns.TCPName())
-		}
 		ns.EnableConnTaps()
 	default:
 		return nil, fmt.Errorf("%w: placement %v", ErrInvalidArgument, cfg.Placement)

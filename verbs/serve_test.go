@@ -630,7 +630,7 @@ func TestServiceClientDeath(t *testing.T) {
 		}
 	}
 	endpoints := func() int {
-		return len(p.na.Stack().RegisteredEndpoints()) + len(p.nb.Stack().RegisteredEndpoints())
+		return p.na.TransportEndpoints() + p.nb.TransportEndpoints()
 	}
 	path, srv := startService(t, p.a, service.Limits{})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -68,9 +68,15 @@ type Config struct {
 	// segment of ours to ride on (or for a second segment to
 	// acknowledge). Default 1 ms; negative: acknowledge at once.
 	AckDelay   time.Duration
-	SynRetries int           // SYN (or SYN-ACK) retransmissions before ErrTimeout; default 6
-	MaxRetries int           // data retransmissions in a row before ErrTimeout; default 15
-	TimeWait   time.Duration // how long TIME-WAIT lasts (2·MSL); default 60 s
+	SynRetries int // SYN (or SYN-ACK) retransmissions before ErrTimeout; default 6
+	MaxRetries int // data retransmissions in a row before ErrTimeout; default 15
+	// UserTimeout is how long sent data may go unacknowledged before
+	// the connection ends with ErrTimeout (RFC 9293 §3.8.3's user
+	// timeout, Linux's TCP_USER_TIMEOUT), however many retransmissions
+	// that leaves; a peer that answers window probes keeps it. 0: only
+	// MaxRetries ends it.
+	UserTimeout time.Duration
+	TimeWait    time.Duration // how long TIME-WAIT lasts (2·MSL); default 60 s
 
 	// Keepalive (RFC 9293 §3.8.4): after KeepaliveIdle without a segment
 	// from the peer (0: never), a probe goes every KeepaliveInterval
@@ -137,7 +143,8 @@ type Conn struct {
 	iss                    seqnum.Value
 	sndUna, sndNxt, sndMax seqnum.Value
 	sndBuf                 byteQueue
-	sndWnd                 int // the peer's window, scaled
+	marks                  recordMarks // the records' boundaries (records.go)
+	sndWnd                 int         // the peer's window, scaled
 	maxSndWnd              int
 	sndWl1, sndWl2         seqnum.Value
 	sndShift, rcvShift     uint8
@@ -200,8 +207,11 @@ type Conn struct {
 	tlpHigh seqnum.Value  // SND.MAX when it went
 
 	lastRecv time.Duration // when the peer's latest segment came
-	kaAt     time.Duration // the keepalive timer; 0: stopped
-	kaProbes int           // probes unanswered
+	// unackedSince is when the oldest data in flight was sent or the
+	// peer last acknowledged some (Config.UserTimeout).
+	unackedSince time.Duration
+	kaAt         time.Duration // the keepalive timer; 0: stopped
+	kaProbes     int           // probes unanswered
 
 	// lastOOWAck is when the latest ACK answering an unacceptable
 	// segment without data, or a challenge ACK, went out (ackOOW).
@@ -372,6 +382,7 @@ func (c *Conn) Write(p []byte, now time.Duration) (int, error) {
 	}
 	n := min(len(p), c.cfg.SndBuf-c.sndBuf.len())
 	c.sndBuf.write(p[:n])
+	c.marks.partial = false
 	c.output()
 	return n, nil
 }
@@ -443,8 +454,9 @@ func (c *Conn) ReadDone(n int, now time.Duration) {
 }
 
 // WriteFrom is Write of up to n bytes read from r straight into the send
-// buffer; an error of r's ends it, with the bytes r gave queued.
-func (c *Conn) WriteFrom(r io.Reader, n int, now time.Duration) (int, error) {
+// buffer; an error of r's ends it, with the bytes r gave queued. rec,
+// when not nil, tells where the records r produces end (Records).
+func (c *Conn) WriteFrom(r io.Reader, n int, rec Records, now time.Duration) (int, error) {
 	c.now = now
 	if err := c.writeErr(); err != nil {
 		return 0, err
@@ -453,9 +465,16 @@ func (c *Conn) WriteFrom(r io.Reader, n int, now time.Duration) (int, error) {
 	if n <= 0 {
 		return 0, nil
 	}
-	buf := c.sndBuf.grow(n)
-	k, err := io.ReadFull(r, buf)
-	c.sndBuf.shrink(n - k)
+	var k int
+	var err error
+	if rec != nil {
+		k, err = c.writeRecords(r, n, rec)
+	} else {
+		buf := c.sndBuf.grow(n)
+		k, err = io.ReadFull(r, buf)
+		c.sndBuf.shrink(n - k)
+		c.marks.partial = false
+	}
 	if k > 0 {
 		c.output()
 	}

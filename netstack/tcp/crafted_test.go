@@ -275,6 +275,42 @@ func TestUnansweredRetransmissions(t *testing.T) {
 	}
 }
 
+// TestUserTimeout: data unacknowledged for UserTimeout ends the
+// connection with ErrTimeout at that time, long before MaxRetries would;
+// an ACK of some of it in between starts the wait over.
+func TestUserTimeout(t *testing.T) {
+	const ut = 3 * time.Second
+	p := established(t, Config{UserTimeout: ut, MinRTO: 200 * time.Millisecond}, nil)
+	start := p.now
+	p.c.Write([]byte("first"), p.now)
+	p.take()
+	// Half the user timeout on, the peer acknowledges it; more goes.
+	for d := p.c.Deadline(); d != 0 && d < start+ut/2; d = p.c.Deadline() {
+		p.now = d
+		p.c.Tick(p.now)
+		p.take()
+	}
+	p.now = start + ut/2
+	p.input(Segment{Seq: p.seq, Ack: 1006, Flags: header.TCPFlagAck, Window: 65535})
+	acked := p.now
+	p.c.Write([]byte("second"), p.now)
+	p.take()
+	for p.c.State() != Closed {
+		p.now = p.c.Deadline()
+		if p.now == 0 {
+			t.Fatal("no timer")
+		}
+		p.c.Tick(p.now)
+		p.take()
+	}
+	if p.c.Err() != ErrTimeout {
+		t.Fatalf("ended with %v", p.c.Err())
+	}
+	if d := p.now - acked; d < ut || d > ut+time.Millisecond {
+		t.Fatalf("ended %v after the last ACK, want the user timeout %v", d, ut)
+	}
+}
+
 // TestPAWS: a segment whose timestamp is older than the latest in order
 // is dropped and answered with an ACK (RFC 7323 §5).
 func TestPAWS(t *testing.T) {

@@ -259,6 +259,7 @@ func (c *Conn) inputAck(s *Segment) bool {
 	wnd := int(s.Window) << c.sndShift
 	if c.probing {
 		c.retries = 0 // the peer answers the window probes
+		c.unackedSince = c.now
 		if wnd > 0 {
 			c.probing = false
 			if ack == c.sndUna && c.sndMax == c.sndUna.Add(1) {
@@ -310,6 +311,7 @@ func (c *Conn) newAck(ack seqnum.Value) {
 	}
 	c.sndBuf.drop(acked)
 	c.sndUna = ack
+	c.marks.ack(ack)
 	c.n.bytesAcked += uint64(acked)
 	if c.sndNxt.LessThan(ack) {
 		c.sndNxt = ack
@@ -319,6 +321,7 @@ func (c *Conn) newAck(ack seqnum.Value) {
 		c.timing = false
 	}
 	c.backoff, c.retries = 0, 0
+	c.unackedSince = c.now
 	c.tlpAcked(ack)
 	c.congestionOnAck(ack, acked)
 	if c.sndUna == c.sndMax {

@@ -19,7 +19,7 @@ func (c *Conn) output() {
 		return
 	}
 	sent := false
-	for c.sendOne(false) {
+	for c.sendOne(sendNormal) {
 		sent = true
 	}
 	if !sent && c.ackNow {
@@ -27,11 +27,24 @@ func (c *Conn) output() {
 	}
 }
 
-// sendOne sends the next new segment if the windows and the sender's
-// silly window avoidance (RFC 9293 §3.8.6.2.1) allow it; force overrides
-// the avoidance (its timeout: the window update that would end it may
-// have been lost).
-func (c *Conn) sendOne(force bool) bool {
+// How sendOne decides.
+type sendMode uint8
+
+const (
+	sendNormal sendMode = iota
+	// sendForce overrides the silly window avoidance (its timeout: the
+	// window update that would end it may have been lost) and a
+	// record's wait for its rest.
+	sendForce
+	// sendProbe is a tail loss probe's new segment: one, as the peer's
+	// window allows, whatever the congestion window (RFC 8985 §7.3).
+	sendProbe
+)
+
+// sendOne sends the next new segment if the windows, the sender's silly
+// window avoidance (RFC 9293 §3.8.6.2.1) and the records allow it.
+func (c *Conn) sendOne(mode sendMode) bool {
+	force := mode != sendNormal
 	off := int(c.sndUna.Size(c.sndNxt))
 	unsent := c.sndBuf.len() - off
 	if unsent < 0 || c.finAcked {
@@ -42,9 +55,20 @@ func (c *Conn) sendOne(force bool) bool {
 		flight = c.pipe() // RFC 6675: the octets still in the network
 	}
 	usable := max(min(c.cwnd-flight, c.sndWnd-off), 0)
-	n := min(unsent, c.maxOut(), usable)
+	if mode == sendProbe {
+		usable = max(min(c.sndMSS, c.sndWnd-off), 0)
+	}
+	avail := unsent
+	if c.marks.partial && !force {
+		// The buffer ends inside a record, whose rest the writer
+		// adds as soon as there is room: the record's start waits
+		// for it rather than leave the next segment starting inside
+		// it (the timer below sends it if the rest does not come).
+		avail = c.marks.marked(c.sndNxt)
+	}
+	n := min(avail, c.maxOut(), usable)
 	fin := c.finQueued && n == unsent
-	if n < unsent && n < c.sndMSS {
+	if n < avail && n < c.sndMSS {
 		// Only a full segment, or one the peer's largest window would
 		// take half of, is worth sending short of the rest.
 		if n <= 0 || n < c.maxSndWnd/2 && !force {
@@ -60,7 +84,15 @@ func (c *Conn) sendOne(force bool) bool {
 		}
 		return false
 	}
-	c.sendData(c.sndNxt, n, fin)
+	seg := 0
+	if n > 0 {
+		n, seg = c.cut(c.sndNxt, n)
+		fin = fin && n == unsent
+	}
+	if c.sndUna == c.sndMax {
+		c.unackedSince = c.now // the first in flight
+	}
+	c.sendData(c.sndNxt, n, seg, fin)
 	c.sndNxt = c.sndNxt.Add(seqnum.Size(n))
 	if fin {
 		c.sndNxt = c.sndNxt.Add(1)
@@ -85,8 +117,9 @@ func (c *Conn) sendOne(force bool) bool {
 }
 
 // sendData sends n bytes of the send buffer from seq on, with our FIN
-// after them when fin is set.
-func (c *Conn) sendData(seq seqnum.Value, n int, fin bool) {
+// after them when fin is set; segSize, when n is more, is the payload of
+// each segment the link cuts it into.
+func (c *Conn) sendData(seq seqnum.Value, n, segSize int, fin bool) {
 	if seq.LessThan(c.sndMax) {
 		c.n.retransSegs++
 		c.n.retrans += uint64(n)
@@ -99,7 +132,10 @@ func (c *Conn) sendData(seq seqnum.Value, n int, fin bool) {
 	s.Payload = c.sndBuf.bytes(off)[:n]
 	// The MSS leaves room for the timestamps only: SACK blocks that
 	// would take the segment past it are left to a pure ACK after it.
-	seg := min(n, c.sndMSS)
+	seg := n
+	if segSize > 0 {
+		seg = segSize
+	}
 	keep := max((c.sndMSS-seg-4)/8, 0)
 	later := len(s.SACK) > keep
 	if later {
@@ -114,8 +150,8 @@ func (c *Conn) sendData(seq seqnum.Value, n int, fin bool) {
 	if n > 0 {
 		s.Flags |= header.TCPFlagPsh
 	}
-	if n > c.sndMSS {
-		s.SegSize = c.sndMSS
+	if segSize > 0 && n > segSize {
+		s.SegSize = segSize
 	}
 	c.out(s)
 	if later {
@@ -135,7 +171,7 @@ func (c *Conn) maxOut() int {
 // retransmitHead resends the first unacknowledged segment (fast
 // retransmit, a partial ACK's next hole), leaving sndNxt where it is.
 func (c *Conn) retransmitHead() {
-	n := min(c.sndBuf.len(), c.sndMSS, int(c.sndUna.Size(c.sndMax)))
+	n := c.cutLen(c.sndUna, min(c.sndBuf.len(), c.sndMSS, int(c.sndUna.Size(c.sndMax))))
 	fin := c.finQueued && !c.finAcked && n == c.sndBuf.len() && c.finSeq().LessThan(c.sndMax)
 	if n == 0 && !fin {
 		return
@@ -143,7 +179,7 @@ func (c *Conn) retransmitHead() {
 	if c.timing && c.sndUna.LessThan(c.timedSeq) {
 		c.timing = false // Karn: no sample from a retransmitted range
 	}
-	c.sendData(c.sndUna, n, fin)
+	c.sendData(c.sndUna, n, 0, fin)
 	c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
 }
 
@@ -168,11 +204,11 @@ func (c *Conn) onRTO() {
 	if !persist && c.sndUna == c.sndMax {
 		// Nothing in flight: the silly window avoidance's timeout,
 		// or a stale timer.
-		c.sendOne(true)
+		c.sendOne(sendForce)
 		c.output()
 		return
 	}
-	if c.retries >= c.cfg.MaxRetries {
+	if c.retries >= c.cfg.MaxRetries || c.cfg.UserTimeout > 0 && c.now-c.unackedSince >= c.cfg.UserTimeout {
 		c.reset(ErrTimeout)
 		return
 	}
@@ -201,14 +237,26 @@ func (c *Conn) onRTO() {
 	c.recover = c.sndMax
 	c.sndNxt = c.sndUna
 	c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
-	c.sendOne(true) // the retransmission goes, whatever the avoidance says
+	c.sendOne(sendForce) // the retransmission goes, whatever the avoidance says
 	c.output()
+	c.userDeadline()
+}
+
+// userDeadline keeps the retransmission timer from running past the user
+// timeout, so that the connection ends when it says.
+func (c *Conn) userDeadline() {
+	if c.cfg.UserTimeout <= 0 || c.rtoAt == 0 {
+		return
+	}
+	if at := c.unackedSince + c.cfg.UserTimeout; at < c.rtoAt {
+		c.rtoAt = max(at, c.now)
+	}
 }
 
 // probe sends one byte at sndUna (the persist timer's window probe).
 func (c *Conn) probe() {
 	if c.sndBuf.len() > 0 {
-		c.sendData(c.sndUna, 1, false)
+		c.sendData(c.sndUna, 1, 0, false)
 		if c.sndNxt == c.sndUna {
 			c.sndNxt = c.sndUna.Add(1)
 			if c.sndMax.LessThan(c.sndNxt) {
@@ -216,9 +264,10 @@ func (c *Conn) probe() {
 			}
 		}
 	} else if c.finQueued && !c.finAcked {
-		c.sendData(c.sndUna, 0, true)
+		c.sendData(c.sndUna, 0, 0, true)
 	}
 	c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
+	c.userDeadline()
 }
 
 // sendAck sends a segment with no data: the ACK, our window, and the

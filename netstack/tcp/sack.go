@@ -157,8 +157,9 @@ func (c *Conn) pipe() int {
 
 // nextLost is where the next retransmission of RFC 6675's NextSeg rule 1
 // starts: the first octet at or above highRxt that is lost and not SACKed,
-// and how many octets of the hole it opens follow it below the loss
-// boundary. ok is false when there is none.
+// and how many octets of the hole it opens follow it (the hole's end, a
+// segment's start, where the loss boundary need not be). ok is false when
+// there is none.
 func (c *Conn) nextLost() (seq seqnum.Value, n int, ok bool) {
 	lost := c.lostBelow()
 	at := c.highRxt
@@ -170,11 +171,7 @@ func (c *Conn) nextLost() (seq seqnum.Value, n int, ok bool) {
 			return 0, 0, false
 		}
 		if at.LessThan(r.start) {
-			end := r.start
-			if lost.LessThan(end) {
-				end = lost
-			}
-			return at, int(at.Size(end)), true
+			return at, int(at.Size(r.start)), true
 		}
 		if at.LessThan(r.end) {
 			at = r.end
@@ -192,19 +189,19 @@ func (c *Conn) sackRecover() {
 			return
 		}
 		if seq, n, ok := c.nextLost(); ok {
-			n = min(n, c.sndMSS, c.sndBuf.len()-int(c.sndUna.Size(seq)))
+			n = c.cutLen(seq, min(n, c.sndMSS, c.sndBuf.len()-int(c.sndUna.Size(seq))))
 			if n <= 0 {
 				return
 			}
 			if c.timing && seq.LessThan(c.timedSeq) {
 				c.timing = false // Karn
 			}
-			c.sendData(seq, n, false)
+			c.sendData(seq, n, 0, false)
 			c.highRxt = seq.Add(seqnum.Size(n))
 			c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
 			continue
 		}
-		if !c.sendOne(false) {
+		if !c.sendOne(sendNormal) {
 			return
 		}
 	}

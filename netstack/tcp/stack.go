@@ -9,6 +9,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/buffer"
@@ -36,14 +37,46 @@ type Protocol struct {
 
 	mu        sync.Mutex
 	conns     map[stack.TransportEndpointID]*Endpoint
+	bound     map[localPort]int // connections per local address and port
 	listeners map[uint16]*Listener
 	nextPort  uint16
+	timeWait  atomic.Int64 // SetOption's TIME-WAIT; 0: cfg's
+}
+
+// localPort is a connection's local address and port.
+type localPort struct {
+	addr tcpip.Address
+	port uint16
+}
+
+// addConn and dropConn keep conns and bound; p.mu is held.
+func (p *Protocol) addConn(e *Endpoint) {
+	p.conns[e.id] = e
+	p.bound[localPort{e.id.LocalAddress, e.id.LocalPort}]++
+}
+
+func (p *Protocol) dropConn(e *Endpoint) {
+	if p.conns[e.id] != e {
+		return
+	}
+	delete(p.conns, e.id)
+	k := localPort{e.id.LocalAddress, e.id.LocalPort}
+	if p.bound[k]--; p.bound[k] <= 0 {
+		delete(p.bound, k)
+	}
+}
+
+// portInUse reports whether a connection from addr's port would share
+// the port with another connection or a listener (bind's EADDRINUSE);
+// p.mu is held.
+func (p *Protocol) portInUse(addr tcpip.Address, port uint16) bool {
+	return p.bound[localPort{addr, port}] > 0 || p.listeners[port] != nil
 }
 
 // NewProtocol makes a Protocol whose connections have cfg.
 func NewProtocol(cfg Config) *Protocol {
 	p := &Protocol{cfg: cfg, start: time.Now(), conns: map[stack.TransportEndpointID]*Endpoint{},
-		listeners: map[uint16]*Listener{}, nextPort: 49152}
+		bound: map[localPort]int{}, listeners: map[uint16]*Listener{}, nextPort: 49152}
 	rand.Read(p.key[:])
 	return p
 }
@@ -101,14 +134,35 @@ func (*Protocol) ParsePorts(v []byte) (src, dst uint16, err tcpip.Error) {
 	return h.SourcePort(), h.DestinationPort(), nil
 }
 
-// SetOption accepts no options.
-func (*Protocol) SetOption(tcpip.SettableTransportProtocolOption) tcpip.Error {
+// SetOption takes gVisor's TCP option for TIME-WAIT's length
+// (tcpip.TCPTimeWaitTimeoutOption), for connections made from then on.
+func (p *Protocol) SetOption(opt tcpip.SettableTransportProtocolOption) tcpip.Error {
+	switch o := opt.(type) {
+	case *tcpip.TCPTimeWaitTimeoutOption:
+		if *o <= 0 {
+			return &tcpip.ErrInvalidOptionValue{}
+		}
+		p.timeWait.Store(int64(*o))
+		return nil
+	}
 	return &tcpip.ErrUnknownProtocolOption{}
 }
 
-// Option has no options.
-func (*Protocol) Option(tcpip.GettableTransportProtocolOption) tcpip.Error {
+// Option reads what SetOption sets.
+func (p *Protocol) Option(opt tcpip.GettableTransportProtocolOption) tcpip.Error {
+	switch o := opt.(type) {
+	case *tcpip.TCPTimeWaitTimeoutOption:
+		*o = tcpip.TCPTimeWaitTimeoutOption(p.connConfig(nil).TimeWait)
+		return nil
+	}
 	return &tcpip.ErrUnknownProtocolOption{}
+}
+
+// Endpoints is how many connections and listeners the protocol has.
+func (p *Protocol) Endpoints() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.conns) + len(p.listeners)
 }
 
 // Close resets every connection.
@@ -169,6 +223,9 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 	p.mu.Lock()
 	if e := p.conns[id]; e != nil {
 		p.mu.Unlock()
+		if tap := e.tap.Load(); tap != nil {
+			(*tap)(&seg, pkt)
+		}
 		e.input(&seg)
 		return stack.UnknownDestinationPacketHandled
 	}
@@ -259,6 +316,8 @@ type Endpoint struct {
 	done           chan struct{}
 	onClose        func() // SetOnClose
 	finished       bool   // onClose has run
+
+	tap atomic.Pointer[SegmentTap] // SetSegmentTap
 }
 
 func (p *Protocol) newEndpoint(id stack.TransportEndpointID, r *stack.Route) *Endpoint {
@@ -300,9 +359,7 @@ func (e *Endpoint) arm() {
 			e.released = true
 			close(e.done)
 			e.p.mu.Lock()
-			if e.p.conns[e.id] == e {
-				delete(e.p.conns, e.id)
-			}
+			e.p.dropConn(e)
 			e.p.mu.Unlock()
 			e.route.Release()
 		}
@@ -359,24 +416,25 @@ func (p *Protocol) Dial(ctx context.Context, nic tcpip.NICID, laddr, raddr tcpip
 	id := stack.TransportEndpointID{LocalPort: laddr.Port, LocalAddress: r.LocalAddress(), RemotePort: raddr.Port, RemoteAddress: raddr.Addr}
 	p.mu.Lock()
 	if id.LocalPort == 0 {
+		// An ephemeral port no other connection or listener has.
 		for i := 0; i < 16384; i++ {
 			id.LocalPort = p.nextPort
 			p.nextPort++
 			if p.nextPort == 0 {
 				p.nextPort = 49152
 			}
-			if _, used := p.conns[id]; !used {
+			if !p.portInUse(id.LocalAddress, id.LocalPort) {
 				break
 			}
 		}
 	}
-	if _, used := p.conns[id]; used {
+	if _, used := p.conns[id]; used || laddr.Port != 0 && p.portInUse(id.LocalAddress, id.LocalPort) {
 		p.mu.Unlock()
 		r.Release()
 		return nil, ErrAddrInUse
 	}
 	e := p.newEndpoint(id, r)
-	p.conns[id] = e
+	p.addConn(e)
 	p.mu.Unlock()
 	iss, tso := p.iss(id)
 	e.mu.Lock()
@@ -411,6 +469,12 @@ func (p *Protocol) Dial(ctx context.Context, nic tcpip.NICID, laddr, raddr tcpip
 // what the NIC takes when it cuts segments itself.
 func (p *Protocol) connConfig(r *stack.Route) Config {
 	cfg := p.cfg
+	if tw := p.timeWait.Load(); tw > 0 {
+		cfg.TimeWait = time.Duration(tw)
+	}
+	if r == nil {
+		return cfg.withDefaults()
+	}
 	fit := int(r.MTU()) - header.TCPMinimumSize
 	if cfg.MSS <= 0 || cfg.MSS > fit {
 		cfg.MSS = fit
@@ -542,7 +606,8 @@ func (e *Endpoint) TryReadTo(w io.Writer, max int) (int, error) {
 // buffer has room for now, without waiting: (0, nil) when it is full.
 // It fails with the connection's error, ErrClosed after CloseWrite, and
 // ErrState before the handshake or after the peer's FIN was answered.
-func (e *Endpoint) TryWriteFrom(r io.Reader, n int) (int, error) {
+// rec, when not nil, tells where the records r produces end (Records).
+func (e *Endpoint) TryWriteFrom(r io.Reader, n int, rec Records) (int, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.appGone {
@@ -557,7 +622,7 @@ func (e *Endpoint) TryWriteFrom(r io.Reader, n int) (int, error) {
 		}
 		return 0, nil
 	}
-	k, err := e.c.WriteFrom(r, n, e.p.now())
+	k, err := e.c.WriteFrom(r, n, rec, e.p.now())
 	e.arm()
 	return k, err
 }
@@ -596,6 +661,38 @@ func (e *Endpoint) SetOnClose(fn func()) {
 	}
 	e.onClose = fn
 }
+
+// SegmentTap sees a connection's segments before the connection takes
+// them (Endpoint.SetSegmentTap).
+type SegmentTap func(s *Segment, pkt *stack.PacketBuffer)
+
+// SetSegmentTap has fn called with every segment of the connection whose
+// checksum verified, before the connection takes it: on the goroutine
+// that delivered the packet, without the connection's lock, so fn must
+// not wait for the endpoint. The segment and its payload are valid during
+// the call; pkt is the packet that holds them (a clone of its buffer
+// keeps them). Segments of the connection may arrive on several
+// goroutines at once. A tap set later replaces it; the returned
+// function removes it (not a later one).
+func (e *Endpoint) SetSegmentTap(fn SegmentTap) (remove func()) {
+	p := &fn
+	e.tap.Store(p)
+	return func() { e.tap.CompareAndSwap(p, nil) }
+}
+
+// IRS is the peer's initial sequence number: byte 0 of the receive
+// stream is IRS+1. ok is false before the peer's SYN has come and once
+// the connection has closed.
+func (e *Endpoint) IRS() (irs seqnum.Value, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := e.c.State()
+	return e.c.irs, st != SynSent && st != Closed
+}
+
+// RcvBuf is the connection's receive buffer, in bytes: its window never
+// reaches beyond it.
+func (e *Endpoint) RcvBuf() int { return e.c.cfg.RcvBuf }
 
 // ID is the connection's addresses and ports.
 func (e *Endpoint) ID() stack.TransportEndpointID { return e.id }
@@ -662,7 +759,7 @@ func (l *Listener) admit(p *Protocol, id stack.TransportEndpointID, nic tcpip.NI
 	iss, tso := p.iss(id)
 	cfg := p.connConfig(r)
 	e.c = Accept(cfg, e.out, syn, p.now(), iss, tso)
-	p.conns[id] = e
+	p.addConn(e)
 	l.pending = append(l.pending, e)
 	return e, true
 }

@@ -48,7 +48,7 @@ func (c *Conn) onTLP() {
 	}
 	c.tlpOut, c.tlpHigh = true, c.sndMax
 	c.n.tlps++
-	if c.sendOne(true) {
+	if c.sendOne(sendProbe) {
 		c.tlpHigh = c.sndMax
 	} else {
 		// No new data: the last segment sent goes again.
@@ -56,8 +56,15 @@ func (c *Conn) onTLP() {
 		n := min(c.sndMSS, sent)
 		fin := c.finQueued && !c.finAcked && c.finSeq().LessThan(c.sndMax)
 		seq := c.sndUna.Add(seqnum.Size(sent - n))
+		if q := &c.marks; q.len() > 0 {
+			// From the first record that starts in it.
+			if i := q.after(seq.Add(^seqnum.Size(0))); i < len(q.m) && q.m[i].LessThan(c.sndMax) && q.m[i] != seq {
+				n -= int(seq.Size(q.m[i]))
+				seq = q.m[i]
+			}
+		}
 		if fin || n > 0 {
-			c.sendData(seq, n, fin)
+			c.sendData(seq, n, 0, fin)
 		}
 	}
 	c.rtoAt = c.now + c.rtt.backedOff(c.backoff)

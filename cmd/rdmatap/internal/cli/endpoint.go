@@ -78,8 +78,7 @@ func (f *EndpointFlags) Check() (netip.Prefix, netip.Addr, verbs.RTR, error) {
 	if f.Tap == "" {
 		return none, netip.Addr{}, 0, fmt.Errorf("%w: --tap is required", ErrUsage)
 	}
-	tcpName, err := netstack.ParseTCP(f.tcp)
-	if err != nil {
+	if _, err := netstack.ParseTCP(f.tcp); err != nil {
 		return none, netip.Addr{}, 0, fmt.Errorf("%w: --tcp %q: want gvisor or rdmatap", ErrUsage, f.tcp)
 	}
 	if len(f.Tap) > 15 {
@@ -122,9 +121,6 @@ func (f *EndpointFlags) Check() (netip.Prefix, netip.Addr, verbs.RTR, error) {
 	}
 	if err := f.Lab.Check(); err != nil {
 		return none, netip.Addr{}, 0, err
-	}
-	if tcpName == netstack.TCPRdmatap && f.Lab.Mode == verbs.PlacementSegment {
-		return none, netip.Addr{}, 0, fmt.Errorf("%w: --placement segment needs --tcp gvisor (rdmatap's TCP has no segment tap yet)", ErrUsage)
 	}
 	return pfx, gw, rtr, nil
 }

@@ -1,0 +1,180 @@
+package tcp
+
+import (
+	"io"
+	"sort"
+
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+)
+
+// Records tells where the records (MPA FPDUs) of the bytes a writer
+// produces end, so that segments can be cut at their boundaries (RFC 5044
+// Appendix A's FPDU-aligned sender): a receiver then finds an FPDU at the
+// start of every segment, in whatever order segments arrive, and places
+// it from the segment. netstack.RecordPayloader is one.
+type Records interface {
+	// RecordRest is the bytes left of the record being produced; they
+	// end on a boundary. 0 at a boundary (some producers give the next
+	// record's length there instead).
+	RecordRest() int
+	// RecordFit is the most bytes, at most max, that can be produced
+	// next and end on a boundary; 0 if no boundary lies within max.
+	RecordFit(max int) int
+}
+
+// The send buffer's record boundaries: the sequence numbers at which a
+// record ends, ascending, every one beyond sndUna. Segments, first
+// transmissions and retransmissions alike, end at the last boundary that
+// fits them, and a run of equal records goes out as one GSO
+// super-segment cut at the record's length, so each segment holds whole
+// records (a record longer than a segment is cut at the segment and
+// realigned at its end). Bytes written without Records carry no
+// boundaries and are cut at the MSS.
+type recordMarks struct {
+	m []seqnum.Value
+	r int // m[r:] are the boundaries still in the send buffer
+	// partial: the buffer ends inside a record (the writer ran out of
+	// room), whose rest comes once an ACK makes room.
+	partial bool
+}
+
+func (q *recordMarks) len() int { return len(q.m) - q.r }
+
+func (q *recordMarks) push(end seqnum.Value) {
+	if n := q.len(); n > 0 && !q.m[len(q.m)-1].LessThan(end) {
+		return
+	}
+	if q.r > 0 && q.r >= len(q.m)/2 {
+		n := copy(q.m, q.m[q.r:])
+		q.m, q.r = q.m[:n], 0
+	}
+	q.m = append(q.m, end)
+}
+
+// ack drops the boundaries at or before una; an empty queue gives its
+// memory back once it has grown large (an idle connection keeps little).
+func (q *recordMarks) ack(una seqnum.Value) {
+	for q.r < len(q.m) && q.m[q.r].LessThanEq(una) {
+		q.r++
+	}
+	if q.r == len(q.m) {
+		if cap(q.m) > 1024 {
+			q.m = nil
+		} else {
+			q.m = q.m[:0]
+		}
+		q.r = 0
+	}
+}
+
+// marked is how many bytes from seq on end on the last boundary (0 when
+// none lies beyond seq).
+func (q *recordMarks) marked(seq seqnum.Value) int {
+	if q.len() == 0 || !seq.LessThan(q.m[len(q.m)-1]) {
+		return 0
+	}
+	return int(seq.Size(q.m[len(q.m)-1]))
+}
+
+// after is the index in m of the first boundary beyond seq.
+func (q *recordMarks) after(seq seqnum.Value) int {
+	return q.r + sort.Search(q.len(), func(i int) bool { return seq.LessThan(q.m[q.r+i]) })
+}
+
+// trailerSize is the MPA CRC field that ends every FPDU. A cut inside it
+// trips Linux siw's receiver, which reassembles a split trailer wrongly.
+const trailerSize = 4
+
+// cutOne is the length of a segment from seq of at most max bytes: to
+// the last boundary within max when there is one (onMark); otherwise
+// max, moved back out of a record's last trailerSize bytes.
+func (c *Conn) cutOne(seq seqnum.Value, max int) (n int, onMark bool) {
+	q := &c.marks
+	if q.len() == 0 || max <= 0 {
+		return max, false
+	}
+	end := seq.Add(seqnum.Size(max))
+	i := q.after(end) // the first boundary beyond the cut
+	if i > q.r && seq.LessThan(q.m[i-1]) {
+		return int(seq.Size(q.m[i-1])), true
+	}
+	if i < len(q.m) {
+		if d := int(end.Size(q.m[i])); d < trailerSize && max > trailerSize-d {
+			return max - (trailerSize - d), false
+		}
+	}
+	return max, false
+}
+
+// cutLen is cutOne's length alone.
+func (c *Conn) cutLen(seq seqnum.Value, max int) int {
+	n, _ := c.cutOne(seq, max)
+	return n
+}
+
+// cut sizes an output of up to n bytes from seq: one segment (segSize 0)
+// of at most the MSS, or, when n is more than one (GSO), a super-segment
+// of equal segments of segSize bytes each but the last, which may be
+// shorter. Every segment of it ends on a boundary, but for full ones
+// through a record longer than a segment.
+func (c *Conn) cut(seq seqnum.Value, n int) (total, segSize int) {
+	mss := c.sndMSS
+	if c.marks.len() == 0 {
+		if n > mss {
+			return n, mss
+		}
+		return n, 0
+	}
+	if n <= mss {
+		return c.cutLen(seq, n), 0
+	}
+	size, _ := c.cutOne(seq, mss)
+	total = size
+	for total < n {
+		k, on := c.cutOne(seq.Add(seqnum.Size(total)), min(size, n-total))
+		if k <= 0 || !on && (size < mss || k < size) {
+			break
+		}
+		total += k
+		if k < size {
+			break // the last, shorter segment
+		}
+	}
+	if total > size {
+		return total, size
+	}
+	return total, 0
+}
+
+// writeRecords is WriteFrom for a producer of records: it reads up to n
+// bytes in pieces that each end on a record boundary where one fits a
+// segment, and notes the boundaries.
+func (c *Conn) writeRecords(r io.Reader, n int, rec Records) (int, error) {
+	total := 0
+	for total < n {
+		room := n - total
+		k := rec.RecordRest()
+		if k <= 0 || k > room {
+			k = rec.RecordFit(min(room, c.sndMSS))
+			if k <= 0 {
+				k = rec.RecordFit(room)
+			}
+		}
+		mark := k > 0
+		if !mark {
+			k = room // no boundary within room: its rest comes next time
+		}
+		buf := c.sndBuf.grow(k)
+		got, err := io.ReadFull(r, buf)
+		c.sndBuf.shrink(k - got)
+		total += got
+		c.marks.partial = got < k || !mark
+		if !c.marks.partial {
+			c.marks.push(c.sndUna.Add(seqnum.Size(c.sndBuf.len())))
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
