@@ -104,3 +104,51 @@ func TestOwnTCPConn(t *testing.T) {
 		cancel()
 	}
 }
+
+// TestOwnTCPLoopback: a connection to the stack's own address (both ends
+// on one stack, as a device connecting to itself) carries data both ways
+// at once and closes; the segments between the two ends loop back through
+// the stack without either end's lock held.
+func TestOwnTCPLoopback(t *testing.T) {
+	a, _ := newTestPair(t, PairConfig{Stack: Config{TCP: TCPRdmatap}})
+	l, err := a.Listen(netip.AddrPort{}, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	acc := make(chan *Conn, 1)
+	go func() {
+		c, _ := l.Accept(ctx)
+		acc <- c
+	}()
+	c1, err := a.Dial(ctx, netip.AddrPortFrom(a.Addrs()[0].Addr(), l.Addr().Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2 := <-acc
+	if c2 == nil {
+		t.Fatal("no connection accepted")
+	}
+	const total = 4 << 20
+	errc := make(chan error, 2)
+	go func() { errc <- sendPattern(ctx, c1, 1, total, 70000) }()
+	go func() { errc <- sendPattern(ctx, c2, 2, total, 1000) }()
+	if _, err := recvPattern(ctx, c2, 1, total); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := recvPattern(ctx, c1, 2, total); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	c1.Close()
+	if _, err := c2.ReadTo(ctx, io.Discard, 0); err != io.EOF {
+		t.Fatalf("read after the peer's close: %v, want EOF", err)
+	}
+	c2.Close()
+}

@@ -46,6 +46,16 @@ var benchLink = netstack.LinkConfig{MTU: uint32(envInt("RDMATAP_BENCH_MTU", 6553
 // side by side.
 var benchStack = netstack.Config{AckDelay: benchAckDelay()}
 
+// baseStack is the configuration of the plain TCP pairs the RDMA figures
+// are set against: RDMATAP_BENCH_BASE_TCP (gvisor or rdmatap) picks their
+// TCP, so that RDMA over one TCP is timed beside TCP on the other in one
+// run; by default it is the RDMA pairs' ($RDMATAP_TCP).
+func baseStack() netstack.Config {
+	cfg := benchStack
+	cfg.TCP = os.Getenv("RDMATAP_BENCH_BASE_TCP")
+	return cfg
+}
+
 func benchAckDelay() time.Duration {
 	v := os.Getenv("RDMATAP_BENCH_ACK_DELAY")
 	if v == "" {
@@ -198,7 +208,7 @@ func (w *copyWriter) Write(p []byte) (int, error) {
 }
 
 func tcpPair(b *testing.B) (*netstack.Conn, *netstack.Conn) {
-	na, nb, err := netstack.NewPair(netstack.PairConfig{Link: benchLink, Stack: benchStack})
+	na, nb, err := netstack.NewPair(netstack.PairConfig{Link: benchLink, Stack: baseStack()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -41,6 +41,12 @@ type Protocol struct {
 	listeners map[uint16]*Listener
 	nextPort  uint16
 	timeWait  atomic.Int64 // SetOption's TIME-WAIT; 0: cfg's
+
+	// Segments to this stack's own addresses (loop).
+	loopMu     sync.Mutex
+	loopQ      []loopPacket
+	looping    bool // the loopback goroutine runs
+	loopClosed bool
 }
 
 // localPort is a connection's local address and port.
@@ -176,6 +182,9 @@ func (p *Protocol) Close() {
 	for _, e := range eps {
 		e.Abort()
 	}
+	p.loopMu.Lock()
+	p.loopClosed = true
+	p.loopMu.Unlock()
 }
 
 // Wait has nothing to wait for: the protocol has no goroutines.
@@ -243,7 +252,7 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 	p.mu.Unlock()
 	if rst, ok := ResetFor(&seg); ok {
 		if r, err := p.stack.FindRoute(nic, id.LocalAddress, id.RemoteAddress, pkt.NetworkProtocolNumber, false); err == nil {
-			send(r, id, &rst)
+			p.send(r, id, &rst)
 			r.Release()
 		}
 	}
@@ -253,7 +262,7 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 // send writes one segment to the route, with its checksum; a segment
 // for the link to cut (Segment.SegSize) carries GSO options and the
 // pseudo-header's partial checksum, which the link completes per segment.
-func send(r *stack.Route, id stack.TransportEndpointID, s *Segment) {
+func (p *Protocol) send(r *stack.Route, id stack.TransportEndpointID, s *Segment) {
 	hl := s.HeaderLen()
 	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{
 		ReserveHeaderBytes: int(r.MaxHeaderLength()) + hl,
@@ -272,12 +281,65 @@ func send(r *stack.Route, id stack.TransportEndpointID, s *Segment) {
 		}
 		pkt.GSOOptions = gso
 		header.TCP(h).SetChecksum(xsum)
-		r.WritePacket(stack.NetworkHeaderParams{Protocol: header.TCPProtocolNumber, TTL: r.DefaultTTL()}, pkt)
+	} else {
+		xsum = checksum.Checksum(s.Payload, xsum)
+		header.TCP(h).SetChecksum(^header.TCP(h).CalculateChecksum(xsum))
+	}
+	if r.Loop()&stack.PacketLoop != 0 {
+		// To an address of this stack: the stack would hand the
+		// segment to its connection on this goroutine, inside this
+		// connection's lock (or the protocol's). It goes from the
+		// loopback goroutine instead.
+		p.loop(r, pkt)
 		return
 	}
-	xsum = checksum.Checksum(s.Payload, xsum)
-	header.TCP(h).SetChecksum(^header.TCP(h).CalculateChecksum(xsum))
 	r.WritePacket(stack.NetworkHeaderParams{Protocol: header.TCPProtocolNumber, TTL: r.DefaultTTL()}, pkt)
+}
+
+// loopPacket is a segment to an address of this stack, with its route.
+type loopPacket struct {
+	r   *stack.Route
+	pkt *stack.PacketBuffer
+}
+
+// loop queues a looped-back segment for the loopback goroutine, which
+// writes them in order; it starts with the first one.
+func (p *Protocol) loop(r *stack.Route, pkt *stack.PacketBuffer) {
+	r.Acquire()
+	pkt.IncRef()
+	p.loopMu.Lock()
+	if p.loopClosed {
+		p.loopMu.Unlock()
+		pkt.DecRef()
+		r.Release()
+		return
+	}
+	p.loopQ = append(p.loopQ, loopPacket{r, pkt})
+	if !p.looping {
+		p.looping = true
+		go p.loopback()
+	}
+	p.loopMu.Unlock()
+}
+
+func (p *Protocol) loopback() {
+	var batch []loopPacket
+	for {
+		p.loopMu.Lock()
+		batch, p.loopQ = p.loopQ, batch[:0]
+		if len(batch) == 0 {
+			p.looping = false
+			p.loopMu.Unlock()
+			return
+		}
+		p.loopMu.Unlock()
+		for i, lp := range batch {
+			lp.r.WritePacket(stack.NetworkHeaderParams{Protocol: header.TCPProtocolNumber, TTL: lp.r.DefaultTTL()}, lp.pkt)
+			lp.pkt.DecRef()
+			lp.r.Release()
+			batch[i] = loopPacket{}
+		}
+	}
 }
 
 // RouteError is Dial's error when the stack has no route to the peer.
@@ -334,7 +396,7 @@ func post(ch chan struct{}) {
 }
 
 // out is the connection's output: it runs with e.mu held.
-func (e *Endpoint) out(s *Segment) { send(e.route, e.id, s) }
+func (e *Endpoint) out(s *Segment) { e.p.send(e.route, e.id, s) }
 
 // arm sets the timer to the connection's deadline and wakes the waiters;
 // e.mu is held. A connection that has closed leaves the protocol.
