@@ -503,14 +503,52 @@ static int copy_addr(struct sockaddr_storage *dst, const struct sockaddr *src)
 	return cm_map_addr(dst);
 }
 
+/* The device's PD of the library's, shared by its IDs: librdmacm gives
+ * every ID bound to a device (rdma_bind_addr, rdma_resolve_addr, a
+ * request's) the device's PD in cm_id->pd, which programs use for QPs and
+ * MRs of their own (pyverbs' CMID.pd is it), and rdma_create_qp without a
+ * PD uses. Allocated once, with the ID's first device. */
+static pthread_mutex_t pd_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ibv_pd *dev_pd;
+static struct ibv_context *dev_pd_ctx;
+
+static struct ibv_pd *default_pd(struct ibv_context *ctx)
+{
+	pthread_mutex_lock(&pd_mu);
+	if (!dev_pd || dev_pd_ctx != ctx) {
+		struct ibv_pd *pd = ibv_alloc_pd(ctx);
+		if (pd) {
+			dev_pd = pd;
+			dev_pd_ctx = ctx;
+		}
+	}
+	struct ibv_pd *r = dev_pd_ctx == ctx ? dev_pd : NULL;
+	pthread_mutex_unlock(&pd_mu);
+	return r;
+}
+
+/* The device's PD if allocated already: for IDs made where no call to
+ * the service may wait (a connection request's, on the reply's thread). */
+static struct ibv_pd *cached_pd(struct ibv_context *ctx)
+{
+	pthread_mutex_lock(&pd_mu);
+	struct ibv_pd *r = ctx && dev_pd_ctx == ctx ? dev_pd : NULL;
+	pthread_mutex_unlock(&pd_mu);
+	return r;
+}
+
 static int set_verbs(struct cm_id *c)
 {
-	if (c->id.verbs)
+	if (c->id.verbs && c->id.pd)
 		return 0;
-	struct ibv_context *ctx = rt_default_context();
+	struct ibv_context *ctx = c->id.verbs ? c->id.verbs : rt_default_context();
 	if (!ctx)
 		return -1;
+	struct ibv_pd *pd = c->id.pd ? c->id.pd : default_pd(ctx);
+	if (!pd)
+		return -1;
 	c->id.verbs = ctx;
+	c->id.pd = pd;
 	return 0;
 }
 
@@ -754,21 +792,6 @@ __be16 rdma_get_dst_port(struct rdma_cm_id *id)
 }
 
 /* ---- QPs ---- */
-
-static struct ibv_pd *default_pd(struct ibv_context *ctx)
-{
-	static pthread_mutex_t pmu = PTHREAD_MUTEX_INITIALIZER;
-	static struct ibv_pd *pd;
-	static struct ibv_context *pd_ctx;
-	pthread_mutex_lock(&pmu);
-	if (!pd || pd_ctx != ctx) {
-		pd = ibv_alloc_pd(ctx);
-		pd_ctx = ctx;
-	}
-	struct ibv_pd *r = pd;
-	pthread_mutex_unlock(&pmu);
-	return r;
-}
 
 static void destroy_own_cqs(struct rdma_cm_id *id)
 {
@@ -1292,6 +1315,7 @@ static void getreq_done(void *ctx, struct rt_msg *rep)
 				reject_request(s, req);
 		} else {
 			child->id.verbs = l->id.verbs;
+			child->id.pd = cached_pd(l->id.verbs);
 			child->id.route.addr.src_storage = l->id.route.addr.src_storage;
 			const uint8_t *d;
 			uint16_t n;

@@ -82,6 +82,8 @@ static void resolve(struct rdma_cm_id *id, struct sockaddr_in *dst)
 	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)dst, 2000) == 0);
 	ack(next(RDMA_CM_EVENT_ADDR_RESOLVED, id));
 	CHECK(id->verbs);
+	/* The device's PD, as librdmacm gives an ID bound to a device. */
+	CHECK(id->pd && id->pd->context == id->verbs);
 	/* The source is the device's address (dst is the device's own here),
 	 * port 0, as the kernel's resolution picks the interface's. */
 	const struct sockaddr_in *src = (const struct sockaddr_in *)rdma_get_local_addr(id);
@@ -153,6 +155,7 @@ int main(int argc, char **argv)
 	CHECK(rdma_bind_addr(lid, (struct sockaddr *)&me) == 0);
 	uint16_t port = ntohs(rdma_get_src_port(lid));
 	CHECK(port != 0);
+	CHECK(lid->verbs && lid->pd && lid->pd->context == lid->verbs);
 	CHECK(rdma_listen(lid, 4) == 0);
 	struct sockaddr_in dst = me;
 	dst.sin_port = htons(port);
@@ -168,7 +171,7 @@ int main(int argc, char **argv)
 	e = next(RDMA_CM_EVENT_CONNECT_REQUEST, NULL);
 	CHECK(e->listen_id == lid && e->id != lid && e->id->context == NULL);
 	CHECK(e->param.conn.private_data_len >= 10 && memcmp(e->param.conn.private_data, "request-1", 10) == 0);
-	CHECK(e->id->verbs);
+	CHECK(e->id->verbs && e->id->pd == lid->pd);
 	struct rdma_cm_id *r1 = e->id;
 	ack(e);
 	CHECK(rdma_reject(r1, "no", 3) == 0);
