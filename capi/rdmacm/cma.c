@@ -100,6 +100,7 @@ struct cm_id {
 	struct ibv_pd *ep_pd;
 	uint8_t req_resp, req_init; /* a request's: what its initiator may read and answers */
 	uint8_t tos, ack_timeout;
+	int ack_timeout_set; /* RDMA_OPTION_ID_ACK_TIMEOUT given: the CM sets it on the QP it connects */
 	int reuseaddr, afonly;
 	int bound; /* rdma_bind_addr gave the source address: connect from it */
 };
@@ -949,6 +950,13 @@ int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *qp_attr, int *q
 		return 0;
 	case IBV_QPS_RTS:
 		*qp_attr_mask = IBV_QP_STATE;
+		pthread_mutex_lock(&mu);
+		if (to_id(id)->ack_timeout_set) {
+			/* As librdmacm's RTS attributes on InfiniBand. */
+			qp_attr->timeout = to_id(id)->ack_timeout;
+			*qp_attr_mask |= IBV_QP_TIMEOUT;
+		}
+		pthread_mutex_unlock(&mu);
 		return 0;
 	default:
 		return cm_set_errno(EINVAL);
@@ -969,12 +977,20 @@ static uint32_t conn_qpn(struct rdma_cm_id *id, const struct rdma_conn_param *p)
 
 /* A QP the CM starts to connect is in RTR until the connection is
  * established or fails: sends posted meanwhile go to the service, as
- * siw's QP takes them once rdma_accept returned. */
-static void qp_connecting(uint32_t qpn)
+ * siw's QP takes them once rdma_accept returned. The ID's own QP gets the
+ * ID's ACK timeout, as librdmacm sets it with the QP's move to RTS
+ * (ibv_query_qp reports it; the connection's TCP does the retransmitting). */
+static void qp_connecting(struct cm_id *c, uint32_t qpn)
 {
 	struct ibv_qp *qp = rt_qp_lookup(qpn);
 	if (!qp)
 		return;
+	pthread_mutex_lock(&mu);
+	struct ibv_qp_attr a = {.timeout = c->ack_timeout};
+	int set = c->ack_timeout_set && c->id.qp == qp;
+	pthread_mutex_unlock(&mu);
+	if (set)
+		ibv_modify_qp(qp, &a, IBV_QP_TIMEOUT);
 	enum ibv_qp_state st = __atomic_load_n(&qp->state, __ATOMIC_SEQ_CST);
 	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT)
 		rt_qp_set_state(qp, IBV_QPS_RTR);
@@ -1138,7 +1154,7 @@ int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 	c->state = ST_CONNECTING;
 	c->qpn = qpn;
 	pthread_mutex_unlock(&mu);
-	qp_connecting(qpn);
+	qp_connecting(c, qpn);
 	uint64_t a[8] = {qpn};
 	conn_args(a + 1, conn_param, NULL);
 	struct rt_field f[3] = {{addr, (uint16_t)strlen(addr)},
@@ -1178,7 +1194,7 @@ int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 	c->qpn = qpn;
 	c->req = 0;
 	pthread_mutex_unlock(&mu);
-	qp_connecting(qpn);
+	qp_connecting(c, qpn);
 	conn_args(a + 2, conn_param, c);
 	struct rt_field f = {conn_param ? conn_param->private_data : NULL,
 			     conn_param && conn_param->private_data ? conn_param->private_data_len : 0};
@@ -1558,7 +1574,10 @@ int rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval,
 	case RDMA_OPTION_ID_ACK_TIMEOUT:
 		if (optlen != sizeof(uint8_t))
 			return cm_set_errno(EINVAL);
+		pthread_mutex_lock(&mu);
 		c->ack_timeout = *(uint8_t *)optval;
+		c->ack_timeout_set = 1;
+		pthread_mutex_unlock(&mu);
 		return 0;
 	default:
 		return cm_set_errno(ENOSYS);

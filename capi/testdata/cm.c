@@ -189,6 +189,10 @@ int main(int argc, char **argv)
 	resolve(c2.id, &dst);
 	make_qp(&c2);
 	cp.private_data = "request-2";
+	/* The ID's ACK timeout goes to the QP the CM connects (librdmacm's
+	 * RTS attributes), as ibv_query_qp then tells. */
+	uint8_t tmo = 21;
+	CHECK(rdma_set_option(c2.id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof(tmo)) == 0);
 	CHECK(rdma_connect(c2.id, &cp) == 0);
 	e = next(RDMA_CM_EVENT_CONNECT_REQUEST, NULL);
 	CHECK(memcmp(e->param.conn.private_data, "request-2", 10) == 0);
@@ -196,6 +200,12 @@ int main(int argc, char **argv)
 	s2.id->context = &s2;
 	ack(e);
 	make_qp(&s2);
+	tmo = 17;
+	CHECK(rdma_set_option(s2.id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof(tmo)) == 0);
+	struct ibv_qp_attr ta = {.qp_state = IBV_QPS_RTS};
+	int qmask;
+	CHECK(rdma_init_qp_attr(s2.id, &ta, &qmask) == 0);
+	CHECK((qmask & IBV_QP_TIMEOUT) && ta.timeout == 17);
 	struct rdma_conn_param ap = {.private_data = "accepted", .private_data_len = 9, .responder_resources = 1,
 				     .initiator_depth = 1};
 	CHECK(rdma_accept(s2.id, &ap) == 0);
@@ -212,6 +222,9 @@ int main(int argc, char **argv)
 		ack(e);
 	}
 	CHECK(c2.id->qp->state == IBV_QPS_RTS && s2.id->qp->state == IBV_QPS_RTS);
+	struct ibv_qp_init_attr qi;
+	CHECK(ibv_query_qp(c2.id->qp, &ta, IBV_QP_TIMEOUT, &qi) == 0 && ta.timeout == 21);
+	CHECK(ibv_query_qp(s2.id->qp, &ta, IBV_QP_TIMEOUT, &qi) == 0 && ta.timeout == 17);
 	struct sockaddr_in *cl = (struct sockaddr_in *)rdma_get_local_addr(c2.id);
 	struct sockaddr_in *cr = (struct sockaddr_in *)rdma_get_peer_addr(c2.id);
 	struct sockaddr_in *sl = (struct sockaddr_in *)rdma_get_local_addr(s2.id);
