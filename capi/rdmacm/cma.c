@@ -103,6 +103,8 @@ struct cm_id {
 	int ack_timeout_set; /* RDMA_OPTION_ID_ACK_TIMEOUT given: the CM sets it on the QP it connects */
 	int reuseaddr, afonly;
 	int bound; /* rdma_bind_addr gave the source address: connect from it */
+	int ext_qp;	   /* rdma_connect of an ID without a QP: its program's QP, conn_param->qp_num */
+	int resp_pending; /* CONNECT_RESPONSE handed out, rdma_establish not called yet */
 };
 
 struct cm_event {
@@ -940,16 +942,31 @@ int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *qp_attr, int *q
 {
 	if (!id || !qp_attr || !qp_attr_mask)
 		return cm_set_errno(EINVAL);
-	/* iWARP's: INIT and RTR need access flags, RTS nothing more. */
+	/*
+	 * iWARP's: the access flags for INIT and RTR, nothing more for RTS.
+	 * The CM, not the program, moves a QP past INIT: an iWARP QP reaches
+	 * RTS with its connection, which rdma_accept and rdma_connect make
+	 * (RTR is no iWARP state, and cxgb4 leaves it out likewise). So the
+	 * state is in the mask for INIT only, and not once the CM connects
+	 * the QP: a program that creates its QP itself and moves it with
+	 * these attributes (librdmacm's way for a QP outside the CM) moves it
+	 * to INIT, and then the CM connects it.
+	 */
+	pthread_mutex_lock(&mu);
+	enum cm_state st = to_id(id)->state;
+	pthread_mutex_unlock(&mu);
+	int connecting = st == ST_CONNECTING || st == ST_ACCEPTING || st == ST_CONNECTED || st == ST_DISCONNECTED;
 	switch (qp_attr->qp_state) {
 	case IBV_QPS_INIT:
 	case IBV_QPS_RTR:
 		qp_attr->qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 		qp_attr->port_num = id->port_num;
-		*qp_attr_mask = IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PORT;
+		*qp_attr_mask = IBV_QP_ACCESS_FLAGS | IBV_QP_PORT;
+		if (qp_attr->qp_state == IBV_QPS_INIT && !connecting)
+			*qp_attr_mask |= IBV_QP_STATE;
 		return 0;
 	case IBV_QPS_RTS:
-		*qp_attr_mask = IBV_QP_STATE;
+		*qp_attr_mask = 0;
 		pthread_mutex_lock(&mu);
 		if (to_id(id)->ack_timeout_set) {
 			/* As librdmacm's RTS attributes on InfiniBand. */
@@ -1011,7 +1028,14 @@ static void connected(struct cm_id *c, const struct rt_msg *rep)
 	if (qp)
 		rt_qp_set_state(qp, IBV_QPS_RTS);
 	c->state = ST_CONNECTED;
-	struct cm_event *e = push_event(to_ch(c->id.channel), c, c, RDMA_CM_EVENT_ESTABLISHED, 0);
+	/* An ID without a QP of its own connected the program's QP: as
+	 * librdmacm, CONNECT_RESPONSE, which rdma_establish acknowledges. */
+	enum rdma_cm_event_type t = RDMA_CM_EVENT_ESTABLISHED;
+	if (active && c->ext_qp) {
+		t = RDMA_CM_EVENT_CONNECT_RESPONSE;
+		c->resp_pending = 1;
+	}
+	struct cm_event *e = push_event(to_ch(c->id.channel), c, c, t, 0);
 	if (e) {
 		/* The accepting end's private data; the passive end had the
 		 * initiator's with the request. */
@@ -1108,7 +1132,7 @@ static void conn_args(uint64_t *a, const struct rdma_conn_param *p, const struct
 
 /* Send DIAL or ACCEPT for c (state already set, mu not held). */
 static int start_conn(struct cm_id *c, const struct rt_request *req, void (*done)(void *, struct rt_msg *),
-		      enum cm_state back)
+		      enum cm_state back, enum rdma_cm_event_type want)
 {
 	struct rt_session *s = session();
 	if (!s)
@@ -1129,7 +1153,7 @@ static int start_conn(struct cm_id *c, const struct rt_request *req, void (*done
 	if (c->state == ST_CONNECTING || c->state == ST_ACCEPTING)
 		c->seq = seq;
 	pthread_mutex_unlock(&mu);
-	return c->sync ? sync_wait(c, RDMA_CM_EVENT_ESTABLISHED, NULL) : 0;
+	return c->sync ? sync_wait(c, want, NULL) : 0;
 }
 
 int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
@@ -1153,6 +1177,8 @@ int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 	enum cm_state back = c->state;
 	c->state = ST_CONNECTING;
 	c->qpn = qpn;
+	c->ext_qp = !id->qp;
+	c->resp_pending = 0;
 	pthread_mutex_unlock(&mu);
 	qp_connecting(c, qpn);
 	uint64_t a[8] = {qpn};
@@ -1173,7 +1199,8 @@ int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 			req.nfields = 3;
 		}
 	}
-	return start_conn(c, &req, dial_done, back);
+	return start_conn(c, &req, dial_done, back,
+			  id->qp ? RDMA_CM_EVENT_ESTABLISHED : RDMA_CM_EVENT_CONNECT_RESPONSE);
 }
 
 int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
@@ -1199,7 +1226,7 @@ int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 	struct rt_field f = {conn_param ? conn_param->private_data : NULL,
 			     conn_param && conn_param->private_data ? conn_param->private_data_len : 0};
 	struct rt_request req = {.type = RT_ACCEPT, .nargs = 9, .args = a, .nfields = 1, .fields = &f};
-	return start_conn(c, &req, accept_done, ST_FAILED);
+	return start_conn(c, &req, accept_done, ST_FAILED, RDMA_CM_EVENT_ESTABLISHED);
 }
 
 int rdma_reject(struct rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
@@ -1231,14 +1258,21 @@ int rdma_reject_ece(struct rdma_cm_id *id, const void *private_data, uint8_t pri
 	return rdma_reject(id, private_data, private_data_len);
 }
 
+/*
+ * The active end of a connection of the program's own QP (an ID without a
+ * QP, conn_param->qp_num) acknowledges CONNECT_RESPONSE, as librdmacm's.
+ * The iWARP connection is up with the MPA Reply already, and the passive
+ * end's ESTABLISHED came with its ACCEPT's reply: there is no message to
+ * send. On an ID with a QP, as librdmacm, EINVAL.
+ */
 int rdma_establish(struct rdma_cm_id *id)
 {
-	/* iWARP connections are established by the connection calls
-	 * themselves: there is no ready-to-use message to send. */
-	if (!id)
+	if (!id || id->qp)
 		return cm_set_errno(EINVAL);
+	struct cm_id *c = to_id(id);
 	pthread_mutex_lock(&mu);
-	int ok = to_id(id)->state == ST_CONNECTED;
+	int ok = c->state == ST_CONNECTED && c->resp_pending;
+	c->resp_pending = 0;
 	pthread_mutex_unlock(&mu);
 	return ok ? 0 : cm_set_errno(EINVAL);
 }
