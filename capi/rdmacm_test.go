@@ -83,10 +83,11 @@ func compileCM(t testing.TB, libdir, src string, sanitize bool) string {
 // TestCM runs testdata/cm.c: both ends of connections in one process on
 // the service's device, through librdmacm's every path a program meets;
 // and testdata/cmbind.c: connections from a port chosen at bind and from
-// one the service picked, QP-to-ERROR, and DISCONNECTED's status (see the
+// one the service picked, QP-to-ERROR, and DISCONNECTED's status; and
+// testdata/cmext.c: connections of QPs made outside the CM (see the
 // programs' comments); each also with ASan and UBSan.
 func TestCM(t *testing.T) {
-	for _, src := range []string{"testdata/cm.c", "testdata/cmbind.c"} {
+	for _, src := range []string{"testdata/cm.c", "testdata/cmbind.c", "testdata/cmext.c"} {
 		for _, sanitize := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/sanitize=%v", filepath.Base(src), sanitize), func(t *testing.T) {
 				dir := libs(t, sanitize)

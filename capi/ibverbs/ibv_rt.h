@@ -262,6 +262,7 @@ struct rt_qp {
 	uint32_t max_send_sge, max_recv_sge, max_inline;
 	struct ibv_qp_cap cap;
 	int sig_all;
+	uint8_t timeout; /* IBV_QP_TIMEOUT as last set (ibv_query_qp's): recorded only, the connection's TCP retransmits */
 	uint8_t *bounce; /* inline data without RT_FEATURE_INLINE_DATA: max_inline bytes per SQ entry */
 	size_t bounce_len;
 	struct ibv_mr *bounce_mr;

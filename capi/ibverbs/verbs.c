@@ -1383,14 +1383,26 @@ static void disconnect_done(void *ctx, struct rt_msg *rep)
 		close(rep->fds[i]);
 }
 
+static int qp_transition(struct ibv_qp *qp, const struct ibv_qp_attr *attr);
+
 RT_VISIBLE int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 {
 	if (!qp || !attr)
 		return EINVAL;
 	if (mask & ~(IBV_QP_RATE_LIMIT - 1))
 		return EOPNOTSUPP; /* libibverbs' modify command carries no more */
-	if (!(mask & IBV_QP_STATE))
-		return 0; /* the attributes of an iWARP QP are the connection's */
+	int e = mask & IBV_QP_STATE ? qp_transition(qp, attr) : 0;
+	/* The other attributes of an iWARP QP are its connection's; the ACK
+	 * timeout is recorded for ibv_query_qp (librdmacm sets it from
+	 * RDMA_OPTION_ID_ACK_TIMEOUT, and programs read it back). */
+	if (!e && (mask & IBV_QP_TIMEOUT))
+		__atomic_store_n(&((struct rt_qp *)qp)->timeout, attr->timeout, __ATOMIC_RELAXED);
+	return e;
+}
+
+/* The state transition of ibv_modify_qp. */
+static int qp_transition(struct ibv_qp *qp, const struct ibv_qp_attr *attr)
+{
 	enum ibv_qp_state cur = qp_state(qp);
 	int connected = cur == IBV_QPS_RTS || cur == IBV_QPS_SQD;
 	switch (attr->qp_state) {
@@ -1469,6 +1481,7 @@ RT_VISIBLE int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	attr->max_rd_atomic = 16;
 	attr->max_dest_rd_atomic = 16;
 	attr->port_num = 1;
+	attr->timeout = __atomic_load_n(&q->timeout, __ATOMIC_RELAXED);
 	if (init) {
 		memset(init, 0, sizeof(*init));
 		init->qp_context = qp->qp_context;

@@ -100,8 +100,11 @@ struct cm_id {
 	struct ibv_pd *ep_pd;
 	uint8_t req_resp, req_init; /* a request's: what its initiator may read and answers */
 	uint8_t tos, ack_timeout;
+	int ack_timeout_set; /* RDMA_OPTION_ID_ACK_TIMEOUT given: the CM sets it on the QP it connects */
 	int reuseaddr, afonly;
 	int bound; /* rdma_bind_addr gave the source address: connect from it */
+	int ext_qp;	   /* rdma_connect of an ID without a QP: its program's QP, conn_param->qp_num */
+	int resp_pending; /* CONNECT_RESPONSE handed out, rdma_establish not called yet */
 };
 
 struct cm_event {
@@ -503,14 +506,52 @@ static int copy_addr(struct sockaddr_storage *dst, const struct sockaddr *src)
 	return cm_map_addr(dst);
 }
 
+/* The device's PD of the library's, shared by its IDs: librdmacm gives
+ * every ID bound to a device (rdma_bind_addr, rdma_resolve_addr, a
+ * request's) the device's PD in cm_id->pd, which programs use for QPs and
+ * MRs of their own (pyverbs' CMID.pd is it), and rdma_create_qp without a
+ * PD uses. Allocated once, with the ID's first device. */
+static pthread_mutex_t pd_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ibv_pd *dev_pd;
+static struct ibv_context *dev_pd_ctx;
+
+static struct ibv_pd *default_pd(struct ibv_context *ctx)
+{
+	pthread_mutex_lock(&pd_mu);
+	if (!dev_pd || dev_pd_ctx != ctx) {
+		struct ibv_pd *pd = ibv_alloc_pd(ctx);
+		if (pd) {
+			dev_pd = pd;
+			dev_pd_ctx = ctx;
+		}
+	}
+	struct ibv_pd *r = dev_pd_ctx == ctx ? dev_pd : NULL;
+	pthread_mutex_unlock(&pd_mu);
+	return r;
+}
+
+/* The device's PD if allocated already: for IDs made where no call to
+ * the service may wait (a connection request's, on the reply's thread). */
+static struct ibv_pd *cached_pd(struct ibv_context *ctx)
+{
+	pthread_mutex_lock(&pd_mu);
+	struct ibv_pd *r = ctx && dev_pd_ctx == ctx ? dev_pd : NULL;
+	pthread_mutex_unlock(&pd_mu);
+	return r;
+}
+
 static int set_verbs(struct cm_id *c)
 {
-	if (c->id.verbs)
+	if (c->id.verbs && c->id.pd)
 		return 0;
-	struct ibv_context *ctx = rt_default_context();
+	struct ibv_context *ctx = c->id.verbs ? c->id.verbs : rt_default_context();
 	if (!ctx)
 		return -1;
+	struct ibv_pd *pd = c->id.pd ? c->id.pd : default_pd(ctx);
+	if (!pd)
+		return -1;
 	c->id.verbs = ctx;
+	c->id.pd = pd;
 	return 0;
 }
 
@@ -755,21 +796,6 @@ __be16 rdma_get_dst_port(struct rdma_cm_id *id)
 
 /* ---- QPs ---- */
 
-static struct ibv_pd *default_pd(struct ibv_context *ctx)
-{
-	static pthread_mutex_t pmu = PTHREAD_MUTEX_INITIALIZER;
-	static struct ibv_pd *pd;
-	static struct ibv_context *pd_ctx;
-	pthread_mutex_lock(&pmu);
-	if (!pd || pd_ctx != ctx) {
-		pd = ibv_alloc_pd(ctx);
-		pd_ctx = ctx;
-	}
-	struct ibv_pd *r = pd;
-	pthread_mutex_unlock(&pmu);
-	return r;
-}
-
 static void destroy_own_cqs(struct rdma_cm_id *id)
 {
 	if (id->recv_cq && id->recv_cq != id->send_cq)
@@ -916,16 +942,38 @@ int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *qp_attr, int *q
 {
 	if (!id || !qp_attr || !qp_attr_mask)
 		return cm_set_errno(EINVAL);
-	/* iWARP's: INIT and RTR need access flags, RTS nothing more. */
+	/*
+	 * iWARP's: the access flags for INIT and RTR, nothing more for RTS.
+	 * The CM, not the program, moves a QP past INIT: an iWARP QP reaches
+	 * RTS with its connection, which rdma_accept and rdma_connect make
+	 * (RTR is no iWARP state, and cxgb4 leaves it out likewise). So the
+	 * state is in the mask for INIT only, and not once the CM connects
+	 * the QP: a program that creates its QP itself and moves it with
+	 * these attributes (librdmacm's way for a QP outside the CM) moves it
+	 * to INIT, and then the CM connects it.
+	 */
+	pthread_mutex_lock(&mu);
+	enum cm_state st = to_id(id)->state;
+	pthread_mutex_unlock(&mu);
+	int connecting = st == ST_CONNECTING || st == ST_ACCEPTING || st == ST_CONNECTED || st == ST_DISCONNECTED;
 	switch (qp_attr->qp_state) {
 	case IBV_QPS_INIT:
 	case IBV_QPS_RTR:
 		qp_attr->qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 		qp_attr->port_num = id->port_num;
-		*qp_attr_mask = IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PORT;
+		*qp_attr_mask = IBV_QP_ACCESS_FLAGS | IBV_QP_PORT;
+		if (qp_attr->qp_state == IBV_QPS_INIT && !connecting)
+			*qp_attr_mask |= IBV_QP_STATE;
 		return 0;
 	case IBV_QPS_RTS:
-		*qp_attr_mask = IBV_QP_STATE;
+		*qp_attr_mask = 0;
+		pthread_mutex_lock(&mu);
+		if (to_id(id)->ack_timeout_set) {
+			/* As librdmacm's RTS attributes on InfiniBand. */
+			qp_attr->timeout = to_id(id)->ack_timeout;
+			*qp_attr_mask |= IBV_QP_TIMEOUT;
+		}
+		pthread_mutex_unlock(&mu);
 		return 0;
 	default:
 		return cm_set_errno(EINVAL);
@@ -946,12 +994,20 @@ static uint32_t conn_qpn(struct rdma_cm_id *id, const struct rdma_conn_param *p)
 
 /* A QP the CM starts to connect is in RTR until the connection is
  * established or fails: sends posted meanwhile go to the service, as
- * siw's QP takes them once rdma_accept returned. */
-static void qp_connecting(uint32_t qpn)
+ * siw's QP takes them once rdma_accept returned. The ID's own QP gets the
+ * ID's ACK timeout, as librdmacm sets it with the QP's move to RTS
+ * (ibv_query_qp reports it; the connection's TCP does the retransmitting). */
+static void qp_connecting(struct cm_id *c, uint32_t qpn)
 {
 	struct ibv_qp *qp = rt_qp_lookup(qpn);
 	if (!qp)
 		return;
+	pthread_mutex_lock(&mu);
+	struct ibv_qp_attr a = {.timeout = c->ack_timeout};
+	int set = c->ack_timeout_set && c->id.qp == qp;
+	pthread_mutex_unlock(&mu);
+	if (set)
+		ibv_modify_qp(qp, &a, IBV_QP_TIMEOUT);
 	enum ibv_qp_state st = __atomic_load_n(&qp->state, __ATOMIC_SEQ_CST);
 	if (st == IBV_QPS_RESET || st == IBV_QPS_INIT)
 		rt_qp_set_state(qp, IBV_QPS_RTR);
@@ -972,7 +1028,14 @@ static void connected(struct cm_id *c, const struct rt_msg *rep)
 	if (qp)
 		rt_qp_set_state(qp, IBV_QPS_RTS);
 	c->state = ST_CONNECTED;
-	struct cm_event *e = push_event(to_ch(c->id.channel), c, c, RDMA_CM_EVENT_ESTABLISHED, 0);
+	/* An ID without a QP of its own connected the program's QP: as
+	 * librdmacm, CONNECT_RESPONSE, which rdma_establish acknowledges. */
+	enum rdma_cm_event_type t = RDMA_CM_EVENT_ESTABLISHED;
+	if (active && c->ext_qp) {
+		t = RDMA_CM_EVENT_CONNECT_RESPONSE;
+		c->resp_pending = 1;
+	}
+	struct cm_event *e = push_event(to_ch(c->id.channel), c, c, t, 0);
 	if (e) {
 		/* The accepting end's private data; the passive end had the
 		 * initiator's with the request. */
@@ -1069,7 +1132,7 @@ static void conn_args(uint64_t *a, const struct rdma_conn_param *p, const struct
 
 /* Send DIAL or ACCEPT for c (state already set, mu not held). */
 static int start_conn(struct cm_id *c, const struct rt_request *req, void (*done)(void *, struct rt_msg *),
-		      enum cm_state back)
+		      enum cm_state back, enum rdma_cm_event_type want)
 {
 	struct rt_session *s = session();
 	if (!s)
@@ -1090,7 +1153,7 @@ static int start_conn(struct cm_id *c, const struct rt_request *req, void (*done
 	if (c->state == ST_CONNECTING || c->state == ST_ACCEPTING)
 		c->seq = seq;
 	pthread_mutex_unlock(&mu);
-	return c->sync ? sync_wait(c, RDMA_CM_EVENT_ESTABLISHED, NULL) : 0;
+	return c->sync ? sync_wait(c, want, NULL) : 0;
 }
 
 int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
@@ -1114,8 +1177,10 @@ int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 	enum cm_state back = c->state;
 	c->state = ST_CONNECTING;
 	c->qpn = qpn;
+	c->ext_qp = !id->qp;
+	c->resp_pending = 0;
 	pthread_mutex_unlock(&mu);
-	qp_connecting(qpn);
+	qp_connecting(c, qpn);
 	uint64_t a[8] = {qpn};
 	conn_args(a + 1, conn_param, NULL);
 	struct rt_field f[3] = {{addr, (uint16_t)strlen(addr)},
@@ -1134,7 +1199,8 @@ int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 			req.nfields = 3;
 		}
 	}
-	return start_conn(c, &req, dial_done, back);
+	return start_conn(c, &req, dial_done, back,
+			  id->qp ? RDMA_CM_EVENT_ESTABLISHED : RDMA_CM_EVENT_CONNECT_RESPONSE);
 }
 
 int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
@@ -1155,12 +1221,12 @@ int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param)
 	c->qpn = qpn;
 	c->req = 0;
 	pthread_mutex_unlock(&mu);
-	qp_connecting(qpn);
+	qp_connecting(c, qpn);
 	conn_args(a + 2, conn_param, c);
 	struct rt_field f = {conn_param ? conn_param->private_data : NULL,
 			     conn_param && conn_param->private_data ? conn_param->private_data_len : 0};
 	struct rt_request req = {.type = RT_ACCEPT, .nargs = 9, .args = a, .nfields = 1, .fields = &f};
-	return start_conn(c, &req, accept_done, ST_FAILED);
+	return start_conn(c, &req, accept_done, ST_FAILED, RDMA_CM_EVENT_ESTABLISHED);
 }
 
 int rdma_reject(struct rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
@@ -1192,14 +1258,21 @@ int rdma_reject_ece(struct rdma_cm_id *id, const void *private_data, uint8_t pri
 	return rdma_reject(id, private_data, private_data_len);
 }
 
+/*
+ * The active end of a connection of the program's own QP (an ID without a
+ * QP, conn_param->qp_num) acknowledges CONNECT_RESPONSE, as librdmacm's.
+ * The iWARP connection is up with the MPA Reply already, and the passive
+ * end's ESTABLISHED came with its ACCEPT's reply: there is no message to
+ * send. On an ID with a QP, as librdmacm, EINVAL.
+ */
 int rdma_establish(struct rdma_cm_id *id)
 {
-	/* iWARP connections are established by the connection calls
-	 * themselves: there is no ready-to-use message to send. */
-	if (!id)
+	if (!id || id->qp)
 		return cm_set_errno(EINVAL);
+	struct cm_id *c = to_id(id);
 	pthread_mutex_lock(&mu);
-	int ok = to_id(id)->state == ST_CONNECTED;
+	int ok = c->state == ST_CONNECTED && c->resp_pending;
+	c->resp_pending = 0;
 	pthread_mutex_unlock(&mu);
 	return ok ? 0 : cm_set_errno(EINVAL);
 }
@@ -1292,6 +1365,7 @@ static void getreq_done(void *ctx, struct rt_msg *rep)
 				reject_request(s, req);
 		} else {
 			child->id.verbs = l->id.verbs;
+			child->id.pd = cached_pd(l->id.verbs);
 			child->id.route.addr.src_storage = l->id.route.addr.src_storage;
 			const uint8_t *d;
 			uint16_t n;
@@ -1534,7 +1608,10 @@ int rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval,
 	case RDMA_OPTION_ID_ACK_TIMEOUT:
 		if (optlen != sizeof(uint8_t))
 			return cm_set_errno(EINVAL);
+		pthread_mutex_lock(&mu);
 		c->ack_timeout = *(uint8_t *)optval;
+		c->ack_timeout_set = 1;
+		pthread_mutex_unlock(&mu);
 		return 0;
 	default:
 		return cm_set_errno(ENOSYS);

@@ -82,6 +82,8 @@ static void resolve(struct rdma_cm_id *id, struct sockaddr_in *dst)
 	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)dst, 2000) == 0);
 	ack(next(RDMA_CM_EVENT_ADDR_RESOLVED, id));
 	CHECK(id->verbs);
+	/* The device's PD, as librdmacm gives an ID bound to a device. */
+	CHECK(id->pd && id->pd->context == id->verbs);
 	/* The source is the device's address (dst is the device's own here),
 	 * port 0, as the kernel's resolution picks the interface's. */
 	const struct sockaddr_in *src = (const struct sockaddr_in *)rdma_get_local_addr(id);
@@ -153,6 +155,7 @@ int main(int argc, char **argv)
 	CHECK(rdma_bind_addr(lid, (struct sockaddr *)&me) == 0);
 	uint16_t port = ntohs(rdma_get_src_port(lid));
 	CHECK(port != 0);
+	CHECK(lid->verbs && lid->pd && lid->pd->context == lid->verbs);
 	CHECK(rdma_listen(lid, 4) == 0);
 	struct sockaddr_in dst = me;
 	dst.sin_port = htons(port);
@@ -168,7 +171,7 @@ int main(int argc, char **argv)
 	e = next(RDMA_CM_EVENT_CONNECT_REQUEST, NULL);
 	CHECK(e->listen_id == lid && e->id != lid && e->id->context == NULL);
 	CHECK(e->param.conn.private_data_len >= 10 && memcmp(e->param.conn.private_data, "request-1", 10) == 0);
-	CHECK(e->id->verbs);
+	CHECK(e->id->verbs && e->id->pd == lid->pd);
 	struct rdma_cm_id *r1 = e->id;
 	ack(e);
 	CHECK(rdma_reject(r1, "no", 3) == 0);
@@ -186,6 +189,10 @@ int main(int argc, char **argv)
 	resolve(c2.id, &dst);
 	make_qp(&c2);
 	cp.private_data = "request-2";
+	/* The ID's ACK timeout goes to the QP the CM connects (librdmacm's
+	 * RTS attributes), as ibv_query_qp then tells. */
+	uint8_t tmo = 21;
+	CHECK(rdma_set_option(c2.id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof(tmo)) == 0);
 	CHECK(rdma_connect(c2.id, &cp) == 0);
 	e = next(RDMA_CM_EVENT_CONNECT_REQUEST, NULL);
 	CHECK(memcmp(e->param.conn.private_data, "request-2", 10) == 0);
@@ -193,6 +200,12 @@ int main(int argc, char **argv)
 	s2.id->context = &s2;
 	ack(e);
 	make_qp(&s2);
+	tmo = 17;
+	CHECK(rdma_set_option(s2.id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof(tmo)) == 0);
+	struct ibv_qp_attr ta = {.qp_state = IBV_QPS_RTS};
+	int qmask;
+	CHECK(rdma_init_qp_attr(s2.id, &ta, &qmask) == 0);
+	CHECK((qmask & IBV_QP_TIMEOUT) && ta.timeout == 17);
 	struct rdma_conn_param ap = {.private_data = "accepted", .private_data_len = 9, .responder_resources = 1,
 				     .initiator_depth = 1};
 	CHECK(rdma_accept(s2.id, &ap) == 0);
@@ -209,6 +222,9 @@ int main(int argc, char **argv)
 		ack(e);
 	}
 	CHECK(c2.id->qp->state == IBV_QPS_RTS && s2.id->qp->state == IBV_QPS_RTS);
+	struct ibv_qp_init_attr qi;
+	CHECK(ibv_query_qp(c2.id->qp, &ta, IBV_QP_TIMEOUT, &qi) == 0 && ta.timeout == 21);
+	CHECK(ibv_query_qp(s2.id->qp, &ta, IBV_QP_TIMEOUT, &qi) == 0 && ta.timeout == 17);
 	struct sockaddr_in *cl = (struct sockaddr_in *)rdma_get_local_addr(c2.id);
 	struct sockaddr_in *cr = (struct sockaddr_in *)rdma_get_peer_addr(c2.id);
 	struct sockaddr_in *sl = (struct sockaddr_in *)rdma_get_local_addr(s2.id);
