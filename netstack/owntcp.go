@@ -108,6 +108,21 @@ func (s *Stack) TCPName() string {
 	return TCPGVisor
 }
 
+// ownTCPStats is TCPStats on the own TCP: its connections' counters
+// summed. It tells recoveries apart by what started them only as far as
+// the own TCP does (fast retransmits and SACK recoveries are one count).
+func (s *Stack) ownTCPStats() TCPStats {
+	i := s.own.Stats()
+	r := s.nic.rp.stats()
+	return TCPStats{
+		SegmentsSent: i.SegsOut, SegmentsReceived: i.SegsIn, Retransmits: i.RetransSegs,
+		FastRetransmits: i.Recoveries, Timeouts: i.Timeouts, SACKRecoveries: i.Recoveries,
+		TLPRecoveries: i.TLPs, SpuriousRecoveries: i.Undos, DSACKs: i.DSACKsIn,
+		FastRecoveries:    i.Recoveries,
+		LinkResentPackets: r.Resent, LinkResentBytes: r.ResentBytes,
+	}
+}
+
 // TransportEndpoints is how many transport endpoints (connections,
 // TIME-WAIT included, and listeners) the stack holds: gVisor's registered
 // endpoints, or the own TCP's.

@@ -61,6 +61,9 @@ func TestOwnTCPConn(t *testing.T) {
 		if st := c1.TCP(); st.SegmentsSent == 0 || st.SegmentsReceived == 0 || !st.Alive {
 			t.Errorf("TCP() = %+v", st)
 		}
+		if st := a.TCPStats(); st.SegmentsSent < c1.TCP().SegmentsSent || st.SegmentsReceived == 0 {
+			t.Errorf("TCPStats() = %+v, connection's %+v", st, c1.TCP())
+		}
 		if err := c1.CloseWrite(); err != nil {
 			t.Fatal(err)
 		}

@@ -33,6 +33,9 @@ type TCPStats struct {
 
 // TCPStats returns the stack's TCP recovery counters.
 func (s *Stack) TCPStats() TCPStats {
+	if s.own != nil {
+		return s.ownTCPStats()
+	}
 	t := s.s.Stats().TCP
 	r := s.nic.rp.stats()
 	return TCPStats{

@@ -260,6 +260,22 @@ type Info struct {
 	BytesReceived    uint64 // in order
 }
 
+// addCounters adds the counters of o to i.
+func (i *Info) addCounters(o Info) {
+	i.SegsOut += o.SegsOut
+	i.SegsIn += o.SegsIn
+	i.RetransSegs += o.RetransSegs
+	i.RetransBytes += o.RetransBytes
+	i.Timeouts += o.Timeouts
+	i.Recoveries += o.Recoveries
+	i.Undos += o.Undos
+	i.TLPs += o.TLPs
+	i.DSACKsIn += o.DSACKsIn
+	i.DSACKsOut += o.DSACKsOut
+	i.BytesAcked += o.BytesAcked
+	i.BytesReceived += o.BytesReceived
+}
+
 // Info reports the connection's state.
 func (c *Conn) Info() Info {
 	i := Info{State: c.state, RTT: c.rtt.srtt, RTTVar: c.rtt.rttvar, RTO: c.rtt.rto,

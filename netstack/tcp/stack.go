@@ -42,6 +42,9 @@ type Protocol struct {
 	nextPort  uint16
 	timeWait  atomic.Int64 // SetOption's TIME-WAIT; 0: cfg's
 
+	statsMu sync.Mutex
+	closed  Info // the counters of the connections that have closed
+
 	// Segments to this stack's own addresses (loop).
 	loopMu     sync.Mutex
 	loopQ      []loopPacket
@@ -162,6 +165,29 @@ func (p *Protocol) Option(opt tcpip.GettableTransportProtocolOption) tcpip.Error
 		return nil
 	}
 	return &tcpip.ErrUnknownProtocolOption{}
+}
+
+// Stats is the counters of Info (SegsOut to BytesReceived) summed over
+// every connection the protocol has had; the other fields are zero.
+func (p *Protocol) Stats() Info {
+	p.mu.Lock()
+	eps := make([]*Endpoint, 0, len(p.conns))
+	for _, e := range p.conns {
+		eps = append(eps, e)
+	}
+	p.mu.Unlock()
+	var sum Info
+	for _, e := range eps {
+		e.mu.Lock()
+		if !e.released && e.c != nil {
+			sum.addCounters(e.c.Info())
+		}
+		e.mu.Unlock()
+	}
+	p.statsMu.Lock()
+	sum.addCounters(p.closed)
+	p.statsMu.Unlock()
+	return sum
 }
 
 // Endpoints is how many connections and listeners the protocol has.
@@ -418,6 +444,9 @@ func (e *Endpoint) arm() {
 			e.timer.Stop()
 		}
 		if !e.released {
+			e.p.statsMu.Lock()
+			e.p.closed.addCounters(e.c.Info())
+			e.p.statsMu.Unlock()
 			e.released = true
 			close(e.done)
 			e.p.mu.Lock()
