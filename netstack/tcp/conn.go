@@ -511,6 +511,7 @@ func (c *Conn) Close(now time.Duration) {
 	case SynReceived, Established, CloseWait:
 		if !c.finQueued {
 			c.finQueued = true
+			c.marks.partial = false // no rest is coming
 			c.output()
 		}
 	}

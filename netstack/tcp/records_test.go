@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
 )
 
@@ -196,4 +197,37 @@ func lastStart(ends []int, at int) int {
 		start = e
 	}
 	return start
+}
+
+// TestRecordRestWait: a write that ends inside a record holds that
+// record's start back for its rest; the rest's write sends it whole, and a
+// Close, after which no rest can come, sends what there is at once.
+func TestRecordRestWait(t *testing.T) {
+	p := established(t, Config{}, nil)
+	src := newRecordSource([]int{1000, 1448}, 1)
+	if n, err := p.c.WriteFrom(src, 1500, src, p.now); n != 1500 || err != nil {
+		t.Fatalf("WriteFrom: %d, %v", n, err)
+	}
+	segs := p.take()
+	if len(segs) != 1 || len(segs[0].Payload) != 1000 {
+		t.Fatalf("sent %v, want only the whole first record", segs)
+	}
+	// The rest of the second record completes it.
+	if n, err := p.c.WriteFrom(src, 948, src, p.now); n != 948 || err != nil {
+		t.Fatalf("WriteFrom: %d, %v", n, err)
+	}
+	if segs := p.take(); len(segs) != 1 || segs[0].Seq != 2001 || len(segs[0].Payload) != 1448 {
+		t.Fatalf("sent %v, want the second record whole", segs)
+	}
+	// A record cut short, then Close: it goes with the FIN.
+	src = newRecordSource([]int{1448}, 3)
+	p.c.WriteFrom(src, 700, src, p.now)
+	if segs := p.take(); len(segs) != 0 {
+		t.Fatalf("sent %v of a record's start", segs)
+	}
+	p.c.Close(p.now)
+	segs = p.take()
+	if len(segs) != 1 || len(segs[0].Payload) != 700 || !segs[0].has(header.TCPFlagFin) {
+		t.Fatalf("after Close: %v, want the 700 bytes with the FIN", segs)
+	}
 }
