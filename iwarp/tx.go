@@ -1040,6 +1040,33 @@ func (w *fpduWriter) RecordFit(max int) int {
 	return 0
 }
 
+// RecordPlan implements netstack/tcp.RecordPlanner: the lengths of the
+// FPDUs (the first one's rest, when one is under way) that end within max
+// bytes, appended to ls, so that TCP learns their boundaries before it
+// reads them all in one Read. (Tiled messages: the markerInserter around
+// w plans nothing, and TCP reads record by record.)
+func (w *fpduWriter) RecordPlan(max int, ls []int) []int {
+	if w.tiles.size != 0 {
+		return ls
+	}
+	full := w.fullLen()
+	fulls := (w.total / w.maxPay) * full // where the full FPDUs end
+	pos := w.size - w.remain
+	end := pos + max
+	for pos < w.size {
+		next := w.size
+		if pos < fulls {
+			next = (pos/full + 1) * full
+		}
+		if next > end {
+			break
+		}
+		ls = append(ls, next-pos)
+		pos = next
+	}
+	return ls
+}
+
 // Len implements tcpip.Payloader: the bytes still to produce.
 func (w *fpduWriter) Len() int { return w.remain }
 

@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/rdmatap/rdmatap/zerocopy"
@@ -211,6 +212,16 @@ func TestFPDUWriterRecordFit(t *testing.T) {
 					if got := w.RecordFit(mx); got != want {
 						t.Fatalf("message of %d bytes (tagged %v), %d produced: RecordFit(%d) %d, want %d", n, tagged, pos, mx, got, want)
 					}
+					// RecordPlan: every boundary within mx, in order.
+					var plan []int
+					for b := pos + 1; b <= min(pos+mx, len(stream)); b++ {
+						if bounds[b] {
+							plan = append(plan, b-pos-sum(plan))
+						}
+					}
+					if got := w.RecordPlan(mx, nil); !slices.Equal(got, plan) {
+						t.Fatalf("message of %d bytes (tagged %v), %d produced: RecordPlan(%d) %v, want %v", n, tagged, pos, mx, got, plan)
+					}
 				}
 				k := min(1+pos%977, len(stream)-pos)
 				if _, err := w.Read(buf[pos : pos+k]); err != nil {
@@ -251,4 +262,12 @@ func TestFPDUWriterRecordRest(t *testing.T) {
 			}
 		}
 	}
+}
+
+func sum(ls []int) int {
+	n := 0
+	for _, l := range ls {
+		n += l
+	}
+	return n
 }

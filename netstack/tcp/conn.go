@@ -144,6 +144,7 @@ type Conn struct {
 	sndUna, sndNxt, sndMax seqnum.Value
 	sndBuf                 byteQueue
 	marks                  recordMarks // the records' boundaries (records.go)
+	plan                   []int       // RecordPlan's scratch
 	sndWnd                 int         // the peer's window, scaled
 	maxSndWnd              int
 	sndWl1, sndWl2         seqnum.Value

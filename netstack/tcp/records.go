@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"errors"
 	"io"
 	"sort"
 
@@ -20,6 +21,14 @@ type Records interface {
 	// RecordFit is the most bytes, at most max, that can be produced
 	// next and end on a boundary; 0 if no boundary lies within max.
 	RecordFit(max int) int
+}
+
+// RecordPlanner is Records that can tell the lengths of the records
+// ahead before producing them: RecordPlan appends to ls those of the
+// records (the first one's rest, when one is under way) that end within
+// max bytes. TCP then reads them in one Read rather than one per record.
+type RecordPlanner interface {
+	RecordPlan(max int, ls []int) []int
 }
 
 // The send buffer's record boundaries: the sequence numbers at which a
@@ -80,6 +89,9 @@ func (q *recordMarks) marked(seq seqnum.Value) int {
 func (q *recordMarks) after(seq seqnum.Value) int {
 	return q.r + sort.Search(q.len(), func(i int) bool { return seq.LessThan(q.m[q.r+i]) })
 }
+
+// errBadPlan is a RecordPlanner's plan longer than it was asked for.
+var errBadPlan = errors.New("tcp: record plan beyond its bound")
 
 // trailerSize is the MPA CRC field that ends every FPDU. A cut inside it
 // trips Linux siw's receiver, which reassembles a split trailer wrongly.
@@ -151,8 +163,38 @@ func (c *Conn) cut(seq seqnum.Value, n int) (total, segSize int) {
 // segment, and notes the boundaries.
 func (c *Conn) writeRecords(r io.Reader, n int, rec Records) (int, error) {
 	total := 0
+	planner, _ := rec.(RecordPlanner)
 	for total < n {
 		room := n - total
+		if planner != nil {
+			c.plan = planner.RecordPlan(room, c.plan[:0])
+			if len(c.plan) > 0 {
+				k := 0
+				for _, l := range c.plan {
+					k += l
+				}
+				if k <= 0 || k > room {
+					return total, errBadPlan
+				}
+				buf := c.sndBuf.grow(k)
+				got, err := io.ReadFull(r, buf)
+				c.sndBuf.shrink(k - got)
+				base := c.sndUna.Add(seqnum.Size(c.sndBuf.len() - got))
+				at := 0
+				for _, l := range c.plan {
+					if at += l; at > got {
+						break
+					}
+					c.marks.push(base.Add(seqnum.Size(at)))
+				}
+				total += got
+				c.marks.partial = got < k
+				if err != nil {
+					return total, err
+				}
+				continue
+			}
+		}
 		k := rec.RecordRest()
 		if k <= 0 || k > room {
 			k = rec.RecordFit(min(room, c.sndMSS))

@@ -57,6 +57,20 @@ func (r *recordSource) RecordFit(max int) int {
 	return fit
 }
 
+// plannedSource is a recordSource that plans (RecordPlanner).
+type plannedSource struct{ *recordSource }
+
+func (r plannedSource) RecordPlan(max int, ls []int) []int {
+	pos := r.pos
+	for _, e := range r.ends {
+		if e > pos && e-r.pos <= max {
+			ls = append(ls, e-pos)
+			pos = e
+		}
+	}
+	return ls
+}
+
 // TestRecordCuts: with the records' boundaries known, every data segment,
 // first transmission or retransmission, under loss, reordering and
 // duplication, starts on a boundary unless the record before it was
@@ -66,13 +80,15 @@ func (r *recordSource) RecordFit(max int) int {
 // whole.
 func TestRecordCuts(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		sizes func(i int) int
-		gso   bool
+		name    string
+		sizes   func(i int) int
+		gso     bool
+		planned bool
 	}{
-		{"full", func(int) int { return 1448 }, false},
-		{"short", func(int) int { return 1000 }, true},
-		{"mixed", func(i int) int { return []int{1448, 64, 300, 1448, 1448, 24, 3000, 1447, 1449}[i%9] }, true},
+		{"full", func(int) int { return 1448 }, false, false},
+		{"short", func(int) int { return 1000 }, true, false},
+		{"mixed", func(i int) int { return []int{1448, 64, 300, 1448, 1448, 24, 3000, 1447, 1449}[i%9] }, true, false},
+		{"mixed-planned", func(i int) int { return []int{1448, 64, 300, 1448, 1448, 24, 3000, 1447, 1449}[i%9] }, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPath(t, 3)
@@ -123,8 +139,12 @@ func TestRecordCuts(t *testing.T) {
 				if steps > 5_000_000 {
 					t.Fatalf("stalled: %d of %d bytes", got.Len(), len(src.data))
 				}
+				var rec Records = src
+				if tc.planned {
+					rec = plannedSource{src}
+				}
 				if src.pos < len(src.data) && a.Writable() > 0 {
-					if _, err := a.WriteFrom(src, len(src.data)-src.pos, src, p.now); err != nil {
+					if _, err := a.WriteFrom(src, len(src.data)-src.pos, rec, p.now); err != nil {
 						t.Fatal(err)
 					}
 				}
