@@ -145,6 +145,7 @@ type Conn struct {
 	sndBuf                 byteQueue
 	marks                  recordMarks // the records' boundaries (records.go)
 	plan                   []int       // RecordPlan's scratch
+	rtxs                   []rtxRec    // SACK recovery's retransmissions (sack.go)
 	sndWnd                 int         // the peer's window, scaled
 	maxSndWnd              int
 	sndWl1, sndWl2         seqnum.Value
@@ -206,6 +207,11 @@ type Conn struct {
 	tlpAt   time.Duration // the tail loss probe timer (tlp.go); 0: stopped
 	tlpOut  bool          // a probe is outstanding
 	tlpHigh seqnum.Value  // SND.MAX when it went
+	tlpSeq  seqnum.Value  // where the probe's data starts
+	// lostFloor, while floorOn: everything not SACKed below it is lost
+	// (a recovery the probe's SACK started).
+	lostFloor seqnum.Value
+	floorOn   bool
 
 	lastRecv time.Duration // when the peer's latest segment came
 	// unackedSince is when the oldest data in flight was sent or the
@@ -232,6 +238,7 @@ type counters struct {
 	timeouts, recoveries  uint64
 	undos                 uint64
 	tlps                  uint64
+	lostRtx               uint64 // retransmissions found lost and sent again
 	dsacksIn, dsacksOut   uint64
 	bytesAcked, bytesRcvd uint64
 }
@@ -255,6 +262,7 @@ type Info struct {
 	Recoveries       uint64 // fast retransmits and SACK recoveries entered
 	Undos            uint64 // reductions undone: D-SACKs showed them spurious
 	TLPs             uint64 // tail loss probes sent
+	LostRetransmits  uint64 // retransmissions found lost and sent again
 	DSACKsIn         uint64 // D-SACK blocks the peer sent: duplicates it got
 	DSACKsOut        uint64 // D-SACK blocks sent
 	BytesAcked       uint64 // by the peer
@@ -271,6 +279,7 @@ func (i *Info) addCounters(o Info) {
 	i.Recoveries += o.Recoveries
 	i.Undos += o.Undos
 	i.TLPs += o.TLPs
+	i.LostRetransmits += o.LostRetransmits
 	i.DSACKsIn += o.DSACKsIn
 	i.DSACKsOut += o.DSACKsOut
 	i.BytesAcked += o.BytesAcked
@@ -284,7 +293,7 @@ func (c *Conn) Info() Info {
 		SndWnd: c.sndWnd, InFlight: int(c.sndUna.Size(c.sndMax)), SACKed: c.sackedBytes(),
 		SndWScale: -1, RcvWScale: -1, Timestamps: c.tsOK, SACK: c.sackOK, InRecovery: c.inRecovery,
 		SegsOut: c.n.segsOut, SegsIn: c.n.segsIn, RetransSegs: c.n.retransSegs, RetransBytes: c.n.retrans,
-		Timeouts: c.n.timeouts, Recoveries: c.n.recoveries, Undos: c.n.undos, TLPs: c.n.tlps, DSACKsIn: c.n.dsacksIn, DSACKsOut: c.n.dsacksOut,
+		Timeouts: c.n.timeouts, Recoveries: c.n.recoveries, Undos: c.n.undos, TLPs: c.n.tlps, LostRetransmits: c.n.lostRtx, DSACKsIn: c.n.dsacksIn, DSACKsOut: c.n.dsacksOut,
 		BytesAcked: c.n.bytesAcked, BytesReceived: c.n.bytesRcvd}
 	if c.ssthresh >= 1<<30 {
 		i.Ssthresh = 0 // not set yet: slow start

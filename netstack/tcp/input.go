@@ -288,6 +288,14 @@ func (c *Conn) inputAck(s *Segment) bool {
 		// block, says nothing was lost).
 		c.dupAck()
 	}
+	if c.sackOK && !c.inRecovery && c.recover.LessThan(c.sndUna) && c.probeShowsLoss() {
+		// The tail loss probe arrived (SACKed, or reported twice in
+		// a D-SACK when it resent what had come) and what was sent
+		// before it, two round trips earlier, did not: that is lost
+		// (RFC 8985 §7.4's conclusion, which RACK draws by time).
+		c.lostFloor, c.floorOn = c.tlpSeq, true
+		c.enterRecovery()
+	}
 	// The window update (RFC 9293 §3.10.7.4, fifth, ESTABLISHED).
 	if c.sndWl1.LessThan(s.Seq) || c.sndWl1 == s.Seq && c.sndWl2.LessThanEq(ack) {
 		c.sndWnd = wnd
@@ -349,8 +357,11 @@ func (c *Conn) congestionOnAck(ack seqnum.Value, acked int) {
 	if c.inRecovery && c.sackOK {
 		if c.recover.LessThanEq(ack) {
 			c.inRecovery = false
+			c.rtxs = c.rtxs[:0]
+			c.floorOn = false
 			c.cwnd = c.ssthresh // RFC 6675 §5: the recovery ends
 		} else {
+			c.lostRetransmits()
 			c.sackRecover()
 		}
 		return
@@ -382,9 +393,11 @@ func (c *Conn) dupAck() {
 	if c.sackOK {
 		switch {
 		case c.inRecovery:
+			c.lostRetransmits()
 			c.sackRecover()
 		case c.recover.LessThan(c.sndUna) && (c.dupAcks >= dupThresh || c.sndUna.LessThan(c.lostBelow())):
 			c.enterRecovery()
+
 		}
 		return
 	}

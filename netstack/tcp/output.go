@@ -232,7 +232,9 @@ func (c *Conn) onRTO() {
 	c.cwnd = c.sndMSS
 	c.inRecovery = false
 	c.sacked = c.sacked[:0] // RFC 2018 §8: the peer may have dropped what it SACKed
-	c.highRxt = c.sndUna    // everything goes again from here
+	c.rtxs = c.rtxs[:0]
+	c.floorOn = false
+	c.highRxt = c.sndUna // everything goes again from here
 	c.dupAcks = 0
 	c.recover = c.sndMax
 	c.sndNxt = c.sndUna

@@ -167,3 +167,65 @@ func (p *path) transfer2(t *testing.T, n int) {
 		p.step()
 	}
 }
+
+// TestTailBurstLoss: a burst of segments lost at the end of a flight (a
+// GSO packet the link dropped whole), too few after it for three
+// duplicates, is repaired after the tail loss probe, not by the timer:
+// the probe's SACK (or D-SACK, when it resent what had come) above the
+// hole shows the hole lost.
+func TestTailBurstLoss(t *testing.T) {
+	for _, keepLast := range []bool{false, true} {
+		p := newPath(t, 1)
+		p.connect(Config{}, Config{}, 1, 2)
+		p.transfer2(t, 1000)
+		const n = 100 << 10
+		base := p.conns[0].sndUna
+		var dropped int
+		p.drop = func(from int, s *Segment) bool {
+			a := p.conns[0]
+			if from != 0 || len(s.Payload) == 0 || s.Seq.LessThan(a.sndMax) && s.Seq != a.sndNxt {
+				return false
+			}
+			end := int(base.Size(s.Seq.Add(seqnum.Size(len(s.Payload)))))
+			last := end == n
+			if end > n-30*1448 && (!last || !keepLast) && s.Seq.LessThan(a.sndMax) == false {
+				dropped++
+				return true // first transmissions of the flight's last 30 segments
+			}
+			return false
+		}
+		start := p.now
+		p.transfer([2]int{n, 0}, 0)
+		i := p.conns[0].Info()
+		if dropped < 20 || i.TLPs == 0 || i.Timeouts != 0 {
+			t.Fatalf("last kept %v: %d dropped, %d probes, %d timeouts", keepLast, dropped, i.TLPs, i.Timeouts)
+		}
+		if d := p.now - start; d >= 200*time.Millisecond {
+			t.Fatalf("last kept %v: took %v: the timer, not recovery, repaired the tail", keepLast, d)
+		}
+	}
+}
+
+// TestLostRetransmission: a segment lost, and its retransmission lost
+// too, goes a third time once data sent after the retransmission is
+// SACKed well beyond it, not after the retransmission timer.
+func TestLostRetransmission(t *testing.T) {
+	p := newPath(t, 1)
+	p.connect(Config{}, Config{}, 1, 2)
+	p.transfer2(t, 1000)
+	const n = 2 << 20
+	target := p.conns[0].sndUna.Add(100 * 1448)
+	sends := 0
+	p.drop = func(from int, s *Segment) bool {
+		if from == 0 && s.Seq == target && len(s.Payload) > 0 {
+			sends++
+			return sends <= 2 // the first transmission and the first retransmission
+		}
+		return false
+	}
+	p.transfer([2]int{n, 0}, 0)
+	i := p.conns[0].Info()
+	if sends < 3 || i.Timeouts != 0 || i.LostRetransmits == 0 {
+		t.Fatalf("the segment went %d times, %d timeouts, %d retransmissions found lost", sends, i.Timeouts, i.LostRetransmits)
+	}
+}

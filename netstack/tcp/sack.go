@@ -108,6 +108,15 @@ func (c *Conn) sackedBytes() int {
 // it has more than (DupThresh-1)·SMSS octets SACKed above it, and is
 // lost. sndUna when none is.
 func (c *Conn) lostBelow() seqnum.Value {
+	b := c.lostBelowSACK()
+	if c.floorOn && c.inRecovery && b.LessThan(c.lostFloor) && c.lostFloor.LessThanEq(c.sndMax) {
+		return c.lostFloor
+	}
+	return b
+}
+
+// lostBelowSACK is lostBelow by the SACKed octets alone.
+func (c *Conn) lostBelowSACK() seqnum.Value {
 	above := 0
 	limit := (dupThresh - 1) * c.sndMSS
 	for i := len(c.sacked) - 1; i >= 0; i-- {
@@ -198,6 +207,7 @@ func (c *Conn) sackRecover() {
 			}
 			c.sendData(seq, n, 0, false)
 			c.highRxt = seq.Add(seqnum.Size(n))
+			c.noteRetransmit(seq, c.highRxt)
 			c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
 			continue
 		}
@@ -205,4 +215,51 @@ func (c *Conn) sackRecover() {
 			return
 		}
 	}
+}
+
+// A retransmission during SACK recovery, and the highest sequence number
+// sent when it went: data sent after it that the peer SACKs well beyond
+// that point shows it lost too (RACK's ordering argument, RFC 8985 §3.2,
+// by transmission order instead of time). RFC 6675 alone retransmits a
+// hole once per recovery, and a lost retransmission then waits for the
+// retransmission timer.
+type rtxRec struct{ start, end, after seqnum.Value }
+
+// maxRtxRecs bounds the retransmissions remembered.
+const maxRtxRecs = 128
+
+func (c *Conn) noteRetransmit(start, end seqnum.Value) {
+	if len(c.rtxs) == maxRtxRecs {
+		copy(c.rtxs, c.rtxs[1:])
+		c.rtxs = c.rtxs[:maxRtxRecs-1]
+	}
+	c.rtxs = append(c.rtxs, rtxRec{start, end, c.sndMax})
+}
+
+// lostRetransmits finds the retransmissions that data sent after them
+// has overtaken by more than (DupThresh-1)·SMSS SACKed octets and lets
+// the recovery send them again (highRxt goes back to the first).
+func (c *Conn) lostRetransmits() {
+	if len(c.rtxs) == 0 || len(c.sacked) == 0 {
+		return
+	}
+	high := c.sacked[len(c.sacked)-1].end
+	keep := c.rtxs[:0]
+	for _, r := range c.rtxs {
+		switch {
+		case r.end.LessThanEq(c.sndUna) || c.holes(r.start, r.end) == 0:
+			// Arrived.
+		case r.after.Add(seqnum.Size((dupThresh - 1) * c.sndMSS)).LessThan(high):
+			if r.start.LessThan(c.highRxt) {
+				c.highRxt = r.start
+			}
+			if c.highRxt.LessThan(c.sndUna) {
+				c.highRxt = c.sndUna
+			}
+			c.n.lostRtx++
+		default:
+			keep = append(keep, r)
+		}
+	}
+	c.rtxs = keep
 }

@@ -48,6 +48,7 @@ func (c *Conn) onTLP() {
 	}
 	c.tlpOut, c.tlpHigh = true, c.sndMax
 	c.n.tlps++
+	c.tlpSeq = c.sndNxt
 	if c.sendOne(sendProbe) {
 		c.tlpHigh = c.sndMax
 	} else {
@@ -64,6 +65,7 @@ func (c *Conn) onTLP() {
 			}
 		}
 		if fin || n > 0 {
+			c.tlpSeq = seq
 			c.sendData(seq, n, 0, fin)
 		}
 	}
@@ -75,4 +77,11 @@ func (c *Conn) tlpAcked(ack seqnum.Value) {
 	if c.tlpOut && c.tlpHigh.LessThanEq(ack) {
 		c.tlpOut = false
 	}
+}
+
+// probeShowsLoss reports whether the outstanding probe's data has been
+// SACKed above a hole that starts at SND.UNA.
+func (c *Conn) probeShowsLoss() bool {
+	return c.tlpOut && c.sndUna.LessThan(c.tlpSeq) && len(c.sacked) > 0 &&
+		c.tlpSeq.LessThan(c.sacked[len(c.sacked)-1].end) && c.holes(c.sndUna, c.tlpSeq) > 0
 }
