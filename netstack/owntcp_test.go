@@ -43,21 +43,7 @@ func TestOwnTCPConn(t *testing.T) {
 			t.Errorf("MTU %d: MaxPayload %d, want %d", mtu, got, want)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		const total = 8 << 20
-		errc := make(chan error, 2)
-		go func() { errc <- sendPattern(ctx, c1, 1, total, 70000) }()
-		go func() { errc <- sendPattern(ctx, c2, 2, total, 3000) }()
-		if _, err := recvPattern(ctx, c2, 1, total); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := recvPattern(ctx, c1, 2, total); err != nil {
-			t.Fatal(err)
-		}
-		for range 2 {
-			if err := <-errc; err != nil {
-				t.Fatal(err)
-			}
-		}
+		bothWays(t, ctx, c1, c2, 8<<20, 3000)
 		if st := c1.TCP(); st.SegmentsSent == 0 || st.SegmentsReceived == 0 || !st.Alive {
 			t.Errorf("TCP() = %+v", st)
 		}
@@ -134,10 +120,21 @@ func TestOwnTCPLoopback(t *testing.T) {
 	if c2 == nil {
 		t.Fatal("no connection accepted")
 	}
-	const total = 4 << 20
+	bothWays(t, ctx, c1, c2, 4<<20, 1000)
+	c1.Close()
+	if _, err := c2.ReadTo(ctx, io.Discard, 0); err != io.EOF {
+		t.Fatalf("read after the peer's close: %v, want EOF", err)
+	}
+	c2.Close()
+}
+
+// bothWays sends total pattern bytes each way at once, c1's in writes of
+// 70000 bytes and c2's in writes of back, and checks every byte.
+func bothWays(t *testing.T, ctx context.Context, c1, c2 *Conn, total int64, back int) {
+	t.Helper()
 	errc := make(chan error, 2)
 	go func() { errc <- sendPattern(ctx, c1, 1, total, 70000) }()
-	go func() { errc <- sendPattern(ctx, c2, 2, total, 1000) }()
+	go func() { errc <- sendPattern(ctx, c2, 2, total, back) }()
 	if _, err := recvPattern(ctx, c2, 1, total); err != nil {
 		t.Fatal(err)
 	}
@@ -149,9 +146,4 @@ func TestOwnTCPLoopback(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c1.Close()
-	if _, err := c2.ReadTo(ctx, io.Discard, 0); err != io.EOF {
-		t.Fatalf("read after the peer's close: %v, want EOF", err)
-	}
-	c2.Close()
 }
