@@ -2,8 +2,10 @@ package tap
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -138,4 +140,81 @@ func TestOwnTCPWithKernel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestOwnTCPKernelStallAndReset: against the kernel's TCP over a TAP, a
+// kernel reader that stops reading closes its window; ours probes it (the
+// persist timer) for seconds without giving up, and every byte arrives
+// once the reader goes on. A kernel socket closed with unread data, or
+// with SO_LINGER 0, resets: ours reads ErrReset. Ours aborting resets the
+// kernel's socket (ECONNRESET).
+func TestOwnTCPKernelStallAndReset(t *testing.T) {
+	ns := newNetns(t)
+	d := openIn(t, ns, Config{Name: tapName})
+	ns.mustRun(t, "ip", "addr", "add", kernelV4+"/24", "dev", tapName)
+	ns.mustRun(t, "ip", "link", "set", tapName, "up")
+	p := ownTCPStack(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var ln net.Listener
+	if err := ns.do(func() (err error) { ln, err = net.Listen("tcp4", kernelV4+":0"); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	kaddr := tcpip.FullAddress{Addr: tcpip.AddrFromSlice(net.ParseIP(kernelV4).To4()), Port: uint16(ln.Addr().(*net.TCPAddr).Port)}
+	dial := func() (*rtcp.Endpoint, *net.TCPConn) {
+		t.Helper()
+		acc := make(chan net.Conn, 1)
+		go func() {
+			c, _ := ln.Accept()
+			acc <- c
+		}()
+		e, err := p.Dial(ctx, 1, tcpip.FullAddress{}, kaddr, ipv4.ProtocolNumber)
+		if err != nil {
+			t.Fatalf("Dial the kernel: %v", err)
+		}
+		k := <-acc
+		if k == nil {
+			t.Fatal("the kernel accepted nothing")
+		}
+		return e, k.(*net.TCPConn)
+	}
+
+	// The stalled reader.
+	e, k := dial()
+	const n = 16 << 20
+	pat := newPattern()
+	werr := make(chan error, 1)
+	go func() { werr <- pat.send(e, n) }()
+	time.Sleep(3 * time.Second) // the kernel's buffer fills; its window closes
+	i := e.Info()
+	if i.SndWnd != 0 || i.State != rtcp.Established {
+		t.Fatalf("after 3 s of a stalled reader: window %d, state %v", i.SndWnd, i.State)
+	}
+	if err := pat.verify(k, n); err != nil {
+		t.Fatalf("reading after the stall: %v", err)
+	}
+	if err := <-werr; err != nil {
+		t.Fatalf("writing through the stall: %v", err)
+	}
+	e.Close()
+	k.Close()
+
+	// The kernel resets (SO_LINGER 0).
+	e, k = dial()
+	k.SetLinger(0)
+	k.Close()
+	if _, err := e.Read(make([]byte, 10)); !errors.Is(err, rtcp.ErrReset) {
+		t.Fatalf("read after the kernel's RST: %v, want ErrReset", err)
+	}
+	e.Close()
+
+	// Ours aborts.
+	e, k = dial()
+	e.Abort()
+	k.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := k.Read(make([]byte, 10)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the kernel's read after our abort: %v, want ECONNRESET", err)
+	}
+	k.Close()
 }
