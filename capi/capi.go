@@ -99,9 +99,16 @@ func plan() ([]lib, error) {
 }
 
 // hash names the sources and flags of a build.
+// linkFlags link each library: bound at load, and never unloaded. The
+// session's reader and the channels' forwarders are threads of the
+// libraries that run until the process ends; a library unloaded under
+// them (Open MPI's MPI_Finalize dlcloses libfabric, and with it these)
+// would leave them running in unmapped code.
+var linkFlags = []string{"-Wl,-z,now", "-Wl,-z,nodelete"}
+
 func hash(sanitize bool) (string, error) {
 	h := sha256.New()
-	fmt.Fprintf(h, "%q %q %v\n", CFlags, SanitizeFlags, sanitize)
+	fmt.Fprintf(h, "%q %q %q %v\n", CFlags, SanitizeFlags, linkFlags, sanitize)
 	err := fs.WalkDir(sources, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || strings.HasPrefix(p, "testdata/") {
 			return err
@@ -190,8 +197,9 @@ func Build(dir string, sanitize bool) (string, error) {
 			args = append(args, "-O2")
 		}
 		args = append(args, "-shared", "-I", filepath.Join(src, "include"), "-I", filepath.Join(src, l.dir),
-			"-Wl,-soname,"+l.soname, "-Wl,--version-script="+filepath.Join(src, l.script), "-Wl,-z,now",
-			"-o", filepath.Join(libdir, l.soname))
+			"-Wl,-soname,"+l.soname, "-Wl,--version-script="+filepath.Join(src, l.script))
+		args = append(args, linkFlags...)
+		args = append(args, "-o", filepath.Join(libdir, l.soname))
 		if !sanitize {
 			args = append(args, "-Wl,-z,defs")
 		}

@@ -2,11 +2,13 @@ package capi_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -156,6 +158,39 @@ func TestFabric(t *testing.T) {
 				t.Fatalf("fi_info on rt%d: %v\n%s", i, err, out)
 			}
 		}
+	})
+	t.Run("latency/against-ib_send_lat", func(t *testing.T) {
+		// Figures, not a check: fi_pingpong's 64 B messages over verbs'
+		// msg endpoints beside perftest's ib_send_lat on the same two
+		// services, both averages of half a round trip.
+		installed(t, "ib_send_lat", "perftest")
+		var anchor float64
+		for port := 7700; ; port++ {
+			out, err := l.runPerfPair(t, dir, port, []string{"ib_send_lat", "-R", "-s", "64", "-n", "2000", "-p", strconv.Itoa(port)},
+				[]string{"ib_send_lat", "-R", "-s", "64", "-n", "2000", "-p", strconv.Itoa(port), l.addrB.String()})
+			if errors.Is(err, errRaced) && port < 7703 {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if anchor, err = perfRow(out, 64, 3); err != nil { // t_avg
+				t.Fatal(err)
+			}
+			break
+		}
+		srv, cl := l.sides(false)
+		out, err := runFabricPair(t, dir, k, srv, cl, nil, "-p", "verbs", "-e", "msg", "-S", "64", "-I", "2000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Its columns: bytes, #sent, #ack, total, time, MB/sec, usec/xfer.
+		row := regexp.MustCompile(`(?m)^64\s+\S+\s+=\S+\s+\S+\s+\S+\s+\S+\s+(\S+)`).FindStringSubmatch(out)
+		if row == nil {
+			t.Fatalf("no fi_pingpong result row:\n%s", out)
+		}
+		pp, _ := strconv.ParseFloat(row[1], 64)
+		t.Logf("64 B: fi_pingpong %.2f µs/xfer, ib_send_lat t_avg %.2f µs, fi_pingpong/ib_send_lat %.2f×", pp, anchor, pp/anchor)
 	})
 	for _, tc := range []struct {
 		name string

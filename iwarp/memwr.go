@@ -94,13 +94,13 @@ func (t *transmitter) execLocal(w *sendWQE) bool {
 		}
 	}
 	if err != nil {
-		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusMWBind, Op: op})
+		qp.completeSQ(Completion{ID: w.wr.ID, Status: StatusMWBind, Op: op})
 		qp.terminate(TermCode{LayerRDMAP, ETypeRDMAPCatastrophic, CodeUnspecified}, nil, 0)
 		t.sendTerminate()
 		return false
 	}
 	if w.signaled {
-		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Op: op})
+		qp.completeSQ(Completion{ID: w.wr.ID, Op: op})
 	}
 	return true
 }

@@ -327,6 +327,21 @@ type QP struct {
 	orqHead int
 	// +checklocks:mu
 	orqN int
+	// The send queue completes in order, as an RNIC's does (libfabric's
+	// verbs provider takes each send completion as that of its QP's
+	// oldest outstanding WR): a WR that completes when TCP has its bytes
+	// (a Send, a Write, a bind, or one that failed) waits behind the
+	// Reads and atomics posted before it until they have completed.
+	// orqClaimed counts the ORQ entries ever claimed (changed under mu
+	// by the transmitter), orqRetired those whose completion (or none)
+	// has gone to the CQ; sqHeld are the completions waiting, in order,
+	// each for orqRetired to reach its after.
+	orqClaimed atomic.Uint64
+	orqRetired atomic.Uint64
+	sqHeldN    atomic.Int32
+	cmu        sync.Mutex // orders the send queue's completions (see sqHeld)
+	// +checklocks:cmu
+	sqHeld []heldCompletion
 	// immOK: the peer has answered the Read behind an Immediate Data
 	// message, so it takes them (see probesImm).
 	// +checklocks:mu
@@ -838,6 +853,56 @@ func (qp *QP) complete(cq CQ, c Completion) {
 	}
 }
 
+// heldCompletion is a send queue completion waiting for the ORQ entries
+// claimed before its WR (after of them retired).
+type heldCompletion struct {
+	c     Completion
+	after uint64
+}
+
+// completeSQ completes a send queue WR that holds no ORQ entry, in
+// order: behind every Read and atomic posted before it. Its caller is the
+// transmitter of the WR (or the flush, once the transmitter is gone), so
+// the ORQ entries claimed so far are those of the WRs before it.
+func (qp *QP) completeSQ(c Completion) {
+	after := qp.orqClaimed.Load()
+	if qp.sqHeldN.Load() == 0 && qp.orqRetired.Load() >= after {
+		qp.complete(qp.cfg.SendCQ, c)
+		return
+	}
+	qp.cmu.Lock()
+	defer qp.cmu.Unlock()
+	if len(qp.sqHeld) == 0 && qp.orqRetired.Load() >= after {
+		qp.complete(qp.cfg.SendCQ, c)
+		return
+	}
+	qp.sqHeld = append(qp.sqHeld, heldCompletion{c: c, after: after})
+	qp.sqHeldN.Store(int32(len(qp.sqHeld)))
+}
+
+// retireORQ completes the oldest ORQ entry (c, nil for one that reports
+// nothing) and then the WRs held behind it. The ORQ's entries retire in
+// order (their responses arrive in order; the flush takes them from the
+// head).
+func (qp *QP) retireORQ(c *Completion) {
+	qp.cmu.Lock()
+	defer qp.cmu.Unlock()
+	if c != nil {
+		qp.complete(qp.cfg.SendCQ, *c)
+	}
+	n := qp.orqRetired.Add(1)
+	i := 0
+	for ; i < len(qp.sqHeld) && qp.sqHeld[i].after <= n; i++ {
+		qp.complete(qp.cfg.SendCQ, qp.sqHeld[i].c)
+	}
+	if i > 0 {
+		rest := copy(qp.sqHeld, qp.sqHeld[i:])
+		clear(qp.sqHeld[rest:])
+		qp.sqHeld = qp.sqHeld[:rest]
+		qp.sqHeldN.Store(int32(rest))
+	}
+}
+
 // terminate is called when this end detects an error: it queues a
 // Terminate for the TX goroutine, which sends it, closes the stream and
 // moves the QP to ERROR. offending is the ULPDU (headers) that caused it.
@@ -1000,11 +1065,13 @@ func (qp *QP) flush() {
 			}
 		}
 	}
+	var orqOut []*Completion // nil: an RTR's, which reports nothing
 	for i := 0; qp.orqN > 0; i++ {
 		o := &qp.orq[qp.orqHead]
 		qp.orqHead = (qp.orqHead + 1) % len(qp.orq)
 		qp.orqN--
 		if o.rtr {
+			orqOut = append(orqOut, nil)
 			continue
 		}
 		c := Completion{ID: o.id, Status: StatusWRFlush, Op: wrCompOp(o.op)}
@@ -1012,7 +1079,7 @@ func (qp *QP) flush() {
 			c.Status = statusForTerminate(term.Code)
 			c.Term = term.Code
 		}
-		out = append(out, c)
+		orqOut = append(orqOut, &c)
 	}
 	for qp.sqN > 0 {
 		e := &qp.sq[qp.sqHead]
@@ -1021,8 +1088,13 @@ func (qp *QP) flush() {
 		out = append(out, Completion{ID: e.wr.ID, Status: StatusWRFlush, Op: wrCompOp(e.wr.Op)})
 	}
 	qp.mu.Unlock()
+	// The outstanding ones first, each releasing the WRs held behind it,
+	// then those never sent (posted after all of them).
+	for _, c := range orqOut {
+		qp.retireORQ(c)
+	}
 	for _, c := range out {
-		qp.complete(qp.cfg.SendCQ, c)
+		qp.completeSQ(c)
 	}
 	qp.rxMu.Lock() // a manual-progress caller may still be in Progress
 	if qp.rx.cur.active {

@@ -1499,12 +1499,14 @@ func (r *receiver) endReadResponse(h DDPHeader) {
 	qp.mu.Unlock()
 	if inv != nil && !r.readInvalidate(inv) {
 		c.Status = StatusMWBind
-		qp.complete(qp.cfg.SendCQ, c)
+		qp.retireORQ(&c)
 		r.fail(TermCode{LayerRDMAP, ETypeRDMAPCatastrophic, CodeUnspecified}, len(h))
 		return
 	}
 	if report {
-		qp.complete(qp.cfg.SendCQ, c)
+		qp.retireORQ(&c)
+	} else {
+		qp.retireORQ(nil)
 	}
 	if more {
 		qp.wake() // an ORQ slot is free again, and work may wait for it
@@ -1686,7 +1688,7 @@ func (r *receiver) endAtomicResponse(h DDPHeader) {
 	if !r.held.hold(o.sinkReg) {
 		// Deregistered since the WR was posted.
 		c.Status = StatusLocalProtection
-		qp.complete(qp.cfg.SendCQ, c)
+		qp.retireORQ(&c)
 		r.fail(TermCode{LayerRDMAP, ETypeRDMAPCatastrophic, CodeUnspecified}, len(h))
 		return
 	}
@@ -1698,7 +1700,9 @@ func (r *receiver) endAtomicResponse(h DDPHeader) {
 	}
 	r.n.placed += AtomicTargetSize
 	if o.signaled {
-		qp.complete(qp.cfg.SendCQ, c)
+		qp.retireORQ(&c)
+	} else {
+		qp.retireORQ(nil)
 	}
 	if more {
 		qp.wake() // an ORQ slot is free again, and work may wait for it

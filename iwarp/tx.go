@@ -42,7 +42,9 @@ import (
 //     atomic when its Atomic Response has arrived. One with Immediate
 //     completes as a Send or Write once the peer has shown it takes
 //     Immediate Data; until then with the response to a zero-length Read
-//     sent right behind it (QP.probesImm).
+//     sent right behind it (QP.probesImm). The send queue completes in
+//     order: a WR done before a Read or atomic posted ahead of it waits
+//     for that one's completion (QP.completeSQ, QP.retireORQ).
 
 const irqBurst = 4 // Read Responses served in a row while sends wait
 
@@ -533,6 +535,7 @@ func (t *transmitter) claimORQ() bool {
 	*o = orqEntry{id: w.wr.ID, signaled: w.signaled, op: op, reqID: id,
 		sinkSTag: stag, sinkTO: to, size: uint32(size), sink: sink, sinkReg: reg, sinkPaged: paged, inv: inv}
 	qp.orqN++
+	qp.orqClaimed.Add(1)
 	return true
 }
 
@@ -551,6 +554,7 @@ func (t *transmitter) claimProbe(e *sendWQE) {
 	}
 	qp.orq[(qp.orqHead+qp.orqN)%len(qp.orq)] = orqEntry{probe: true, id: e.wr.ID, signaled: e.signaled, op: e.wr.Op, probeLen: uint32(n)}
 	qp.orqN++
+	qp.orqClaimed.Add(1)
 	t.probing = true
 }
 
@@ -566,6 +570,7 @@ func (t *transmitter) unprobe() {
 	qp := t.qp
 	qp.mu.Lock()
 	qp.orqN--
+	qp.orqClaimed.Add(^uint64(0))
 	qp.orq[(qp.orqHead+qp.orqN)%len(qp.orq)] = orqEntry{}
 	qp.mu.Unlock()
 }
@@ -632,7 +637,7 @@ func (t *transmitter) sendWQE() bool {
 	case WRSend, WRSendInvalidate, WRSendImm:
 		if w.wr.Op == WRSendImm && !t.sendImmediate(w, ImmFlagForSend) {
 			t.unprobe()
-			qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
+			qp.completeSQ(Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
 			return false
 		}
 		f = DDPFields{Opcode: OpSend, QN: QNSend, MSN: t.nextMSN(QNSend)}
@@ -648,16 +653,16 @@ func (t *transmitter) sendWQE() bool {
 		t.unprobe()
 		if t.fw.cut {
 			// The source was deregistered while it was being sent.
-			qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusLocalProtection, Op: op})
+			qp.completeSQ(Completion{ID: w.wr.ID, Status: StatusLocalProtection, Op: op})
 			t.cutOff(TermCode{LayerRDMAP, ETypeRDMAPCatastrophic, CodeUnspecified})
 			return false
 		}
-		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
+		qp.completeSQ(Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
 		return false
 	}
 	if w.wr.Op == WRWriteImm && !t.sendImmediate(w, 0) {
 		t.unprobe()
-		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
+		qp.completeSQ(Completion{ID: w.wr.ID, Status: StatusWRFlush, Op: op})
 		return false
 	}
 	if t.probing {
@@ -666,7 +671,7 @@ func (t *transmitter) sendWQE() bool {
 		return t.sendProbe()
 	}
 	if w.signaled {
-		qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Op: op, ByteLen: uint32(n)})
+		qp.completeSQ(Completion{ID: w.wr.ID, Op: op, ByteLen: uint32(n)})
 	}
 	return true
 }
@@ -708,7 +713,7 @@ func (t *transmitter) sendImmediate(w *sendWQE, flags uint64) bool {
 // +checklocks:t.qp.txMu
 func (t *transmitter) localError(w *sendWQE, st Status) bool {
 	qp := t.qp
-	qp.complete(qp.cfg.SendCQ, Completion{ID: w.wr.ID, Status: st, Op: wrCompOp(w.wr.Op)})
+	qp.completeSQ(Completion{ID: w.wr.ID, Status: st, Op: wrCompOp(w.wr.Op)})
 	qp.terminate(TermCode{LayerRDMAP, ETypeRDMAPCatastrophic, CodeUnspecified}, nil, 0)
 	t.sendTerminate()
 	return false
@@ -740,6 +745,7 @@ func (t *transmitter) sendRTR() bool {
 		qp.mu.Lock()
 		qp.orq[(qp.orqHead+qp.orqN)%len(qp.orq)] = orqEntry{rtr: true, op: WRRead}
 		qp.orqN++
+		qp.orqClaimed.Add(1)
 		qp.mu.Unlock()
 		ReadRequest(t.rr[:]).Encode(&ReadRequestFields{SourceSTag: 1})
 		f := DDPFields{Opcode: OpReadRequest, QN: QNReadReq, MSN: t.nextMSN(QNReadReq)}

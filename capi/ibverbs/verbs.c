@@ -742,9 +742,28 @@ RT_VISIBLE uint64_t rt_cq_handle(struct ibv_cq *cq) { return cq ? ((struct rt_cq
  * gap. A thread that gets completions from any CQ at least once per spin
  * never sleeps, nor does one polling a CQ of a completion channel (its
  * eventfd is the channel's).
+ *
+ * Only a thread that waits in ibv_poll_cq sleeps there: one that polls
+ * between other work (libfabric's progress polls the CQ on its way to a
+ * Send; an MPI rank tests its requests between computations) must get its
+ * empty answer at once, or its next WR goes out a millisecond late. So the
+ * spin starts again whenever the thread shows that it does something else
+ * between polls: it posts a WR (ibv_post_send, ibv_post_recv,
+ * ibv_post_srq_recv), it polls another CQ than the one it has been
+ * polling (the eventfd it would sleep on is that CQ's only), or more than
+ * POLL_GAP_NS pass between two of its empty polls (a wait is a loop of
+ * polls a few hundred nanoseconds apart).
  */
 static __thread uint64_t idle_since; /* this thread's polls have found nothing since (ns); 0: they found some */
 static __thread uint64_t spin_now;   /* this thread's current spin (ns); 0: not yet set */
+static __thread uint64_t last_empty; /* when this thread's last empty poll returned (ns) */
+static __thread const void *idle_cq; /* the CQ of this thread's idle polls (compared, never followed) */
+
+#define POLL_GAP_NS 10000u
+
+/* active restarts this thread's spin: it does something besides polling
+ * (it posts work). */
+static inline void active(void) { idle_since = 0; }
 
 static uint64_t now_ns(void)
 {
@@ -857,8 +876,11 @@ int rt_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 	if (rt_session_dead(sess(cq->context)))
 		return -1; /* the service is gone: nothing will complete */
 	uint64_t t = now_ns();
-	if (!idle_since) {
-		idle_since = t;
+	uint64_t gap = t - last_empty;
+	last_empty = t;
+	if (!idle_since || idle_cq != q || gap > POLL_GAP_NS) {
+		idle_since = t; /* (re)starts the spin */
+		idle_cq = q;
 		return 0;
 	}
 	if (!spin_now)
@@ -871,6 +893,8 @@ int rt_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 	k = poll_ring(q, n, wc);
 	if (k)
 		busy();
+	else
+		last_empty = now_ns(); /* the sleep is no gap between polls */
 	return k;
 }
 
@@ -1130,6 +1154,7 @@ static int post_recv_ring(struct rt_session *s, struct rt_ring *r, pthread_spinl
 			  struct ibv_recv_wr **bad)
 {
 	int err = 0;
+	active();
 	pthread_spin_lock(lock);
 	uint32_t prod = r->idx, start = prod;
 	uint32_t cons = rt_load32(ring_word(r, RING_CONS));
@@ -1709,6 +1734,7 @@ int rt_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr *
 			*bad = wr;
 		return ENOTCONN;
 	}
+	active();
 	pthread_spin_lock(&q->slock);
 	uint32_t prod = q->sq.idx, start = prod;
 	uint32_t cons = rt_load32(ring_word(&q->sq, RING_CONS));
