@@ -480,3 +480,36 @@ func TestRSTInEveryState(t *testing.T) {
 		})
 	}
 }
+
+// TestDelayedAck: one in-order segment's ACK waits for AckDelay (or for
+// a reply to ride on), and a second segment's goes at once.
+func TestDelayedAck(t *testing.T) {
+	p := established(t, Config{AckDelay: time.Millisecond}, nil)
+	seg := func(n int) Segment {
+		s := Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535, Payload: make([]byte, n)}
+		p.seq = p.seq.Add(seqnum.Size(n))
+		return s
+	}
+	p.input(seg(1000))
+	p.wantNothing("one segment")
+	if d := p.c.Deadline(); d != p.now+time.Millisecond {
+		t.Fatalf("ACK timer at %v, want %v", d, p.now+time.Millisecond)
+	}
+	p.now = p.c.Deadline()
+	p.c.Tick(p.now)
+	p.wantACK("the delayed ACK", p.seq)
+
+	p.input(seg(1000))
+	p.wantNothing("one segment")
+	p.input(seg(1000))
+	p.wantACK("the second segment", p.seq)
+
+	// A reply carries the pending ACK.
+	p.input(seg(100))
+	p.wantNothing("one segment")
+	p.c.Write([]byte("reply"), p.now)
+	s := p.take()
+	if len(s) != 1 || string(s[0].Payload) != "reply" || s[0].Ack != p.seq {
+		t.Fatalf("the reply: %v, want it with the ACK of %d", s, p.seq)
+	}
+}
