@@ -173,7 +173,8 @@ func (t *connTaps) segment(seg *tapSegment, pkt *stack.PacketBuffer, views [][]b
 
 // deliver hands the part of the segment TCP may still take to the handler.
 // The views are the packet's own memory (no copy), valid during the call.
-func (ct *connTap) deliver(seq uint32, size int, pkt *stack.PacketBuffer, views [][]byte) {
+func (ct *connTap) deliver(seq uint32, n int, pkt *stack.PacketBuffer, views [][]byte) {
+	size := int64(n)
 	read := ct.c.readBytes.Load()
 	// The sequence number of the next byte the application reads.
 	next := ct.isn + 1 + uint32(read)
@@ -183,12 +184,12 @@ func (ct *connTap) deliver(seq uint32, size int, pkt *stack.PacketBuffer, views 
 		skip = -delta // already read: TCP has it
 	}
 	limit := ct.c.rcvBufMax()
-	if skip >= int64(size) || delta >= limit {
+	if skip >= size || delta >= limit {
 		ct.stats.OutOfWindow.Add(1)
 		return
 	}
 	ct.views = append(ct.views[:0], views...)
-	payload := trimViews(ct.views, int(skip), int(min(int64(size), limit-delta)))
+	payload := trimViews(ct.views, int(skip), int(min(size, limit-delta)))
 	ct.cur = pkt
 	ct.fn(read-ct.origin+uint64(delta+skip), payload, ct.retain)
 	ct.cur = nil
@@ -267,17 +268,30 @@ func (c *Conn) TapSegmentsRetain(fn func(off uint64, payload [][]byte, retain fu
 	if !ok {
 		return nil, ErrNoISN
 	}
+	ct := newConnTap(c, isn, fn, stats)
+	t.taps.Store(k, ct)
+	return ct.remover(func() { t.taps.CompareAndDelete(k, ct) }), nil
+}
+
+// newConnTap is a tap on c whose stream starts after the peer's ISN isn,
+// from the bytes c has read so far.
+func newConnTap(c *Conn, isn uint32, fn func(off uint64, payload [][]byte, retain func() Kept), stats *ConnTapStats) *connTap {
 	if stats == nil {
 		stats = new(ConnTapStats)
 	}
 	ct := &connTap{c: c, isn: isn, origin: c.readBytes.Load(), fn: fn, stats: stats}
 	ct.retain = ct.keep
-	t.taps.Store(k, ct)
+	return ct
+}
+
+// remover is the tap's idempotent remove function: it marks the tap
+// removed and then uninstalls it.
+func (ct *connTap) remover(uninstall func()) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			ct.removed.Store(true)
-			t.taps.CompareAndDelete(k, ct)
+			uninstall()
 		})
-	}, nil
+	}
 }

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
-	"sync"
 	"syscall"
 	"time"
 
@@ -69,11 +68,7 @@ func (c *Conn) tapOwn(fn func(off uint64, payload [][]byte, retain func() Kept),
 	if !ok {
 		return nil, c.ownErr("tap", owntcp.ErrState)
 	}
-	if stats == nil {
-		stats = new(ConnTapStats)
-	}
-	ct := &connTap{c: c, isn: uint32(irs), origin: c.readBytes.Load(), fn: fn, stats: stats}
-	ct.retain = ct.keep
+	ct := newConnTap(c, uint32(irs), fn, stats)
 	untap := c.own.SetSegmentTap(func(s *owntcp.Segment, pkt *stack.PacketBuffer) {
 		if len(s.Payload) == 0 {
 			return
@@ -90,13 +85,7 @@ func (c *Conn) tapOwn(fn func(off uint64, payload [][]byte, retain func() Kept),
 		one := [1][]byte{s.Payload}
 		ct.deliver(uint32(s.Seq), len(s.Payload), pkt, one[:])
 	})
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			ct.removed.Store(true)
-			untap()
-		})
-	}, nil
+	return ct.remover(untap), nil
 }
 
 // TCPName is the TCP the stack's connections run on: TCPGVisor or

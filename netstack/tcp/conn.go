@@ -479,6 +479,13 @@ func (c *Conn) ReadDone(n int, now time.Duration) {
 	c.windowOpened(before)
 }
 
+// fill reads up to n bytes from r straight onto the send buffer's end.
+func (c *Conn) fill(r io.Reader, n int) (int, error) {
+	k, err := io.ReadFull(r, c.sndBuf.grow(n))
+	c.sndBuf.shrink(n - k)
+	return k, err
+}
+
 // WriteFrom is Write of up to n bytes read from r straight into the send
 // buffer; an error of r's ends it, with the bytes r gave queued. rec,
 // when not nil, tells where the records r produces end (Records).
@@ -496,9 +503,7 @@ func (c *Conn) WriteFrom(r io.Reader, n int, rec Records, now time.Duration) (in
 	if rec != nil {
 		k, err = c.writeRecords(r, n, rec)
 	} else {
-		buf := c.sndBuf.grow(n)
-		k, err = io.ReadFull(r, buf)
-		c.sndBuf.shrink(n - k)
+		k, err = c.fill(r, n)
 		c.marks.partial = false
 	}
 	if k > 0 {

@@ -50,7 +50,7 @@ type recordMarks struct {
 func (q *recordMarks) len() int { return len(q.m) - q.r }
 
 func (q *recordMarks) push(end seqnum.Value) {
-	if n := q.len(); n > 0 && !q.m[len(q.m)-1].LessThan(end) {
+	if q.len() > 0 && !q.m[len(q.m)-1].LessThan(end) {
 		return
 	}
 	if q.r > 0 && q.r >= len(q.m)/2 {
@@ -176,9 +176,7 @@ func (c *Conn) writeRecords(r io.Reader, n int, rec Records) (int, error) {
 				if k <= 0 || k > room {
 					return total, errBadPlan
 				}
-				buf := c.sndBuf.grow(k)
-				got, err := io.ReadFull(r, buf)
-				c.sndBuf.shrink(k - got)
+				got, err := c.fill(r, k)
 				base := c.sndUna.Add(seqnum.Size(c.sndBuf.len() - got))
 				at := 0
 				for _, l := range c.plan {
@@ -206,9 +204,7 @@ func (c *Conn) writeRecords(r io.Reader, n int, rec Records) (int, error) {
 		if !mark {
 			k = room // no boundary within room: its rest comes next time
 		}
-		buf := c.sndBuf.grow(k)
-		got, err := io.ReadFull(r, buf)
-		c.sndBuf.shrink(k - got)
+		got, err := c.fill(r, k)
 		total += got
 		c.marks.partial = got < k || !mark
 		if !c.marks.partial {

@@ -484,8 +484,8 @@ func (e *Endpoint) tick() {
 func (e *Endpoint) input(s *Segment) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.released {
-		return
+	if e.released || e.c == nil {
+		return // closed, or Dial has published it and not made it yet
 	}
 	e.c.Input(s, e.p.now())
 	if e.appGone && e.c.Readable() > 0 {
