@@ -413,10 +413,15 @@ func (c *Conn) ownWrite(ctx context.Context, pl tcpip.Payloader, g *payloadGuard
 // ownTCP is TCP on the own TCP.
 func (c *Conn) ownTCP() ConnTCP {
 	i := c.own.Info()
-	out := ConnTCP{Local: c.LocalAddr(), Remote: c.RemoteAddr(),
+	out := ConnTCP{Local: c.LocalAddr(), Remote: c.RemoteAddr(), State: ssState(i.State.String()),
+		TCP: TCPRdmatap, CongestionControl: i.CongestionControl, RecvQ: i.RecvQ, SendQ: i.SendQ,
 		SegmentsSent: i.SegsOut, SegmentsReceived: i.SegsIn, Retransmits: i.RetransSegs,
 		FastRetransmits: i.Recoveries, Timeouts: i.Timeouts,
-		SRTT: i.RTT, RTTVar: i.RTTVar, RTO: i.RTO, Alive: i.State != owntcp.Closed && i.State != owntcp.TimeWait}
+		SRTT: i.RTT, RTTVar: i.RTTVar, RTO: i.RTO, Alive: i.State != owntcp.Closed && i.State != owntcp.TimeWait,
+		SndMSS: i.SndMSS, RcvMSS: i.RcvMSS, SndWScale: i.SndWScale, RcvWScale: i.RcvWScale,
+		Timestamps: i.Timestamps, SACK: i.SACK, SndWnd: i.SndWnd, RcvWnd: i.RcvWnd, Unacked: i.InFlight, SACKed: i.SACKed,
+		BytesAcked: i.BytesAcked, BytesReceived: i.BytesReceived, BytesRetrans: i.RetransBytes,
+		TLPs: i.TLPs, Undos: i.Undos, DSACKs: i.DSACKsIn, LostRetrans: i.LostRetransmits}
 	if mss := i.SndMSS; mss > 0 {
 		out.Cwnd, out.Ssthresh = uint32(i.Cwnd/mss), uint32(i.Ssthresh/mss)
 	}

@@ -53,9 +53,21 @@ func (s *Stack) TCPStats() TCPStats {
 
 // ConnTCP is one connection's TCP state, as `ss -ti` shows a kernel
 // socket's: its own counters (gVisor keeps recoveries by kind per stack
-// only: TCPStats) and its sender's current estimates.
+// only: TCPStats) and its sender's current estimates. What a TCP does not
+// report is left zero (gVisor's: the byte counters, the windows, the
+// options in use).
 type ConnTCP struct {
-	Local, Remote      netip.AddrPort
+	Local, Remote netip.AddrPort
+	// State is ss's name of the TCP state: ESTAB, SYN-SENT, SYN-RECV,
+	// FIN-WAIT-1, FIN-WAIT-2, CLOSE-WAIT, CLOSING, LAST-ACK, TIME-WAIT,
+	// CLOSED.
+	State string
+	// TCP is the transport: gvisor or rdmatap (Config.TCP);
+	// CongestionControl its sender's algorithm.
+	TCP, CongestionControl string
+	// RecvQ is bytes received in order and not read; SendQ bytes written
+	// and not acknowledged (sent or not).
+	RecvQ, SendQ       int
 	SegmentsSent       uint64
 	SegmentsReceived   uint64
 	Retransmits        uint64
@@ -65,6 +77,41 @@ type ConnTCP struct {
 	SRTT, RTTVar, RTO  time.Duration
 	CongestionState    tcpip.CongestionControlState // Open, RTORecovery, FastRecovery, SACKRecovery, Disorder
 	ReorderSeen, Alive bool                         // Alive: the connection is open
+	// SndMSS is the largest segment sent, RcvMSS the one advertised.
+	SndMSS, RcvMSS int
+	// SndWScale and RcvWScale are the window scales (RFC 7323), -1
+	// without; Timestamps and SACK the options in use.
+	SndWScale, RcvWScale int
+	Timestamps, SACK     bool
+	// SndWnd is the peer's window, RcvWnd the one advertised; Unacked the
+	// bytes in flight, of which SACKed the peer has SACKed.
+	SndWnd, RcvWnd, Unacked, SACKed int
+	// BytesAcked are the bytes the peer acknowledged, BytesReceived
+	// those received in order, BytesRetrans those sent again.
+	BytesAcked, BytesReceived, BytesRetrans uint64
+	// TLPs are tail loss probes sent, Undos reductions undone as
+	// spurious, DSACKs D-SACK blocks received (duplicates the peer got),
+	// LostRetrans retransmissions found lost and sent again.
+	TLPs, Undos, DSACKs, LostRetrans uint64
+}
+
+// ssState is ss's name of a TCP state (RFC 9293's names).
+func ssState(rfc string) string {
+	switch rfc {
+	case "ESTABLISHED":
+		return "ESTAB"
+	case "SYN-RECEIVED":
+		return "SYN-RECV"
+	}
+	return rfc
+}
+
+// gvisorStates are ss's names of gVisor's endpoint states.
+var gvisorStates = map[tcp.EndpointState]string{
+	tcp.StateEstablished: "ESTAB", tcp.StateSynSent: "SYN-SENT", tcp.StateSynRecv: "SYN-RECV",
+	tcp.StateFinWait1: "FIN-WAIT-1", tcp.StateFinWait2: "FIN-WAIT-2", tcp.StateTimeWait: "TIME-WAIT",
+	tcp.StateClose: "CLOSED", tcp.StateCloseWait: "CLOSE-WAIT", tcp.StateLastAck: "LAST-ACK",
+	tcp.StateListen: "LISTEN", tcp.StateClosing: "CLOSING", tcp.StateError: "CLOSED",
 }
 
 // TCP returns the connection's TCP state.
@@ -72,7 +119,12 @@ func (c *Conn) TCP() ConnTCP {
 	if c.own != nil {
 		return c.ownTCP()
 	}
-	out := ConnTCP{Local: c.LocalAddr(), Remote: c.RemoteAddr()}
+	st := tcp.EndpointState(c.ep.State())
+	out := ConnTCP{Local: c.LocalAddr(), Remote: c.RemoteAddr(), State: gvisorStates[st], TCP: TCPGVisor,
+		SndWScale: -1, RcvWScale: -1}
+	if out.State == "" {
+		out.State = "CLOSED" // the states before a connection
+	}
 	if st, ok := c.ep.Stats().(*tcp.Stats); ok {
 		out.SegmentsSent = st.SegmentsSent.Value()
 		out.SegmentsReceived = st.SegmentsReceived.Value()
@@ -87,6 +139,20 @@ func (c *Conn) TCP() ConnTCP {
 		out.CongestionState, out.ReorderSeen = info.CcState, info.ReorderSeen
 		out.Alive = !finishedState(tcp.EndpointState(info.State))
 	}
+	var cc tcpip.CongestionControlOption
+	if c.ep.GetSockOpt(&cc) == nil {
+		out.CongestionControl = string(cc)
+	}
+	if v, err := c.ep.GetSockOptInt(tcpip.ReceiveQueueSizeOption); err == nil {
+		out.RecvQ = v
+	}
+	if v, err := c.ep.GetSockOptInt(tcpip.SendQueueSizeOption); err == nil {
+		out.SendQ = v
+	}
+	if out.Ssthresh >= 1<<30 {
+		out.Ssthresh = 0 // not set yet: slow start
+	}
+	out.SndMSS = c.MaxPayload()
 	return out
 }
 

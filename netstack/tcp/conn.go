@@ -245,7 +245,12 @@ type counters struct {
 
 // Info is a connection's state as `ss -ti` shows a Linux socket's.
 type Info struct {
-	State            State
+	State State
+	// CongestionControl is the sender's algorithm, as ss names it.
+	CongestionControl string
+	// RecvQ is bytes received in order and not read; SendQ bytes written
+	// and not acknowledged, sent or not.
+	RecvQ, SendQ     int
 	RTT, RTTVar, RTO time.Duration
 	SndMSS, RcvMSS   int
 	Cwnd, Ssthresh   int // bytes
@@ -288,7 +293,7 @@ func (i *Info) addCounters(o Info) {
 
 // Info reports the connection's state.
 func (c *Conn) Info() Info {
-	i := Info{State: c.state, RTT: c.rtt.srtt, RTTVar: c.rtt.rttvar, RTO: c.rtt.rto,
+	i := Info{State: c.state, CongestionControl: "reno", RecvQ: c.rcvBuf.len(), SendQ: c.sndBuf.len(), RTT: c.rtt.srtt, RTTVar: c.rtt.rttvar, RTO: c.rtt.rto,
 		SndMSS: c.sndMSS, RcvMSS: c.cfg.MSS, Cwnd: c.cwnd, Ssthresh: c.ssthresh,
 		SndWnd: c.sndWnd, InFlight: int(c.sndUna.Size(c.sndMax)), SACKed: c.sackedBytes(),
 		SndWScale: -1, RcvWScale: -1, Timestamps: c.tsOK, SACK: c.sackOK, InRecovery: c.inRecovery,

@@ -246,7 +246,7 @@ func formatEvent(ev verbs.AsyncEvent) string {
 }
 
 // The control socket speaks one JSON request line and one JSON reply line
-// per connection: {"cmd":"devinfo"} or {"cmd":"stat"}.
+// per connection: {"cmd":"devinfo"}, {"cmd":"stat"} or {"cmd":"ss"}.
 type ctlRequest struct {
 	Cmd string `json:"cmd"`
 }
@@ -255,6 +255,7 @@ type ctlReply struct {
 	Error   string   `json:"error,omitempty"`
 	DevInfo *devInfo `json:"devinfo,omitempty"`
 	Stat    *statSet `json:"stat,omitempty"`
+	Conns   []ssConn `json:"conns,omitempty"`
 }
 
 // ctlLimits bound what clients of the control socket can hold.
@@ -569,6 +570,8 @@ func (s *ctlServer) reply(line []byte) ctlReply {
 			st.Clients = srv.ClientStats()
 		}
 		rep.Stat = &st
+	case "ss":
+		rep.Conns = getConns(s.e)
 	default:
 		rep.Error = fmt.Sprintf("unknown command %q", req.Cmd)
 	}
