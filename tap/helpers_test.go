@@ -135,6 +135,19 @@ func (ns *netns) mustRun(tb testing.TB, args ...string) string {
 	return out
 }
 
+// nftRules loads nft rules in ns (they go with it), or skips without nft.
+func (ns *netns) nftRules(tb testing.TB, rules string) {
+	tb.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		tb.Skip("skipping: nft (Debian package nftables) is missing")
+	}
+	cmd := exec.Command("ip", "netns", "exec", ns.name, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("nft: %v\n%s\n%s", err, out, rules)
+	}
+}
+
 func (ns *netns) linkExists(name string) bool {
 	_, err := ns.run("ip", "link", "show", "dev", name)
 	return err == nil

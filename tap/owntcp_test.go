@@ -3,6 +3,7 @@ package tap
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"syscall"
@@ -19,7 +20,14 @@ import (
 // ownTCPStack is a stack on d whose TCP is rdmatap's (netstack/tcp).
 func ownTCPStack(tb testing.TB, d *Device) *rtcp.Protocol {
 	tb.Helper()
-	p := rtcp.NewProtocol(rtcp.Config{MinRTO: 20 * time.Millisecond, RcvBuf: 4 << 20, SndBuf: 4 << 20})
+	return ownTCPStackWith(tb, d, rtcp.Config{})
+}
+
+// ownTCPStackWith is ownTCPStack with cfg's keepalive.
+func ownTCPStackWith(tb testing.TB, d *Device, ka rtcp.Config) *rtcp.Protocol {
+	tb.Helper()
+	p := rtcp.NewProtocol(rtcp.Config{MinRTO: 20 * time.Millisecond, RcvBuf: 4 << 20, SndBuf: 4 << 20,
+		KeepaliveIdle: ka.KeepaliveIdle, KeepaliveInterval: ka.KeepaliveInterval, KeepaliveCount: ka.KeepaliveCount})
 	s := stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{p.Factory()},
@@ -217,4 +225,107 @@ func TestOwnTCPKernelStallAndReset(t *testing.T) {
 		t.Fatalf("the kernel's read after our abort: %v, want ECONNRESET", err)
 	}
 	k.Close()
+}
+
+// TestOwnTCPKernelKeepalive: keepalive each way against the kernel's TCP
+// over a TAP (1 s idle, probes 1 s apart, 3 unanswered end the
+// connection). The kernel's probes get our answers through 5 s of
+// silence, so its socket lives and carries data after it. Our probes get
+// the kernel's answers; once its answers are dropped (nft, in its
+// namespace), ours ends the connection with ErrTimeout after three
+// unanswered probes.
+func TestOwnTCPKernelKeepalive(t *testing.T) {
+	ka := net.KeepAliveConfig{Enable: true, Idle: time.Second, Interval: time.Second, Count: 3}
+	for _, ours := range []bool{false, true} {
+		name := "kernel probes"
+		if ours {
+			name = "ours probes"
+		}
+		t.Run(name, func(t *testing.T) {
+			ns := newNetns(t)
+			d := openIn(t, ns, Config{Name: tapName})
+			ns.mustRun(t, "ip", "addr", "add", kernelV4+"/24", "dev", tapName)
+			ns.mustRun(t, "ip", "link", "set", tapName, "up")
+			var cfg rtcp.Config
+			if ours {
+				cfg = rtcp.Config{KeepaliveIdle: ka.Idle, KeepaliveInterval: ka.Interval, KeepaliveCount: ka.Count}
+			}
+			p := ownTCPStackWith(t, d, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			var ln net.Listener
+			if err := ns.do(func() (err error) { ln, err = net.Listen("tcp4", kernelV4+":0"); return }); err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			acc := make(chan net.Conn, 1)
+			go func() {
+				c, _ := ln.Accept()
+				acc <- c
+			}()
+			port := ln.Addr().(*net.TCPAddr).Port
+			kaddr := tcpip.FullAddress{Addr: tcpip.AddrFromSlice(net.ParseIP(kernelV4).To4()), Port: uint16(port)}
+			e, err := p.Dial(ctx, 1, tcpip.FullAddress{}, kaddr, ipv4.ProtocolNumber)
+			if err != nil {
+				t.Fatalf("Dial the kernel: %v", err)
+			}
+			defer e.Close()
+			kc := <-acc
+			if kc == nil {
+				t.Fatal("the kernel accepted nothing")
+			}
+			k := kc.(*net.TCPConn)
+			defer k.Close()
+			if !ours {
+				if err := k.SetKeepAliveConfig(ka); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := k.SetKeepAlive(false); err != nil {
+				t.Fatal(err)
+			}
+			before := e.Info()
+			time.Sleep(5 * time.Second)
+			after := e.Info()
+			in, out := after.SegsIn-before.SegsIn, after.SegsOut-before.SegsOut
+			t.Logf("5 s idle: %d segments in, %d out", in, out)
+			// A probe a second after 1 s of idle time, each answered.
+			if in < 3 || out < 3 || after.State != rtcp.Established {
+				t.Fatalf("5 s idle with keepalive: %d segments in and %d out (want at least 3 each), %v", in, out, after.State)
+			}
+			if _, err := transfer(k, e, 1<<20); err != nil {
+				t.Fatalf("kernel→ours after the idle time: %v", err)
+			}
+			if _, err := transfer(e, k, 1<<20); err != nil {
+				t.Fatalf("ours→kernel after the idle time: %v", err)
+			}
+			if !ours {
+				return
+			}
+			// The kernel goes silent: its answers are dropped.
+			ns.nftRules(t, fmt.Sprintf(`table inet rdmatap_ka {
+	chain out {
+		type filter hook output priority 0; policy accept;
+		tcp sport %d drop
+	}
+}
+`, port))
+			start := time.Now()
+			done := make(chan error, 1)
+			go func() {
+				_, err := e.Read(make([]byte, 1))
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				// 1 s idle, then 3 probes 1 s apart: about 4 s.
+				el := time.Since(start)
+				t.Logf("silent kernel: %v after %v", err, el.Round(time.Millisecond))
+				if !errors.Is(err, rtcp.ErrTimeout) || el < 3*time.Second || el > 8*time.Second {
+					t.Fatalf("read on a silent kernel: %v after %v, want ErrTimeout after about 4 s", err, el)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("20 s without the kernel's answers: the connection is still up")
+			}
+		})
+	}
 }

@@ -139,6 +139,7 @@ func (r *programRun) boot(t *testing.T, variant string, cells []progCell, rows *
 	// otherwise be cut by its own messages on standard error.
 	plan := strings.Builder{}
 	plan.WriteString("stderr split\n")
+	plan.WriteString(r.guest)
 	port := 0
 	for _, c := range cells {
 		if c.vmServes {
@@ -151,6 +152,7 @@ func (r *programRun) boot(t *testing.T, variant string, cells []progCell, rows *
 		}
 		fmt.Fprintf(&plan, "%s %s 120 %s\n", c.vmKind, c.name, strings.Join(c.vm, " "))
 	}
+	plan.WriteString(r.guestAfter)
 	if err := os.WriteFile(filepath.Join(out, "plan.txt"), []byte(plan.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -180,6 +182,13 @@ func (r *programRun) boot(t *testing.T, variant string, cells []progCell, rows *
 	}
 	res := v.results()
 	os.WriteFile(filepath.Join(out, "up.log"), []byte(r.svc.out.String()), 0o644)
+	for _, n := range r.preCells {
+		if res[n] != "PASS" {
+			log, _ := os.ReadFile(filepath.Join(out, n+".log"))
+			vmErr, _ := os.ReadFile(filepath.Join(out, n+".err"))
+			t.Errorf("the guest's %s: %q\n%s\n%s", n, res[n], tail(log, 10), tail(vmErr, 10))
+		}
+	}
 	for i, c := range cells {
 		t.Run(c.name, func(t *testing.T) {
 			log, _ := os.ReadFile(filepath.Join(out, c.name+".log"))
@@ -462,6 +471,13 @@ type programRun struct {
 	setpriv string
 	v       *vm
 	out     string
+	// guest are plan lines the guest runs before the cells (exec
+	// cells named in preCells, which must pass: an impairment of the
+	// path).
+	guest    string
+	preCells []string
+	// guestAfter are plan lines the guest runs after the cells.
+	guestAfter string
 }
 
 // command is rdmatap's side of c: `rdmatap exec` on the service, the
