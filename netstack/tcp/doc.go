@@ -13,11 +13,12 @@
 //     there, RST processing; ResetFor answers a segment no connection
 //     takes.
 //   - RFC 5961's defenses: only a RST at exactly RCV.NXT resets, a RST or
-//     SYN elsewhere in the window gets a challenge ACK, an ACK of data
-//     never sent is answered and ignored. ACKs to segments without data
-//     that it does not take, challenge ACKs among them, go out at most
-//     once per 500 ms, so two ends cannot answer each other's ACKs for
-//     ever.
+//     SYN elsewhere in the window gets a challenge ACK, and so does an
+//     ACK of data never sent or one older than the largest window, which
+//     is ignored. ACKs to segments without data that it does not take,
+//     challenge ACKs among them, go out at most once per 500 ms, so two
+//     ends cannot answer each other's ACKs for ever, nor a flood of lies
+//     draw an answer each.
 //   - RFC 7323: window scaling and timestamps (PAWS), offered by an
 //     active open and answered by a passive one. The timestamp clock
 //     ticks in milliseconds; RTTs are measured per segment at the

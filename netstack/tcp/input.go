@@ -152,11 +152,22 @@ const oowAckInterval = 500 * time.Millisecond
 // oowAckInterval otherwise (challenge ACKs to a SYN or RST included).
 func (c *Conn) ackOOW(s *Segment) {
 	if len(s.Payload) == 0 || s.has(header.TCPFlagSyn) || s.has(header.TCPFlagRst) {
-		if c.oowAcked && c.now-c.lastOOWAck < oowAckInterval {
-			return
-		}
-		c.oowAcked, c.lastOOWAck = true, c.now
+		c.challengeACK()
+		return
 	}
+	c.ackNow = true
+	c.output()
+}
+
+// challengeACK sends an ACK of where the connection stands, at most once
+// per oowAckInterval: the answer to a segment it discards whose sender
+// may be blind (RFC 5961 §7), an ACK of data never sent or one too old
+// to be real among them.
+func (c *Conn) challengeACK() {
+	if c.oowAcked && c.now-c.lastOOWAck < oowAckInterval {
+		return
+	}
+	c.oowAcked, c.lastOOWAck = true, c.now
 	c.ackNow = true
 	c.output()
 }
@@ -247,13 +258,11 @@ func (c *Conn) established() {
 func (c *Conn) inputAck(s *Segment) bool {
 	ack := s.Ack
 	if c.sndMax.LessThan(ack) {
-		c.ackNow = true
-		c.output()
+		c.challengeACK()
 		return false
 	}
 	if c.maxSndWnd > 0 && ack.LessThan(c.sndUna-seqnum.Value(c.maxSndWnd)) {
-		c.ackNow = true // RFC 5961 §5.2: too old to be real
-		c.output()
+		c.challengeACK() // RFC 5961 §5.2: too old to be real
 		return false
 	}
 	wnd := int(s.Window) << c.sndShift
