@@ -128,14 +128,7 @@ var pyverbsExpected = []struct{ id, trace, why string }{
 			"and both QPs flush), so any RNIC may lose the race, and the test passes when it does not"},
 }
 
-// TestPyverbsSuite runs rdma-core's own Python test suite (run_tests.py,
-// pyverbs over the libraries) against a service, as the unprivileged
-// user nobody when root. It names the device, port 1 and GID index 0 on
-// the command line, as one does for siw: the suite otherwise drops every
-// GID whose last 8 bytes are zero, and an iWARP GID (siw's and ours) is
-// the interface's MAC address followed by zeros. It logs the counts and
-// the skip reasons grouped, and fails on any failure or error not listed
-// in pyverbsExpected.
+// expected is why an error is listed in pyverbsExpected, or "".
 func expected(r *suiteResult) string {
 	if r.outcome != "ERROR" {
 		return ""
@@ -161,7 +154,54 @@ func withNetdev(t *testing.T) bool {
 	return exec.Command(un, "-m", "sh", "-c", "mount -t tmpfs tmpfs /sys/class").Run() == nil
 }
 
+// TestPyverbsSuite runs rdma-core's own Python test suite (run_tests.py,
+// pyverbs over the libraries) against a service, as the unprivileged
+// user nobody when root. It names the device, port 1 and GID index 0 on
+// the command line, as one does for siw: the suite otherwise drops every
+// GID whose last 8 bytes are zero, and an iWARP GID (siw's and ours) is
+// the interface's MAC address followed by zeros. It logs the counts and
+// the skip reasons grouped, and fails on any failure or error not listed
+// in pyverbsExpected. It then compares the outcomes with the suite's on
+// the kernel's siw (compareSiw).
 func TestPyverbsSuite(t *testing.T) {
+	ran, rs, out := runPyverbs(t)
+	counts := map[string]int{}
+	skips := map[string][]string{}
+	expect := map[string][]string{}
+	for _, r := range rs {
+		counts[r.outcome]++
+		switch r.outcome {
+		case "skipped":
+			skips[r.reason] = append(skips[r.reason], r.id)
+		case "FAIL", "ERROR", "unexpected success":
+			if why := expected(r); why != "" {
+				expect[why] = append(expect[why], r.id)
+				continue
+			}
+			t.Errorf("%s: %s\n%s", r.outcome, r.id, r.trace)
+		}
+	}
+	t.Logf("run %d, pass %d, fail %d, error %d, skip %d", ran, counts["ok"], counts["FAIL"], counts["ERROR"], counts["skipped"])
+	reasons := make([]string, 0, len(skips))
+	for r := range skips {
+		reasons = append(reasons, r)
+	}
+	sort.Slice(reasons, func(i, j int) bool { return len(skips[reasons[i]]) > len(skips[reasons[j]]) })
+	for _, r := range reasons {
+		t.Logf("skipped %3d: %s", len(skips[r]), r)
+	}
+	for why, ids := range expect {
+		t.Logf("expected error %3d: %s: %s", len(ids), why, strings.Join(ids, " "))
+	}
+	compareSiw(t, rs)
+	if t.Failed() && !testing.Verbose() {
+		t.Logf("output:\n%s", out)
+	}
+}
+
+// runPyverbs runs the suite on rdmatap and parses its outcomes.
+func runPyverbs(t *testing.T) (ran int, rs []*suiteResult, out []byte) {
+	t.Helper()
 	if _, err := os.Stat("/usr/lib/python3/dist-packages/pyverbs"); err != nil {
 		t.Skip("skipping: pyverbs not installed (Debian package python3-pyverbs)")
 	}
@@ -195,39 +235,9 @@ func TestPyverbsSuite(t *testing.T) {
 	if testing.Verbose() {
 		t.Logf("output:\n%s", out)
 	}
-	ran, rs := parseUnittest(string(out))
+	ran, rs = parseUnittest(string(out))
 	if ran == 0 || len(rs) != ran {
 		t.Fatalf("run_tests.py: %d tests ran, %d results parsed:\n%s", ran, len(rs), out)
 	}
-	counts := map[string]int{}
-	skips := map[string][]string{}
-	expect := map[string][]string{}
-	for _, r := range rs {
-		counts[r.outcome]++
-		switch r.outcome {
-		case "skipped":
-			skips[r.reason] = append(skips[r.reason], r.id)
-		case "FAIL", "ERROR", "unexpected success":
-			if why := expected(r); why != "" {
-				expect[why] = append(expect[why], r.id)
-				continue
-			}
-			t.Errorf("%s: %s\n%s", r.outcome, r.id, r.trace)
-		}
-	}
-	t.Logf("run %d, pass %d, fail %d, error %d, skip %d", ran, counts["ok"], counts["FAIL"], counts["ERROR"], counts["skipped"])
-	reasons := make([]string, 0, len(skips))
-	for r := range skips {
-		reasons = append(reasons, r)
-	}
-	sort.Slice(reasons, func(i, j int) bool { return len(skips[reasons[i]]) > len(skips[reasons[j]]) })
-	for _, r := range reasons {
-		t.Logf("skipped %3d: %s", len(skips[r]), r)
-	}
-	for why, ids := range expect {
-		t.Logf("expected error %3d: %s: %s", len(ids), why, strings.Join(ids, " "))
-	}
-	if t.Failed() && !testing.Verbose() {
-		t.Logf("output:\n%s", out)
-	}
+	return ran, rs, out
 }

@@ -7,8 +7,9 @@
 // never use (TestSiwProbe); rdmatap's tools as an unprivileged client of
 // `rdmatap up --socket` (TestSiwViaService); and Debian's RDMA programs,
 // unmodified, on rdmatap's C libraries through such a service against the
-// same programs on siw (TestSiwPrograms). README.md has the tables of the
-// last run.
+// same programs on siw (TestSiwPrograms); and rdma-core's Python test
+// suite on siw beside capi's run of it on rdmatap (TestSiwPyverbs).
+// README.md has the tables of the last run.
 //
 //	sudo RDMATAP_INTEROP=1 go test -count=1 ./test/interop/ -v -timeout 40m
 //

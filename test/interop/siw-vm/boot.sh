@@ -8,6 +8,10 @@
 #   boot.sh [options] idle [SECONDS]           just bring siw0 up and sleep
 #   boot.sh [options] shell                    interactive busybox shell on the console
 #   boot.sh [options] --script FILE script     run FILE (sourced by the guest scenario runner)
+#   boot.sh --pyverbs [options] pyverbs [root] [nonet] [TEST...]
+#                                              rdma-core's Python tests (run_tests.py -v) on siw0,
+#                                              as nobody (or root), into pyverbs.log; --wait bounds them;
+#                                              nonet: siw0 without device/net (the CM tests skip)
 #
 # Options:
 #   --ip A.B.C.D[/24]   guest address (default 10.77.0.2/24)
@@ -23,6 +27,8 @@
 #   --lomtu N           lo MTU in selftest (1500, so siw sizes FPDUs like on Ethernet)
 #   --offload           keep virtio/lo TSO/GSO/GRO (default: off => wire-sized frames in captures)
 #   --smp N (1)  --mem MB (1024)  --timeout S (1800, hard limit for qemu)
+#   --pyverbs           boot the initramfs with python3 and pyverbs (build.sh with SIWVM_PYVERBS=1;
+#                       --mem defaults to 2048)
 #   --no-build          do not run build.sh first
 #   --keep-tap          do not delete the VM's TAP on exit
 # Exit status: 0 if every RESULT line is PASS.
@@ -32,7 +38,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE=${SIWVM_CACHE:-/var/tmp/siw-vm-cache}
 
 IP=10.77.0.2/24 TAP=sivm0 MAC='' OUT='' VARIANT=fix ITERS=5 SIZE=4096 N=20 WAIT=300
-TESTS='' LOMTU=1500 OFFLOAD=0 SMP=1 MEM=1024 TIMEOUT=1800 BUILD=1 KEEPTAP=0 SCRIPT=''
+TESTS='' LOMTU=1500 OFFLOAD=0 SMP=1 MEM='' TIMEOUT=1800 BUILD=1 KEEPTAP=0 SCRIPT='' PYVERBS=0
 while [ $# -gt 0 ]; do
     case $1 in
         --ip) IP=$2; shift ;;
@@ -53,6 +59,7 @@ while [ $# -gt 0 ]; do
         --no-build) BUILD=0 ;;
         --keep-tap) KEEPTAP=1 ;;
         --script) SCRIPT=$2; shift ;;
+        --pyverbs) PYVERBS=1 ;;
         -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         --*) echo "unknown option $1" >&2; exit 2 ;;
         *) break ;;
@@ -66,8 +73,15 @@ ADDR=${IP%/*}
 if [ -z "$MAC" ]; then MAC=$(printf '52:54:00:4d:00:%02x' "${ADDR##*.}"); fi
 [ "$(id -u)" = 0 ] || { echo "boot.sh needs root (TAP/bridge)" >&2; exit 1; }
 
+INITRD=$CACHE/initramfs.cpio.gz
+if [ $PYVERBS = 1 ]; then
+    INITRD=$CACHE/initramfs-pyverbs.cpio.gz
+    [ -n "$MEM" ] || MEM=2048
+    export SIWVM_PYVERBS=1
+fi
+[ -n "$MEM" ] || MEM=1024
 if [ $BUILD = 1 ]; then "$HERE/build.sh"; fi
-[ -f "$CACHE/vmlinuz" ] && [ -f "$CACHE/initramfs.cpio.gz" ] || { echo "run build.sh first" >&2; exit 1; }
+[ -f "$CACHE/vmlinuz" ] && [ -f "$INITRD" ] || { echo "run build.sh first (SIWVM_PYVERBS=1 for --pyverbs)" >&2; exit 1; }
 
 if [ -z "$OUT" ]; then OUT=$CACHE/runs/$(date +%Y%m%d-%H%M%S)-$SCN-$ADDR; fi
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -105,7 +119,7 @@ set +e
 timeout -k 10 "$TIMEOUT" qemu-system-x86_64 \
     -machine q35,accel=tcg -cpu max -smp "$SMP" -m "$MEM" \
     -nographic -no-reboot \
-    -kernel "$CACHE/vmlinuz" -initrd "$CACHE/initramfs.cpio.gz" -append "$APPEND" \
+    -kernel "$CACHE/vmlinuz" -initrd "$INITRD" -append "$APPEND" \
     -netdev "tap,id=n0,ifname=$TAP,script=no,downscript=no" \
     -device "virtio-net-pci,netdev=n0,mac=$MAC$NICOPT${SIWVM_NICOPT:-}" \
     -device virtio-rng-pci \

@@ -25,6 +25,9 @@
 #                    linux-image-6.12-amd64 depends on), with its own cache, e.g.
 #                    SIWVM_CACHE=/var/tmp/siw-vm-cache-612 (see README)
 #      SIWVM_FORCE=1 rebuild the initramfs even if inputs did not change
+#      SIWVM_PYVERBS=1 also build $CACHE/initramfs-pyverbs.cpio.gz: the same
+#                    with python3 and python3-pyverbs and rdma-core's Python
+#                    tests appended (boot.sh --pyverbs; see README)
 # Needs root (apt-get install of host build tools/headers).
 set -euo pipefail
 
@@ -34,6 +37,7 @@ DEBS=$CACHE/debs
 PKGROOT=$CACHE/pkgroot
 ROOTFS=$CACHE/rootfs
 VARIANTS="stock crc p2p crc_p2p fix crc_fix p2p_fix crc_p2p_fix"
+LIBDIRS="lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu lib64"
 
 log() { echo "[build] $*" >&2; }
 die() { echo "[build] ERROR: $*" >&2; exit 1; }
@@ -177,15 +181,7 @@ for v in $VARIANTS; do
 done
 
 # ---------------------------------------------------------------- initramfs
-# Rebuild only when an input changed.
-INPUT_KEY=$( { echo "$EXTRACT_KEY $KREL $VARIANTS"; cat "$0" "$HERE"/guest/* "$HERE"/patches/*;
-               for v in $VARIANTS; do sha256sum "$CACHE/siw/$KREL/$v/siw.ko"; done; } | sha256sum | cut -c1-16)
-if [ -z "${SIWVM_FORCE:-}" ] && [ -f "$CACHE/initramfs.cpio.gz" ] \
-   && [ "$(cat "$CACHE/initramfs.stamp" 2>/dev/null)" = "$INPUT_KEY" ]; then
-    log "initramfs up to date ($CACHE/initramfs.cpio.gz)"
-    exit 0
-fi
-
+build_initramfs() {
 log "assembling rootfs in $ROOTFS"
 rm -rf "$ROOTFS"
 mkdir -p "$ROOTFS"/{bin,sbin,usr/bin,usr/sbin,lib64,lib/x86_64-linux-gnu,usr/lib/x86_64-linux-gnu/libibverbs,etc/libibverbs.d,proc,sys,dev,tmp,run,host,root,var/run,siwvm}
@@ -218,7 +214,6 @@ cp "$PKGROOT/etc/libibverbs.d/siw.driver" "$ROOTFS/etc/libibverbs.d/"
 mkdir -p "$ROOTFS/etc/iproute2"; cp -r "$PKGROOT/etc/iproute2/." "$ROOTFS/etc/iproute2/" 2>/dev/null || true
 
 # shared library closure (by DT_NEEDED), resolved from the package tree only
-LIBDIRS="lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu lib64"
 find_lib() {
     local d
     for d in $LIBDIRS; do [ -e "$PKGROOT/$d/$1" ] && { echo "$d/$1"; return 0; }; done
@@ -294,3 +289,134 @@ log "packing initramfs"
 mv "$CACHE/initramfs.cpio.gz.tmp" "$CACHE/initramfs.cpio.gz"
 echo "$INPUT_KEY" > "$CACHE/initramfs.stamp"
 log "done: $CACHE/vmlinuz $CACHE/initramfs.cpio.gz ($(du -h "$CACHE/initramfs.cpio.gz" | cut -f1))"
+}
+
+# ---------------------------------------------------------------- pyverbs variant
+# SIWVM_PYVERBS=1: $CACHE/initramfs-pyverbs.cpio.gz, the initramfs above with
+# a second cpio archive appended (the kernel unpacks both, the second over the
+# first): python3.11 and its standard library (without test, idlelib,
+# tkinter, ...), python3-pyverbs, rdma-core's Python tests unpacked in
+# /siwvm/pyverbs/tests, guest/pyverbs.sh as /siwvm/pyverbs.sh, their shared
+# libraries and an ld.so.cache of both. The .py files are compiled on the
+# host when it has python3.11 (unchecked-hash .pyc: TCG compiles slowly).
+PY_PKGS="python3.11-minimal libpython3.11-minimal libpython3.11-stdlib libpython3.11 python3-pyverbs
+ libexpat1 libffi8 libbz2-1.0 libuuid1 libcrypt1"
+PY_DROP="test idlelib tkinter turtledemo ensurepip lib2to3 pydoc_data config-3.11-x86_64-linux-gnu"
+build_pyverbs() {
+    local PYPKGROOT=$CACHE/pypkgroot PYROOT=$CACHE/pyroot p missing=()
+    for p in $PY_PKGS; do have_deb "$p" || missing+=("$p"); done
+    if [ ${#missing[@]} -gt 0 ]; then
+        apt_update
+        log "apt-get download ${missing[*]}"
+        (cd "$DEBS" && apt-get download -q "${missing[@]}" 2>&1 | grep -v -e unsandboxed -e '^Get:' >&2 || true)
+        for p in $PY_PKGS; do have_deb "$p" || die "download of $p failed"; done
+    fi
+    local debs key
+    debs=$(for p in $PY_PKGS; do ls "$DEBS/${p}"_*.deb | sort | tail -1; done)
+    key=$(echo "$debs" | xargs -n1 basename | sha256sum | cut -c1-16)
+    if [ "$(cat "$PYPKGROOT.stamp" 2>/dev/null)" != "$key" ]; then
+        log "extracting $(echo "$debs" | wc -l) debs into $PYPKGROOT"
+        rm -rf "$PYPKGROOT"; mkdir -p "$PYPKGROOT"
+        for d in $debs; do dpkg-deb -x "$d" "$PYPKGROOT"; done
+        echo "$key" > "$PYPKGROOT.stamp"
+    fi
+    local pykey
+    pykey=$( { echo "$key $INPUT_KEY $PY_DROP"; command -v python3.11 || true; } | sha256sum | cut -c1-16)
+    if [ -z "${SIWVM_FORCE:-}" ] && [ -f "$CACHE/initramfs-pyverbs.cpio.gz" ] \
+       && [ "$(cat "$CACHE/initramfs-pyverbs.stamp" 2>/dev/null)" = "$pykey" ]; then
+        log "pyverbs initramfs up to date ($CACHE/initramfs-pyverbs.cpio.gz)"
+        return 0
+    fi
+
+    log "assembling the pyverbs overlay in $PYROOT"
+    rm -rf "$PYROOT"
+    mkdir -p "$PYROOT"/usr/bin "$PYROOT"/usr/lib/python3/dist-packages "$PYROOT"/etc "$PYROOT"/siwvm/pyverbs/tests
+    cp -L "$PYPKGROOT/usr/bin/python3.11" "$PYROOT/usr/bin/"
+    ln -s python3.11 "$PYROOT/usr/bin/python3"
+    local excl=() x
+    for x in $PY_DROP; do excl+=(--exclude="./$x"); done
+    tar -C "$PYPKGROOT/usr/lib/python3.11" "${excl[@]}" -cf - . | tar -C "$PYROOT/usr/lib" --one-top-level=python3.11 -xf -
+    cp -a "$PYPKGROOT/usr/lib/python3/dist-packages/pyverbs" "$PYROOT/usr/lib/python3/dist-packages/"
+    cp -a "$PYPKGROOT/etc/python3.11" "$PYROOT/etc/"
+    local tests=$PYPKGROOT/usr/share/doc/rdma-core/tests
+    [ -f "$tests/run_tests.py" ] || die "no run_tests.py in python3-pyverbs"
+    cp "$tests"/* "$PYROOT/siwvm/pyverbs/tests/"
+    gunzip -f "$PYROOT"/siwvm/pyverbs/tests/*.gz
+    install -m 755 "$HERE/guest/pyverbs.sh" "$PYROOT/siwvm/pyverbs.sh"
+
+    # shared libraries: what the base initramfs lacks, from either package tree;
+    # an extension module of the standard library whose library is in neither
+    # (curses, dbm, sqlite3, readline, nis) is left out
+    find_pylib() {
+        local d r
+        for r in "$PYPKGROOT" "$PKGROOT"; do
+            for d in $LIBDIRS; do [ -e "$r/$d/$1" ] && { echo "$r/$d/$1"; return 0; }; done
+        done
+        return 1
+    }
+    have_lib() { local d; for d in $LIBDIRS; do [ -e "$1/$d/$2" ] && return 0; done; return 1; }
+    closure() { # file: prints the libraries to add, fails if one is missing
+        local f so src q=("$1")
+        while [ ${#q[@]} -gt 0 ]; do
+            f=${q[0]}; q=("${q[@]:1}")
+            for so in $(readelf -d "$f" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+                have_lib "$ROOTFS" "$so" && continue
+                src=$(find_pylib "$so") || { echo "missing $so"; return 1; }
+                echo "$src"; q+=("$src")
+            done
+        done
+    }
+    local f out libs=() dropped=()
+    while read -r f; do
+        if out=$(closure "$f"); then
+            libs+=($out)
+        else
+            case $f in
+                */lib-dynload/*) dropped+=("$(basename "$f" | cut -d. -f1)"); rm -f "$f" ;;
+                *) die "${f#$PYROOT/}: $out" ;;
+            esac
+        fi
+    done < <(find "$PYROOT" -name '*.so' -o -path '*/usr/bin/python3.11')
+    for f in $(printf '%s\n' "${libs[@]}" | sort -u); do
+        local rel=${f#$PYPKGROOT/}; rel=${rel#$PKGROOT/}
+        mkdir -p "$PYROOT/$(dirname "$rel")"; cp -L "$f" "$PYROOT/$rel"
+    done
+    log "pyverbs libraries: $(printf '%s\n' "${libs[@]}" | sort -u | xargs -rn1 basename | tr '\n' ' ')"
+    log "left out (library missing): ${dropped[*]:-none}"
+    # one ld.so.cache for both archives
+    local both; both=$(mktemp -d "$CACHE/both.XXXX")
+    cp -al "$ROOTFS/." "$both/"; cp -a "$PYROOT/." "$both/"
+    ldconfig -r "$both" 2>/dev/null || ldconfig -r "$both"
+    cp "$both/etc/ld.so.cache" "$PYROOT/etc/"; rm -rf "$both"
+
+    if command -v python3.11 >/dev/null; then
+        log "compiling the .py files (host python3.11)"
+        python3.11 -m compileall -q -j0 --invalidation-mode unchecked-hash -s "$PYROOT" -p / \
+            "$PYROOT/usr/lib/python3.11" "$PYROOT/usr/lib/python3/dist-packages" "$PYROOT/siwvm/pyverbs/tests" >/dev/null \
+            || die "compileall failed"
+    else
+        log "no python3.11 on the host: the guest compiles the .py files as it imports them"
+    fi
+
+    log "packing the pyverbs overlay"
+    (cd "$PYROOT" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet -R 0:0) \
+        | gzip -6 > "$CACHE/pyverbs-overlay.cpio.gz"
+    cat "$CACHE/initramfs.cpio.gz" "$CACHE/pyverbs-overlay.cpio.gz" > "$CACHE/initramfs-pyverbs.cpio.gz.tmp"
+    mv "$CACHE/initramfs-pyverbs.cpio.gz.tmp" "$CACHE/initramfs-pyverbs.cpio.gz"
+    echo "$pykey" > "$CACHE/initramfs-pyverbs.stamp"
+    log "done: $CACHE/initramfs-pyverbs.cpio.gz ($(du -h "$CACHE/initramfs-pyverbs.cpio.gz" | cut -f1))"
+}
+
+# ---------------------------------------------------------------- initramfs
+# Rebuild only when an input changed.
+INPUT_KEY=$( { echo "$EXTRACT_KEY $KREL $VARIANTS"; cat "$0" "$HERE"/guest/* "$HERE"/patches/*;
+               for v in $VARIANTS; do sha256sum "$CACHE/siw/$KREL/$v/siw.ko"; done; } | sha256sum | cut -c1-16)
+if [ -z "${SIWVM_FORCE:-}" ] && [ -f "$CACHE/initramfs.cpio.gz" ] \
+   && [ "$(cat "$CACHE/initramfs.stamp" 2>/dev/null)" = "$INPUT_KEY" ]; then
+    log "initramfs up to date ($CACHE/initramfs.cpio.gz)"
+else
+    build_initramfs
+fi
+[ -n "${SIWVM_PYVERBS:-}" ] || exit 0
+build_pyverbs
+

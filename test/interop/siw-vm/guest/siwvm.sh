@@ -2,7 +2,7 @@
 # Guest side of the siw qemu harness (runs under busybox ash as a child of /init).
 #
 # Configuration comes from the kernel command line (set by boot.sh):
-#   siwvm_scn=selftest|server|client|idle|shell|script   scenario
+#   siwvm_scn=selftest|server|client|idle|shell|script|pyverbs   scenario
 #   siwvm_args=a,b,c       comma separated scenario arguments
 #   siwvm_ip=10.77.0.2/24  eth0 address        siwvm_variant=stock|fix|crc|p2p|crc_p2p[_fix]
 #   siwvm_iters=5          rping iterations    siwvm_size=4096  perftest msg size
@@ -267,6 +267,8 @@ else
         client)   scn_client ;;
         idle)     log "idle for ${ARGS:-3600}s"; sleep ${ARGS:-3600} ;;
         shell)    log "interactive shell; 'exit' powers off"; setsid cttyhack sh -l ;;
+        pyverbs)  if [ -f /siwvm/pyverbs.sh ]; then . /siwvm/pyverbs.sh; scn_pyverbs
+                  else result pyverbs FAIL "no /siwvm/pyverbs.sh: boot the pyverbs initramfs (boot.sh --pyverbs)"; fi ;;
         script)   if [ -f /host/scenario.sh ]; then log "running /host/scenario.sh"; . /host/scenario.sh
                   else result script FAIL "no /host/scenario.sh"; fi ;;
         *)        result scenario FAIL "unknown scenario $SCN" ;;
