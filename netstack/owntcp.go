@@ -82,6 +82,12 @@ func (c *Conn) tapOwn(fn func(off uint64, payload [][]byte, retain func() Kept),
 			ct.stats.BadFlags.Add(1)
 			return
 		}
+		if ps := s.Pieces(); ps != nil {
+			// In several pieces of the packet's memory: those are
+			// what a clone of it keeps, not Payload's join.
+			ct.deliver(uint32(s.Seq), len(s.Payload), pkt, ps)
+			return
+		}
 		one := [1][]byte{s.Payload}
 		ct.deliver(uint32(s.Seq), len(s.Payload), pkt, one[:])
 	})

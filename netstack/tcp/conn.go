@@ -89,6 +89,11 @@ type Config struct {
 	NoSACK        bool // neither offer nor accept SACK
 	NoTimestamps  bool // neither offer nor accept timestamps
 	NoWindowScale bool // neither offer nor accept window scaling
+
+	// piecesOut: the output function reads a segment's payload from
+	// Segment's send-buffer pieces (Protocol), so a payload that spans
+	// two of the send buffer's blocks is not joined into Payload.
+	piecesOut bool
 }
 
 func (c Config) withDefaults() Config {
@@ -127,7 +132,9 @@ func (c Config) withDefaults() Config {
 // application's calls (Write, Read, Close), and runs its timers when
 // Deadline says (Tick). Segments go out through the function given at
 // creation, synchronously, inside those calls; a Segment's Payload and
-// SACK alias the connection's memory and are valid only during the call.
+// SACK alias the connection's memory and are valid only during the call
+// (Protocol keeps the payload's bytes by reference instead, through the
+// send buffer's reference-counted blocks: see sendQueue).
 //
 // A Conn is not safe for concurrent use: its caller serializes the calls.
 type Conn struct {
@@ -142,7 +149,7 @@ type Conn struct {
 	// sent (sndNxt goes back to sndUna after a timeout).
 	iss                    seqnum.Value
 	sndUna, sndNxt, sndMax seqnum.Value
-	sndBuf                 byteQueue
+	sndBuf                 sendQueue
 	marks                  recordMarks // the records' boundaries (records.go)
 	plan                   []int       // RecordPlan's scratch
 	rtxs                   []rtxRec    // SACK recovery's retransmissions (sack.go)
@@ -228,6 +235,7 @@ type Conn struct {
 	n counters
 
 	seg     Segment // the segment being sent
+	joined  []byte  // a payload in several blocks, joined for Payload
 	sackOut [maxSACKBlocks]header.SACKBlock
 }
 
@@ -481,9 +489,7 @@ func (c *Conn) ReadDone(n int, now time.Duration) {
 
 // fill reads up to n bytes from r straight onto the send buffer's end.
 func (c *Conn) fill(r io.Reader, n int) (int, error) {
-	k, err := io.ReadFull(r, c.sndBuf.grow(n))
-	c.sndBuf.shrink(n - k)
-	return k, err
+	return c.sndBuf.fill(r, n)
 }
 
 // WriteFrom is Write of up to n bytes read from r straight into the send
@@ -626,6 +632,8 @@ func (c *Conn) enterClosed(err error) {
 	}
 	c.rtoAt, c.ackAt, c.twAt, c.kaAt, c.tlpAt = 0, 0, 0, 0, 0
 	c.ooo, c.oooBytes = nil, 0
+	c.sndBuf.release() // nothing is sent again: the blocks go back
+	c.joined = nil
 }
 
 func (c *Conn) enterTimeWait() {

@@ -33,13 +33,40 @@ type Segment struct {
 	// the NIC or the kernel's TAP driver splits). 0: one segment.
 	SegSize int
 
+	// Payload is the segment's payload. A Conn's output whose payload
+	// spans two blocks of the send buffer leaves it nil when the output
+	// reads the pieces instead (Protocol, through src).
 	Payload []byte
+
+	// src, on a Conn's output, is where the payload lies in the send
+	// buffer: srcLen bytes from srcOff on, which Protocol puts in the
+	// packet by reference (sendQueue.appendTo).
+	src            *sendQueue
+	srcOff, srcLen int
+
+	// pieces, on a segment Protocol received whose payload lies in
+	// several of the packet's views, are those views' bytes (Pieces).
+	pieces [][]byte
+}
+
+// Pieces is the payload as the pieces of the packet's memory it lies
+// in, when it lies in several: a segment Protocol received, whose
+// Payload then joins them in memory of its own, valid during the call
+// only. nil when Payload is in one piece.
+func (s *Segment) Pieces() [][]byte { return s.pieces }
+
+// payloadLen is the payload's length, wherever it lies.
+func (s *Segment) payloadLen() int {
+	if s.src != nil {
+		return s.srcLen
+	}
+	return len(s.Payload)
 }
 
 // Len is the sequence space the segment occupies: its payload, plus one
 // for a SYN and one for a FIN.
 func (s *Segment) Len() seqnum.Size {
-	n := seqnum.Size(len(s.Payload))
+	n := seqnum.Size(s.payloadLen())
 	if s.Flags&header.TCPFlagSyn != 0 {
 		n++
 	}
@@ -53,7 +80,7 @@ func (s *Segment) has(f header.TCPFlags) bool { return s.Flags&f != 0 }
 
 // String is the segment in tcpdump's terms, for test failures and traces.
 func (s *Segment) String() string {
-	return fmt.Sprintf("%v seq %d ack %d win %d len %d", s.Flags, s.Seq, s.Ack, s.Window, len(s.Payload))
+	return fmt.Sprintf("%v seq %d ack %d win %d len %d", s.Flags, s.Seq, s.Ack, s.Window, s.payloadLen())
 }
 
 // ErrMalformed is the error Parse returns for bytes that are not a TCP
