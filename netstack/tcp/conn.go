@@ -188,7 +188,7 @@ type Conn struct {
 	// Receive side.
 	irs        seqnum.Value
 	rcvNxt     seqnum.Value
-	rcvBuf     byteQueue // in order, not read yet
+	rcvBuf     recvQueue // in order, not read yet
 	ooo        []oooSeg  // beyond rcvNxt, by sequence, apart from one another
 	oooBytes   int
 	rcvAdvEnd  seqnum.Value // the right edge of the window we advertised
@@ -456,8 +456,9 @@ func (c *Conn) windowOpened(before int) {
 	}
 }
 
-// ReadView returns the in-order bytes not read yet, in the connection's
-// own memory, and the error a read would return when there are none.
+// ReadView returns the first in-order bytes not read yet, in the
+// connection's own memory (the receive buffer's first piece: see
+// recvQueue), and the error a read would return when there are none.
 // The bytes stay where they are until ReadDone, whatever arrives in
 // between: a reader may consume them without the connection's caller
 // holding its lock, and without a copy. The caller makes no other read
@@ -467,24 +468,25 @@ func (c *Conn) ReadView() ([]byte, error) {
 		return nil, c.readErr()
 	}
 	c.rcvBuf.pinned = true
-	v := c.rcvBuf.bytes(0)
-	return v[:len(v):len(v)], nil
+	return c.rcvBuf.front(), nil
 }
 
 // ReadDone ends a ReadView: the first n of its bytes are read.
 func (c *Conn) ReadDone(n int, now time.Duration) {
+	before := c.rcvWindow()
+	c.readDone(n, now)
+	c.windowOpened(before)
+}
+
+// readDone is ReadDone without the window update: a reader that takes
+// several views in a row sends one after the last (windowOpened).
+func (c *Conn) readDone(n int, now time.Duration) {
 	c.now = now
 	if !c.rcvBuf.pinned {
 		return
 	}
 	c.rcvBuf.pinned = false
-	n = min(max(n, 0), c.rcvBuf.len())
-	before := c.rcvWindow()
-	c.rcvBuf.drop(n)
-	if c.rcvBuf.len() == 0 {
-		c.rcvBuf.b, c.rcvBuf.r = c.rcvBuf.b[:0], 0
-	}
-	c.windowOpened(before)
+	c.rcvBuf.drop(min(max(n, 0), c.rcvBuf.len()))
 }
 
 // fill reads up to n bytes from r straight onto the send buffer's end.

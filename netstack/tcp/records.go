@@ -158,6 +158,36 @@ func (c *Conn) cut(seq seqnum.Value, n int) (total, segSize int) {
 	return total, 0
 }
 
+// fillRecords reads the records of lens from r onto the send buffer, as
+// fill does, each in one block of it when a block holds it
+// (sendQueue.reserve): as many at a time as the block has room for.
+func (c *Conn) fillRecords(r io.Reader, lens []int) (int, error) {
+	total := 0
+	for i := 0; i < len(lens); {
+		room := c.sndBuf.reserve(lens[i])
+		k, j := lens[i], i+1
+		if room >= k {
+			for j < len(lens) && k+lens[j] <= room {
+				k += lens[j]
+				j++
+			}
+		} else if room == 0 {
+			// A new block: for as many as it holds.
+			for j < len(lens) && k+lens[j] <= sendBlockMax {
+				k += lens[j]
+				j++
+			}
+		}
+		got, err := c.fill(r, k)
+		total += got
+		if err != nil || got < k {
+			return total, err
+		}
+		i = j
+	}
+	return total, nil
+}
+
 // writeRecords is WriteFrom for a producer of records: it reads up to n
 // bytes in pieces that each end on a record boundary where one fits a
 // segment, and notes the boundaries.
@@ -176,7 +206,7 @@ func (c *Conn) writeRecords(r io.Reader, n int, rec Records) (int, error) {
 				if k <= 0 || k > room {
 					return total, errBadPlan
 				}
-				got, err := c.fill(r, k)
+				got, err := c.fillRecords(r, c.plan)
 				base := c.sndUna.Add(seqnum.Size(c.sndBuf.len() - got))
 				at := 0
 				for _, l := range c.plan {
@@ -203,6 +233,8 @@ func (c *Conn) writeRecords(r io.Reader, n int, rec Records) (int, error) {
 		mark := k > 0
 		if !mark {
 			k = room // no boundary within room: its rest comes next time
+		} else {
+			c.sndBuf.reserve(k)
 		}
 		got, err := c.fill(r, k)
 		total += got

@@ -2,7 +2,6 @@ package tcp_test
 
 import (
 	"context"
-	"io"
 	"math/rand"
 	"sync"
 	"testing"
@@ -56,6 +55,21 @@ func (l *holdLink) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) 
 	return pkts.Len(), nil
 }
 
+// shortWriter keeps a random part of what it is given, at times all.
+type shortWriter struct {
+	rng *rand.Rand
+	got *[]byte
+}
+
+func (w *shortWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	if w.rng.Intn(2) == 0 {
+		n = w.rng.Intn(len(p) + 1)
+	}
+	*w.got = append(*w.got, p[:n]...)
+	return n, nil
+}
+
 type heldSeg struct {
 	flags   header.TCPFlags
 	seq     seqnum.Value
@@ -80,7 +94,8 @@ func heldSegment(pkt *stack.PacketBuffer) heldSeg {
 // data. Every byte of every packet held must still be the stream's byte
 // at its sequence number, and so must the bytes of retransmissions of
 // packets the link dropped, sent after the data around them was
-// acknowledged and more was written; the peer reads the stream whole.
+// acknowledged and more was written; the peer, whose receive buffer
+// keeps large payloads in the packets' memory, reads the stream whole.
 func TestSharedSendBuffer(t *testing.T) {
 	for _, gso := range []bool{true, false} {
 		t.Run(map[bool]string{true: "gso", false: "nogso"}[gso], func(t *testing.T) {
@@ -146,7 +161,32 @@ func TestSharedSendBuffer(t *testing.T) {
 			rng.Read(src)
 			done := make(chan []byte)
 			go func() {
-				got, _ := io.ReadAll(s)
+				// The peer reads with copies (Read) and in place
+				// (TryReadTo), taking what a writer takes of each
+				// view.
+				rr := rand.New(rand.NewSource(3))
+				var got []byte
+				w := &shortWriter{rng: rr, got: &got}
+				for {
+					var n int
+					var err error
+					if rr.Intn(2) == 0 {
+						n, err = s.TryReadTo(w, rr.Intn(200<<10))
+						if n == 0 && err == nil {
+							select {
+							case <-s.ReadWake():
+							case <-time.After(10 * time.Millisecond):
+							}
+						}
+					} else {
+						b := make([]byte, 1+rr.Intn(100<<10))
+						n, err = s.Read(b)
+						got = append(got, b[:n]...)
+					}
+					if err != nil {
+						break
+					}
+				}
 				done <- got
 			}()
 			// Writes of every size, so blocks fill in pieces and

@@ -245,32 +245,33 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 			return stack.UnknownDestinationPacketMalformed
 		}
 	}
-	seg, err := Parse(hdr, nil)
-	if err != nil || len(seg.Payload) != 0 {
+	rx := rxPool.Get().(*rxScratch)
+	defer func() {
+		*rx = rxScratch{} // no packet memory stays referenced
+		rxPool.Put(rx)
+	}()
+	var err error
+	seg := &rx.seg
+	if *seg, err = Parse(hdr, rx.sack[:0]); err != nil || len(seg.Payload) != 0 {
 		return stack.UnknownDestinationPacketMalformed
 	}
 	// The payload in the packet's own memory: Input copies what it keeps
-	// into the connection's buffers before this returns the packet to
-	// the stack.
-	var pieces [4][]byte
-	var joined *[]byte
-	seg.Payload, seg.pieces, joined = payloadOf(pkt, pieces[:0])
-	if joined != nil {
-		defer joinPool.Put(joined)
-	}
+	// into the connection's buffers, or takes a reference to the
+	// packet's chunks, before this returns the packet to the stack.
+	seg.Payload, seg.pieces, seg.piecesLen, seg.views = payloadOf(pkt, rx.pieces[:0], rx.views[:0])
 	nic := pkt.NICID
 	p.mu.Lock()
 	if e := p.conns[id]; e != nil {
 		p.mu.Unlock()
 		if tap := e.tap.Load(); tap != nil {
-			(*tap)(&seg, pkt)
+			(*tap)(seg, pkt)
 		}
-		e.input(&seg)
+		e.input(seg)
 		return stack.UnknownDestinationPacketHandled
 	}
 	l := p.listeners[id.LocalPort]
 	if l != nil && seg.Flags&(header.TCPFlagSyn|header.TCPFlagAck|header.TCPFlagRst) == header.TCPFlagSyn {
-		e, ok := l.admit(p, id, nic, &seg)
+		e, ok := l.admit(p, id, nic, seg)
 		p.mu.Unlock()
 		if ok {
 			e.mu.Lock()
@@ -280,7 +281,7 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 		return stack.UnknownDestinationPacketHandled
 	}
 	p.mu.Unlock()
-	if rst, ok := ResetFor(&seg); ok {
+	if rst, ok := ResetFor(seg); ok {
 		if r, err := p.stack.FindRoute(nic, id.LocalAddress, id.RemoteAddress, pkt.NetworkProtocolNumber, false); err == nil {
 			p.send(r, id, &rst)
 			r.Release()
@@ -291,13 +292,14 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 
 // payloadOf is the packet's payload, read in place from its views: a
 // PullUp would copy a chunk the packet shares with another (the sender's
-// send buffer, on the in-memory link). A payload in several views comes
-// as those views' pieces (appended to pieces), and joined in a buffer of
-// joinPool's for Payload, which the caller gives back.
-func payloadOf(pkt *stack.PacketBuffer, pieces [][]byte) (payload []byte, _ [][]byte, joined *[]byte) {
-	size := pkt.Data().Size()
+// send buffer, on the in-memory link). A payload in one view is payload;
+// one in several comes as those views' pieces (appended to pieces) and
+// their total length. The views each piece lies in are appended to
+// views.
+func payloadOf(pkt *stack.PacketBuffer, pieces [][]byte, views []*buffer.View) (payload []byte, _ [][]byte, size int, _ []*buffer.View) {
+	size = pkt.Data().Size()
 	if size == 0 {
-		return nil, nil, nil
+		return nil, nil, 0, nil
 	}
 	vl, _ := pkt.AsViewList()
 	skip := -size // the headers' bytes before the payload
@@ -313,23 +315,24 @@ func payloadOf(pkt *stack.PacketBuffer, pieces [][]byte) (payload []byte, _ [][]
 		b = b[skip:]
 		skip = 0
 		pieces = append(pieces, b[:len(b):len(b)])
+		views = append(views, v)
 	}
 	if len(pieces) == 1 {
-		return pieces[0], nil, nil
+		return pieces[0], nil, size, views
 	}
-	joined = joinPool.Get().(*[]byte)
-	if cap(*joined) < size {
-		*joined = make([]byte, size)
-	}
-	payload = (*joined)[:size]
-	at := 0
-	for _, b := range pieces {
-		at += copy(payload[at:], b)
-	}
-	return payload, pieces, joined
+	return nil, pieces, size, views
 }
 
-var joinPool = sync.Pool{New: func() any { return new([]byte) }}
+// rxScratch is a received segment's memory, pooled: a segment on the
+// heap per packet was garbage to collect.
+type rxScratch struct {
+	seg    Segment
+	pieces [4][]byte
+	views  [4]*buffer.View
+	sack   [maxSACKBlocks]header.SACKBlock
+}
+
+var rxPool = sync.Pool{New: func() any { return new(rxScratch) }}
 
 // send writes one segment to the route, with its checksum; a segment
 // for the link to cut (Segment.SegSize) carries GSO options and the
@@ -344,7 +347,7 @@ func (p *Protocol) send(r *stack.Route, id stack.TransportEndpointID, s *Segment
 	} else if len(s.Payload) > 0 {
 		payload = buffer.MakeWithData(s.Payload)
 	}
-	n := s.payloadLen()
+	n := s.PayloadLen()
 	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{
 		ReserveHeaderBytes: int(r.MaxHeaderLength()) + hl,
 		Payload:            payload,
@@ -734,21 +737,42 @@ func (e *Endpoint) TryReadTo(w io.Writer, max int) (int, error) {
 		e.mu.Unlock()
 		return 0, io.ErrClosedPipe
 	}
-	v, err := e.c.ReadView()
-	e.mu.Unlock()
-	if len(v) == 0 {
-		return 0, err
+	total := 0
+	before := e.c.rcvWindow()
+	for {
+		// The receive buffer's pieces one after another, while w
+		// takes each whole.
+		v, err := e.c.ReadView()
+		if len(v) == 0 {
+			if total > 0 {
+				e.c.windowOpened(before)
+				e.arm()
+			}
+			e.mu.Unlock()
+			if total > 0 {
+				return total, nil
+			}
+			return 0, err
+		}
+		e.mu.Unlock()
+		if max > 0 && len(v) > max-total {
+			v = v[:max-total]
+		}
+		n, werr := w.Write(v)
+		if n < 0 {
+			n = 0
+		}
+		n = min(n, len(v))
+		total += n
+		e.mu.Lock()
+		e.c.readDone(n, e.p.now())
+		if werr != nil || n < len(v) || total == max || e.appGone {
+			e.c.windowOpened(before)
+			e.arm()
+			e.mu.Unlock()
+			return total, werr
+		}
 	}
-	if max > 0 && len(v) > max {
-		v = v[:max]
-	}
-	n, werr := w.Write(v)
-	n = min(n, len(v))
-	e.mu.Lock()
-	e.c.ReadDone(n, e.p.now())
-	e.arm()
-	e.mu.Unlock()
-	return n, werr
 }
 
 // TryWriteFrom queues up to n bytes read from r, as many as the send
