@@ -384,8 +384,8 @@ func (q *recvQueue) drop(n int) {
 	}
 	if q.n == 0 {
 		q.dropOwn()
-		if cap(q.ps) > 16 {
-			q.ps = nil
+		if cap(q.ps) > 128 {
+			q.ps = nil // (a few kept: a reader that catches up empties it often)
 		}
 	}
 }

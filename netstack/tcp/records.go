@@ -61,13 +61,15 @@ func (q *recordMarks) push(end seqnum.Value) {
 }
 
 // ack drops the boundaries at or before una; an empty queue gives its
-// memory back unless it is small (an idle connection keeps little).
+// memory back unless it is small (an idle connection keeps little, and
+// a sender that empties it at every ACK does not grow it again each
+// time).
 func (q *recordMarks) ack(una seqnum.Value) {
 	for q.r < len(q.m) && q.m[q.r].LessThanEq(una) {
 		q.r++
 	}
 	if q.r == len(q.m) {
-		if cap(q.m) > 64 {
+		if cap(q.m) > 1024 {
 			q.m = nil
 		} else {
 			q.m = q.m[:0]
