@@ -45,6 +45,7 @@ type recordMarks struct {
 	// partial: the buffer ends inside a record (the writer ran out of
 	// room), whose rest comes once an ACK makes room.
 	partial bool
+	hint    int // after's latest answer
 }
 
 func (q *recordMarks) len() int { return len(q.m) - q.r }
@@ -87,9 +88,24 @@ func (q *recordMarks) marked(seq seqnum.Value) int {
 	return int(seq.Size(q.m[len(q.m)-1]))
 }
 
-// after is the index in m of the first boundary beyond seq.
+// after is the index in m of the first boundary beyond seq. The cuts of
+// one output ask for boundaries a record or so apart, so the search
+// first walks a few boundaries on from the previous answer.
 func (q *recordMarks) after(seq seqnum.Value) int {
-	return q.r + sort.Search(q.len(), func(i int) bool { return seq.LessThan(q.m[q.r+i]) })
+	if h := q.hint; h >= q.r && h <= len(q.m) && (h == q.r || !seq.LessThan(q.m[h-1])) {
+		for end := min(h+4, len(q.m)); h < end; h++ {
+			if seq.LessThan(q.m[h]) {
+				q.hint = h
+				return h
+			}
+		}
+		if h == len(q.m) {
+			q.hint = h
+			return h
+		}
+	}
+	q.hint = q.r + sort.Search(q.len(), func(i int) bool { return seq.LessThan(q.m[q.r+i]) })
+	return q.hint
 }
 
 // errBadPlan is a RecordPlanner's plan longer than it was asked for.
