@@ -70,7 +70,7 @@ func (c *Conn) tapOwn(fn func(off uint64, payload [][]byte, retain func() Kept),
 	}
 	ct := newConnTap(c, uint32(irs), fn, stats)
 	untap := c.own.SetSegmentTap(func(s *owntcp.Segment, pkt *stack.PacketBuffer) {
-		if len(s.Payload) == 0 {
+		if s.PayloadLen() == 0 {
 			return
 		}
 		ct.mu.Lock()
@@ -80,6 +80,11 @@ func (c *Conn) tapOwn(fn func(off uint64, payload [][]byte, retain func() Kept),
 		}
 		if s.Flags&(header.TCPFlagSyn|header.TCPFlagRst) != 0 || s.Flags&header.TCPFlagAck == 0 {
 			ct.stats.BadFlags.Add(1)
+			return
+		}
+		if ps := s.Pieces(); ps != nil {
+			// In several pieces of the packet's memory.
+			ct.deliver(uint32(s.Seq), s.PayloadLen(), pkt, ps)
 			return
 		}
 		one := [1][]byte{s.Payload}

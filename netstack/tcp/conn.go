@@ -89,6 +89,11 @@ type Config struct {
 	NoSACK        bool // neither offer nor accept SACK
 	NoTimestamps  bool // neither offer nor accept timestamps
 	NoWindowScale bool // neither offer nor accept window scaling
+
+	// piecesOut: the output function reads a segment's payload from
+	// Segment's send-buffer pieces (Protocol), so a payload that spans
+	// two of the send buffer's blocks is not joined into Payload.
+	piecesOut bool
 }
 
 func (c Config) withDefaults() Config {
@@ -127,7 +132,9 @@ func (c Config) withDefaults() Config {
 // application's calls (Write, Read, Close), and runs its timers when
 // Deadline says (Tick). Segments go out through the function given at
 // creation, synchronously, inside those calls; a Segment's Payload and
-// SACK alias the connection's memory and are valid only during the call.
+// SACK alias the connection's memory and are valid only during the call
+// (Protocol keeps the payload's bytes by reference instead, through the
+// send buffer's reference-counted blocks: see sendQueue).
 //
 // A Conn is not safe for concurrent use: its caller serializes the calls.
 type Conn struct {
@@ -142,7 +149,7 @@ type Conn struct {
 	// sent (sndNxt goes back to sndUna after a timeout).
 	iss                    seqnum.Value
 	sndUna, sndNxt, sndMax seqnum.Value
-	sndBuf                 byteQueue
+	sndBuf                 sendQueue
 	marks                  recordMarks // the records' boundaries (records.go)
 	plan                   []int       // RecordPlan's scratch
 	rtxs                   []rtxRec    // SACK recovery's retransmissions (sack.go)
@@ -181,7 +188,7 @@ type Conn struct {
 	// Receive side.
 	irs        seqnum.Value
 	rcvNxt     seqnum.Value
-	rcvBuf     byteQueue // in order, not read yet
+	rcvBuf     recvQueue // in order, not read yet
 	ooo        []oooSeg  // beyond rcvNxt, by sequence, apart from one another
 	oooBytes   int
 	rcvAdvEnd  seqnum.Value // the right edge of the window we advertised
@@ -228,6 +235,7 @@ type Conn struct {
 	n counters
 
 	seg     Segment // the segment being sent
+	joined  []byte  // a payload in several blocks, joined for Payload
 	sackOut [maxSACKBlocks]header.SACKBlock
 }
 
@@ -453,8 +461,9 @@ func (c *Conn) windowOpened(before int) {
 	}
 }
 
-// ReadView returns the in-order bytes not read yet, in the connection's
-// own memory, and the error a read would return when there are none.
+// ReadView returns the first in-order bytes not read yet, in the
+// connection's own memory (the receive buffer's first piece: see
+// recvQueue), and the error a read would return when there are none.
 // The bytes stay where they are until ReadDone, whatever arrives in
 // between: a reader may consume them without the connection's caller
 // holding its lock, and without a copy. The caller makes no other read
@@ -464,31 +473,30 @@ func (c *Conn) ReadView() ([]byte, error) {
 		return nil, c.readErr()
 	}
 	c.rcvBuf.pinned = true
-	v := c.rcvBuf.bytes(0)
-	return v[:len(v):len(v)], nil
+	return c.rcvBuf.front(), nil
 }
 
 // ReadDone ends a ReadView: the first n of its bytes are read.
 func (c *Conn) ReadDone(n int, now time.Duration) {
+	before := c.rcvWindow()
+	c.readDone(n, now)
+	c.windowOpened(before)
+}
+
+// readDone is ReadDone without the window update: a reader that takes
+// several views in a row sends one after the last (windowOpened).
+func (c *Conn) readDone(n int, now time.Duration) {
 	c.now = now
 	if !c.rcvBuf.pinned {
 		return
 	}
 	c.rcvBuf.pinned = false
-	n = min(max(n, 0), c.rcvBuf.len())
-	before := c.rcvWindow()
-	c.rcvBuf.drop(n)
-	if c.rcvBuf.len() == 0 {
-		c.rcvBuf.b, c.rcvBuf.r = c.rcvBuf.b[:0], 0
-	}
-	c.windowOpened(before)
+	c.rcvBuf.drop(min(max(n, 0), c.rcvBuf.len()))
 }
 
 // fill reads up to n bytes from r straight onto the send buffer's end.
 func (c *Conn) fill(r io.Reader, n int) (int, error) {
-	k, err := io.ReadFull(r, c.sndBuf.grow(n))
-	c.sndBuf.shrink(n - k)
-	return k, err
+	return c.sndBuf.fill(r, n)
 }
 
 // WriteFrom is Write of up to n bytes read from r straight into the send
@@ -631,6 +639,8 @@ func (c *Conn) enterClosed(err error) {
 	}
 	c.rtoAt, c.ackAt, c.twAt, c.kaAt, c.tlpAt = 0, 0, 0, 0, 0
 	c.ooo, c.oooBytes = nil, 0
+	c.sndBuf.release() // nothing is sent again: the blocks go back
+	c.joined = nil
 }
 
 func (c *Conn) enterTimeWait() {

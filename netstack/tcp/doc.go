@@ -49,6 +49,10 @@
 //   - Keepalive (RFC 9293 §3.8.4, Config.KeepaliveIdle): probes one
 //     before SND.UNA after an idle time, and ErrTimeout after
 //     KeepaliveCount unanswered ones.
+//   - Buffers of gVisor's pooled, reference-counted chunks: packets carry
+//     the send buffer's bytes by reference, and the receive buffer keeps
+//     a large in-order payload in its packet's chunk, so a byte is copied
+//     once into the send buffer and once out of the receive buffer.
 //
 // Protocol runs connections in a gVisor stack, registered in place of
 // gVisor's TCP as the stack's transport protocol for TCP's number

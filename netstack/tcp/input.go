@@ -11,7 +11,9 @@ import (
 // with RFC 5961's defenses against blind RST, SYN and data injection and
 // RFC 7323's PAWS. It answers with what the segment calls for: an ACK,
 // data the windows now allow, a challenge ACK, a RST. The segment's
-// memory stays the caller's: Input copies the payload it keeps.
+// memory stays the caller's: Input copies the payload it keeps, but for
+// the large pieces of a segment Protocol received, whose packet's chunks
+// it keeps a reference to (recvQueue).
 func (c *Conn) Input(s *Segment, now time.Duration) {
 	c.now = now
 	switch c.state {
@@ -59,8 +61,8 @@ func (c *Conn) Input(s *Segment, now time.Duration) {
 				// Acknowledge it and wait 2·MSL from now.
 				c.twAt = now + c.cfg.TimeWait
 			}
-			if len(s.Payload) > 0 && s.Seq.Add(s.Len()).LessThanEq(c.rcvNxt) {
-				c.noteDup(s.Seq, s.Seq.Add(seqnum.Size(len(s.Payload))))
+			if s.PayloadLen() > 0 && s.Seq.Add(s.Len()).LessThanEq(c.rcvNxt) {
+				c.noteDup(s.Seq, s.Seq.Add(seqnum.Size(s.PayloadLen())))
 			}
 			c.ackOOW(s)
 		}
@@ -112,16 +114,16 @@ func (c *Conn) Input(s *Segment, now time.Duration) {
 		return
 	}
 	// Segment text (seventh) and FIN (eighth).
-	if len(s.Payload) > 0 {
+	if s.PayloadLen() > 0 {
 		switch c.state {
 		case Established, FinWait1, FinWait2:
-			c.receive(s.Seq, s.Payload, now)
+			c.receive(s, now)
 		default:
 			// After the peer's FIN nothing more may come: ignore it.
 		}
 	}
 	if s.has(header.TCPFlagFin) {
-		at := s.Seq.Add(seqnum.Size(len(s.Payload)))
+		at := s.Seq.Add(seqnum.Size(s.PayloadLen()))
 		switch {
 		case c.state == TimeWait:
 			// The peer resent its FIN: our ACK was lost. Acknowledge
@@ -151,7 +153,7 @@ const oowAckInterval = 500 * time.Millisecond
 // was lost for, whose sender needs to hear), at most once per
 // oowAckInterval otherwise (challenge ACKs to a SYN or RST included).
 func (c *Conn) ackOOW(s *Segment) {
-	if len(s.Payload) == 0 || s.has(header.TCPFlagSyn) || s.has(header.TCPFlagRst) {
+	if s.PayloadLen() == 0 || s.has(header.TCPFlagSyn) || s.has(header.TCPFlagRst) {
 		c.challengeACK()
 		return
 	}
@@ -289,7 +291,7 @@ func (c *Conn) inputAck(s *Segment) bool {
 		if c.sackOK && !c.inRecovery && c.recover.LessThan(c.sndUna) && c.sndUna.LessThan(c.lostBelow()) {
 			c.enterRecovery() // RFC 6675 §5: IsLost(HighACK+1)
 		}
-	} else if ack == c.sndUna && len(s.Payload) == 0 && !s.has(header.TCPFlagFin) &&
+	} else if ack == c.sndUna && s.PayloadLen() == 0 && !s.has(header.TCPFlagFin) &&
 		wnd == c.sndWnd && wnd > 0 && !c.probing && c.sndUna != c.sndMax && (newSACK || !c.sackOK) {
 		// A duplicate ACK (RFC 5681 §2); the answers to window probes
 		// are not, and with SACK only one that SACKs new data is (RFC
@@ -446,30 +448,33 @@ func (c *Conn) enterRecovery() {
 // receive takes in-window payload: in order into the receive buffer
 // (with what it lets follow from the out-of-order queue), beyond rcvNxt
 // into the queue. Duplicates are reported back with D-SACK (RFC 2883).
-func (c *Conn) receive(seq seqnum.Value, data []byte, now time.Duration) {
-	end := seq.Add(seqnum.Size(len(data)))
+func (c *Conn) receive(s *Segment, now time.Duration) {
+	// The new bytes: n of the payload from off on.
+	seq, off, n := s.Seq, 0, s.PayloadLen()
+	end := seq.Add(seqnum.Size(n))
 	if seq.LessThan(c.rcvNxt) {
 		// Part old, part new: no D-SACK block (RFC 2883 allows one for
 		// the old part), so that the sender counts as needless only
 		// the retransmissions that brought nothing (undo.go).
-		data = data[seq.Size(c.rcvNxt):]
+		off = int(seq.Size(c.rcvNxt))
+		n -= off
 		seq = c.rcvNxt
 	}
 	if c.rcvAdvEnd.LessThan(end) {
-		data = data[:seq.Size(c.rcvAdvEnd)]
+		n = int(seq.Size(c.rcvAdvEnd))
 		end = c.rcvAdvEnd
 		c.ackNow = true // what lay beyond the window is gone: say where it is
 	}
-	if len(data) == 0 {
+	if n <= 0 {
 		return
 	}
 	if seq != c.rcvNxt {
-		c.insertOOO(seq, data)
+		c.insertOOO(seq, s.payloadBytes()[off:off+n])
 		c.ackNow = true
 		return
 	}
 	before := c.rcvNxt
-	c.rcvBuf.write(data)
+	s.keepTo(&c.rcvBuf, off, n)
 	c.rcvNxt = end
 	filled := false
 	for len(c.ooo) > 0 && c.ooo[0].seq.LessThanEq(c.rcvNxt) {

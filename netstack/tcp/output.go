@@ -129,7 +129,7 @@ func (c *Conn) sendData(seq seqnum.Value, n, segSize int, fin bool) {
 	}
 	off := int(c.sndUna.Size(seq))
 	s := c.header(seq)
-	s.Payload = c.sndBuf.bytes(off)[:n]
+	c.payload(s, off, n)
 	// The MSS leaves room for the timestamps only: SACK blocks that
 	// would take the segment past it are left to a pure ACK after it.
 	seg := n
@@ -157,6 +157,29 @@ func (c *Conn) sendData(seq seqnum.Value, n, segSize int, fin bool) {
 	if later {
 		c.sendAck()
 	}
+}
+
+// payload sets s's payload: n bytes of the send buffer from off on. The
+// packet takes them by reference (Segment.src); Payload is their slice
+// when they lie in one block, and otherwise they are joined into it
+// unless the output reads the pieces.
+func (c *Conn) payload(s *Segment, off, n int) {
+	if n == 0 {
+		return
+	}
+	s.src, s.srcOff, s.srcLen = &c.sndBuf, off, n
+	if p, ok := c.sndBuf.contiguous(off, n); ok {
+		s.Payload = p
+		return
+	}
+	if c.cfg.piecesOut {
+		return
+	}
+	if cap(c.joined) < n {
+		c.joined = make([]byte, n)
+	}
+	s.Payload = c.joined[:n]
+	c.sndBuf.copyOut(s.Payload, off, n)
 }
 
 // maxOut is the most payload one output of new data carries: a segment,

@@ -45,6 +45,7 @@ type recordMarks struct {
 	// partial: the buffer ends inside a record (the writer ran out of
 	// room), whose rest comes once an ACK makes room.
 	partial bool
+	hint    int // after's latest answer
 }
 
 func (q *recordMarks) len() int { return len(q.m) - q.r }
@@ -61,13 +62,15 @@ func (q *recordMarks) push(end seqnum.Value) {
 }
 
 // ack drops the boundaries at or before una; an empty queue gives its
-// memory back unless it is small (an idle connection keeps little).
+// memory back unless it is small (an idle connection keeps little, and
+// a sender that empties it at every ACK does not grow it again each
+// time).
 func (q *recordMarks) ack(una seqnum.Value) {
 	for q.r < len(q.m) && q.m[q.r].LessThanEq(una) {
 		q.r++
 	}
 	if q.r == len(q.m) {
-		if cap(q.m) > 64 {
+		if cap(q.m) > 1024 {
 			q.m = nil
 		} else {
 			q.m = q.m[:0]
@@ -85,9 +88,24 @@ func (q *recordMarks) marked(seq seqnum.Value) int {
 	return int(seq.Size(q.m[len(q.m)-1]))
 }
 
-// after is the index in m of the first boundary beyond seq.
+// after is the index in m of the first boundary beyond seq. The cuts of
+// one output ask for boundaries a record or so apart, so the search
+// first walks a few boundaries on from the previous answer.
 func (q *recordMarks) after(seq seqnum.Value) int {
-	return q.r + sort.Search(q.len(), func(i int) bool { return seq.LessThan(q.m[q.r+i]) })
+	if h := q.hint; h >= q.r && h <= len(q.m) && (h == q.r || !seq.LessThan(q.m[h-1])) {
+		for end := min(h+4, len(q.m)); h < end; h++ {
+			if seq.LessThan(q.m[h]) {
+				q.hint = h
+				return h
+			}
+		}
+		if h == len(q.m) {
+			q.hint = h
+			return h
+		}
+	}
+	q.hint = q.r + sort.Search(q.len(), func(i int) bool { return seq.LessThan(q.m[q.r+i]) })
+	return q.hint
 }
 
 // errBadPlan is a RecordPlanner's plan longer than it was asked for.
@@ -158,6 +176,36 @@ func (c *Conn) cut(seq seqnum.Value, n int) (total, segSize int) {
 	return total, 0
 }
 
+// fillRecords reads the records of lens from r onto the send buffer, as
+// fill does, each in one block of it when a block holds it
+// (sendQueue.reserve): as many at a time as the block has room for.
+func (c *Conn) fillRecords(r io.Reader, lens []int) (int, error) {
+	total := 0
+	for i := 0; i < len(lens); {
+		room := c.sndBuf.reserve(lens[i])
+		k, j := lens[i], i+1
+		if room >= k {
+			for j < len(lens) && k+lens[j] <= room {
+				k += lens[j]
+				j++
+			}
+		} else if room == 0 {
+			// A new block: for as many as it holds.
+			for j < len(lens) && k+lens[j] <= sendBlockMax {
+				k += lens[j]
+				j++
+			}
+		}
+		got, err := c.fill(r, k)
+		total += got
+		if err != nil || got < k {
+			return total, err
+		}
+		i = j
+	}
+	return total, nil
+}
+
 // writeRecords is WriteFrom for a producer of records: it reads up to n
 // bytes in pieces that each end on a record boundary where one fits a
 // segment, and notes the boundaries.
@@ -176,7 +224,7 @@ func (c *Conn) writeRecords(r io.Reader, n int, rec Records) (int, error) {
 				if k <= 0 || k > room {
 					return total, errBadPlan
 				}
-				got, err := c.fill(r, k)
+				got, err := c.fillRecords(r, c.plan)
 				base := c.sndUna.Add(seqnum.Size(c.sndBuf.len() - got))
 				at := 0
 				for _, l := range c.plan {
@@ -203,6 +251,8 @@ func (c *Conn) writeRecords(r io.Reader, n int, rec Records) (int, error) {
 		mark := k > 0
 		if !mark {
 			k = room // no boundary within room: its rest comes next time
+		} else {
+			c.sndBuf.reserve(k)
 		}
 		got, err := c.fill(r, k)
 		total += got

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"gvisor.dev/gvisor/pkg/buffer"
+
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
 )
@@ -33,13 +35,90 @@ type Segment struct {
 	// the NIC or the kernel's TAP driver splits). 0: one segment.
 	SegSize int
 
+	// Payload is the segment's payload. It is nil when the payload lies
+	// in several pieces of memory that the segment's consumer reads
+	// instead: a segment Protocol received whose payload spans the
+	// packet's views (Pieces), and a Conn's output whose payload spans
+	// two blocks of the send buffer, when the output is Protocol's (src).
 	Payload []byte
+
+	// src, on a Conn's output, is where the payload lies in the send
+	// buffer: srcLen bytes from srcOff on, which Protocol puts in the
+	// packet by reference (sendQueue.appendTo).
+	src            *sendQueue
+	srcOff, srcLen int
+
+	// pieces, on a segment Protocol received whose payload lies in
+	// several of the packet's views, are those views' bytes (Pieces).
+	pieces    [][]byte
+	piecesLen int
+	// views are the packet's views the payload lies in, one for each
+	// piece (Payload's, when pieces is nil), borrowed during the call:
+	// the receive buffer keeps large pieces by reference (keepTo).
+	views []*buffer.View
+}
+
+// keepTo appends n bytes of the payload from off on to q: from the
+// packet's views when the segment came in them, by reference where q's
+// rule allows, and otherwise by copy.
+func (s *Segment) keepTo(q *recvQueue, off, n int) {
+	if len(s.views) == 0 {
+		q.write(s.payloadBytes()[off : off+n])
+		return
+	}
+	one := [1][]byte{s.Payload}
+	pieces := s.pieces
+	if pieces == nil {
+		pieces = one[:]
+	}
+	for i, p := range pieces {
+		if n == 0 {
+			break
+		}
+		if off >= len(p) {
+			off -= len(p)
+			continue
+		}
+		k := min(len(p)-off, n)
+		q.take(s.views[i], p[off:off+k])
+		n -= k
+		off = 0
+	}
+}
+
+// Pieces is the payload as the pieces of the packet's memory it lies
+// in, when it lies in several (a segment Protocol received; Payload is
+// then nil), valid during the call only. nil when Payload holds it.
+func (s *Segment) Pieces() [][]byte { return s.pieces }
+
+// PayloadLen is the payload's length, wherever it lies.
+func (s *Segment) PayloadLen() int {
+	switch {
+	case s.src != nil:
+		return s.srcLen
+	case s.pieces != nil:
+		return s.piecesLen
+	}
+	return len(s.Payload)
+}
+
+// payloadBytes is the payload in one slice: Payload, or the pieces
+// joined in new memory.
+func (s *Segment) payloadBytes() []byte {
+	if s.pieces == nil {
+		return s.Payload
+	}
+	b := make([]byte, 0, s.piecesLen)
+	for _, p := range s.pieces {
+		b = append(b, p...)
+	}
+	return b
 }
 
 // Len is the sequence space the segment occupies: its payload, plus one
 // for a SYN and one for a FIN.
 func (s *Segment) Len() seqnum.Size {
-	n := seqnum.Size(len(s.Payload))
+	n := seqnum.Size(s.PayloadLen())
 	if s.Flags&header.TCPFlagSyn != 0 {
 		n++
 	}
@@ -53,7 +132,7 @@ func (s *Segment) has(f header.TCPFlags) bool { return s.Flags&f != 0 }
 
 // String is the segment in tcpdump's terms, for test failures and traces.
 func (s *Segment) String() string {
-	return fmt.Sprintf("%v seq %d ack %d win %d len %d", s.Flags, s.Seq, s.Ack, s.Window, len(s.Payload))
+	return fmt.Sprintf("%v seq %d ack %d win %d len %d", s.Flags, s.Seq, s.Ack, s.Window, s.PayloadLen())
 }
 
 // ErrMalformed is the error Parse returns for bytes that are not a TCP

@@ -234,39 +234,44 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 	if len(hdr) < header.TCPMinimumSize {
 		return stack.UnknownDestinationPacketMalformed
 	}
-	// The payload in the packet's own memory (joined only when it lies in
-	// several pieces): Input copies what it keeps into the connection's
-	// buffers before this returns the packet to the stack.
-	payload, _ := pkt.Data().PullUp(pkt.Data().Size())
 	if !pkt.RXChecksumValidated {
-		n := len(hdr) + len(payload)
+		n := len(hdr) + pkt.Data().Size()
 		if n > 0xffff {
 			return stack.UnknownDestinationPacketMalformed
 		}
 		xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, id.RemoteAddress, id.LocalAddress, uint16(n))
 		xsum = checksum.Checksum(hdr, xsum) // a TCP header's length is even
-		if checksum.Checksum(payload, xsum) != 0xffff {
+		if checksum.Combine(xsum, pkt.Data().Checksum()) != 0xffff {
 			return stack.UnknownDestinationPacketMalformed
 		}
 	}
-	seg, err := Parse(hdr, nil)
-	if err != nil || len(seg.Payload) != 0 {
+	rx := rxPool.Get().(*rxScratch)
+	defer func() {
+		*rx = rxScratch{} // no packet memory stays referenced
+		rxPool.Put(rx)
+	}()
+	var err error
+	seg := &rx.seg
+	if *seg, err = Parse(hdr, rx.sack[:0]); err != nil || len(seg.Payload) != 0 {
 		return stack.UnknownDestinationPacketMalformed
 	}
-	seg.Payload = payload
+	// The payload in the packet's own memory: Input copies what it keeps
+	// into the connection's buffers, or takes a reference to the
+	// packet's chunks, before this returns the packet to the stack.
+	seg.Payload, seg.pieces, seg.piecesLen, seg.views = payloadOf(pkt, rx.pieces[:0], rx.views[:0])
 	nic := pkt.NICID
 	p.mu.Lock()
 	if e := p.conns[id]; e != nil {
 		p.mu.Unlock()
 		if tap := e.tap.Load(); tap != nil {
-			(*tap)(&seg, pkt)
+			(*tap)(seg, pkt)
 		}
-		e.input(&seg)
+		e.input(seg)
 		return stack.UnknownDestinationPacketHandled
 	}
 	l := p.listeners[id.LocalPort]
 	if l != nil && seg.Flags&(header.TCPFlagSyn|header.TCPFlagAck|header.TCPFlagRst) == header.TCPFlagSyn {
-		e, ok := l.admit(p, id, nic, &seg)
+		e, ok := l.admit(p, id, nic, seg)
 		p.mu.Unlock()
 		if ok {
 			e.mu.Lock()
@@ -276,7 +281,7 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 		return stack.UnknownDestinationPacketHandled
 	}
 	p.mu.Unlock()
-	if rst, ok := ResetFor(&seg); ok {
+	if rst, ok := ResetFor(seg); ok {
 		if r, err := p.stack.FindRoute(nic, id.LocalAddress, id.RemoteAddress, pkt.NetworkProtocolNumber, false); err == nil {
 			p.send(r, id, &rst)
 			r.Release()
@@ -285,21 +290,74 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 	return stack.UnknownDestinationPacketHandled
 }
 
+// payloadOf is the packet's payload, read in place from its views: a
+// PullUp would copy a chunk the packet shares with another (the sender's
+// send buffer, on the in-memory link). A payload in one view is payload;
+// one in several comes as those views' pieces (appended to pieces) and
+// their total length. The views each piece lies in are appended to
+// views.
+func payloadOf(pkt *stack.PacketBuffer, pieces [][]byte, views []*buffer.View) (payload []byte, _ [][]byte, size int, _ []*buffer.View) {
+	size = pkt.Data().Size()
+	if size == 0 {
+		return nil, nil, 0, nil
+	}
+	vl, _ := pkt.AsViewList()
+	skip := -size // the headers' bytes before the payload
+	for v := vl.Front(); v != nil; v = v.Next() {
+		skip += v.Size()
+	}
+	for v := vl.Front(); v != nil; v = v.Next() {
+		b := v.AsSlice()
+		if skip >= len(b) {
+			skip -= len(b)
+			continue
+		}
+		b = b[skip:]
+		skip = 0
+		pieces = append(pieces, b[:len(b):len(b)])
+		views = append(views, v)
+	}
+	if len(pieces) == 1 {
+		return pieces[0], nil, size, views
+	}
+	return nil, pieces, size, views
+}
+
+// rxScratch is a received segment's memory, pooled: a segment on the
+// heap per packet was garbage to collect.
+type rxScratch struct {
+	seg    Segment
+	pieces [4][]byte
+	views  [4]*buffer.View
+	sack   [maxSACKBlocks]header.SACKBlock
+}
+
+var rxPool = sync.Pool{New: func() any { return new(rxScratch) }}
+
 // send writes one segment to the route, with its checksum; a segment
 // for the link to cut (Segment.SegSize) carries GSO options and the
 // pseudo-header's partial checksum, which the link completes per segment.
 func (p *Protocol) send(r *stack.Route, id stack.TransportEndpointID, s *Segment) {
 	hl := s.HeaderLen()
+	var payload buffer.Buffer
+	if s.src != nil {
+		// The send buffer's bytes by reference: the packet holds the
+		// blocks' chunks until the link is done with it.
+		s.src.appendTo(&payload, s.srcOff, s.srcLen)
+	} else if len(s.Payload) > 0 {
+		payload = buffer.MakeWithData(s.Payload)
+	}
+	n := s.PayloadLen()
 	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{
 		ReserveHeaderBytes: int(r.MaxHeaderLength()) + hl,
-		Payload:            buffer.MakeWithData(s.Payload),
+		Payload:            payload,
 	})
 	defer pkt.DecRef()
 	h := pkt.TransportHeader().Push(hl)
 	s.Encode(h, id.LocalPort, id.RemotePort)
 	pkt.TransportProtocolNumber = header.TCPProtocolNumber
-	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, id.LocalAddress, id.RemoteAddress, uint16(hl+len(s.Payload)))
-	if s.SegSize > 0 && len(s.Payload) > s.SegSize {
+	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, id.LocalAddress, id.RemoteAddress, uint16(hl+n))
+	if s.SegSize > 0 && n > s.SegSize {
 		gso := stack.GSO{Type: stack.GSOTCPv4, NeedsCsum: true, CsumOffset: header.TCPChecksumOffset,
 			MSS: uint16(s.SegSize), L3HdrLen: header.IPv4MinimumSize, MaxSize: r.GSOMaxSize()}
 		if r.NetProto() == header.IPv6ProtocolNumber {
@@ -307,8 +365,10 @@ func (p *Protocol) send(r *stack.Route, id stack.TransportEndpointID, s *Segment
 		}
 		pkt.GSOOptions = gso
 		header.TCP(h).SetChecksum(xsum)
-	} else {
-		xsum = checksum.Checksum(s.Payload, xsum)
+	} else if r.RequiresTXTransportChecksum() {
+		// (A NIC that offloads the checksum fills it in, as it does for
+		// gVisor's TCP; a route to this stack needs none.)
+		xsum = checksum.Combine(xsum, pkt.Data().Checksum())
 		header.TCP(h).SetChecksum(^header.TCP(h).CalculateChecksum(xsum))
 	}
 	if r.Loop()&stack.PacketLoop != 0 {
@@ -570,6 +630,7 @@ func (p *Protocol) connConfig(r *stack.Route) Config {
 	if cfg.MSS <= 0 || cfg.MSS > fit {
 		cfg.MSS = fit
 	}
+	cfg.piecesOut = true // send reads Segment.src
 	if cfg.GSOMax == 0 && r.HasHostGSOCapability() {
 		// The packet's IP length field bounds it, headers included.
 		cfg.GSOMax = min(int(r.GSOMaxSize()), 0xffff) - header.IPv6MinimumSize - header.TCPHeaderMaximumSize
@@ -676,21 +737,42 @@ func (e *Endpoint) TryReadTo(w io.Writer, max int) (int, error) {
 		e.mu.Unlock()
 		return 0, io.ErrClosedPipe
 	}
-	v, err := e.c.ReadView()
-	e.mu.Unlock()
-	if len(v) == 0 {
-		return 0, err
+	total := 0
+	before := e.c.rcvWindow()
+	for {
+		// The receive buffer's pieces one after another, while w
+		// takes each whole.
+		v, err := e.c.ReadView()
+		if len(v) == 0 {
+			if total > 0 {
+				e.c.windowOpened(before)
+				e.arm()
+			}
+			e.mu.Unlock()
+			if total > 0 {
+				return total, nil
+			}
+			return 0, err
+		}
+		e.mu.Unlock()
+		if max > 0 && len(v) > max-total {
+			v = v[:max-total]
+		}
+		n, werr := w.Write(v)
+		if n < 0 {
+			n = 0
+		}
+		n = min(n, len(v))
+		total += n
+		e.mu.Lock()
+		e.c.readDone(n, e.p.now())
+		if werr != nil || n < len(v) || total == max || e.appGone {
+			e.c.windowOpened(before)
+			e.arm()
+			e.mu.Unlock()
+			return total, werr
+		}
 	}
-	if max > 0 && len(v) > max {
-		v = v[:max]
-	}
-	n, werr := w.Write(v)
-	n = min(n, len(v))
-	e.mu.Lock()
-	e.c.ReadDone(n, e.p.now())
-	e.arm()
-	e.mu.Unlock()
-	return n, werr
 }
 
 // TryWriteFrom queues up to n bytes read from r, as many as the send
@@ -754,7 +836,8 @@ func (e *Endpoint) SetOnClose(fn func()) {
 }
 
 // SegmentTap sees a connection's segments before the connection takes
-// them (Endpoint.SetSegmentTap).
+// them (Endpoint.SetSegmentTap). A payload that lies in several pieces
+// of the packet's memory comes as them too (Segment.Pieces).
 type SegmentTap func(s *Segment, pkt *stack.PacketBuffer)
 
 // SetSegmentTap has fn called with every segment of the connection whose
@@ -762,7 +845,8 @@ type SegmentTap func(s *Segment, pkt *stack.PacketBuffer)
 // that delivered the packet, without the connection's lock, so fn must
 // not wait for the endpoint. The segment and its payload are valid during
 // the call; pkt is the packet that holds them (a clone of its buffer
-// keeps them). Segments of the connection may arrive on several
+// keeps them: Payload's bytes when Pieces is nil, Pieces' otherwise).
+// Segments of the connection may arrive on several
 // goroutines at once. A tap set later replaces it; the returned
 // function removes it (not a later one).
 func (e *Endpoint) SetSegmentTap(fn SegmentTap) (remove func()) {
