@@ -9,6 +9,7 @@ import (
 	"io"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,6 +41,31 @@ type iperf3Served struct {
 	duration time.Duration
 }
 
+// iperf3Conns are the connections iperf3Serve has, the control one
+// first, for a test to look at (or abort) when the client hangs.
+type iperf3Conns struct {
+	mu sync.Mutex
+	es []*rtcp.Endpoint
+}
+
+func (c *iperf3Conns) add(e *rtcp.Endpoint) {
+	c.mu.Lock()
+	c.es = append(c.es, e)
+	c.mu.Unlock()
+}
+
+// abort reports each connection's state and aborts it.
+func (c *iperf3Conns) abort() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var b strings.Builder
+	for i, e := range c.es {
+		fmt.Fprintf(&b, "conn %d: %+v\n", i, e.Info())
+		e.Abort()
+	}
+	return b.String()
+}
+
 func (s iperf3Served) total() (n int64) {
 	for _, b := range s.streams {
 		n += b
@@ -51,13 +77,14 @@ func (s iperf3Served) total() (n int64) {
 // for the kernel's iperf3 client: the cookie, the parameters, the data
 // streams (any number, either direction), the end, and the exchange of
 // results.
-func iperf3Serve(ctx context.Context, l *rtcp.Listener) (iperf3Served, error) {
+func iperf3Serve(ctx context.Context, l *rtcp.Listener, conns *iperf3Conns) (iperf3Served, error) {
 	var res iperf3Served
 	ctl, err := l.Accept(ctx)
 	if err != nil {
 		return res, fmt.Errorf("accepting the control connection: %w", err)
 	}
 	defer ctl.Close()
+	conns.add(ctl)
 	cookie := make([]byte, ipCookieLen)
 	if _, err := io.ReadFull(ctl, cookie); err != nil {
 		return res, fmt.Errorf("reading the cookie: %w", err)
@@ -89,6 +116,7 @@ func iperf3Serve(ctx context.Context, l *rtcp.Listener) (iperf3Served, error) {
 			return res, fmt.Errorf("accepting data stream %d: %w", i+1, err)
 		}
 		defer e.Close()
+		conns.add(e)
 		got := make([]byte, ipCookieLen)
 		if _, err := io.ReadFull(e, got); err != nil || !bytes.Equal(got, cookie) {
 			return res, fmt.Errorf("data stream %d: cookie %q (%v), want the control connection's", i+1, got, err)
@@ -131,14 +159,17 @@ func iperf3Serve(ctx context.Context, l *rtcp.Listener) (iperf3Served, error) {
 		return res, fmt.Errorf("waiting for the test's end: state %d, %v", b[0], err)
 	}
 	res.duration = time.Since(start)
+	// As iperf3's server does, the data streams close at the test's end:
+	// a client draining them reads their end. The counts are taken once
+	// the readers and writers are done (a write under way when the end
+	// came is delivered, and counted).
 	stop.Store(true)
+	for _, e := range streams {
+		e.Close()
+	}
+	wg.Wait()
 	for i := range counts {
 		res.streams = append(res.streams, counts[i].Load())
-	}
-	if params.Reverse {
-		// A writer blocked on a full window ends when the client closes
-		// its streams; its count is the one taken above.
-		defer wg.Wait()
 	}
 	if err := state(ipExchangeResults); err != nil {
 		return res, err
@@ -238,17 +269,45 @@ func TestOwnTCPIperf3(t *testing.T) {
 			defer cancel()
 			served := make(chan error, 1)
 			var res iperf3Served
+			var conns iperf3Conns
 			go func() {
 				var err error
-				res, err = iperf3Serve(ctx, l)
+				res, err = iperf3Serve(ctx, l, &conns)
 				served <- err
 			}()
 			args := []string{"iperf3", "-c", gvisorV4, "-p", strconv.Itoa(port), "-t", "2", "-J", "-P", strconv.Itoa(tc.streams)}
 			if tc.reverse {
 				args = append(args, "-R")
 			}
-			out, err := ns.run(args...)
-			if serr := <-served; serr != nil || err != nil {
+			cmd := exec.Command("ip", append([]string{"netns", "exec", ns.name}, args...)...)
+			var outBuf bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &outBuf, &outBuf
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			select {
+			case err = <-exited:
+			case <-time.After(30 * time.Second):
+				// The client hangs: the kernel's sockets and ours as they
+				// are, then the client is killed and ours aborted.
+				kss, _ := ns.run("ss", "-tnio")
+				t.Errorf("iperf3 hangs after 30 s; the kernel's sockets:\n%s\nours:\n%s", kss, conns.abort())
+				cmd.Process.Kill()
+				err = <-exited
+			}
+			if err != nil {
+				conns.abort()
+			}
+			out := outBuf.String()
+			var serr error
+			select {
+			case serr = <-served:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("our server did not end; its connections:\n%s", conns.abort())
+			}
+			if serr != nil || err != nil {
 				t.Fatalf("iperf3: %v; our server: %v\n%s", err, serr, out)
 			}
 			var rep struct {
