@@ -36,6 +36,7 @@ func (c *Conn) takeSACK(ack seqnum.Value, blocks []header.SACKBlock) (dsack bool
 		if i == 0 && (b.Start.LessThan(ack) || len(blocks) > 1 && blocks[1].Contains(b)) {
 			dsack = true // RFC 2883 §4: below the ACK, or inside the next block
 			c.n.dsacksIn++
+			c.rackDSACK()
 			c.dsackFor(b)
 			continue
 		}
@@ -109,6 +110,9 @@ func (c *Conn) sackedBytes() int {
 // lost. sndUna when none is.
 func (c *Conn) lostBelow() seqnum.Value {
 	b := c.lostBelowSACK()
+	if r := c.rackBoundary(); b.LessThan(r) {
+		b = r
+	}
 	if c.floorOn && c.inRecovery && b.LessThan(c.lostFloor) && c.lostFloor.LessThanEq(c.sndMax) {
 		return c.lostFloor
 	}
@@ -197,7 +201,12 @@ func (c *Conn) sackRecover() {
 		if c.cwnd-c.pipe() < c.sndMSS {
 			return
 		}
-		if seq, n, ok := c.nextLost(); ok {
+		seq, n, redo := c.rackRedo() // a retransmission RACK found lost
+		ok := redo
+		if !ok {
+			seq, n, ok = c.nextLost()
+		}
+		if ok {
 			n = c.cutLen(seq, min(n, c.sndMSS, c.sndBuf.len()-int(c.sndUna.Size(seq))))
 			if n <= 0 {
 				return
@@ -206,8 +215,12 @@ func (c *Conn) sackRecover() {
 				c.timing = false // Karn
 			}
 			c.sendData(seq, n, 0, false)
-			c.highRxt = seq.Add(seqnum.Size(n))
-			c.noteRetransmit(seq, c.highRxt)
+			if redo {
+				c.rackRedone(seq, n)
+			} else {
+				c.highRxt = seq.Add(seqnum.Size(n))
+			}
+			c.noteRetransmit(seq, seq.Add(seqnum.Size(n)))
 			c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
 			continue
 		}
