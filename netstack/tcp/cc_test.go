@@ -324,3 +324,74 @@ func TestRACKReordering(t *testing.T) {
 		t.Fatalf("after a D-SACK: window %v, want %v", w, rtt/2)
 	}
 }
+
+// TestRecoveryAtRecoveryPoint: a segment lost at exactly the point where
+// the previous recovery ended, the first sent after that recovery began,
+// starts a recovery of its own at once, not at the timer.
+func TestRecoveryAtRecoveryPoint(t *testing.T) {
+	p := sackPeer(t, Config{}, time.Millisecond, 4)
+	c := p.c
+	mss := seqnum.Size(c.sndMSS)
+	c.cwnd = 10 * int(mss)
+	base := c.sndNxt
+	if _, err := c.Write(make([]byte, 10*int(mss)), p.now); err != nil {
+		t.Fatal(err)
+	}
+	p.take()
+	p.now += time.Millisecond
+	// Segment 0 lost, 1 to 3 SACKed: the first recovery.
+	p.input(Segment{Seq: p.seq, Ack: base, Flags: header.TCPFlagAck, Window: 65535,
+		SACK: []header.SACKBlock{{Start: base.Add(mss), End: base.Add(4 * mss)}}})
+	if !c.inRecovery || c.recover != base.Add(10*mss) {
+		t.Fatalf("in recovery %v, recovery point %d, want %d", c.inRecovery, c.recover, base.Add(10*mss))
+	}
+	// Everything up to the recovery point arrives: the recovery ends.
+	point := c.recover
+	p.take()
+	p.input(Segment{Seq: p.seq, Ack: point, Flags: header.TCPFlagAck, Window: 65535})
+	if c.inRecovery {
+		t.Fatal("the ACK of the recovery point did not end the recovery")
+	}
+	if _, err := c.Write(make([]byte, 10*int(mss)), p.now); err != nil {
+		t.Fatal(err)
+	}
+	p.take()
+	p.now += time.Millisecond
+	// The segment at the recovery point is lost, three after it come.
+	p.input(Segment{Seq: p.seq, Ack: point, Flags: header.TCPFlagAck, Window: 65535,
+		SACK: []header.SACKBlock{{Start: point.Add(mss), End: point.Add(4 * mss)}}})
+	if _, at := dataSegs(p.take(), point); !c.inRecovery || at != 1 || c.Info().Recoveries != 2 {
+		t.Fatalf("a loss at the recovery point: in recovery %v, %d retransmissions of it, %d recoveries", c.inRecovery, at, c.Info().Recoveries)
+	}
+}
+
+// TestUndoCubic: a reduction undone (every retransmission reported a
+// duplicate) restores Cubic's state with the windows: W_max and the
+// epoch are those from before it.
+func TestUndoCubic(t *testing.T) {
+	p := sackPeer(t, Config{}, time.Millisecond, 4)
+	c := p.c
+	mss := seqnum.Size(c.sndMSS)
+	c.cwnd = 10 * int(mss)
+	c.cb = cubicState{wMax: 40, cwndPrior: 40, origin: 40, k: 1, epoch: p.now, epochOn: true, wEst: 10}
+	before := c.cb
+	base := c.sndNxt
+	if _, err := c.Write(make([]byte, 10*int(mss)), p.now); err != nil {
+		t.Fatal(err)
+	}
+	p.take()
+	p.now += time.Millisecond
+	p.input(Segment{Seq: p.seq, Ack: base, Flags: header.TCPFlagAck, Window: 65535,
+		SACK: []header.SACKBlock{{Start: base.Add(mss), End: base.Add(4 * mss)}}})
+	if !c.inRecovery || c.cb.wMax == before.wMax || c.ssthresh != 7*int(mss) {
+		t.Fatalf("no reduction: in recovery %v, W_max %v, ssthresh %d", c.inRecovery, c.cb.wMax, c.ssthresh)
+	}
+	// Segment 0 had only been delayed: it and its retransmission both
+	// arrive, and the peer reports the second a duplicate.
+	p.input(Segment{Seq: p.seq, Ack: base.Add(4 * mss), Flags: header.TCPFlagAck, Window: 65535})
+	p.input(Segment{Seq: p.seq, Ack: base.Add(4 * mss), Flags: header.TCPFlagAck, Window: 65535,
+		SACK: []header.SACKBlock{{Start: base, End: base.Add(mss)}}})
+	if i := c.Info(); i.Undos != 1 || c.cb != before || c.cwnd < 10*int(mss) {
+		t.Fatalf("%d undone, cwnd %d, Cubic %+v, want %+v", i.Undos, c.cwnd, c.cb, before)
+	}
+}
