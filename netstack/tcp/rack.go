@@ -53,6 +53,7 @@ const rackReoPersist = 16
 
 type rackState struct {
 	xmits  []rackXmit // in the order sent
+	rtxs   int        // how many of them are retransmissions (at least)
 	nextID uint64
 	id     uint64 // the latest-sent delivered transmission's place
 
@@ -86,6 +87,7 @@ func (c *Conn) rackSent(seq seqnum.Value, n int) {
 	rtx := seq.LessThan(c.sndMax)
 	if rtx {
 		r.forget(seq, end)
+		r.rtxs++
 	}
 	if len(r.xmits) >= maxRackXmits {
 		r.xmits = append(r.xmits[:0], r.xmits[1:]...)
@@ -156,9 +158,17 @@ func (c *Conn) rackAck(ack seqnum.Value) {
 	if r.lostBelow.LessThan(ack) || c.sndMax.LessThan(r.lostBelow) {
 		r.lostBelow = ack
 	}
+	// Without SACK blocks or retransmissions in the list, the list is
+	// in sequence order too: the ACK delivers a prefix of it.
+	ordered := len(c.sacked) == 0 && r.rtxs == 0
 	keep := r.xmits[:0]
+	rtxs := 0
 	for i := range r.xmits {
 		x := r.xmits[i]
+		if ordered && !x.start.LessThan(ack) {
+			keep = append(keep, r.xmits[i:]...)
+			break
+		}
 		all, some := c.rackDelivered(&x, ack)
 		if some {
 			c.rackTake(&x, ack, all)
@@ -166,9 +176,15 @@ func (c *Conn) rackAck(ack seqnum.Value) {
 		}
 		if !all {
 			keep = append(keep, x)
+			if x.rtx {
+				rtxs++
+			}
 		}
 	}
 	r.xmits = keep
+	if !ordered {
+		r.rtxs = rtxs
+	}
 	if r.fack.LessThan(ack) || c.sndMax.LessThan(r.fack) {
 		r.fack = ack
 	}
@@ -248,11 +264,16 @@ func (c *Conn) rackDetect() {
 	keep := r.xmits[:0]
 	for i := range r.xmits {
 		x := &r.xmits[i]
+		if x.id > r.id {
+			// Sent after the latest delivered, as all that follow.
+			keep = append(keep, r.xmits[i:]...)
+			break
+		}
 		if x.end.LessThanEq(c.sndUna) {
 			continue
 		}
 		keep = append(keep, *x)
-		if x.lost || x.id > r.id || x.id == r.id && !x.start.LessThan(r.end) {
+		if x.lost || x.id == r.id && !x.start.LessThan(r.end) {
 			continue // marked already, or not sent before the latest delivered
 		}
 		left := x.at + r.rtt + reo - c.now
@@ -379,6 +400,7 @@ func (c *Conn) rackRecovered() {
 func (c *Conn) rackTimeout() {
 	r := &c.rack
 	r.xmits = r.xmits[:0]
+	r.rtxs = 0
 	r.redo = r.redo[:0]
 	r.lostBelow = c.sndUna
 	r.at = 0
