@@ -368,6 +368,7 @@ func (c *Conn) rackBoundary() seqnum.Value {
 // a recovery PRR's window follows the pipe it leaves.
 func (c *Conn) onReorderTimer() {
 	c.n.reoTimeouts++
+	c.ackDelivered = 0 // no ACK: a recovery this starts has delivered nothing yet
 	if c.inRecovery {
 		before := c.n.rackLost
 		c.rackDetect()
