@@ -395,3 +395,23 @@ func TestUndoCubic(t *testing.T) {
 		t.Fatalf("%d undone, cwnd %d, Cubic %+v, want %+v", i.Undos, c.cwnd, c.cb, before)
 	}
 }
+
+// TestRACKReorderingPath: on a path that reorders and loses nothing, the
+// first recovery the reordering provokes shows it (its retransmission
+// comes back D-SACKed) and is undone; from then on RACK alone judges
+// losses, by time with its reordering window, and the reordering makes
+// no more recoveries, where DupThresh would count every late segment's
+// successors as duplicates.
+func TestRACKReorderingPath(t *testing.T) {
+	for _, seed := range []int64{1, 2, 3} {
+		p := newPath(t, seed)
+		cfg := Config{GSOMax: 64 << 10, SndBuf: 4 << 20, RcvBuf: 4 << 20}
+		p.connect(cfg, cfg, 1, 2)
+		p.jitter = 20 * time.Microsecond
+		p.transfer([2]int{16 << 20, 1 << 20}, 0)
+		i := p.conns[0].Info()
+		if i.Recoveries > 2 || i.RetransSegs > 20 || i.Timeouts != 0 || i.Recoveries > 0 && !i.ReorderSeen {
+			t.Fatalf("seed %d: %d recoveries, %d segments sent again, %d timeouts, reordering seen %v", seed, i.Recoveries, i.RetransSegs, i.Timeouts, i.ReorderSeen)
+		}
+	}
+}

@@ -412,7 +412,7 @@ func (c *Conn) dupAck() {
 			c.lostRetransmits()
 			c.prrAck(c.ackDelivered)
 			c.sackRecover()
-		case c.mayRecover() && (c.dupAcks >= dupThresh || c.sndUna.LessThan(c.lostBelow())):
+		case c.mayRecover() && (c.dupAcks >= dupThresh && !c.rack.reordered || c.sndUna.LessThan(c.lostBelow())):
 			c.enterRecovery()
 
 		}

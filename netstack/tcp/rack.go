@@ -19,8 +19,10 @@ import (
 //
 // The reordering window is a quarter of the minimum RTT (at most the
 // smoothed RTT); it is 0 until reordering has been seen (a segment never
-// sent again delivered below the highest one delivered), during recovery
-// or once DupThresh segments are SACKed. Each round trip with D-SACKs
+// sent again delivered below the highest one delivered, or a D-SACK),
+// during recovery or once DupThresh segments are SACKed. Once reordering
+// has been seen, RACK alone finds the losses: DupThresh and the
+// retransmissions overtaken by SACKed data (sack.go) no longer count. Each round trip with D-SACKs
 // (the window was too small: a segment went again needlessly) widens it
 // by another quarter of the minimum RTT, and it returns to one quarter
 // after 16 recoveries without.
@@ -382,7 +384,11 @@ func (c *Conn) onReorderTimer() {
 }
 
 // rackDSACK notes a D-SACK block for the reordering window's adaptation.
-func (c *Conn) rackDSACK() { c.rack.dsack = true }
+// It shows reordering too: a retransmission the peer already had means
+// the original came late (or its ACK was lost), which is how reordering
+// shows when the late segment's own delivery, taken by its
+// retransmission, cannot.
+func (c *Conn) rackDSACK() { c.rack.dsack, c.rack.reordered = true, true }
 
 // rackRecovered counts a recovery's end towards the widened reordering
 // window's return.

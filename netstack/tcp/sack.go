@@ -109,7 +109,12 @@ func (c *Conn) sackedBytes() int {
 // it has more than (DupThresh-1)·SMSS octets SACKed above it, and is
 // lost. sndUna when none is.
 func (c *Conn) lostBelow() seqnum.Value {
-	b := c.lostBelowSACK()
+	b := c.sndUna
+	if !c.rack.reordered {
+		// Once the network has been seen to reorder, losses are
+		// found by time (RACK), not by how much came after them.
+		b = c.lostBelowSACK()
+	}
 	if r := c.rackBoundary(); b.LessThan(r) {
 		b = r
 	}
@@ -253,8 +258,8 @@ func (c *Conn) noteRetransmit(start, end seqnum.Value) {
 // has overtaken by more than (DupThresh-1)·SMSS SACKed octets and lets
 // the recovery send them again (highRxt goes back to the first).
 func (c *Conn) lostRetransmits() {
-	if len(c.rtxs) == 0 || len(c.sacked) == 0 {
-		return
+	if len(c.rtxs) == 0 || len(c.sacked) == 0 || c.rack.reordered {
+		return // with reordering seen, RACK finds them by time
 	}
 	high := c.sacked[len(c.sacked)-1].end
 	keep := c.rtxs[:0]
