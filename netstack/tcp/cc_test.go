@@ -415,3 +415,35 @@ func TestRACKReorderingPath(t *testing.T) {
 		}
 	}
 }
+
+// TestReorderTimerRecovery: a recovery the reorder timer starts takes
+// what the ACKs that showed the loss delivered as its first ACK's: with
+// 12 segments lost and 8 SACKed beyond them while RACK waited its
+// reordering window, PRR-SSRB sends the 8 delivered and one more at once,
+// not the single retransmission a recovery with nothing delivered would
+// (whose loss would leave nothing to bring an ACK).
+func TestReorderTimerRecovery(t *testing.T) {
+	const rtt = time.Millisecond
+	p := sackPeer(t, Config{}, rtt, 40)
+	c := p.c
+	mss := seqnum.Size(c.sndMSS)
+	c.cwnd = 20 * int(mss)
+	c.rack.reordered = true // as after a D-SACK: losses are found by time only
+	base := c.sndNxt
+	if _, err := c.Write(make([]byte, 20*int(mss)), p.now); err != nil {
+		t.Fatal(err)
+	}
+	p.take()
+	p.now += rtt
+	p.input(Segment{Seq: p.seq, Ack: base, Flags: header.TCPFlagAck, Window: 65535,
+		SACK: []header.SACKBlock{{Start: base.Add(12 * mss), End: base.Add(20 * mss)}}})
+	if n, _ := dataSegs(p.take(), 0); n != 0 || c.inRecovery {
+		t.Fatalf("before the reordering window passed: %d segments sent, in recovery %v", n, c.inRecovery)
+	}
+	p.now = c.Deadline()
+	c.Tick(p.now)
+	n, _ := dataSegs(p.take(), 0)
+	if !c.inRecovery || n != 9 {
+		t.Fatalf("the reorder timer: in recovery %v, %d segments sent, want 9", c.inRecovery, n)
+	}
+}

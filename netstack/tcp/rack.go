@@ -74,9 +74,13 @@ type rackState struct {
 	dsackRound seqnum.Value
 	roundOn    bool
 
-	lostBelow seqnum.Value  // every octet not SACKed below it is lost
-	redo      []sackRange   // retransmissions found lost: to send again
-	at        time.Duration // the reorder timer; 0: stopped
+	lostBelow seqnum.Value // every octet not SACKed below it is lost
+	// waited is what the ACKs reported delivered while the reorder
+	// timer ran outside a recovery: the recovery it starts takes it as
+	// its first ACK's (PRR's DeliveredData).
+	waited int
+	redo   []sackRange   // retransmissions found lost: to send again
+	at     time.Duration // the reorder timer; 0: stopped
 }
 
 // rackSent records a transmission of n octets at seq.
@@ -256,6 +260,10 @@ func (c *Conn) rackReoWnd() time.Duration {
 // them, and arms the reorder timer for the first that is not due yet.
 func (c *Conn) rackDetect() {
 	r := &c.rack
+	if r.at == 0 || c.inRecovery {
+		r.waited = 0
+	}
+	r.waited += c.ackDelivered
 	r.at = 0
 	if !r.on || c.sndUna == c.sndMax {
 		return
@@ -370,7 +378,9 @@ func (c *Conn) rackBoundary() seqnum.Value {
 // a recovery PRR's window follows the pipe it leaves.
 func (c *Conn) onReorderTimer() {
 	c.n.reoTimeouts++
-	c.ackDelivered = 0 // no ACK: a recovery this starts has delivered nothing yet
+	// No ACK came: a recovery this starts takes what the ACKs since the
+	// timer was armed delivered, the ACKs that showed the loss.
+	c.ackDelivered = c.rack.waited
 	if c.inRecovery {
 		before := c.n.rackLost
 		c.rackDetect()
