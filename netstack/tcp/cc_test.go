@@ -447,3 +447,30 @@ func TestReorderTimerRecovery(t *testing.T) {
 		t.Fatalf("the reorder timer: in recovery %v, %d segments sent, want 9", c.inRecovery, n)
 	}
 }
+
+// TestStaleSACK: an ACK the network delayed behind a later one carries
+// SACK blocks for data the later ACK already covered; the scoreboard does
+// not take them (they would count as delivered again when pruned, and
+// make the next ACK's delivery negative).
+func TestStaleSACK(t *testing.T) {
+	p := sackPeer(t, Config{}, time.Millisecond, 4)
+	c := p.c
+	mss := seqnum.Size(c.sndMSS)
+	c.cwnd = 10 * int(mss)
+	base := c.sndNxt
+	if _, err := c.Write(make([]byte, 10*int(mss)), p.now); err != nil {
+		t.Fatal(err)
+	}
+	p.take()
+	p.now += time.Millisecond
+	p.input(Segment{Seq: p.seq, Ack: base.Add(5 * mss), Flags: header.TCPFlagAck, Window: 65535})
+	p.input(Segment{Seq: p.seq, Ack: base.Add(2 * mss), Flags: header.TCPFlagAck, Window: 65535,
+		SACK: []header.SACKBlock{{Start: base.Add(3 * mss), End: base.Add(4 * mss)}}})
+	if n := c.sackedBytes(); n != 0 {
+		t.Fatalf("a delayed ACK's block below SND.UNA: %d bytes on the scoreboard", n)
+	}
+	p.input(Segment{Seq: p.seq, Ack: base.Add(6 * mss), Flags: header.TCPFlagAck, Window: 65535})
+	if c.ackDelivered != int(mss) {
+		t.Fatalf("the next ACK delivered %d, want %d", c.ackDelivered, mss)
+	}
+}

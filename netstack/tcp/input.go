@@ -282,6 +282,9 @@ func (c *Conn) inputAck(s *Segment) bool {
 		if c.sndUna.LessThan(ack) {
 			c.ackDelivered += int(c.sndUna.Size(ack))
 		}
+		// Never below 0: the scoreboard may forget ranges (it keeps
+		// at most maxSACKRanges) that the peer still holds.
+		c.ackDelivered = max(c.ackDelivered, 0)
 		c.rackAck(ack)
 	}
 	if c.sndUna.LessThan(ack) {
@@ -306,7 +309,7 @@ func (c *Conn) inputAck(s *Segment) bool {
 		c.enterRecovery()
 	}
 	if c.sackOK {
-		c.rackDetect()
+		c.rackDetect(false)
 	}
 	// The window update (RFC 9293 §3.10.7.4, fifth, ESTABLISHED).
 	if c.sndWl1.LessThan(s.Seq) || c.sndWl1 == s.Seq && c.sndWl2.LessThanEq(ack) {

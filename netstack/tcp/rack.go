@@ -76,8 +76,8 @@ type rackState struct {
 
 	lostBelow seqnum.Value // every octet not SACKed below it is lost
 	// waited is what the ACKs reported delivered while the reorder
-	// timer ran outside a recovery: the recovery it starts takes it as
-	// its first ACK's (PRR's DeliveredData).
+	// timer ran outside a recovery, and the latest ACK's: the recovery
+	// RACK starts takes it as its first ACK's (PRR's DeliveredData).
 	waited int
 	redo   []sackRange   // retransmissions found lost: to send again
 	at     time.Duration // the reorder timer; 0: stopped
@@ -255,12 +255,13 @@ func (c *Conn) rackReoWnd() time.Duration {
 	return min(time.Duration(1+r.mult)*r.minRTT/4, c.rtt.srtt)
 }
 
-// rackDetect marks lost the transmissions sent before RACK.xmit_ts that
-// are overdue (RFC 8985 §6.2 step 5), starts or feeds the recovery with
-// them, and arms the reorder timer for the first that is not due yet.
-func (c *Conn) rackDetect() {
+// rackDetect, on an ACK or when the reorder timer fired, marks lost the
+// transmissions sent before RACK.xmit_ts that are overdue (RFC 8985 §6.2
+// step 5), starts or feeds the recovery with them, and arms the reorder
+// timer for the first that is not due yet.
+func (c *Conn) rackDetect(timer bool) {
 	r := &c.rack
-	if r.at == 0 || c.inRecovery {
+	if !timer && r.at == 0 || c.inRecovery {
 		r.waited = 0
 	}
 	r.waited += c.ackDelivered
@@ -320,6 +321,11 @@ func (c *Conn) rackDetect() {
 	case c.inRecovery:
 		c.sackRecover()
 	case c.mayRecover() && c.sndUna.LessThan(c.lostBelow()):
+		// The recovery takes what the ACKs delivered while RACK waited
+		// for the loss to be due, the ACKs that showed it, as its first
+		// ACK's: the ACK or timer that finds it due may deliver
+		// nothing.
+		c.ackDelivered = max(c.ackDelivered, r.waited)
 		c.enterRecovery()
 	}
 }
@@ -378,19 +384,17 @@ func (c *Conn) rackBoundary() seqnum.Value {
 // a recovery PRR's window follows the pipe it leaves.
 func (c *Conn) onReorderTimer() {
 	c.n.reoTimeouts++
-	// No ACK came: a recovery this starts takes what the ACKs since the
-	// timer was armed delivered, the ACKs that showed the loss.
-	c.ackDelivered = c.rack.waited
+	c.ackDelivered = 0 // no ACK came
 	if c.inRecovery {
 		before := c.n.rackLost
-		c.rackDetect()
+		c.rackDetect(true)
 		if c.n.rackLost != before && c.inRecovery {
 			c.prrAck(0)
 			c.sackRecover()
 		}
 		return
 	}
-	c.rackDetect()
+	c.rackDetect(true)
 }
 
 // rackDSACK notes a D-SACK block for the reordering window's adaptation.

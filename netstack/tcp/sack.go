@@ -29,6 +29,12 @@ type sackRange struct{ start, end seqnum.Value }
 // D-SACK: a duplicate the peer received.
 func (c *Conn) takeSACK(ack seqnum.Value, blocks []header.SACKBlock) (dsack bool) {
 	c.sackPrune(ack)
+	// An ACK the network delayed behind a later one acknowledges less
+	// than SND.UNA: its blocks below SND.UNA are stale, not in flight.
+	floor := ack
+	if floor.LessThan(c.sndUna) {
+		floor = c.sndUna
+	}
 	for i, b := range blocks {
 		if !b.Start.LessThan(b.End) {
 			continue
@@ -40,7 +46,7 @@ func (c *Conn) takeSACK(ack seqnum.Value, blocks []header.SACKBlock) (dsack bool
 			c.dsackFor(b)
 			continue
 		}
-		if b.Start.LessThan(ack) || c.sndMax.LessThan(b.End) {
+		if b.Start.LessThan(floor) || c.sndMax.LessThan(b.End) {
 			continue // not about data in flight: a lie or a stale block
 		}
 		c.sackAdd(b.Start, b.End)
