@@ -49,6 +49,9 @@ func ParseTCP(name string) (string, error) {
 // ownConfig is the configuration of the own TCP's connections.
 func ownConfig(cfg Config, rcvMax, sndMax int, peerTimeout time.Duration) owntcp.Config {
 	c := owntcp.Config{RcvBuf: rcvMax, SndBuf: sndMax, MinRTO: cfg.MinRTO, NoSACK: cfg.NoSACK}
+	if cfg.CongestionControl == "reno" {
+		c.CongestionControl = owntcp.CCReno // otherwise Cubic ("auto" too: it never changes)
+	}
 	if cfg.AckDelay < 0 {
 		c.AckDelay = -1
 	} else if cfg.AckDelay > 0 {

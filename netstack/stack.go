@@ -39,7 +39,9 @@ type Config struct {
 	Gateway netip.Addr         // optional default gateway
 	// CongestionControl is "reno" (the default), "cubic", or "auto": each
 	// connection starts with Cubic and changes to Reno once it has
-	// retransmitted (see CongestionAuto). Anything else is an error.
+	// retransmitted (see CongestionAuto). Anything else is an error. On
+	// rdmatap's TCP, "reno" is Reno and the others (the empty default
+	// too) are Cubic, which stays.
 	CongestionControl string
 	RcvBufMax         int           // TCP receive buffer max, default 8 MiB
 	SndBufMax         int           // TCP send buffer max, default 8 MiB
@@ -62,8 +64,7 @@ type Config struct {
 	NoLinkRepair bool
 	// TCP is the TCP the connections run on: TCPGVisor (the default) or
 	// TCPRdmatap; empty: $RDMATAP_TCP, else gVisor's (ParseTCP). On
-	// rdmatap's TCP, CongestionControl is not used (it runs NewReno with
-	// SACK recovery), delayed ACKs are its own (AckDelay), the link
+	// rdmatap's TCP, delayed ACKs are its own (AckDelay), the link
 	// repairs nothing, and connection taps are not available.
 	TCP string
 }

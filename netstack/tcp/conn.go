@@ -86,6 +86,10 @@ type Config struct {
 	KeepaliveInterval time.Duration
 	KeepaliveCount    int
 
+	// CongestionControl is "cubic" (RFC 9438, the default) or "reno"
+	// (RFC 5681); anything else is Cubic.
+	CongestionControl string
+
 	NoSACK        bool // neither offer nor accept SACK
 	NoTimestamps  bool // neither offer nor accept timestamps
 	NoWindowScale bool // neither offer nor accept window scaling
@@ -167,10 +171,15 @@ type Conn struct {
 	inRecovery     bool
 	recover        seqnum.Value
 	sacked         []sackRange // the SACK scoreboard (sack.go)
+	cb             cubicState  // Cubic (cubic.go)
+	prr            prrState    // the recovery's window (prr.go)
+	rack           rackState   // RACK's loss detection (rack.go)
+	ackDelivered   int         // what the ACK being processed reported delivered (RFC 6937's DeliveredData)
 
 	// Undo (undo.go): the windows before the latest reduction, and how
 	// many of its retransmissions the peer has not reported duplicate.
 	priorCwnd, priorSsthresh int
+	priorCubic               cubicState
 	undoRetrans              int
 	undoOK                   bool
 	undoStart, undoEnd       seqnum.Value // SND.UNA and SND.MAX at the reduction
@@ -247,6 +256,8 @@ type counters struct {
 	undos                 uint64
 	tlps                  uint64
 	lostRtx               uint64 // retransmissions found lost and sent again
+	rackLost              uint64 // transmissions RACK found lost
+	reoTimeouts           uint64 // reorder timer expiries
 	dsacksIn, dsacksOut   uint64
 	bytesAcked, bytesRcvd uint64
 }
@@ -254,8 +265,6 @@ type counters struct {
 // Info is a connection's state as `ss -ti` shows a Linux socket's.
 type Info struct {
 	State State
-	// CongestionControl is the sender's algorithm, as ss names it.
-	CongestionControl string
 	// RecvQ is bytes received in order and not read; SendQ bytes written
 	// and not acknowledged, sent or not.
 	RecvQ, SendQ     int
@@ -280,6 +289,16 @@ type Info struct {
 	DSACKsOut        uint64 // D-SACK blocks sent
 	BytesAcked       uint64 // by the peer
 	BytesReceived    uint64 // in order
+
+	// CongestionControl is "cubic" or "reno" (Config.CongestionControl).
+	CongestionControl string
+	RACKLost          uint64 // transmissions RACK found lost by time (RFC 8985)
+	ReorderTimeouts   uint64 // RACK's reorder timer expiries
+	// MinRTT is the least RTT RACK measured, ReorderWindow its
+	// reordering window now, ReorderSeen whether it has seen the network
+	// reorder segments.
+	MinRTT, ReorderWindow time.Duration
+	ReorderSeen           bool
 }
 
 // addCounters adds the counters of o to i.
@@ -293,6 +312,8 @@ func (i *Info) addCounters(o Info) {
 	i.Undos += o.Undos
 	i.TLPs += o.TLPs
 	i.LostRetransmits += o.LostRetransmits
+	i.RACKLost += o.RACKLost
+	i.ReorderTimeouts += o.ReorderTimeouts
 	i.DSACKsIn += o.DSACKsIn
 	i.DSACKsOut += o.DSACKsOut
 	i.BytesAcked += o.BytesAcked
@@ -301,12 +322,14 @@ func (i *Info) addCounters(o Info) {
 
 // Info reports the connection's state.
 func (c *Conn) Info() Info {
-	i := Info{State: c.state, CongestionControl: "reno", RecvQ: c.rcvBuf.len(), SendQ: c.sndBuf.len(), RTT: c.rtt.srtt, RTTVar: c.rtt.rttvar, RTO: c.rtt.rto,
+	i := Info{State: c.state, RecvQ: c.rcvBuf.len(), SendQ: c.sndBuf.len(), RTT: c.rtt.srtt, RTTVar: c.rtt.rttvar, RTO: c.rtt.rto,
 		SndMSS: c.sndMSS, RcvMSS: c.cfg.MSS, Cwnd: c.cwnd, Ssthresh: c.ssthresh,
 		SndWnd: c.sndWnd, InFlight: int(c.sndUna.Size(c.sndMax)), SACKed: c.sackedBytes(),
 		SndWScale: -1, RcvWScale: -1, Timestamps: c.tsOK, SACK: c.sackOK, InRecovery: c.inRecovery,
 		SegsOut: c.n.segsOut, SegsIn: c.n.segsIn, RetransSegs: c.n.retransSegs, RetransBytes: c.n.retrans,
-		Timeouts: c.n.timeouts, Recoveries: c.n.recoveries, Undos: c.n.undos, TLPs: c.n.tlps, LostRetransmits: c.n.lostRtx, DSACKsIn: c.n.dsacksIn, DSACKsOut: c.n.dsacksOut,
+		Timeouts: c.n.timeouts, Recoveries: c.n.recoveries, Undos: c.n.undos, TLPs: c.n.tlps, LostRetransmits: c.n.lostRtx,
+		RACKLost: c.n.rackLost, ReorderTimeouts: c.n.reoTimeouts, CongestionControl: c.ccName(),
+		MinRTT: c.rack.minRTT, ReorderWindow: c.rackReoWnd(), ReorderSeen: c.rack.reordered, DSACKsIn: c.n.dsacksIn, DSACKsOut: c.n.dsacksOut,
 		BytesAcked: c.n.bytesAcked, BytesReceived: c.n.bytesRcvd}
 	if c.ssthresh >= 1<<30 {
 		i.Ssthresh = 0 // not set yet: slow start
@@ -565,7 +588,7 @@ func (c *Conn) reset(err error) {
 // Deadline is when Tick next has work to do, or 0 when no timer runs.
 func (c *Conn) Deadline() time.Duration {
 	d := time.Duration(0)
-	for _, t := range [...]time.Duration{c.rtoAt, c.ackAt, c.twAt, c.kaAt, c.tlpAt} {
+	for _, t := range [...]time.Duration{c.rtoAt, c.ackAt, c.twAt, c.kaAt, c.tlpAt, c.rack.at} {
 		if t != 0 && (d == 0 || t < d) {
 			d = t
 		}
@@ -595,6 +618,10 @@ func (c *Conn) Tick(now time.Duration) {
 	if c.tlpAt != 0 && now >= c.tlpAt && c.state != Closed {
 		c.tlpAt = 0
 		c.onTLP()
+	}
+	if c.rack.at != 0 && now >= c.rack.at && c.state != Closed {
+		c.rack.at = 0
+		c.onReorderTimer()
 	}
 	c.output()
 	c.armKeepalive()
@@ -637,7 +664,7 @@ func (c *Conn) enterClosed(err error) {
 	if c.err == nil {
 		c.err = err
 	}
-	c.rtoAt, c.ackAt, c.twAt, c.kaAt, c.tlpAt = 0, 0, 0, 0, 0
+	c.rtoAt, c.ackAt, c.twAt, c.kaAt, c.tlpAt, c.rack.at = 0, 0, 0, 0, 0, 0
 	c.ooo, c.oooBytes = nil, 0
 	c.sndBuf.release() // nothing is sent again: the blocks go back
 	c.joined = nil
@@ -645,7 +672,7 @@ func (c *Conn) enterClosed(err error) {
 
 func (c *Conn) enterTimeWait() {
 	c.state = TimeWait
-	c.rtoAt, c.ackAt = 0, 0
+	c.rtoAt, c.ackAt, c.rack.at = 0, 0, 0
 	c.twAt = c.now + c.cfg.TimeWait
 }
 

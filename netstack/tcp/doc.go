@@ -32,16 +32,25 @@
 //     and every out-of-order one at once), and data taken from a
 //     segment that overlaps what came before only where it is new.
 //   - Sending: slow start with RFC 6928's initial window and RFC 3465's
-//     byte counting, congestion avoidance, and loss recovery: with SACK,
-//     RFC 6675's (a scoreboard of the peer's SACK blocks, bounded and
-//     checked against what is in flight, D-SACK blocks told apart and
-//     counted, pipe and the lost-segment rule), without it fast
-//     retransmit and NewReno (RFC 5681, RFC 6582); undo of a reduction
-//     whose every retransmission the peer reports duplicate in D-SACK
-//     blocks (RFC 2883 §5, with RFC 4015's response); the retransmission
-//     timer with backoff and go-back on timeout, zero-window probes that
-//     keep the connection as long as the peer answers them, and
-//     ErrTimeout after Config.MaxRetries unanswered retransmissions.
+//     byte counting; congestion avoidance and the reduction at a loss by
+//     Cubic (RFC 9438: β_cubic 0.7, C 0.4, fast convergence, the
+//     Reno-friendly estimate, at the RTT's full resolution), or Reno
+//     (Config.CongestionControl); loss recovery: with SACK, RFC 6675's (a
+//     scoreboard of the peer's SACK blocks, bounded and checked against
+//     what is in flight, D-SACK blocks told apart and counted, pipe and
+//     the lost-segment rule) with PRR's window (RFC 6937, PRR-SSRB),
+//     without it fast retransmit and NewReno (RFC 5681, RFC 6582); undo
+//     of a reduction whose every retransmission the peer reports
+//     duplicate in D-SACK blocks (RFC 2883 §5, with RFC 4015's response,
+//     Cubic's state included); the retransmission timer with backoff and
+//     go-back on timeout, zero-window probes that keep the connection as
+//     long as the peer answers them, and ErrTimeout after
+//     Config.MaxRetries unanswered retransmissions.
+//   - RACK's time-based loss detection (RFC 8985 §6) beside the
+//     order-based rules, with SACK: a segment not delivered an RTT and a
+//     reordering window (a quarter of the minimum RTT, widened by
+//     D-SACKs) after one sent later was is lost, found on an ACK or by
+//     the reorder timer; lost retransmissions are found the same way.
 //   - Tail loss probes (RFC 8985 §7): two smoothed RTTs after a
 //     transmission without an ACK, one new segment or the last one sent
 //     goes again, so that a lost tail is repaired before the
@@ -63,7 +72,9 @@
 // byte streams (Dial, Listen).
 //
 // Conn.Info reports a connection's state and counters as `ss -ti` shows
-// a Linux socket's. It has neither RACK's loss detection, PRR, Cubic nor
-// timestamp-based detection of spurious recovery (RFC 3522). No rdmatap
-// endpoint runs on it: the endpoints' connections are gVisor's TCP.
+// a Linux socket's, with the congestion control's name. It has neither
+// HyStart nor timestamp-based detection of spurious recovery (RFC 3522),
+// and without SACK neither PRR nor RACK. rdmatap's endpoints run on it
+// with --tcp rdmatap (netstack.Config.TCP, $RDMATAP_TCP); gVisor's TCP is
+// their default.
 package tcp

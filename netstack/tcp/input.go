@@ -281,14 +281,26 @@ func (c *Conn) inputAck(s *Segment) bool {
 		}
 	}
 	newSACK := false
+	c.ackDelivered = 0
 	if c.sackOK {
 		before := c.sackedBytes()
 		c.takeSACK(ack, s.SACK)
-		newSACK = c.sackedBytes() > before
+		after := c.sackedBytes()
+		newSACK = after > before
+		// RFC 6937's DeliveredData: the change in SND.UNA and in the
+		// octets SACKed above it.
+		c.ackDelivered = after - before
+		if c.sndUna.LessThan(ack) {
+			c.ackDelivered += int(c.sndUna.Size(ack))
+		}
+		// Never below 0: the scoreboard may forget ranges (it keeps
+		// at most maxSACKRanges) that the peer still holds.
+		c.ackDelivered = max(c.ackDelivered, 0)
+		c.rackAck(ack)
 	}
 	if c.sndUna.LessThan(ack) {
 		c.newAck(ack)
-		if c.sackOK && !c.inRecovery && c.recover.LessThan(c.sndUna) && c.sndUna.LessThan(c.lostBelow()) {
+		if c.sackOK && !c.inRecovery && c.mayRecover() && c.sndUna.LessThan(c.lostBelow()) {
 			c.enterRecovery() // RFC 6675 §5: IsLost(HighACK+1)
 		}
 	} else if ack == c.sndUna && s.PayloadLen() == 0 && !s.has(header.TCPFlagFin) &&
@@ -299,13 +311,16 @@ func (c *Conn) inputAck(s *Segment) bool {
 		// block, says nothing was lost).
 		c.dupAck()
 	}
-	if c.sackOK && !c.inRecovery && c.recover.LessThan(c.sndUna) && c.probeShowsLoss() {
+	if c.sackOK && !c.inRecovery && c.mayRecover() && c.probeShowsLoss() {
 		// The tail loss probe arrived (SACKed, or reported twice in
 		// a D-SACK when it resent what had come) and what was sent
 		// before it, two round trips earlier, did not: that is lost
 		// (RFC 8985 §7.4's conclusion, which RACK draws by time).
 		c.lostFloor, c.floorOn = c.tlpSeq, true
 		c.enterRecovery()
+	}
+	if c.sackOK {
+		c.rackDetect(false)
 	}
 	// The window update (RFC 9293 §3.10.7.4, fifth, ESTABLISHED).
 	if c.sndWl1.LessThan(s.Seq) || c.sndWl1 == s.Seq && c.sndWl2.LessThanEq(ack) {
@@ -370,9 +385,12 @@ func (c *Conn) congestionOnAck(ack seqnum.Value, acked int) {
 			c.inRecovery = false
 			c.rtxs = c.rtxs[:0]
 			c.floorOn = false
-			c.cwnd = c.ssthresh // RFC 6675 §5: the recovery ends
+			c.cwnd = c.ssthresh // RFC 6937: the recovery ends at ssthresh
+			c.ccRecovered()
+			c.rackRecovered()
 		} else {
 			c.lostRetransmits()
+			c.prrAck(c.ackDelivered)
 			c.sackRecover()
 		}
 		return
@@ -382,6 +400,7 @@ func (c *Conn) congestionOnAck(ack seqnum.Value, acked int) {
 			// A full ACK ends the recovery.
 			c.inRecovery = false
 			c.cwnd = min(c.ssthresh, max(c.inFlight(), c.sndMSS)+c.sndMSS)
+			c.ccRecovered()
 			return
 		}
 		// A partial ACK: the next hole is lost too.
@@ -392,7 +411,7 @@ func (c *Conn) congestionOnAck(ack seqnum.Value, acked int) {
 	if c.cwnd < c.ssthresh {
 		c.cwnd += min(acked, 2*c.sndMSS) // slow start, RFC 3465's L = 2
 	} else {
-		c.cwnd += max(1, c.sndMSS*c.sndMSS/c.cwnd)
+		c.ccAvoid(acked)
 	}
 }
 
@@ -405,8 +424,9 @@ func (c *Conn) dupAck() {
 		switch {
 		case c.inRecovery:
 			c.lostRetransmits()
+			c.prrAck(c.ackDelivered)
 			c.sackRecover()
-		case c.recover.LessThan(c.sndUna) && (c.dupAcks >= dupThresh || c.sndUna.LessThan(c.lostBelow())):
+		case c.mayRecover() && (c.dupAcks >= dupThresh && !c.rack.reordered || c.sndUna.LessThan(c.lostBelow())):
 			c.enterRecovery()
 
 		}
@@ -417,7 +437,7 @@ func (c *Conn) dupAck() {
 		c.cwnd += c.sndMSS // each duplicate: a segment has left the network
 	case c.dupAcks == 3 && c.recover.LessThan(c.sndUna):
 		c.saveForUndo()
-		c.ssthresh = max(c.inFlight()/2, 2*c.sndMSS)
+		c.ccReduce(c.inFlight())
 		c.recover = c.sndMax
 		c.inRecovery = true
 		c.n.recoveries++
@@ -426,14 +446,22 @@ func (c *Conn) dupAck() {
 	}
 }
 
+// mayRecover reports whether a SACK recovery may start: SND.UNA has
+// reached the previous one's recovery point, the end of what was in
+// flight when it began (RFC 6675 §5's HighACK > RecoveryPoint, with
+// RecoveryPoint the last octet sent, where recover is the one after it),
+// so that the loss is of data sent since.
+func (c *Conn) mayRecover() bool { return !c.sndUna.LessThan(c.recover) }
+
 func (c *Conn) inFlight() int { return int(c.sndUna.Size(c.sndNxt)) }
 
-// enterRecovery starts RFC 6675's loss recovery: the window halves, and
-// the lost segments go again as pipe allows.
+// enterRecovery starts RFC 6675's loss recovery: the congestion control
+// sets ssthresh, PRR takes the window there over the recovery, and the
+// lost segments go again as it allows.
 func (c *Conn) enterRecovery() {
 	c.saveForUndo()
-	c.ssthresh = max(int(c.sndUna.Size(c.sndMax))/2, 2*c.sndMSS)
-	c.cwnd = c.ssthresh
+	c.ccReduce(int(c.sndUna.Size(c.sndMax)))
+	c.prrStart()
 	c.recover = c.sndMax
 	if c.highRxt.LessThan(c.sndUna) {
 		// What the previous recovery retransmitted above SND.UNA is
@@ -442,6 +470,7 @@ func (c *Conn) enterRecovery() {
 	}
 	c.inRecovery = true
 	c.n.recoveries++
+	c.prrAck(c.ackDelivered)
 	c.sackRecover()
 }
 

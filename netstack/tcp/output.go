@@ -127,6 +127,8 @@ func (c *Conn) sendData(seq seqnum.Value, n, segSize int, fin bool) {
 			c.undoRetrans++
 		}
 	}
+	c.prrSent(n)
+	c.rackSent(seq, n)
 	off := int(c.sndUna.Size(seq))
 	s := c.header(seq)
 	c.payload(s, off, n)
@@ -251,8 +253,9 @@ func (c *Conn) onRTO() {
 		return
 	}
 	c.saveForUndo()
-	c.ssthresh = max(c.inFlight()/2, 2*c.sndMSS)
+	c.ccReduce(c.inFlight())
 	c.cwnd = c.sndMSS
+	c.rackTimeout()
 	c.inRecovery = false
 	c.sacked = c.sacked[:0] // RFC 2018 §8: the peer may have dropped what it SACKed
 	c.rtxs = c.rtxs[:0]

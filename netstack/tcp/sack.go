@@ -29,6 +29,12 @@ type sackRange struct{ start, end seqnum.Value }
 // D-SACK: a duplicate the peer received.
 func (c *Conn) takeSACK(ack seqnum.Value, blocks []header.SACKBlock) (dsack bool) {
 	c.sackPrune(ack)
+	// An ACK the network delayed behind a later one acknowledges less
+	// than SND.UNA: its blocks below SND.UNA are stale, not in flight.
+	floor := ack
+	if floor.LessThan(c.sndUna) {
+		floor = c.sndUna
+	}
 	for i, b := range blocks {
 		if !b.Start.LessThan(b.End) {
 			continue
@@ -36,10 +42,11 @@ func (c *Conn) takeSACK(ack seqnum.Value, blocks []header.SACKBlock) (dsack bool
 		if i == 0 && (b.Start.LessThan(ack) || len(blocks) > 1 && blocks[1].Contains(b)) {
 			dsack = true // RFC 2883 §4: below the ACK, or inside the next block
 			c.n.dsacksIn++
+			c.rackDSACK()
 			c.dsackFor(b)
 			continue
 		}
-		if b.Start.LessThan(ack) || c.sndMax.LessThan(b.End) {
+		if b.Start.LessThan(floor) || c.sndMax.LessThan(b.End) {
 			continue // not about data in flight: a lie or a stale block
 		}
 		c.sackAdd(b.Start, b.End)
@@ -108,7 +115,15 @@ func (c *Conn) sackedBytes() int {
 // it has more than (DupThresh-1)·SMSS octets SACKed above it, and is
 // lost. sndUna when none is.
 func (c *Conn) lostBelow() seqnum.Value {
-	b := c.lostBelowSACK()
+	b := c.sndUna
+	if !c.rack.reordered {
+		// Once the network has been seen to reorder, losses are
+		// found by time (RACK), not by how much came after them.
+		b = c.lostBelowSACK()
+	}
+	if r := c.rackBoundary(); b.LessThan(r) {
+		b = r
+	}
 	if c.floorOn && c.inRecovery && b.LessThan(c.lostFloor) && c.lostFloor.LessThanEq(c.sndMax) {
 		return c.lostFloor
 	}
@@ -197,7 +212,12 @@ func (c *Conn) sackRecover() {
 		if c.cwnd-c.pipe() < c.sndMSS {
 			return
 		}
-		if seq, n, ok := c.nextLost(); ok {
+		seq, n, redo := c.rackRedo() // a retransmission RACK found lost
+		ok := redo
+		if !ok {
+			seq, n, ok = c.nextLost()
+		}
+		if ok {
 			n = c.cutLen(seq, min(n, c.sndMSS, c.sndBuf.len()-int(c.sndUna.Size(seq))))
 			if n <= 0 {
 				return
@@ -206,8 +226,12 @@ func (c *Conn) sackRecover() {
 				c.timing = false // Karn
 			}
 			c.sendData(seq, n, 0, false)
-			c.highRxt = seq.Add(seqnum.Size(n))
-			c.noteRetransmit(seq, c.highRxt)
+			if redo {
+				c.rackRedone(seq, n)
+			} else {
+				c.highRxt = seq.Add(seqnum.Size(n))
+			}
+			c.noteRetransmit(seq, seq.Add(seqnum.Size(n)))
 			c.rtoAt = c.now + c.rtt.backedOff(c.backoff)
 			continue
 		}
@@ -240,8 +264,8 @@ func (c *Conn) noteRetransmit(start, end seqnum.Value) {
 // has overtaken by more than (DupThresh-1)·SMSS SACKed octets and lets
 // the recovery send them again (highRxt goes back to the first).
 func (c *Conn) lostRetransmits() {
-	if len(c.rtxs) == 0 || len(c.sacked) == 0 {
-		return
+	if len(c.rtxs) == 0 || len(c.sacked) == 0 || c.rack.reordered {
+		return // with reordering seen, RACK finds them by time
 	}
 	high := c.sacked[len(c.sacked)-1].end
 	keep := c.rtxs[:0]

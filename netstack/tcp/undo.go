@@ -23,6 +23,7 @@ func (c *Conn) saveForUndo() {
 		// A new episode (one still open keeps the windows from before
 		// its first reduction).
 		c.priorCwnd, c.priorSsthresh = c.cwnd, c.ssthresh
+		c.priorCubic = c.cb
 		c.undoRetrans = 0
 	}
 	if c.undoRetrans == 0 {
@@ -47,6 +48,7 @@ func (c *Conn) dsackFor(b header.SACKBlock) {
 	c.n.undos++
 	c.cwnd = max(c.cwnd, c.priorCwnd)
 	c.ssthresh = max(c.ssthresh, c.priorSsthresh)
+	c.cb = c.priorCubic // Cubic's W_max, K and epoch too (RFC 9438 §4.9)
 	c.inRecovery = false
 	c.dupAcks = 0
 }
