@@ -167,14 +167,17 @@ type Conn struct {
 	synAcked               bool
 
 	cwnd, ssthresh int
-	dupAcks        int
-	inRecovery     bool
-	recover        seqnum.Value
-	sacked         []sackRange // the SACK scoreboard (sack.go)
-	cb             cubicState  // Cubic (cubic.go)
-	prr            prrState    // the recovery's window (prr.go)
-	rack           rackState   // RACK's loss detection (rack.go)
-	ackDelivered   int         // what the ACK being processed reported delivered (RFC 6937's DeliveredData)
+	// renoFlight is what was in flight when a recovery without SACK
+	// began: the most its duplicate ACKs may inflate cwnd by.
+	renoFlight   int
+	dupAcks      int
+	inRecovery   bool
+	recover      seqnum.Value
+	sacked       []sackRange // the SACK scoreboard (sack.go)
+	cb           cubicState  // Cubic (cubic.go)
+	prr          prrState    // the recovery's window (prr.go)
+	rack         rackState   // RACK's loss detection (rack.go)
+	ackDelivered int         // what the ACK being processed reported delivered (RFC 6937's DeliveredData)
 
 	// Undo (undo.go): the windows before the latest reduction, and how
 	// many of its retransmissions the peer has not reported duplicate.

@@ -434,9 +434,15 @@ func (c *Conn) dupAck() {
 	}
 	switch {
 	case c.inRecovery:
-		c.cwnd += c.sndMSS // each duplicate: a segment has left the network
+		// Each duplicate: a segment has left the network. No more can
+		// leave than were in flight when the recovery began; duplicates
+		// beyond those are a peer's lies, and inflate nothing.
+		if c.cwnd < c.ssthresh+c.renoFlight {
+			c.cwnd += c.sndMSS
+		}
 	case c.dupAcks == 3 && c.recover.LessThan(c.sndUna):
 		c.saveForUndo()
+		c.renoFlight = c.inFlight()
 		c.ccReduce(c.inFlight())
 		c.recover = c.sndMax
 		c.inRecovery = true

@@ -83,6 +83,11 @@ func TestACKStorm(t *testing.T) {
 			if p.c.State() != Established {
 				t.Fatalf("after the storm: %v (%v)", p.c.State(), p.c.Err())
 			}
+			// Duplicate ACKs inflate the window by no more than what was
+			// in flight when they began (at most the peer's window).
+			if limit := p.c.ssthresh + 65535 + p.c.sndMSS; p.c.cwnd > limit {
+				t.Fatalf("after %d duplicate ACKs: cwnd %d, more than ssthresh and a window (%d)", storm/len(lies), p.c.cwnd, limit)
+			}
 			// The true ACK of everything sent.
 			max := p.c.sndMax
 			p.input(Segment{Seq: p.seq, Ack: max, Flags: header.TCPFlagAck, Window: 65535})
