@@ -3,7 +3,6 @@ package interop
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -31,23 +30,11 @@ const (
 // or the one RDMATAP_TCP names (`rdmatap up` reads it).
 func TestSiwImpaired(t *testing.T) {
 	e := setup(t)
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		t.Skip("skipping: setpriv (util-linux) is missing")
-	}
-	if _, err := exec.LookPath("cc"); err != nil {
-		t.Skip("skipping: no C compiler (cc) to build rdmatap's libibverbs and librdmacm")
-	}
 	cells := impairedCells()
 	if len(cells) == 0 {
 		t.Skip("skipping: neither rping (rdmacm-utils) nor perftest is installed")
 	}
-	svc := e.startService(t)
-	cache := filepath.Join(svc.dir, "capi")
-	os.Mkdir(cache, 0o755)
-	if out, err := exec.Command(e.bin, "env", "--via", svc.sock, "--cache", cache).CombinedOutput(); err != nil {
-		t.Fatalf("rdmatap env (building the libraries): %v\n%s", err, out)
-	}
+	run := e.programService(t)
 	e.holdFirstSYNs(t)
 	e.nft(t, fmt.Sprintf(`table bridge rdmatap_impair {
 	chain forward {
@@ -61,11 +48,10 @@ func TestSiwImpaired(t *testing.T) {
 		tcp = "gvisor (the default)"
 	}
 	start := time.Now()
-	run := &programRun{e: e, svc: svc, cache: cache, setpriv: setpriv,
-		guest: "exec netem-module 20 modprobe sch_netem\n" +
-			"exec netem 20 /sbin/tc qdisc add dev eth0 root netem " + impairGuest + "\n",
-		preCells:   []string{"netem-module", "netem"},
-		guestAfter: "exec netem-stats 20 /sbin/tc -s qdisc show dev eth0\n"}
+	run.guest = "exec netem-module 20 modprobe sch_netem\n" +
+		"exec netem 20 /sbin/tc qdisc add dev eth0 root netem " + impairGuest + "\n"
+	run.preCells = []string{"netem-module", "netem"}
+	run.guestAfter = "exec netem-stats 20 /sbin/tc -s qdisc show dev eth0\n"
 	var rows [][3]string
 	var guestStats []byte
 	t.Run("fix", func(t *testing.T) {

@@ -30,20 +30,7 @@ import (
 // qperf's figures.
 func TestSiwPrograms(t *testing.T) {
 	e := setup(t)
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		t.Skip("skipping: setpriv (util-linux) is missing")
-	}
-	if _, err := exec.LookPath("cc"); err != nil {
-		t.Skip("skipping: no C compiler (cc) to build rdmatap's libibverbs and librdmacm")
-	}
-	svc := e.startService(t)
-	cache := filepath.Join(svc.dir, "capi")
-	os.Mkdir(cache, 0o755)
-	// Build the libraries once, before any program starts.
-	if out, err := exec.Command(e.bin, "env", "--via", svc.sock, "--cache", cache).CombinedOutput(); err != nil {
-		t.Fatalf("rdmatap env (building the libraries): %v\n%s", err, out)
-	}
+	run := e.programService(t)
 	cells, skipped := programCells()
 	if only := os.Getenv("RDMATAP_INTEROP_PROGRAMS"); only != "" {
 		// Only the cells whose names begin with one of the words.
@@ -69,7 +56,6 @@ func TestSiwPrograms(t *testing.T) {
 		e.divertQperfControl(t)
 	}
 	start := time.Now()
-	run := &programRun{e: e, svc: svc, cache: cache, setpriv: setpriv}
 	var rows [][3]string
 	var info []byte
 	boots := 0
@@ -105,7 +91,7 @@ func TestSiwPrograms(t *testing.T) {
 	default:
 		t.Errorf("siw reports atomic_cap %s: perftest's atomic programs belong in the plan", m[1])
 	}
-	svc.checkNobody(t)
+	run.svc.checkNobody(t)
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "program\troles\tresult")
@@ -117,6 +103,27 @@ func TestSiwPrograms(t *testing.T) {
 		fmt.Fprintf(&b, "skipped: %s\n", s)
 	}
 	t.Logf("Debian's programs, siw ↔ rdmatap through the service (%d boots, %s):\n%s", boots, time.Since(start).Round(time.Second), b.String())
+}
+
+// programService starts the service Debian's programs run on, as
+// nobody through `rdmatap exec`, and builds its C libraries once, before
+// any program starts; it skips without setpriv or a C compiler.
+func (e *env) programService(t *testing.T) *programRun {
+	t.Helper()
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("skipping: setpriv (util-linux) is missing")
+	}
+	if _, err := exec.LookPath("cc"); err != nil {
+		t.Skip("skipping: no C compiler (cc) to build rdmatap's libibverbs and librdmacm")
+	}
+	svc := e.startService(t)
+	cache := filepath.Join(svc.dir, "capi")
+	os.Mkdir(cache, 0o755)
+	if out, err := exec.Command(e.bin, "env", "--via", svc.sock, "--cache", cache).CombinedOutput(); err != nil {
+		t.Fatalf("rdmatap env (building the libraries): %v\n%s", err, out)
+	}
+	return &programRun{e: e, svc: svc, cache: cache, setpriv: setpriv}
 }
 
 // boot runs cells in one boot of the siw build variant and adds a row a

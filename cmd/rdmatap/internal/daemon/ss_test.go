@@ -1,11 +1,9 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -56,17 +54,7 @@ func TestSS(t *testing.T) {
 
 			ss := func(ep *cli.Endpoint, args ...string) string {
 				t.Helper()
-				path := filepath.Join(t.TempDir(), "c.sock")
-				s, err := serveControl(path, ep, defaultCtlLimits, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer s.Close()
-				var out, errOut bytes.Buffer
-				if err := ssCmd(append([]string{"--ctl", path}, args...), &out, &errOut); err != nil {
-					t.Fatalf("ss: %v (%s)", err, errOut.String())
-				}
-				return out.String()
+				return ctlCommand(t, ep, ssCmd, args...)
 			}
 			for _, side := range []struct {
 				name        string

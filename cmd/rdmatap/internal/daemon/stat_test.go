@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -56,17 +57,7 @@ func TestStatReportsPlacement(t *testing.T) {
 
 	stat := func(ep *cli.Endpoint, args ...string) string {
 		t.Helper()
-		path := filepath.Join(t.TempDir(), "c.sock")
-		s, err := serveControl(path, ep, defaultCtlLimits, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		var out, errOut bytes.Buffer
-		if err := statCmd(append([]string{"--ctl", path}, args...), &out, &errOut); err != nil {
-			t.Fatalf("stat: %v (%s)", err, errOut.String())
-		}
-		return out.String()
+		return ctlCommand(t, ep, statCmd, args...)
 	}
 	text := stat(&cli.Endpoint{Net: nb, Dev: devB, Addr: nb.Addrs()[0].Addr()})
 	t.Logf("stat: %s", text)
@@ -118,4 +109,21 @@ func TestStatReportsPlacement(t *testing.T) {
 	if js.Verbs.Segment.PlacedEarly != want.Segment.PlacedEarly {
 		t.Errorf("JSON segment counters %+v, want %+v", js.Verbs.Segment, want.Segment)
 	}
+}
+
+// ctlCommand runs a control-socket command (statCmd, ssCmd) against ep
+// served on a socket of its own, and returns what it printed.
+func ctlCommand(t *testing.T, ep *cli.Endpoint, cmd func([]string, io.Writer, io.Writer) error, args ...string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "c.sock")
+	s, err := serveControl(path, ep, defaultCtlLimits, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var out, errOut bytes.Buffer
+	if err := cmd(append([]string{"--ctl", path}, args...), &out, &errOut); err != nil {
+		t.Fatalf("%v: %v (%s)", args, err, errOut.String())
+	}
+	return out.String()
 }
