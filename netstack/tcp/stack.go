@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"github.com/rdmatap/rdmatap/internal/lattrace"
 	"io"
 	"slices"
 	"sync"
@@ -547,7 +548,11 @@ func (e *Endpoint) input(s *Segment) {
 	if e.released || e.c == nil {
 		return // closed, or Dial has published it and not made it yet
 	}
+	had := e.c.Readable()
 	e.c.Input(s, e.p.now())
+	if lattrace.Enabled && e.c.Readable() > had {
+		lattrace.Mark(lattrace.Readable)
+	}
 	if e.appGone && e.c.Readable() > 0 {
 		// Data for an application that has closed: RFC 9293 §3.10.4
 		// lets it reset, as Linux does.
