@@ -36,7 +36,6 @@ const (
 // bytes each data stream received from the client, or sent to it in
 // reverse mode.
 type iperf3Served struct {
-	reverse  bool
 	streams  []int64
 	duration time.Duration
 }
@@ -105,7 +104,6 @@ func iperf3Serve(ctx context.Context, l *rtcp.Listener, conns *iperf3Conns) (ipe
 	if !params.TCP || params.Parallel < 1 || params.Parallel > 16 || params.Len <= 0 || params.Len > 1<<20 {
 		return res, fmt.Errorf("parameters not served here: %+v", params)
 	}
-	res.reverse = params.Reverse
 	if err := state(ipCreateStreams); err != nil {
 		return res, err
 	}

@@ -164,29 +164,8 @@ func TestOwnTCPKernelStallAndReset(t *testing.T) {
 	p := ownTCPStack(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var ln net.Listener
-	if err := ns.do(func() (err error) { ln, err = net.Listen("tcp4", kernelV4+":0"); return }); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	kaddr := tcpip.FullAddress{Addr: tcpip.AddrFromSlice(net.ParseIP(kernelV4).To4()), Port: uint16(ln.Addr().(*net.TCPAddr).Port)}
-	dial := func() (*rtcp.Endpoint, *net.TCPConn) {
-		t.Helper()
-		acc := make(chan net.Conn, 1)
-		go func() {
-			c, _ := ln.Accept()
-			acc <- c
-		}()
-		e, err := p.Dial(ctx, 1, tcpip.FullAddress{}, kaddr, ipv4.ProtocolNumber)
-		if err != nil {
-			t.Fatalf("Dial the kernel: %v", err)
-		}
-		k := <-acc
-		if k == nil {
-			t.Fatal("the kernel accepted nothing")
-		}
-		return e, k.(*net.TCPConn)
-	}
+	kl := listenKernel(t, ns)
+	dial := func() (*rtcp.Endpoint, *net.TCPConn) { return kl.dial(ctx, t, p) }
 
 	// The stalled reader.
 	e, k := dial()
@@ -253,29 +232,11 @@ func TestOwnTCPKernelKeepalive(t *testing.T) {
 			p := ownTCPStackWith(t, d, cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			var ln net.Listener
-			if err := ns.do(func() (err error) { ln, err = net.Listen("tcp4", kernelV4+":0"); return }); err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			acc := make(chan net.Conn, 1)
-			go func() {
-				c, _ := ln.Accept()
-				acc <- c
-			}()
-			port := ln.Addr().(*net.TCPAddr).Port
-			kaddr := tcpip.FullAddress{Addr: tcpip.AddrFromSlice(net.ParseIP(kernelV4).To4()), Port: uint16(port)}
-			e, err := p.Dial(ctx, 1, tcpip.FullAddress{}, kaddr, ipv4.ProtocolNumber)
-			if err != nil {
-				t.Fatalf("Dial the kernel: %v", err)
-			}
+			kl := listenKernel(t, ns)
+			e, k := kl.dial(ctx, t, p)
 			defer e.Close()
-			kc := <-acc
-			if kc == nil {
-				t.Fatal("the kernel accepted nothing")
-			}
-			k := kc.(*net.TCPConn)
 			defer k.Close()
+			port := kl.port
 			if !ours {
 				if err := k.SetKeepAliveConfig(ka); err != nil {
 					t.Fatal(err)
@@ -328,4 +289,42 @@ func TestOwnTCPKernelKeepalive(t *testing.T) {
 			}
 		})
 	}
+}
+
+// kernelListener is a kernel TCP listener in a test's namespace.
+type kernelListener struct {
+	ln   net.Listener
+	port int
+}
+
+// listenKernel listens on the kernel's side of the TAP (closed in
+// Cleanup).
+func listenKernel(t *testing.T, ns *netns) *kernelListener {
+	t.Helper()
+	var ln net.Listener
+	if err := ns.do(func() (err error) { ln, err = net.Listen("tcp4", kernelV4+":0"); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return &kernelListener{ln: ln, port: ln.Addr().(*net.TCPAddr).Port}
+}
+
+// dial connects rdmatap's TCP (p) to the listener and returns both ends.
+func (kl *kernelListener) dial(ctx context.Context, t *testing.T, p *rtcp.Protocol) (*rtcp.Endpoint, *net.TCPConn) {
+	t.Helper()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := kl.ln.Accept()
+		acc <- c
+	}()
+	kaddr := tcpip.FullAddress{Addr: tcpip.AddrFromSlice(net.ParseIP(kernelV4).To4()), Port: uint16(kl.port)}
+	e, err := p.Dial(ctx, 1, tcpip.FullAddress{}, kaddr, ipv4.ProtocolNumber)
+	if err != nil {
+		t.Fatalf("Dial the kernel: %v", err)
+	}
+	k := <-acc
+	if k == nil {
+		t.Fatal("the kernel accepted nothing")
+	}
+	return e, k.(*net.TCPConn)
 }

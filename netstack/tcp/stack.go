@@ -548,7 +548,10 @@ func (e *Endpoint) input(s *Segment) {
 	if e.released || e.c == nil {
 		return // closed, or Dial has published it and not made it yet
 	}
-	had := e.c.Readable()
+	var had int
+	if lattrace.Enabled {
+		had = e.c.Readable()
+	}
 	e.c.Input(s, e.p.now())
 	if lattrace.Enabled && e.c.Readable() > had {
 		lattrace.Mark(lattrace.Readable)
