@@ -513,3 +513,94 @@ func TestDelayedAck(t *testing.T) {
 		t.Fatalf("the reply: %v, want it with the ACK of %d", s, p.seq)
 	}
 }
+
+// TestLargeSegmentAcked: the ACK of a received frame that holds several
+// full-sized segments (GRO) waits for the next frame only briefly
+// (gsoAckDelay), where one segment's waits for AckDelay; a second frame
+// is acknowledged at once.
+func TestLargeSegmentAcked(t *testing.T) {
+	p := established(t, Config{AckDelay: time.Millisecond}, nil)
+	seg := func(n int) Segment {
+		s := Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535, Payload: make([]byte, n)}
+		p.seq = p.seq.Add(seqnum.Size(n))
+		return s
+	}
+	p.input(seg(20 * 1448))
+	p.wantNothing("a frame of 20 segments")
+	if d := p.c.Deadline(); d != p.now+gsoAckDelay {
+		t.Fatalf("ACK timer at %v, want %v", d, p.now+gsoAckDelay)
+	}
+	p.now = p.c.Deadline()
+	p.c.Tick(p.now)
+	p.wantACK("the frame's ACK", p.seq)
+	p.input(seg(1448))
+	p.wantNothing("a frame of one segment")
+	if d := p.c.Deadline(); d != p.now+time.Millisecond {
+		t.Fatalf("ACK timer at %v, want %v", d, p.now+time.Millisecond)
+	}
+	p.input(seg(20 * 1448))
+	p.wantACK("the next frame", p.seq)
+	p.input(seg(1448))
+	p.input(seg(20 * 1448))
+	p.wantACK("a large frame after a small one", p.seq)
+}
+
+// TestTSODeferral: a sender with GSO that the congestion window holds
+// back answers an ACK that opens less than a third of the window with
+// nothing while the next ACK is due (Linux's TSO deferral), sends once
+// the room is a third of the window, does not defer when the data in
+// flight went less than half an RTT ago, and never strands what is left.
+func TestTSODeferral(t *testing.T) {
+	sackTS := func(s *Segment) { s.SACKPermitted, s.TS, s.TSVal, s.WS = true, true, 1, 7 }
+	p := established(t, Config{GSOMax: 65536, SndBuf: 4 << 20, AckDelay: time.Millisecond}, sackTS)
+	mss := p.c.sndMSS
+	// The scripted handshake took no time: the path's RTT is 100 µs.
+	p.c.rtt.srtt = 100 * time.Microsecond
+	ack := func(n int) int {
+		p.input(Segment{Seq: p.seq, Ack: p.c.sndUna.Add(seqnum.Size(n)), Flags: header.TCPFlagAck, Window: 65535, TS: true, TSVal: 2, TSEcr: p.c.tsVal()})
+		sent := 0
+		for _, s := range p.take() {
+			sent += len(s.Payload)
+		}
+		return sent
+	}
+	if _, err := p.c.Write(make([]byte, 1<<20), p.now); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.take(); len(s) != 1 || len(s[0].Payload) != 10*mss {
+		t.Fatalf("the initial window: %v, want one GSO packet of %d bytes", s, 10*mss)
+	}
+	// The first ACK comes an RTT (100 µs) later: it opens one segment
+	// and slow start another, less than a third of the 11-segment window.
+	p.now += 100 * time.Microsecond
+	if n := ack(mss); n != 0 {
+		t.Fatalf("an ACK that opened 2 of %d segments: sent %d bytes, want none", p.c.cwnd/mss, n)
+	}
+	// The next opens 4 more: 6 of 13 segments.
+	if n := ack(2 * mss); n != 6*mss {
+		t.Fatalf("an ACK that opened a third of the window: sent %d bytes, want %d", n, 6*mss)
+	}
+	// Congestion avoidance from here (the window stays), and the rest of
+	// the first packet acknowledged: 7 segments go, and every byte in
+	// flight went at this instant.
+	p.c.ssthresh = p.c.cwnd
+	if n := ack(7 * mss); n < 7*mss {
+		t.Fatalf("an ACK of the rest of the first packet: sent %d bytes, want %d or more", n, 7*mss)
+	}
+	p.now += 20 * time.Microsecond
+	if n := ack(mss); n < mss {
+		t.Fatalf("one segment opened 20 µs after what is in flight went: sent %d bytes, want %d or more (srtt %v, cwnd %d, flight %d, xmits %+v)", n, mss, p.c.rtt.srtt, p.c.cwnd, p.c.sndUna.Size(p.c.sndNxt), p.c.rack.xmits)
+	}
+	p.now += 60 * time.Microsecond
+	if n := ack(mss); n != 0 {
+		t.Fatalf("one segment opened 80 µs after: sent %d bytes, want none", n)
+	}
+	// What is left goes to the end however the ACKs come.
+	for i := 0; p.c.sndBuf.len() > 0 && i < 100_000; i++ {
+		p.now += 10 * time.Microsecond
+		ack(min(mss, int(p.c.sndUna.Size(p.c.sndNxt))))
+	}
+	if p.c.sndBuf.len() != 0 {
+		t.Fatalf("%d bytes left unacknowledged, %d of them unsent", p.c.sndBuf.len(), p.c.sndBuf.len()-int(p.c.sndUna.Size(p.c.sndNxt)))
+	}
+}

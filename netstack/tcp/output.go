@@ -67,6 +67,9 @@ func (c *Conn) sendOne(mode sendMode) bool {
 		avail = c.marks.marked(c.sndNxt)
 	}
 	n := min(avail, c.maxOut(), usable)
+	if mode == sendNormal && c.deferOutput(n, avail) {
+		return false
+	}
 	fin := c.finQueued && n == unsent
 	if n < avail && n < c.sndMSS {
 		// Only a full segment, or one the peer's largest window would
@@ -182,6 +185,35 @@ func (c *Conn) payload(s *Segment, off, n int) {
 	}
 	s.Payload = c.joined[:n]
 	c.sndBuf.copyOut(s.Payload, off, n)
+}
+
+// tsoDivisor is the share of the congestion window below which an output
+// the window holds short of a whole GSO packet waits for more room
+// (Linux's tcp_tso_win_divisor).
+const tsoDivisor = 3
+
+// deferOutput reports whether an output of n bytes, where avail are ready
+// to go, waits for the next ACK (Linux's TSO deferral): the congestion
+// window is what holds it short of a whole GSO packet and of what is
+// ready, it is less than a third of the window, and an ACK is due soon
+// (the oldest data in flight went half a smoothed RTT ago or earlier). A
+// sender the window holds back otherwise answers each ACK with the
+// little room it opened, and sends many small packets where a few large
+// ones would do: more per-packet work, and more packets for a network
+// that drops packets to drop.
+func (c *Conn) deferOutput(n, avail int) bool {
+	full := c.maxOut()
+	if full <= c.sndMSS || n >= full || n >= avail || n >= c.cwnd/tsoDivisor ||
+		c.inRecovery || c.sndUna == c.sndNxt || c.sndWnd-int(c.sndUna.Size(c.sndNxt)) <= n {
+		return false
+	}
+	for _, x := range c.rack.xmits {
+		if c.sndUna.LessThan(x.end) {
+			// The oldest transmission in flight: its ACK is the next.
+			return c.now-x.at >= c.rtt.srtt/2
+		}
+	}
+	return false
 }
 
 // maxOut is the most payload one output of new data carries: a segment,
