@@ -358,6 +358,7 @@ func newConn(cfg Config, out func(*Segment), now time.Duration, iss seqnum.Value
 	c := &Conn{cfg: cfg, out: out, now: now, iss: iss, tsOffset: tsOffset}
 	c.sndUna, c.sndNxt, c.sndMax = iss, iss, iss
 	c.recover = iss // RFC 6582 §3.2
+	c.highRxt, c.undoStart, c.undoEnd = iss, iss, iss
 	c.rtt = newRTTEstimator(cfg.InitialRTO, cfg.MinRTO, cfg.MaxRTO)
 	if !cfg.NoWindowScale {
 		for c.rcvShift < 14 && cfg.RcvBuf > 0xffff<<c.rcvShift {

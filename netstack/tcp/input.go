@@ -440,7 +440,7 @@ func (c *Conn) dupAck() {
 		if c.cwnd < c.ssthresh+c.renoFlight {
 			c.cwnd += c.sndMSS
 		}
-	case c.dupAcks == 3 && c.recover.LessThan(c.sndUna):
+	case c.dupAcks == 3 && (c.recover.LessThan(c.sndUna) || c.stale(c.recover)):
 		c.saveForUndo()
 		c.renoFlight = c.inFlight()
 		c.ccReduce(c.inFlight())
@@ -457,7 +457,21 @@ func (c *Conn) dupAck() {
 // flight when it began (RFC 6675 §5's HighACK > RecoveryPoint, with
 // RecoveryPoint the last octet sent, where recover is the one after it),
 // so that the loss is of data sent since.
-func (c *Conn) mayRecover() bool { return !c.sndUna.LessThan(c.recover) }
+func (c *Conn) mayRecover() bool { return !c.sndUna.LessThan(c.recover) || c.stale(c.recover) }
+
+// stale reports whether a mark set at SND.MAX or below lies beyond SND.MAX
+// in sequence space: it was set 2^31 octets or more before SND.UNA (a
+// connection that moved that much since, a second or two at the rates a
+// TAP carries), and only reads as ahead.
+func (c *Conn) stale(mark seqnum.Value) bool { return c.sndMax.LessThan(mark) }
+
+// rxtFrom is HighRxt, or SND.UNA when that is stale or behind SND.UNA.
+func (c *Conn) rxtFrom() seqnum.Value {
+	if c.highRxt.LessThan(c.sndUna) || c.stale(c.highRxt) {
+		return c.sndUna
+	}
+	return c.highRxt
+}
 
 func (c *Conn) inFlight() int { return int(c.sndUna.Size(c.sndNxt)) }
 
@@ -469,11 +483,9 @@ func (c *Conn) enterRecovery() {
 	c.ccReduce(int(c.sndUna.Size(c.sndMax)))
 	c.prrStart()
 	c.recover = c.sndMax
-	if c.highRxt.LessThan(c.sndUna) {
-		// What the previous recovery retransmitted above SND.UNA is
-		// still on its way: it does not go again.
-		c.highRxt = c.sndUna
-	}
+	// What the previous recovery retransmitted above SND.UNA is still
+	// on its way: it does not go again.
+	c.highRxt = c.rxtFrom()
 	c.inRecovery = true
 	c.n.recoveries++
 	c.prrAck(c.ackDelivered)

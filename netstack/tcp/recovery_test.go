@@ -235,3 +235,47 @@ func TestLostRetransmission(t *testing.T) {
 		t.Fatalf("the segment went %d times, %d timeouts, %d retransmissions found lost", sends, i.Timeouts, i.LostRetransmits)
 	}
 }
+
+// TestRecoveryWithStaleMarks: a loss is recovered without the timer
+// whatever the sequence numbers the last recovery left behind. A mark
+// 2^31 octets or more behind SND.UNA (a connection that moved 2 GB
+// without a loss since, a second or two at the rates here; or the zero
+// value of one never set, with an initial sequence number past 2^31)
+// reads as ahead of it in sequence space, where it must not hold back
+// the next recovery or count its holes as retransmitted.
+func TestRecoveryWithStaleMarks(t *testing.T) {
+	for _, sack := range []bool{true, false} {
+		for _, c := range []struct {
+			name  string
+			iss   seqnum.Value
+			stale bool
+		}{{"iss past 2^31", 0x8000_0100, false}, {"marks 2^31 behind", 1, true}} {
+			t.Run(fmt.Sprintf("%s sack %v", c.name, sack), func(t *testing.T) {
+				p := newPath(t, 1)
+				cfg := Config{NoSACK: !sack}
+				p.connect(cfg, cfg, c.iss, 2)
+				a := p.conns[0]
+				if c.stale {
+					m := a.sndUna.Add(1<<31 - 1<<20) // set 2^31 + 1 MiB octets ago
+					a.highRxt, a.recover, a.undoEnd, a.undoStart, a.undoOK = m, m, m, m, true
+				}
+				data := 0
+				p.drop = func(from int, s *Segment) bool {
+					if from != 0 || len(s.Payload) == 0 || s.Seq.LessThan(a.sndMax) {
+						return false
+					}
+					data++
+					return data == 40
+				}
+				p.transfer([2]int{1 << 20, 0}, 0)
+				i := a.Info()
+				if i.Timeouts != 0 || i.Recoveries != 1 {
+					t.Fatalf("%d timeouts and %d recoveries, want 0 and 1: %+v", i.Timeouts, i.Recoveries, i)
+				}
+				if sack && i.RetransSegs != 1 {
+					t.Fatalf("with SACK, %d segments sent again for 1 lost", i.RetransSegs)
+				}
+			})
+		}
+	}
+}

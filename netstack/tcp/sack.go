@@ -172,10 +172,7 @@ func (c *Conn) holes(from, to seqnum.Value) int {
 // deemed lost, plus those retransmitted (below highRxt).
 func (c *Conn) pipe() int {
 	lost := c.lostBelow()
-	rxt := c.highRxt
-	if c.sndMax.LessThan(rxt) {
-		rxt = c.sndMax
-	}
+	rxt := c.rxtFrom()
 	return c.holes(c.sndUna, c.sndMax) - c.holes(c.sndUna, lost) + c.holes(c.sndUna, rxt)
 }
 
@@ -186,10 +183,7 @@ func (c *Conn) pipe() int {
 // there is none.
 func (c *Conn) nextLost() (seq seqnum.Value, n int, ok bool) {
 	lost := c.lostBelow()
-	at := c.highRxt
-	if at.LessThan(c.sndUna) {
-		at = c.sndUna
-	}
+	at := c.rxtFrom()
 	for _, r := range c.sacked {
 		if !at.LessThan(lost) {
 			return 0, 0, false
@@ -274,6 +268,7 @@ func (c *Conn) lostRetransmits() {
 		case r.end.LessThanEq(c.sndUna) || c.holes(r.start, r.end) == 0:
 			// Arrived.
 		case r.after.Add(seqnum.Size((dupThresh - 1) * c.sndMSS)).LessThan(high):
+			c.highRxt = c.rxtFrom()
 			if r.start.LessThan(c.highRxt) {
 				c.highRxt = r.start
 			}

@@ -19,7 +19,7 @@ func (c *Conn) saveForUndo() {
 	if !c.sackOK {
 		return
 	}
-	if !c.undoOK || c.undoRetrans > 0 || c.undoEnd.LessThan(c.sndUna) {
+	if !c.undoOK || c.undoRetrans > 0 || c.undoEnd.LessThan(c.sndUna) || c.stale(c.undoEnd) {
 		// A new episode (one still open keeps the windows from before
 		// its first reduction).
 		c.priorCwnd, c.priorSsthresh = c.cwnd, c.ssthresh
@@ -36,7 +36,7 @@ func (c *Conn) saveForUndo() {
 // dsackFor takes a D-SACK block: a duplicate of data the episode
 // retransmitted is one retransmission the peer did not need.
 func (c *Conn) dsackFor(b header.SACKBlock) {
-	if !c.undoOK || c.undoRetrans == 0 || b.Start.LessThan(c.undoStart) || !b.Start.LessThan(c.undoEnd) {
+	if !c.undoOK || c.undoRetrans == 0 || b.Start.LessThan(c.undoStart) || !b.Start.LessThan(c.undoEnd) || c.stale(c.undoEnd) {
 		return
 	}
 	c.undoRetrans--
