@@ -37,7 +37,8 @@ import (
 // 4), RDMATAP_LOSS_RATES (percent, default 0.1,1,2), RDMATAP_LOSS_OPS
 // (default write,read,send), RDMATAP_LOSS_DIRS (default both,data),
 // RDMATAP_LOSS_EXTRA (more endpoint flags for bw, e.g. --no-offload or
-// --no-link-repair).
+// --no-link-repair), RDMATAP_LOSS_BURST (packets a drop takes in a row,
+// default 1: see lossBurst).
 
 // lossRule installs the drop rule in namespace ns: family bridge (forward
 // chain) or inet (input chain); iif, when set, limits it to packets that
@@ -48,11 +49,18 @@ func lossRule(t testing.TB, ns, family, iif string, rate float64) {
 	if rate <= 0 {
 		return
 	}
+	drop := fmt.Sprintf("numgen random mod 10000 < %d drop", int(rate*10000+0.5))
+	if k := lossBurst(t); k > 1 {
+		// Bursts of k packets in a row, rate of them in all: the rule's
+		// counter drops the last k of every k/rate packets it sees (not
+		// the first: those open the connection).
+		n := int(float64(k)/rate + 0.5)
+		drop = fmt.Sprintf("numgen inc mod %d >= %d drop", n, n-k)
+	}
 	hook := "input"
 	if family == "bridge" {
 		hook = "forward"
 	}
-	n := int(rate*10000 + 0.5)
 	// IP only, as the inet family's input chain sees it: a lost ARP
 	// reply would stall the endpoints' neighbour resolution, a loss the
 	// kernel's side never meets.
@@ -63,12 +71,27 @@ func lossRule(t testing.TB, ns, family, iif string, rate float64) {
 	if iif != "" {
 		match += fmt.Sprintf("iifname %q ", iif)
 	}
-	script := fmt.Sprintf("table %s lossl {\n chain c {\n  type filter hook %s priority 0; policy accept;\n  %snumgen random mod 10000 < %d drop\n }\n}\n", family, hook, match, n)
+	script := fmt.Sprintf("table %s lossl {\n chain c {\n  type filter hook %s priority 0; policy accept;\n  %s%s\n }\n}\n", family, hook, match, drop)
 	cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(script)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("nft in %s: %v\n%s\n%s", ns, err, out, script)
 	}
+}
+
+// lossBurst is RDMATAP_LOSS_BURST: how many packets in a row a drop
+// takes (1, the default: each packet is dropped by chance on its own;
+// more: periodic bursts of that many, at the same rate in all).
+func lossBurst(t testing.TB) int {
+	v := os.Getenv("RDMATAP_LOSS_BURST")
+	if v == "" {
+		return 1
+	}
+	k, err := strconv.Atoi(v)
+	if err != nil || k < 1 {
+		t.Fatalf("RDMATAP_LOSS_BURST=%q: want a count of packets, 1 or more", v)
+	}
+	return k
 }
 
 func needNft(t testing.TB) {
@@ -318,6 +341,11 @@ func BenchmarkLossLab(b *testing.B) {
 	say := func(format string, a ...any) {
 		fmt.Fprintf(os.Stderr, format+"\n", a...)
 	}
+	burst := ""
+	if k := lossBurst(b); k > 1 {
+		burst = fmt.Sprintf("_burst%d", k)
+		say("drops in bursts of %d packets in a row", k)
+	}
 
 	// Clean baselines, measured in this run.
 	clean := map[string]float64{}
@@ -335,12 +363,12 @@ func BenchmarkLossLab(b *testing.B) {
 			k := lossKernel(b, r, dataOnly, secs)
 			kf := k / kclean
 			say("loss %.1f%% (%s): kernel TCP %.0f MB/s = %.2f of clean", r*100, dir, k, kf)
-			b.ReportMetric(kf, fmt.Sprintf("kernel_%s_%g%%_retained", dir, r*100))
+			b.ReportMetric(kf, fmt.Sprintf("kernel_%s_%g%%%s_retained", dir, r*100, burst))
 			for _, op := range ops {
 				v, tcp := lossBW(b, op, r, dataOnly, secs)
 				f := v / clean[op]
 				say("loss %.1f%% (%s): rdmatap bw %s %.0f MB/s = %.2f of clean (kernel %.2f; ratio %.2f)  [%s]", r*100, dir, op, v, f, kf, f/kf, tcp)
-				b.ReportMetric(f, fmt.Sprintf("rdmatap_%s_%s_%g%%_retained", op, dir, r*100))
+				b.ReportMetric(f, fmt.Sprintf("rdmatap_%s_%s_%g%%%s_retained", op, dir, r*100, burst))
 			}
 		}
 	}
@@ -356,7 +384,7 @@ func BenchmarkLossLab(b *testing.B) {
 		var kp float64
 		fmt.Sscanf(line, "p99_us=%g", &kp)
 		say("loss %.1f%%: 64 B lat write p99 %.1f µs (one way); kernel TCP 64 B ping-pong p99 %.1f µs (round trip)", r*100, lp, kp)
-		b.ReportMetric(lp, fmt.Sprintf("lat_write_p99_us_%g%%", r*100))
-		b.ReportMetric(kp, fmt.Sprintf("kernel_pingpong_p99_us_%g%%", r*100))
+		b.ReportMetric(lp, fmt.Sprintf("lat_write_p99_us_%g%%%s", r*100, burst))
+		b.ReportMetric(kp, fmt.Sprintf("kernel_pingpong_p99_us_%g%%%s", r*100, burst))
 	}
 }
