@@ -88,6 +88,13 @@ func (p *scripted) wantNothing(what string) {
 
 func (p *scripted) ack() seqnum.Value { return p.c.sndNxt }
 
+// data is the peer's next segment, in order, with n bytes.
+func (p *scripted) data(n int) Segment {
+	s := Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535, Payload: make([]byte, n)}
+	p.seq = p.seq.Add(seqnum.Size(n))
+	return s
+}
+
 // TestRST: only a RST at exactly rcvNxt resets; one elsewhere in the
 // window gets a challenge ACK, one outside it nothing (RFC 5961 §3).
 func TestRST(t *testing.T) {
@@ -485,12 +492,7 @@ func TestRSTInEveryState(t *testing.T) {
 // a reply to ride on), and a second segment's goes at once.
 func TestDelayedAck(t *testing.T) {
 	p := established(t, Config{AckDelay: time.Millisecond}, nil)
-	seg := func(n int) Segment {
-		s := Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535, Payload: make([]byte, n)}
-		p.seq = p.seq.Add(seqnum.Size(n))
-		return s
-	}
-	p.input(seg(1000))
+	p.input(p.data(1000))
 	p.wantNothing("one segment")
 	if d := p.c.Deadline(); d != p.now+time.Millisecond {
 		t.Fatalf("ACK timer at %v, want %v", d, p.now+time.Millisecond)
@@ -499,13 +501,13 @@ func TestDelayedAck(t *testing.T) {
 	p.c.Tick(p.now)
 	p.wantACK("the delayed ACK", p.seq)
 
-	p.input(seg(1000))
+	p.input(p.data(1000))
 	p.wantNothing("one segment")
-	p.input(seg(1000))
+	p.input(p.data(1000))
 	p.wantACK("the second segment", p.seq)
 
 	// A reply carries the pending ACK.
-	p.input(seg(100))
+	p.input(p.data(100))
 	p.wantNothing("one segment")
 	p.c.Write([]byte("reply"), p.now)
 	s := p.take()
@@ -520,12 +522,7 @@ func TestDelayedAck(t *testing.T) {
 // is acknowledged at once.
 func TestLargeSegmentAcked(t *testing.T) {
 	p := established(t, Config{AckDelay: time.Millisecond}, nil)
-	seg := func(n int) Segment {
-		s := Segment{Seq: p.seq, Ack: p.ack(), Flags: header.TCPFlagAck, Window: 65535, Payload: make([]byte, n)}
-		p.seq = p.seq.Add(seqnum.Size(n))
-		return s
-	}
-	p.input(seg(20 * 1448))
+	p.input(p.data(20 * 1448))
 	p.wantNothing("a frame of 20 segments")
 	if d := p.c.Deadline(); d != p.now+gsoAckDelay {
 		t.Fatalf("ACK timer at %v, want %v", d, p.now+gsoAckDelay)
@@ -533,15 +530,15 @@ func TestLargeSegmentAcked(t *testing.T) {
 	p.now = p.c.Deadline()
 	p.c.Tick(p.now)
 	p.wantACK("the frame's ACK", p.seq)
-	p.input(seg(1448))
+	p.input(p.data(1448))
 	p.wantNothing("a frame of one segment")
 	if d := p.c.Deadline(); d != p.now+time.Millisecond {
 		t.Fatalf("ACK timer at %v, want %v", d, p.now+time.Millisecond)
 	}
-	p.input(seg(20 * 1448))
+	p.input(p.data(20 * 1448))
 	p.wantACK("the next frame", p.seq)
-	p.input(seg(1448))
-	p.input(seg(20 * 1448))
+	p.input(p.data(1448))
+	p.input(p.data(20 * 1448))
 	p.wantACK("a large frame after a small one", p.seq)
 }
 

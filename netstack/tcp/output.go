@@ -207,6 +207,8 @@ func (c *Conn) deferOutput(n, avail int) bool {
 		c.inRecovery || c.sndUna == c.sndNxt || c.sndWnd-int(c.sndUna.Size(c.sndNxt)) <= n {
 		return false
 	}
+	// RACK's list of transmissions (kept with SACK only) tells when the
+	// oldest in flight went; without it nothing is deferred.
 	for _, x := range c.rack.xmits {
 		if c.sndUna.LessThan(x.end) {
 			// The oldest transmission in flight: its ACK is the next.
