@@ -61,7 +61,7 @@ func BenchmarkNetwork(b *testing.B) {
 // vethPair makes two namespaces joined by a veth pair at MTU 1500, with
 // addresses 10.89.0.1 and 10.89.0.2; they are removed when b ends.
 func vethPair(b *testing.B, a, c string) (string, string) {
-	id := fmt.Sprintf("%d", os.Getpid()%100000)
+	id := vethID()
 	nsA, nsB := a+id, c+id
 	for _, ns := range []string{nsA, nsB} {
 		exec.Command("ip", "netns", "del", ns).Run()
@@ -88,6 +88,10 @@ func vethPair(b *testing.B, a, c string) (string, string) {
 	}
 	return nsA, nsB
 }
+
+// vethID is the suffix of vethPair's namespaces and devices: the veth
+// in the first namespace is "rdva"+vethID(), in the second "rdvb"+vethID().
+func vethID() string { return fmt.Sprintf("%d", os.Getpid()%100000) }
 
 func cpuSeconds(ps *os.ProcessState) float64 {
 	ru, ok := ps.SysUsage().(*syscall.Rusage)

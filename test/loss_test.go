@@ -38,7 +38,9 @@ import (
 // (default write,read,send), RDMATAP_LOSS_DIRS (default both,data),
 // RDMATAP_LOSS_EXTRA (more endpoint flags for bw, e.g. --no-offload or
 // --no-link-repair), RDMATAP_LOSS_BURST (packets a drop takes in a row,
-// default 1: see lossBurst).
+// default 1: see lossBurst), RDMATAP_LOSS_KERNEL_RTO_MIN (kernel TCP's
+// minimum RTO, `ip route ... rto_min`, e.g. 20ms beside --min-rto 20ms;
+// default the kernel's 200ms).
 
 // lossRule installs the drop rule in namespace ns: family bridge (forward
 // chain) or inet (input chain); iif, when set, limits it to packets that
@@ -160,6 +162,16 @@ func lossBW(b *testing.B, op string, rate float64, dataOnly bool, secs int) (flo
 // returns MB/s as the receiver counted it.
 func lossKernel(b *testing.B, rate float64, dataOnly bool, secs int) float64 {
 	nsA, nsB := vethPair(b, "rdla", "rdlb")
+	if v := os.Getenv("RDMATAP_LOSS_KERNEL_RTO_MIN"); v != "" {
+		// The kernel's minimum RTO per route, as `--min-rto` sets
+		// rdmatap's: the connected route of each side gets rto_min.
+		for _, side := range []struct{ ns, dev string }{{nsA, "rdva" + vethID()}, {nsB, "rdvb" + vethID()}} {
+			cmd := []string{"ip", "netns", "exec", side.ns, "ip", "route", "replace", "10.89.0.0/24", "dev", side.dev, "rto_min", v}
+			if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+				b.Fatalf("%v: %v %s", cmd, err, out)
+			}
+		}
+	}
 	lossRule(b, nsB, "inet", "", rate)
 	if !dataOnly {
 		lossRule(b, nsA, "inet", "", rate)
