@@ -125,8 +125,27 @@ func newNetns(t testing.TB, mtu int) *netns {
 type proc struct {
 	cmd  *exec.Cmd
 	args []string // rdmatap's
-	out  bytes.Buffer
+	out  lockedBuffer
 	done chan error
+}
+
+// lockedBuffer is a process's output: the process writes it (through
+// os/exec's copying goroutine) while a test reads what it has so far.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func (n *netns) start(t testing.TB, args ...string) *proc {
