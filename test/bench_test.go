@@ -63,6 +63,7 @@ func BenchmarkNetwork(b *testing.B) {
 func vethPair(b *testing.B, a, c string) (string, string) {
 	id := vethID()
 	nsA, nsB := a+id, c+id
+	devA, devB := vethDevs()
 	for _, ns := range []string{nsA, nsB} {
 		exec.Command("ip", "netns", "del", ns).Run()
 		if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
@@ -74,11 +75,11 @@ func vethPair(b *testing.B, a, c string) (string, string) {
 		exec.Command("ip", "netns", "del", nsB).Run()
 	})
 	for _, cmd := range [][]string{
-		{"ip", "link", "add", "rdva" + id, "netns", nsA, "type", "veth", "peer", "name", "rdvb" + id, "netns", nsB},
-		{"ip", "netns", "exec", nsA, "ip", "addr", "add", "10.89.0.1/24", "dev", "rdva" + id},
-		{"ip", "netns", "exec", nsB, "ip", "addr", "add", "10.89.0.2/24", "dev", "rdvb" + id},
-		{"ip", "netns", "exec", nsA, "ip", "link", "set", "rdva" + id, "up", "mtu", "1500"},
-		{"ip", "netns", "exec", nsB, "ip", "link", "set", "rdvb" + id, "up", "mtu", "1500"},
+		{"ip", "link", "add", devA, "netns", nsA, "type", "veth", "peer", "name", devB, "netns", nsB},
+		{"ip", "netns", "exec", nsA, "ip", "addr", "add", "10.89.0.1/24", "dev", devA},
+		{"ip", "netns", "exec", nsB, "ip", "addr", "add", "10.89.0.2/24", "dev", devB},
+		{"ip", "netns", "exec", nsA, "ip", "link", "set", devA, "up", "mtu", "1500"},
+		{"ip", "netns", "exec", nsB, "ip", "link", "set", devB, "up", "mtu", "1500"},
 		{"ip", "netns", "exec", nsA, "ip", "link", "set", "lo", "up"},
 		{"ip", "netns", "exec", nsB, "ip", "link", "set", "lo", "up"},
 	} {
@@ -89,9 +90,12 @@ func vethPair(b *testing.B, a, c string) (string, string) {
 	return nsA, nsB
 }
 
-// vethID is the suffix of vethPair's namespaces and devices: the veth
-// in the first namespace is "rdva"+vethID(), in the second "rdvb"+vethID().
+// vethID is the suffix of vethPair's namespaces and devices.
 func vethID() string { return fmt.Sprintf("%d", os.Getpid()%100000) }
+
+// vethDevs names vethPair's devices: a in the first namespace, b in the
+// second.
+func vethDevs() (a, b string) { return "rdva" + vethID(), "rdvb" + vethID() }
 
 func cpuSeconds(ps *os.ProcessState) float64 {
 	ru, ok := ps.SysUsage().(*syscall.Rusage)

@@ -165,7 +165,8 @@ func lossKernel(b *testing.B, rate float64, dataOnly bool, secs int) float64 {
 	if v := os.Getenv("RDMATAP_LOSS_KERNEL_RTO_MIN"); v != "" {
 		// The kernel's minimum RTO per route, as `--min-rto` sets
 		// rdmatap's: the connected route of each side gets rto_min.
-		for _, side := range []struct{ ns, dev string }{{nsA, "rdva" + vethID()}, {nsB, "rdvb" + vethID()}} {
+		devA, devB := vethDevs()
+		for _, side := range []struct{ ns, dev string }{{nsA, devA}, {nsB, devB}} {
 			cmd := []string{"ip", "netns", "exec", side.ns, "ip", "route", "replace", "10.89.0.0/24", "dev", side.dev, "rto_min", v}
 			if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
 				b.Fatalf("%v: %v %s", cmd, err, out)
