@@ -129,9 +129,11 @@ func (s *Stack) TapSegments(fn func(*Segment)) (remove func()) {
 			regs = append(regs, proto)
 		}
 	}
+	s.nic.rawTaps.Add(1) // rdmatap's TCP's segments then go up through IP
 	var once sync.Once
 	return func() {
 		once.Do(func() {
+			s.nic.rawTaps.Add(-1)
 			for _, proto := range regs {
 				s.s.UnregisterRawTransportEndpoint(proto, tcp.ProtocolNumber, t)
 			}

@@ -203,7 +203,15 @@ func New(cfg Config) (*Stack, error) {
 	if own != nil {
 		ackDelay, repair = -1, false // the TCP delays its own ACKs and recovers alone
 	}
-	nic := newTapLink(cfg.Link, ackDelay, repair)
+	nic := newTapLink(cfg.Link, ackDelay, repair, own)
+	for _, p := range addrs {
+		a := tcpip.AddressWithPrefix{Address: toTCPIPAddr(p.Addr()), PrefixLen: p.Bits()}
+		nic.notPeer = append(nic.notPeer, a.Address)
+		if p.Addr().Is4() && p.Bits() < 31 {
+			sn := a.Subnet()
+			nic.notPeer = append(nic.notPeer, sn.Broadcast())
+		}
+	}
 
 	if terr := s.CreateNICWithOptions(nicID, nic, stack.NICOptions{QDisc: directQDisc{link: nic}}); terr != nil {
 		return fail("create NIC", terr)

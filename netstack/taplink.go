@@ -1,7 +1,7 @@
 package netstack
 
 import (
-	"github.com/rdmatap/rdmatap/internal/lattrace"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -11,6 +11,9 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/rdmatap/rdmatap/internal/lattrace"
+	owntcp "github.com/rdmatap/rdmatap/netstack/tcp"
 )
 
 // tapLink is the NIC's link endpoint as the stack sees it: the configured
@@ -34,10 +37,21 @@ type tapLink struct {
 	last tapCache
 	// rp repairs lost GSO packets (see repair.go).
 	rp *repairer
+	// own is rdmatap's TCP, which takes its connections' segments from
+	// here (ownSegment); nil on gVisor's.
+	own *owntcp.Protocol
+	// rawTaps counts the stack's raw segment taps (Stack.TapSegments):
+	// they are served by gVisor's IP layer, so while one is installed
+	// every packet goes up through it.
+	rawTaps atomic.Int32
+	// notPeer is the stack's addresses and their IPv4 subnets' broadcast
+	// addresses (set once, before the NIC is made): a segment from one
+	// of them is a spoof IP would drop.
+	notPeer []tcpip.Address
 }
 
-func newTapLink(l stack.LinkEndpoint, ackDelay time.Duration, repair bool) *tapLink {
-	t := &tapLink{LinkEndpoint: l}
+func newTapLink(l stack.LinkEndpoint, ackDelay time.Duration, repair bool, own *owntcp.Protocol) *tapLink {
+	t := &tapLink{LinkEndpoint: l, own: own}
 	t.rp = newRepairer(l.WritePackets)
 	t.rp.off = !repair
 	if ackDelay > 0 {
@@ -96,9 +110,83 @@ func (l *tapLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *s
 		l.rp.inbound(proto, l.views)
 		clear(l.views)
 	}
+	if l.own != nil && l.ownSegment(proto, pkt) {
+		return
+	}
 	if d := l.d.Load(); d != nil {
 		(*d).DeliverNetworkPacket(proto, pkt)
 	}
+}
+
+// ownSegment hands an inbound TCP segment of one of rdmatap's TCP's
+// connections to it on this goroutine, past gVisor's IP layer
+// (owntcp.Protocol.DeliverLinkPacket): the checks IP would make of such
+// a packet are made here. It returns false for anything else — another
+// protocol, a packet not addressed to this host's link address, IPv4
+// options, a fragment, IPv6 extension headers, a header IP would refuse,
+// a segment of no connection (a SYN, one to answer with a RST) — which
+// then goes up through IP as usual.
+func (l *tapLink) ownSegment(proto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer) bool {
+	if pkt.PktType != tcpip.PacketHost || l.rawTaps.Load() > 0 {
+		return false
+	}
+	const need = header.IPv6MinimumSize + 4 // the longest IP header taken here, and the ports
+	l.views = gatherData(l.views[:0], pkt)
+	var hb [need]byte
+	hdr := headBytes(hb[:min(need, pkt.Data().Size())], l.views)
+	clear(l.views)
+	validated := pkt.RXChecksumValidated || l.Capabilities()&stack.CapabilityRXChecksumOffload != 0
+	var id stack.TransportEndpointID
+	var ipLen, total int
+	switch proto {
+	case ipv4.ProtocolNumber:
+		h := header.IPv4(hdr)
+		if len(hdr) < header.IPv4MinimumSize+4 || h.HeaderLength() != header.IPv4MinimumSize || !h.IsValid(pkt.Data().Size()) {
+			return false
+		}
+		if h.Protocol() != uint8(header.TCPProtocolNumber) || h.More() || h.FragmentOffset() != 0 {
+			return false
+		}
+		if !validated && !h.IsChecksumValid() {
+			return false
+		}
+		ipLen, total = header.IPv4MinimumSize, int(h.TotalLength())
+		id.LocalAddress, id.RemoteAddress = h.DestinationAddress(), h.SourceAddress()
+	case ipv6.ProtocolNumber:
+		h := header.IPv6(hdr)
+		if len(hdr) < header.IPv6MinimumSize+4 || header.IPVersion(hdr) != header.IPv6Version || h.NextHeader() != uint8(header.TCPProtocolNumber) {
+			return false
+		}
+		ipLen, total = header.IPv6MinimumSize, header.IPv6MinimumSize+int(h.PayloadLength())
+		if total > pkt.Data().Size() {
+			return false
+		}
+		id.LocalAddress, id.RemoteAddress = h.DestinationAddress(), h.SourceAddress()
+	default:
+		return false
+	}
+	if !l.unicastPeer(id.RemoteAddress) {
+		return false
+	}
+	th := header.TCP(hdr[ipLen:])
+	id.RemotePort, id.LocalPort = th.SourcePort(), th.DestinationPort()
+	pkt.NICID = nicID
+	pkt.RXChecksumValidated = validated
+	return l.own.DeliverLinkPacket(id, proto, pkt, ipLen, total)
+}
+
+// unicastPeer reports whether a packet from src passes IP's checks of its
+// source: not multicast, broadcast or loopback, and none of this host's
+// own addresses.
+func (l *tapLink) unicastPeer(src tcpip.Address) bool {
+	if src.Len() == header.IPv4AddressSize {
+		if src == header.IPv4Broadcast || header.IsV4MulticastAddress(src) || header.IsV4LoopbackAddress(src) {
+			return false
+		}
+	} else if header.IsV6MulticastAddress(src) || src == header.IPv6Loopback {
+		return false
+	}
+	return !slices.Contains(l.notPeer, src)
 }
 
 // DeliverLinkPacket implements stack.NetworkDispatcher.

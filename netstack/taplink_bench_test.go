@@ -27,7 +27,7 @@ func BenchmarkTapInspect(b *testing.B) {
 	}
 	defer remove()
 	la, _ := NewLinkPair(LinkConfig{})
-	l := newTapLink(la, 0, true)
+	l := newTapLink(la, 0, true, nil)
 	src, dst := c1.LocalAddr(), c2.LocalAddr()
 	// The next byte the application reads: in order.
 	v, ok := sb.ctaps.taps.Load(connKey{local: c2.LocalAddr(), remote: c2.RemoteAddr()})

@@ -61,7 +61,7 @@ func FuzzTapLinkInspect(f *testing.F) {
 	// A link of its own without checksum offload, so that checksums are
 	// checked; the taps are the stack's.
 	la, _ := NewLinkPair(LinkConfig{})
-	l := newTapLink(newChecksummed(la, 0), 0, true)
+	l := newTapLink(newChecksummed(la, 0), 0, true, nil)
 	l.taps.Store(b.ctaps)
 
 	src, dst := c1.LocalAddr(), c2.LocalAddr()

@@ -292,6 +292,9 @@ type Info struct {
 	DSACKsOut        uint64 // D-SACK blocks sent
 	BytesAcked       uint64 // by the peer
 	BytesReceived    uint64 // in order
+	// InErrs is segments dropped for a bad header or checksum before a
+	// connection saw them (Linux's TcpInErrs): Protocol.Stats only.
+	InErrs uint64
 
 	// CongestionControl is "cubic" or "reno" (Config.CongestionControl).
 	CongestionControl string

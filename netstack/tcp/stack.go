@@ -41,7 +41,8 @@ type Protocol struct {
 	bound     map[localPort]int // connections per local address and port
 	listeners map[uint16]*Listener
 	nextPort  uint16
-	timeWait  atomic.Int64 // SetOption's TIME-WAIT; 0: cfg's
+	timeWait  atomic.Int64  // SetOption's TIME-WAIT; 0: cfg's
+	malformed atomic.Uint64 // segments dropped for a bad header or checksum
 
 	statsMu sync.Mutex
 	closed  Info // the counters of the connections that have closed
@@ -169,7 +170,8 @@ func (p *Protocol) Option(opt tcpip.GettableTransportProtocolOption) tcpip.Error
 }
 
 // Stats is the counters of Info (SegsOut to BytesReceived) summed over
-// every connection the protocol has had; the other fields are zero.
+// every connection the protocol has had, and the protocol's InErrs; the
+// other fields are zero.
 func (p *Protocol) Stats() Info {
 	p.mu.Lock()
 	eps := make([]*Endpoint, 0, len(p.conns))
@@ -188,6 +190,7 @@ func (p *Protocol) Stats() Info {
 	p.statsMu.Lock()
 	sum.addCounters(p.closed)
 	p.statsMu.Unlock()
+	sum.InErrs = p.malformed.Load()
 	return sum
 }
 
@@ -226,23 +229,66 @@ func (*Protocol) Restore() {}
 // options).
 func (*Protocol) Parse(pkt *stack.PacketBuffer) bool { return parse.TCP(pkt) }
 
-// HandleUnknownDestinationPacket receives every segment (this protocol
-// registers no endpoints with the stack's demultiplexer): a segment of a
-// connection goes to it, a SYN to a listener makes a connection, and
-// anything else is answered with a RST.
+// HandleUnknownDestinationPacket receives every segment that comes up
+// through the stack's IP layer (this protocol registers no endpoints with
+// the stack's demultiplexer): a segment of a connection goes to it, a SYN
+// to a listener makes a connection, and anything else is answered with a
+// RST.
 func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, pkt *stack.PacketBuffer) stack.UnknownDestinationPacketDisposition {
+	return p.receive(id, pkt, nil)
+}
+
+// DeliverLinkPacket takes a segment of one of the protocol's connections
+// straight from the link, on the goroutine that read the frame, before
+// the stack's IP layer would see it: the link has checked the IP header
+// (version, lengths, checksum, no options, no fragment, no IPv6
+// extension headers), whose first ipLen bytes lead pkt's data and which
+// says the packet is total bytes long. id is the connection's 4-tuple as
+// the header names it. It returns false, with pkt unchanged, when no
+// connection has that 4-tuple: the link then delivers the packet to the
+// stack as usual (a SYN to a listener, a segment to answer with a RST).
+// Otherwise it consumes the IP and TCP headers and the connection takes
+// the segment, or it is dropped as HandleUnknownDestinationPacket drops
+// a malformed one.
+func (p *Protocol) DeliverLinkPacket(id stack.TransportEndpointID, netProto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer, ipLen, total int) bool {
+	p.mu.Lock()
+	e := p.conns[id]
+	p.mu.Unlock()
+	if e == nil || ipLen <= 0 || total < ipLen+header.TCPMinimumSize || total > pkt.Data().Size() {
+		return false
+	}
+	if _, ok := pkt.NetworkHeader().Consume(ipLen); !ok {
+		return false // nothing consumed: shorter than ipLen
+	}
+	pkt.NetworkProtocolNumber = netProto
+	pkt.Data().CapLength(total - ipLen) // an Ethernet frame's padding
+	if !parse.TCP(pkt) {
+		p.malformed.Add(1)
+		return true
+	}
+	p.receive(id, pkt, e)
+	return true
+}
+
+// receive handles one segment whose transport header pkt has: to e, when
+// the link found its connection, else to the connection, listener or RST
+// its 4-tuple calls for.
+func (p *Protocol) receive(id stack.TransportEndpointID, pkt *stack.PacketBuffer, e *Endpoint) stack.UnknownDestinationPacketDisposition {
 	hdr := pkt.TransportHeader().Slice() // the header with its options (Parse)
 	if len(hdr) < header.TCPMinimumSize {
+		p.malformed.Add(1)
 		return stack.UnknownDestinationPacketMalformed
 	}
 	if !pkt.RXChecksumValidated {
 		n := len(hdr) + pkt.Data().Size()
 		if n > 0xffff {
+			p.malformed.Add(1)
 			return stack.UnknownDestinationPacketMalformed
 		}
 		xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, id.RemoteAddress, id.LocalAddress, uint16(n))
 		xsum = checksum.Checksum(hdr, xsum) // a TCP header's length is even
 		if checksum.Combine(xsum, pkt.Data().Checksum()) != 0xffff {
+			p.malformed.Add(1)
 			return stack.UnknownDestinationPacketMalformed
 		}
 	}
@@ -254,6 +300,7 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 	var err error
 	seg := &rx.seg
 	if *seg, err = Parse(hdr, rx.sack[:0]); err != nil || len(seg.Payload) != 0 {
+		p.malformed.Add(1)
 		return stack.UnknownDestinationPacketMalformed
 	}
 	// The payload in the packet's own memory: Input copies what it keeps
@@ -261,33 +308,35 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 	// packet's chunks, before this returns the packet to the stack.
 	seg.Payload, seg.pieces, seg.piecesLen, seg.views = payloadOf(pkt, rx.pieces[:0], rx.views[:0])
 	nic := pkt.NICID
-	p.mu.Lock()
-	if e := p.conns[id]; e != nil {
+	if e == nil {
+		p.mu.Lock()
+		if e = p.conns[id]; e == nil {
+			l := p.listeners[id.LocalPort]
+			if l != nil && seg.Flags&(header.TCPFlagSyn|header.TCPFlagAck|header.TCPFlagRst) == header.TCPFlagSyn {
+				e, ok := l.admit(p, id, nic, seg)
+				p.mu.Unlock()
+				if ok {
+					e.mu.Lock()
+					e.arm()
+					e.mu.Unlock()
+				}
+				return stack.UnknownDestinationPacketHandled
+			}
+			p.mu.Unlock()
+			if rst, ok := ResetFor(seg); ok {
+				if r, err := p.stack.FindRoute(nic, id.LocalAddress, id.RemoteAddress, pkt.NetworkProtocolNumber, false); err == nil {
+					p.send(r, id, &rst)
+					r.Release()
+				}
+			}
+			return stack.UnknownDestinationPacketHandled
+		}
 		p.mu.Unlock()
-		if tap := e.tap.Load(); tap != nil {
-			(*tap)(seg, pkt)
-		}
-		e.input(seg)
-		return stack.UnknownDestinationPacketHandled
 	}
-	l := p.listeners[id.LocalPort]
-	if l != nil && seg.Flags&(header.TCPFlagSyn|header.TCPFlagAck|header.TCPFlagRst) == header.TCPFlagSyn {
-		e, ok := l.admit(p, id, nic, seg)
-		p.mu.Unlock()
-		if ok {
-			e.mu.Lock()
-			e.arm()
-			e.mu.Unlock()
-		}
-		return stack.UnknownDestinationPacketHandled
+	if tap := e.tap.Load(); tap != nil {
+		(*tap)(seg, pkt)
 	}
-	p.mu.Unlock()
-	if rst, ok := ResetFor(seg); ok {
-		if r, err := p.stack.FindRoute(nic, id.LocalAddress, id.RemoteAddress, pkt.NetworkProtocolNumber, false); err == nil {
-			p.send(r, id, &rst)
-			r.Release()
-		}
-	}
+	e.input(seg)
 	return stack.UnknownDestinationPacketHandled
 }
 
