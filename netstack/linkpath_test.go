@@ -226,16 +226,7 @@ func FuzzOwnSegment(f *testing.F) {
 	f.Add(tcpPacket(src, dst, 7, header.TCPFlagAck|header.TCPFlagPsh, make([]byte, 1400)), false, uint16(30))
 	f.Add(make([]byte, 64), true, uint16(30))
 	f.Fuzz(func(t *testing.T, data []byte, v6 bool, cut uint16) {
-		proto := tcpip.NetworkProtocolNumber(ipv4.ProtocolNumber)
-		if v6 {
-			proto = ipv6.ProtocolNumber
-		}
-		payload := buffer.MakeWithData(data)
-		if c := int(cut); c > 0 && c < len(data) {
-			payload = buffer.MakeWithData(data[:c])
-			payload.Append(buffer.NewViewWithData(data[c:]))
-		}
-		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: payload})
+		proto, pkt := fuzzPacket(data, v6, cut)
 		defer pkt.DecRef()
 		if !b.nic.ownSegment(proto, pkt) {
 			if got := pkt.Data().AsRange().ToSlice(); string(got) != string(data) {

@@ -32,6 +32,21 @@ func tcpPacket(src, dst netip.AddrPort, seq uint32, flags header.TCPFlags, paylo
 	return b
 }
 
+// fuzzPacket is a fuzzer's packet as a link delivers it: IPv4's or, with
+// v6, IPv6's, in two views cut at cut when it falls inside data.
+func fuzzPacket(data []byte, v6 bool, cut uint16) (tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {
+	proto := tcpip.NetworkProtocolNumber(ipv4.ProtocolNumber)
+	if v6 {
+		proto = ipv6.ProtocolNumber
+	}
+	payload := buffer.MakeWithData(data)
+	if c := int(cut); c > 0 && c < len(data) {
+		payload = buffer.MakeWithData(data[:c])
+		payload.Append(buffer.NewViewWithData(data[c:]))
+	}
+	return proto, stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: payload})
+}
+
 // FuzzTapLinkInspect: whatever arrives on the link, the taps' parser never
 // panics, never hands over more than the packet holds, and hands over
 // only segments of the tapped connection. The packet comes in two views
@@ -77,16 +92,7 @@ func FuzzTapLinkInspect(f *testing.F) {
 	f.Add(frag, false, uint16(0))
 	f.Add(make([]byte, 60), true, uint16(30))
 	f.Fuzz(func(t *testing.T, data []byte, v6 bool, cut uint16) {
-		proto := tcpip.NetworkProtocolNumber(ipv4.ProtocolNumber)
-		if v6 {
-			proto = ipv6.ProtocolNumber
-		}
-		payload := buffer.MakeWithData(data)
-		if c := int(cut); c > 0 && c < len(data) {
-			payload = buffer.MakeWithData(data[:c])
-			payload.Append(buffer.NewViewWithData(data[c:]))
-		}
-		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: payload})
+		proto, pkt := fuzzPacket(data, v6, cut)
 		var whole []byte
 		for _, v := range gatherData(nil, pkt) {
 			whole = append(whole, v...)
