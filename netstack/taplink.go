@@ -120,7 +120,7 @@ func (l *tapLink) DeliverNetworkPacket(proto tcpip.NetworkProtocolNumber, pkt *s
 
 // ownSegment hands an inbound TCP segment of one of rdmatap's TCP's
 // connections to it on this goroutine, past gVisor's IP layer
-// (owntcp.Protocol.DeliverLinkPacket): the checks IP would make of such
+// (owntcp.Protocol.DeliverFromLink): the checks IP would make of such
 // a packet are made here. It returns false for anything else — another
 // protocol, a packet not addressed to this host's link address, IPv4
 // options, a fragment, IPv6 extension headers, a header IP would refuse,
@@ -157,10 +157,7 @@ func (l *tapLink) ownSegment(proto tcpip.NetworkProtocolNumber, pkt *stack.Packe
 		if len(hdr) < header.IPv6MinimumSize+4 || header.IPVersion(hdr) != header.IPv6Version || h.NextHeader() != uint8(header.TCPProtocolNumber) {
 			return false
 		}
-		ipLen, total = header.IPv6MinimumSize, header.IPv6MinimumSize+int(h.PayloadLength())
-		if total > pkt.Data().Size() {
-			return false
-		}
+		ipLen, total = header.IPv6MinimumSize, header.IPv6MinimumSize+int(h.PayloadLength()) // DeliverFromLink checks it against the packet
 		id.LocalAddress, id.RemoteAddress = h.DestinationAddress(), h.SourceAddress()
 	default:
 		return false
@@ -172,7 +169,7 @@ func (l *tapLink) ownSegment(proto tcpip.NetworkProtocolNumber, pkt *stack.Packe
 	id.RemotePort, id.LocalPort = th.SourcePort(), th.DestinationPort()
 	pkt.NICID = nicID
 	pkt.RXChecksumValidated = validated
-	return l.own.DeliverLinkPacket(id, proto, pkt, ipLen, total)
+	return l.own.DeliverFromLink(id, proto, pkt, ipLen, total)
 }
 
 // unicastPeer reports whether a packet from src passes IP's checks of its

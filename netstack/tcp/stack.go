@@ -238,23 +238,27 @@ func (p *Protocol) HandleUnknownDestinationPacket(id stack.TransportEndpointID, 
 	return p.receive(id, pkt, nil)
 }
 
-// DeliverLinkPacket takes a segment of one of the protocol's connections
+// DeliverFromLink takes a segment of one of the protocol's connections
 // straight from the link, on the goroutine that read the frame, before
 // the stack's IP layer would see it: the link has checked the IP header
 // (version, lengths, checksum, no options, no fragment, no IPv6
 // extension headers), whose first ipLen bytes lead pkt's data and which
 // says the packet is total bytes long. id is the connection's 4-tuple as
 // the header names it. It returns false, with pkt unchanged, when no
-// connection has that 4-tuple: the link then delivers the packet to the
+// connection has that 4-tuple or the lengths do not fit the packet: the
+// link then delivers the packet to the
 // stack as usual (a SYN to a listener, a segment to answer with a RST).
 // Otherwise it consumes the IP and TCP headers and the connection takes
 // the segment, or it is dropped as HandleUnknownDestinationPacket drops
 // a malformed one.
-func (p *Protocol) DeliverLinkPacket(id stack.TransportEndpointID, netProto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer, ipLen, total int) bool {
+func (p *Protocol) DeliverFromLink(id stack.TransportEndpointID, netProto tcpip.NetworkProtocolNumber, pkt *stack.PacketBuffer, ipLen, total int) bool {
+	if ipLen <= 0 || total < ipLen+header.TCPMinimumSize || total > pkt.Data().Size() {
+		return false
+	}
 	p.mu.Lock()
 	e := p.conns[id]
 	p.mu.Unlock()
-	if e == nil || ipLen <= 0 || total < ipLen+header.TCPMinimumSize || total > pkt.Data().Size() {
+	if e == nil {
 		return false
 	}
 	if _, ok := pkt.NetworkHeader().Consume(ipLen); !ok {
