@@ -280,8 +280,8 @@ type Info struct {
 	RcvWScale        int
 	Timestamps, SACK bool
 	InRecovery       bool
-	SegsOut, SegsIn  uint64
-	RetransSegs      uint64 // segments sent again
+	SegsOut, SegsIn  uint64 // segments, as the link cuts a GSO packet (Linux's segs_out, segs_in)
+	RetransSegs      uint64 // segments sent again (a GSO packet counts its segments)
 	RetransBytes     uint64
 	Timeouts         uint64 // retransmission timeouts
 	Recoveries       uint64 // fast retransmits and SACK recoveries entered

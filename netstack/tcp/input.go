@@ -25,7 +25,9 @@ func (c *Conn) Input(s *Segment, now time.Duration) {
 		c.armKeepalive()
 		return
 	}
-	c.n.segsIn++
+	// Segments, not packets (Linux's segs_in): a large packet the link
+	// took whole counts as the segments of our MSS it holds.
+	c.n.segsIn += uint64(max(1, (s.PayloadLen()+c.cfg.MSS-1)/max(c.cfg.MSS, 1)))
 	// Any segment shows the peer is there (keepalive).
 	c.lastRecv, c.kaProbes, c.kaAt = now, 0, 0
 	defer c.armKeepalive()

@@ -123,8 +123,15 @@ func (c *Conn) sendOne(mode sendMode) bool {
 // after them when fin is set; segSize, when n is more, is the payload of
 // each segment the link cuts it into.
 func (c *Conn) sendData(seq seqnum.Value, n, segSize int, fin bool) {
+	// The counters count segments, not packets, as Linux's do (a GSO
+	// packet is as many as the link cuts it into); header counts one.
+	segs := 1
+	if segSize > 0 && n > segSize {
+		segs = (n + segSize - 1) / segSize
+	}
+	c.n.segsOut += uint64(segs - 1)
 	if seq.LessThan(c.sndMax) {
-		c.n.retransSegs++
+		c.n.retransSegs += uint64(segs)
 		c.n.retrans += uint64(n)
 		if c.undoOK {
 			c.undoRetrans++

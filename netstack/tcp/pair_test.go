@@ -394,3 +394,25 @@ func TestTimeWait(t *testing.T) {
 		t.Fatalf("after TIME-WAIT: %v, %v", a.State(), a.Err())
 	}
 }
+
+// TestSegmentCounts: the counters count segments as Linux's segs_out and
+// segs_in do, a GSO packet as the segments the link cuts it into and a
+// large packet taken whole as the segments it holds, not as one.
+func TestSegmentCounts(t *testing.T) {
+	p := newPath(t, 1)
+	cfg := Config{GSOMax: 64 << 10, SndBuf: 1 << 20, RcvBuf: 1 << 20}
+	p.connect(cfg, cfg, 1, 2)
+	const n = 4 << 20
+	p.transfer([2]int{n, 0}, 0)
+	s, r := p.conns[0].Info(), p.conns[1].Info()
+	min := uint64(n / s.SndMSS)
+	if s.SegsOut < min || r.SegsIn < min {
+		t.Fatalf("%d bytes in segments of %d: sender counted %d out, receiver %d in; want %d at least", n, s.SndMSS, s.SegsOut, r.SegsIn, min)
+	}
+	if uint64(p.sent[0]) >= s.SegsOut {
+		t.Fatalf("the sender sent %d packets for %d segments: no GSO packet", p.sent[0], s.SegsOut)
+	}
+	if s.RetransSegs != 0 {
+		t.Fatalf("%d segments counted as sent again on a lossless path", s.RetransSegs)
+	}
+}
